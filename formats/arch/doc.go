@@ -1,0 +1,14 @@
+// Package arch turns a Hugging Face config.json into one normalized model
+// description, through per-architecture adapters registered by name
+// (config.json's architectures[0]), one file per family.
+//
+// Each adapter unmarshals config.json into its own struct, applies the
+// family's defaults (for example Qwen2's always-on q/k/v biases, Qwen3's q/k
+// RMSNorm and explicit head_dim, Mixtral's always-renormalised top-k), and
+// states its tensor-name mapping as data: a per-layer table of tensor names
+// by role. The runtime, calibration, pruning and quantization read only the
+// Description; none of them parse config.json themselves.
+//
+// The package does no tensor I/O and no math: it is for describing a model,
+// not for loading or running it.
+package arch

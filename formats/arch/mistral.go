@@ -1,0 +1,23 @@
+package arch
+
+import "fmt"
+
+// mistral describes MistralForCausalLM: Llama layout with an optional
+// sliding_window applied to every layer.
+type mistral struct{}
+
+var _ Adapter = (*mistral)(nil)
+
+func init() { Register("MistralForCausalLM", func() Adapter { return &mistral{} }) }
+
+func (*mistral) Describe(raw []byte) (*Description, error) {
+	var c baseConfig
+	d, err := describeBase(raw, &c, familyOpts{ropeDefault: 10000})
+	if err != nil {
+		return nil, err
+	}
+	for i := range d.Layers {
+		d.Layers[i].MLP = denseMLP(fmt.Sprintf("model.layers.%d.mlp.", i), c.layerFFNSize(i, c.IntermediateSize))
+	}
+	return d, nil
+}
