@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -308,6 +309,14 @@ func intArray(v json.RawMessage) ([]int64, error) {
 // disallows them; encoding/json would silently keep the last) and trailing
 // non-whitespace after the closing brace.
 func forEachMember(raw []byte, fn func(key string, val json.RawMessage) error) error {
+	err := walkMembers(raw, fn)
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func walkMembers(raw []byte, fn func(key string, val json.RawMessage) error) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	tok, err := dec.Token()
 	if err != nil {

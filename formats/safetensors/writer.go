@@ -119,11 +119,12 @@ func WriteFile(path string, tensors []WriteTensor, metadata map[string]string) (
 			continue
 		}
 		lw := &limitedWriter{w: bw, left: want}
-		if err := t.WriteTo(lw); err != nil {
-			return fmt.Errorf("safetensors: %s: tensor %q: writing data: %w", path, t.Name, err)
-		}
+		err := t.WriteTo(lw)
 		if lw.over {
 			return fmt.Errorf("safetensors: %s: tensor %q: WriteTo wrote more than the %d bytes of %s %v", path, t.Name, want, t.DType, t.Shape)
+		}
+		if err != nil {
+			return fmt.Errorf("safetensors: %s: tensor %q: writing data: %w", path, t.Name, err)
 		}
 		if lw.left != 0 {
 			return fmt.Errorf("safetensors: %s: tensor %q: WriteTo wrote %d bytes, want %d for %s %v", path, t.Name, want-lw.left, want, t.DType, t.Shape)
