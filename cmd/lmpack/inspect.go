@@ -1,0 +1,37 @@
+package main
+
+import (
+	"encoding/json"
+
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/spf13/cobra"
+)
+
+func newInspectCmd(g *globalFlags) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect MODEL",
+		Short: "Print a checkpoint's architecture, parameter count, bytes by dtype and per-layer shapes",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, d, ck, err := engine.OpenCheckpoint(cmd.Context(), args[0], nil)
+			if err != nil {
+				return err
+			}
+			defer ck.Close()
+			r, err := engine.Inspect(dir, d, ck)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				e := json.NewEncoder(cmd.OutOrStdout())
+				e.SetIndent("", "  ")
+				return e.Encode(r)
+			}
+			r.WriteText(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+type globalFlags struct {
+	logFormat string
+	logger    *slog.Logger
+}
+
+func newRoot() *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:           "lmpack",
+		Short:         "Offline compression toolchain for large language models",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			var h slog.Handler
+			switch g.logFormat {
+			case "text":
+				h = slog.NewTextHandler(cmd.ErrOrStderr(), nil)
+			case "json":
+				h = slog.NewJSONHandler(cmd.ErrOrStderr(), nil)
+			default:
+				return fmt.Errorf("--log-format %q: want text or json", g.logFormat)
+			}
+			g.logger = slog.New(h)
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log line format: text or json")
+	root.AddCommand(newInspectCmd(g), newRunCmd(g), newEvalCmd(g))
+	return root
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/spf13/cobra"
+)
+
+func newRunCmd(g *globalFlags) *cobra.Command {
+	var (
+		prompt  string
+		opt     engine.GenerateOptions
+		threads int
+		noStop  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run MODEL",
+		Short: "Generate text from a prompt, streamed to stdout",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opt.MaxTokens <= 0 {
+				return fmt.Errorf("--max-tokens %d: want > 0", opt.MaxTokens)
+			}
+			if opt.Temperature < 0 {
+				return fmt.Errorf("--temperature %g: want >= 0", opt.Temperature)
+			}
+			if opt.TopP < 0 || opt.TopP > 1 {
+				return fmt.Errorf("--top-p %g: want in [0, 1]", opt.TopP)
+			}
+			opt.StopAtEOS = !noStop
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger})
+			if err != nil {
+				return err
+			}
+			defer e.Close()
+			out := cmd.OutOrStdout()
+			st, err := e.Generate(cmd.Context(), prompt, opt, func(s string) error {
+				_, err := io.WriteString(out, s)
+				return err
+			})
+			fmt.Fprintln(out)
+			if err != nil {
+				return err
+			}
+			g.logger.Info("generation done", "prompt_tokens", st.PromptTokens, "generated_tokens", st.GeneratedTokens,
+				"prefill_tokens_per_second", round1(st.PrefillTPS), "decode_tokens_per_second", round1(st.DecodeTPS))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&prompt, "prompt", "", "prompt text; empty means BOS only")
+	f.IntVar(&opt.MaxTokens, "max-tokens", 256, "number of tokens to generate")
+	f.Float64Var(&opt.Temperature, "temperature", 0.8, "sampling temperature; 0 is greedy")
+	f.Float64Var(&opt.TopP, "top-p", 0.9, "nucleus sampling threshold in [0,1]; 1 disables")
+	f.Uint64Var(&opt.Seed, "seed", 1, "random seed for sampling")
+	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
+	f.BoolVar(&noStop, "ignore-eos", false, "keep generating past end-of-sequence tokens")
+	return cmd
+}
+
+func round1(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }

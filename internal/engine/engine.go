@@ -1,0 +1,267 @@
+// Package engine opens a model directory for the CLI: it resolves the
+// MODEL argument (a local directory or a Hugging Face hub id), parses
+// config.json, opens the safetensors checkpoint and the tokenizer, and
+// loads the weights on a runtime backend. It also holds the text
+// generation loop and the inspect report, so cmd/lmpack only parses flags.
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/formats/tokenizer"
+	"github.com/lmpack/lmpack/internal/hub"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// Options configures Open.
+type Options struct {
+	// Threads is the CPU worker count; <= 0 means all cores.
+	Threads int
+	// Hub configures resolution of hub ids; zero value: hub.OptionsFromEnv().
+	Hub *hub.Options
+	// Logger receives progress lines; nil discards them.
+	Logger *slog.Logger
+}
+
+// Engine is an opened model: its description, checkpoint, tokenizer and
+// the loaded runtime model.
+type Engine struct {
+	Dir        string
+	Desc       *arch.Description
+	Checkpoint *safetensors.Checkpoint
+	Tokenizer  *tokenizer.Tokenizer
+	Model      runtime.Model
+}
+
+// Resolve turns a MODEL argument into a local directory, downloading a hub
+// id into the Hugging Face cache when it is absent.
+func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) {
+	if st, err := os.Stat(model); err == nil && st.IsDir() {
+		return model, nil
+	}
+	o := hub.OptionsFromEnv()
+	if h != nil {
+		o = *h
+	}
+	return hub.Resolve(ctx, model, o)
+}
+
+// OpenCheckpoint resolves model and opens its description and checkpoint
+// without loading weights (for inspect).
+func OpenCheckpoint(ctx context.Context, model string, h *hub.Options) (string, *arch.Description, *safetensors.Checkpoint, error) {
+	dir, err := Resolve(ctx, model, h)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	d, err := arch.Load(dir)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return dir, d, ck, nil
+}
+
+// Open resolves model, reads its config, tokenizer and weights, and loads
+// it on the CPU backend. Errors name the file and what was wrong.
+func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
+	dir, d, ck, err := OpenCheckpoint(ctx, model, opt.Hub)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	if tok.VocabSize() > d.VocabSize {
+		ck.Close()
+		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", dir, tok.VocabSize(), d.VocabSize)
+	}
+	t0 := time.Now()
+	m, err := runtime.NewCPU().Load(ctx, d, ck, runtime.LoadOptions{Threads: opt.Threads})
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	if opt.Logger != nil {
+		opt.Logger.Info("model loaded", "dir", dir, "architecture", d.Architecture, "layers", len(d.Layers), "seconds", time.Since(t0).Seconds())
+	}
+	return &Engine{Dir: dir, Desc: d, Checkpoint: ck, Tokenizer: tok, Model: m}, nil
+}
+
+// Close releases the model and unmaps the checkpoint.
+func (e *Engine) Close() error {
+	e.Model.Close()
+	return e.Checkpoint.Close()
+}
+
+// GenerateOptions configures Generate.
+type GenerateOptions struct {
+	MaxTokens   int     // tokens to generate (> 0)
+	Temperature float64 // 0: greedy
+	TopP        float64 // nucleus threshold; 0 or 1: off
+	Seed        uint64
+	// StopAtEOS ends generation at an end-of-sequence token (not emitted).
+	StopAtEOS bool
+}
+
+// GenerateStats reports a generation: token counts and speeds (tokens/s).
+type GenerateStats struct {
+	PromptTokens    int     `json:"prompt_tokens"`
+	GeneratedTokens int     `json:"generated_tokens"`
+	PrefillTPS      float64 `json:"prefill_tokens_per_second"`
+	DecodeTPS       float64 `json:"decode_tokens_per_second"`
+	IDs             []int   `json:"ids"`
+}
+
+// PromptIDs encodes a prompt with the tokenizer's special tokens (BOS for
+// Llama-style tokenizers). The empty prompt is BOS alone. Errors: the
+// empty prompt for a model without a BOS token.
+func (e *Engine) PromptIDs(prompt string) ([]int, error) {
+	ids := e.Tokenizer.Encode(prompt, true)
+	if prompt == "" {
+		bos, ok := e.Tokenizer.BOS()
+		if !ok && e.Desc.BOSTokenID >= 0 {
+			bos, ok = e.Desc.BOSTokenID, true
+		}
+		if !ok {
+			return nil, fmt.Errorf("engine: empty prompt and the model has no BOS token")
+		}
+		ids = []int{bos}
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("engine: prompt encodes to no tokens")
+	}
+	return ids, nil
+}
+
+// Generate runs the prompt and samples up to opt.MaxTokens tokens,
+// calling emit with each newly completed piece of text (streaming).
+func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOptions, emit func(string) error) (*GenerateStats, error) {
+	ids, err := e.PromptIDs(prompt)
+	if err != nil {
+		return nil, err
+	}
+	if opt.MaxTokens <= 0 {
+		return nil, fmt.Errorf("engine: max tokens %d: want > 0", opt.MaxTokens)
+	}
+	capacity := len(ids) + opt.MaxTokens
+	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && capacity > mp {
+		return nil, fmt.Errorf("engine: prompt (%d tokens) + max tokens (%d) exceeds max_position_embeddings %d", len(ids), opt.MaxTokens, mp)
+	}
+	cache := e.Model.NewCache(capacity)
+	logits := make([]float32, e.Desc.VocabSize)
+	st := &GenerateStats{PromptTokens: len(ids)}
+	t0 := time.Now()
+	if err := e.Model.Forward(ctx, ids, cache, logits, false); err != nil {
+		return nil, err
+	}
+	st.PrefillTPS = float64(len(ids)) / time.Since(t0).Seconds()
+	eos := map[int]bool{}
+	for _, id := range e.Desc.EOSTokenIDs {
+		eos[id] = true
+	}
+	if id, ok := e.Tokenizer.EOS(); ok {
+		eos[id] = true
+	}
+	sampler := runtime.NewSampler(opt.Temperature, opt.TopP, opt.Seed)
+	dec := e.Tokenizer.NewStreamDecoder(true)
+	t1 := time.Now()
+	tok := []int{0}
+	for i := 0; i < opt.MaxTokens; i++ {
+		next := sampler.Sample(logits)
+		if opt.StopAtEOS && eos[next] {
+			break
+		}
+		st.IDs = append(st.IDs, next)
+		st.GeneratedTokens++
+		if s := dec.Next(next); s != "" && emit != nil {
+			if err := emit(s); err != nil {
+				return st, err
+			}
+		}
+		if i+1 == opt.MaxTokens {
+			break
+		}
+		tok[0] = next
+		if err := e.Model.Forward(ctx, tok, cache, logits, false); err != nil {
+			return st, err
+		}
+	}
+	if s := dec.Flush(); s != "" && emit != nil {
+		if err := emit(s); err != nil {
+			return st, err
+		}
+	}
+	if st.GeneratedTokens > 1 {
+		st.DecodeTPS = float64(st.GeneratedTokens-1) / time.Since(t1).Seconds()
+	}
+	return st, nil
+}
+
+// ReadText reads a UTF-8 text file for evaluation. Errors: unreadable,
+// empty, or not valid UTF-8 (naming the byte offset).
+func ReadText(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("engine: %w", err)
+	}
+	if len(b) == 0 {
+		return "", fmt.Errorf("engine: data file %s is empty", path)
+	}
+	if !utf8.Valid(b) {
+		off := 0
+		for off < len(b) {
+			r, n := utf8.DecodeRune(b[off:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			off += n
+		}
+		return "", fmt.Errorf("engine: data file %s is not valid UTF-8 (first bad byte at offset %d)", path, off)
+	}
+	return string(b), nil
+}
+
+// EvalOptions configures EvalFile.
+type EvalOptions struct {
+	Ctx        int
+	MaxWindows int
+	Progress   func(done, total int)
+}
+
+// EvalFile tokenizes the text file as one string with BOS prepended and
+// computes perplexity over non-overlapping windows (eval.Perplexity).
+func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*eval.PerplexityResult, error) {
+	text, err := ReadText(path)
+	if err != nil {
+		return nil, err
+	}
+	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
+		return nil, fmt.Errorf("engine: --ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
+	}
+	ids := e.Tokenizer.Encode(text, true)
+	if bos, ok := e.Tokenizer.BOS(); ok && (len(ids) == 0 || ids[0] != bos) {
+		ids = append([]int{bos}, ids...)
+	}
+	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Base(path), err)
+	}
+	return res, nil
+}
+
+var _ io.Closer = (*Engine)(nil)

@@ -1,0 +1,56 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+)
+
+// ErrBadWeights is wrapped by Load when a tensor is missing, has the wrong
+// shape or holds NaN/Inf values.
+var ErrBadWeights = errors.New("bad weights")
+
+// TensorSource gives a model's tensors by name; *safetensors.Checkpoint
+// implements it. Tensor returns an error wrapping
+// safetensors.ErrMissingTensor when the name is absent.
+type TensorSource interface {
+	Tensor(name string) (*safetensors.Tensor, error)
+}
+
+// LoadOptions configures Backend.Load.
+type LoadOptions struct {
+	// Threads is the number of worker threads; <= 0 means all cores.
+	Threads int
+}
+
+// Backend loads models for one kind of device.
+type Backend interface {
+	// Name is "cpu" or "cuda".
+	Name() string
+	// Load reads and checks every tensor the description names. Errors wrap
+	// ErrBadWeights and name the tensor (missing, shape mismatch, NaN/Inf).
+	Load(ctx context.Context, d *arch.Description, src TensorSource, opt LoadOptions) (Model, error)
+}
+
+// Model is a loaded model. A Model is not safe for concurrent Forward calls.
+type Model interface {
+	// Description returns the model's description.
+	Description() *arch.Description
+	// NewCache returns an empty float32 KV cache holding up to capacity
+	// tokens.
+	NewCache(capacity int) KVCache
+	// Forward runs tokens (ids in [0, vocab)) at positions cache.Len() ..
+	// cache.Len()+len(tokens)-1, appends their keys and values to cache,
+	// and writes logits: when allLogits, logits is [len(tokens), vocab]
+	// row-major float32; otherwise [vocab] for the last token only.
+	// Errors: empty tokens, an id out of range, the cache full, a short
+	// logits slice, ctx cancelled.
+	Forward(ctx context.Context, tokens []int, cache KVCache, logits []float32, allLogits bool) error
+	// SetObserver installs calibration hooks (nil removes them). The
+	// observer may implement any of the observer interfaces.
+	SetObserver(o any)
+	// Close releases the model's resources.
+	Close() error
+}

@@ -1,0 +1,632 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/runtime/kernels"
+)
+
+// NewCPU returns the pure-Go CPU backend.
+func NewCPU() Backend { return cpuBackend{} }
+
+type cpuBackend struct{}
+
+func (cpuBackend) Name() string { return "cpu" }
+
+// cpuMLP is a SwiGLU FFN with gate and up fused: gu [2I, H] (gate rows
+// first), down [H, I].
+type cpuMLP struct {
+	gu, down []float32
+	inter    int
+}
+
+type cpuMoE struct {
+	router     []float32 // [E, H]
+	experts    []cpuMLP
+	shared     *cpuMLP
+	sharedGate []float32 // [H] or nil
+	topK       int
+	norm       bool
+}
+
+type cpuLayer struct {
+	spec            *arch.Layer
+	attnNorm        []float32 // [H]
+	ffnNorm         []float32 // [H]
+	wqkv            []float32 // [qdim+2*kvdim, H]
+	bqkv            []float32 // [qdim+2*kvdim] or nil
+	wo              []float32 // [H, qdim]
+	bo              []float32 // [H] or nil
+	qNorm, kNorm    []float32 // [head_dim] or nil
+	mlp             *cpuMLP
+	moe             *cpuMoE
+	rope            *ropeTable
+	qdim, kvdim, hd int
+	nh, nkv, window int
+	qkvdim          int
+}
+
+type cpuModel struct {
+	d         *arch.Description
+	pool      *kernels.Pool
+	embed     []float32 // [V, H]
+	finalNorm []float32 // [H]
+	lmHead    []float32 // [V, H]
+	layers    []cpuLayer
+	s         scratch
+	attn      attnTask
+
+	obsBlock  BlockObserver
+	obsQKV    QKVObserver
+	obsRouter RouterObserver
+	obsFFN    FFNObserver
+}
+
+var _ Model = (*cpuModel)(nil)
+
+// Load implements Backend. It converts every tensor to float32, checks
+// shapes and finiteness, and fuses q/k/v and gate/up into single matrices.
+func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSource, opt LoadOptions) (Model, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	H, V := d.HiddenSize, d.VocabSize
+	m := &cpuModel{d: d}
+	var err error
+	if m.embed, err = loadF32(src, d.Embedding, V, H); err != nil {
+		return nil, err
+	}
+	if m.finalNorm, err = loadF32(src, d.FinalNorm, H); err != nil {
+		return nil, err
+	}
+	m.lmHead = m.embed
+	if !d.TieWordEmbeddings {
+		if m.lmHead, err = loadF32(src, d.LMHead, V, H); err != nil {
+			return nil, err
+		}
+	}
+	ropes := map[int]*ropeTable{}
+	m.layers = make([]cpuLayer, len(d.Layers))
+	for i := range d.Layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		spec := &d.Layers[i]
+		l := &m.layers[i]
+		l.spec = spec
+		l.nh, l.nkv, l.hd, l.window = spec.NumHeads, spec.NumKVHeads, spec.HeadDim, spec.SlidingWindow
+		l.qdim, l.kvdim = spec.QDim(), spec.KVDim()
+		l.qkvdim = l.qdim + 2*l.kvdim
+		if ropes[l.hd] == nil {
+			ropes[l.hd] = newRopeTable(d.RoPE, l.hd)
+		}
+		l.rope = ropes[l.hd]
+		a := spec.Attn
+		if l.attnNorm, err = loadF32(src, a.Norm, H); err != nil {
+			return nil, err
+		}
+		if l.ffnNorm, err = loadF32(src, spec.FFNNorm, H); err != nil {
+			return nil, err
+		}
+		if l.wqkv, err = loadConcat(src, H, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}); err != nil {
+			return nil, err
+		}
+		if a.QBias != "" || a.KBias != "" || a.VBias != "" {
+			l.bqkv = make([]float32, l.qkvdim)
+			off := 0
+			for j, nm := range []string{a.QBias, a.KBias, a.VBias} {
+				n := []int{l.qdim, l.kvdim, l.kvdim}[j]
+				if nm != "" {
+					b, err := loadF32(src, nm, n)
+					if err != nil {
+						return nil, err
+					}
+					copy(l.bqkv[off:], b)
+				}
+				off += n
+			}
+		}
+		if l.wo, err = loadF32(src, a.O, H, l.qdim); err != nil {
+			return nil, err
+		}
+		if a.OBias != "" {
+			if l.bo, err = loadF32(src, a.OBias, H); err != nil {
+				return nil, err
+			}
+		}
+		if a.QNorm != "" {
+			if l.qNorm, err = loadF32(src, a.QNorm, l.hd); err != nil {
+				return nil, err
+			}
+			if l.kNorm, err = loadF32(src, a.KNorm, l.hd); err != nil {
+				return nil, err
+			}
+		}
+		if spec.MLP != nil {
+			if l.mlp, err = loadMLP(src, H, spec.MLP); err != nil {
+				return nil, err
+			}
+		}
+		if mo := spec.MoE; mo != nil {
+			e := &cpuMoE{topK: mo.TopK, norm: mo.NormTopKProb}
+			if e.router, err = loadF32(src, mo.Router, mo.NumExperts, H); err != nil {
+				return nil, err
+			}
+			for j := range mo.Experts {
+				x, err := loadMLP(src, H, &mo.Experts[j])
+				if err != nil {
+					return nil, err
+				}
+				e.experts = append(e.experts, *x)
+			}
+			if mo.Shared != nil {
+				if e.shared, err = loadMLP(src, H, mo.Shared); err != nil {
+					return nil, err
+				}
+			}
+			if mo.SharedGate != "" {
+				if e.sharedGate, err = loadF32(src, mo.SharedGate, 1, H); err != nil {
+					return nil, err
+				}
+			}
+			l.moe = e
+		}
+	}
+	m.pool = kernels.NewPool(opt.Threads)
+	m.attn.m = m
+	return m, nil
+}
+
+// loadConcat loads tensors [rows[i], cols] and stacks them row-wise.
+func loadConcat(src TensorSource, cols int, names []string, rows []int) ([]float32, error) {
+	total := 0
+	for _, r := range rows {
+		total += r
+	}
+	out := make([]float32, 0, total*cols)
+	for i, n := range names {
+		w, err := loadF32(src, n, rows[i], cols)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, w...)
+	}
+	return out, nil
+}
+
+func loadMLP(src TensorSource, H int, s *arch.MLP) (*cpuMLP, error) {
+	gu, err := loadConcat(src, H, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize})
+	if err != nil {
+		return nil, err
+	}
+	down, err := loadF32(src, s.Down, H, s.IntermediateSize)
+	if err != nil {
+		return nil, err
+	}
+	return &cpuMLP{gu: gu, down: down, inter: s.IntermediateSize}, nil
+}
+
+func (m *cpuModel) Description() *arch.Description { return m.d }
+
+func (m *cpuModel) Close() error {
+	m.pool.Close()
+	return nil
+}
+
+// NewCache implements Model with an F32Cache.
+func (m *cpuModel) NewCache(capacity int) KVCache {
+	kv := make([]int, len(m.layers))
+	hd := make([]int, len(m.layers))
+	for i := range m.layers {
+		kv[i], hd[i] = m.layers[i].kvdim, m.layers[i].hd
+		m.layers[i].rope.ensure(capacity)
+	}
+	return NewF32Cache(kv, hd, capacity)
+}
+
+// SetObserver implements Model.
+func (m *cpuModel) SetObserver(o any) {
+	m.obsBlock, _ = o.(BlockObserver)
+	m.obsQKV, _ = o.(QKVObserver)
+	m.obsRouter, _ = o.(RouterObserver)
+	m.obsFFN, _ = o.(FFNObserver)
+}
+
+// scratch holds the activations of one Forward call; it grows to the
+// largest call seen and is reused, so steady-state decode allocates nothing.
+type scratch struct {
+	T, ctx    int
+	x, xn     []float32 // [T, H]
+	qkv       []float32 // [T, max qkvdim]
+	k, v      []float32 // [T, max kvdim]
+	att       []float32 // [T, max qdim]
+	scores    []float32 // [max heads, T*ctx]
+	kr, vr    []float32 // [max kv heads, ctx*head_dim] for caches without F32KV
+	gu        []float32 // [T, 2*max I]
+	h         []float32 // [T, max I] (observer copy)
+	out       []float32 // [T, H]
+	moeX      []float32 // [T, H]
+	moeY      []float32 // [T, H]
+	moeLogits []float32 // [T, E]
+	moeSel    []int32   // [T, K]
+	moeW      []float32 // [T, K]
+	moeP      []float32 // [E]
+	moeTok    [][]int32 // [E][<=T]
+	moeWt     [][]float32
+	logitsRow []float32 // [H]
+}
+
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+func (m *cpuModel) ensureScratch(T, ctxLen int) {
+	s := &m.s
+	if T <= s.T && ctxLen <= s.ctx {
+		return
+	}
+	T, ctxLen = max(T, s.T), max(ctxLen, s.ctx)
+	H := m.d.HiddenSize
+	var qkv, kvd, qd, inter, heads, kvh, hd, E, K int
+	for i := range m.layers {
+		l := &m.layers[i]
+		qkv, kvd, qd = max(qkv, l.qkvdim), max(kvd, l.kvdim), max(qd, l.qdim)
+		heads, kvh, hd = max(heads, l.nh), max(kvh, l.nkv), max(hd, l.hd)
+		if l.mlp != nil {
+			inter = max(inter, l.mlp.inter)
+		}
+		if l.moe != nil {
+			E, K = max(E, len(l.moe.experts)), max(K, l.moe.topK)
+			for _, e := range l.moe.experts {
+				inter = max(inter, e.inter)
+			}
+			if l.moe.shared != nil {
+				inter = max(inter, l.moe.shared.inter)
+			}
+		}
+	}
+	s.T, s.ctx = T, ctxLen
+	s.x, s.xn = grow(s.x, T*H), grow(s.xn, T*H)
+	s.qkv = grow(s.qkv, T*qkv)
+	s.k, s.v = grow(s.k, T*kvd), grow(s.v, T*kvd)
+	s.att = grow(s.att, T*qd)
+	s.scores = grow(s.scores, heads*T*ctxLen)
+	s.kr, s.vr = grow(s.kr, kvh*ctxLen*hd), grow(s.vr, kvh*ctxLen*hd)
+	s.gu = grow(s.gu, T*2*inter)
+	s.h = grow(s.h, T*inter)
+	s.out = grow(s.out, T*H)
+	s.logitsRow = grow(s.logitsRow, T*H)
+	if E > 0 {
+		s.moeX, s.moeY = grow(s.moeX, T*H), grow(s.moeY, T*H)
+		s.moeLogits = grow(s.moeLogits, T*E)
+		s.moeSel = make([]int32, T*K)
+		s.moeW = grow(s.moeW, T*K)
+		s.moeP = grow(s.moeP, E)
+		s.moeTok = make([][]int32, E)
+		s.moeWt = make([][]float32, E)
+		for e := range s.moeTok {
+			s.moeTok[e] = make([]int32, 0, T)
+			s.moeWt[e] = make([]float32, 0, T)
+		}
+	}
+}
+
+// Forward implements Model.
+func (m *cpuModel) Forward(ctx context.Context, tokens []int, cache KVCache, logits []float32, allLogits bool) error {
+	T := len(tokens)
+	if T == 0 {
+		return fmt.Errorf("runtime: Forward: no tokens")
+	}
+	d := m.d
+	H, V := d.HiddenSize, d.VocabSize
+	pos := cache.Len()
+	if pos+T > cache.Cap() {
+		return fmt.Errorf("runtime: Forward: %d tokens at position %d exceed the KV cache capacity %d", T, pos, cache.Cap())
+	}
+	want := V
+	if allLogits {
+		want = T * V
+	}
+	if len(logits) < want {
+		return fmt.Errorf("runtime: Forward: logits has %d elements, want %d", len(logits), want)
+	}
+	for i, id := range tokens {
+		if id < 0 || id >= V {
+			return fmt.Errorf("runtime: Forward: token %d at index %d out of range [0,%d)", id, i, V)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Scratch is sized for the cache's capacity so that decode steps never
+	// reallocate.
+	m.ensureScratch(T, cache.Cap())
+	s := &m.s
+	x := s.x[:T*H]
+	for i, id := range tokens {
+		copy(x[i*H:(i+1)*H], m.embed[id*H:(id+1)*H])
+	}
+	eps := float32(d.RMSNormEps)
+	for li := range m.layers {
+		if li > 0 {
+			if err := ctx.Err(); err != nil {
+				cache.Truncate(pos)
+				return err
+			}
+		}
+		l := &m.layers[li]
+		if m.obsBlock != nil {
+			m.obsBlock.BlockInput(li, pos, T, x)
+		}
+		m.attention(li, l, pos, T, cache, eps)
+		m.ffn(li, l, pos, T, eps)
+		if m.obsBlock != nil {
+			m.obsBlock.BlockOutput(li, pos, T, x)
+		}
+	}
+	cache.Commit(T)
+	// Final norm and lm_head on the rows that need logits.
+	first := T - 1
+	if allLogits {
+		first = 0
+	}
+	rows := T - first
+	xn := s.logitsRow[:rows*H]
+	for i := 0; i < rows; i++ {
+		kernels.RMSNorm(xn[i*H:(i+1)*H], x[(first+i)*H:(first+i+1)*H], m.finalNorm, eps)
+	}
+	m.pool.MatMulNT(rows, V, H, xn, H, m.lmHead, H, logits, V)
+	return nil
+}
+
+// attention runs the attention half of block li on x (in place: x += attn).
+func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps float32) {
+	s := &m.s
+	H := m.d.HiddenSize
+	x, xn := s.x[:T*H], s.xn[:T*H]
+	for i := 0; i < T; i++ {
+		kernels.RMSNorm(xn[i*H:(i+1)*H], x[i*H:(i+1)*H], l.attnNorm, eps)
+	}
+	qkv := s.qkv[:T*l.qkvdim]
+	m.pool.MatMulNT(T, l.qkvdim, H, xn, H, l.wqkv, H, qkv, l.qkvdim)
+	k, v := s.k[:T*l.kvdim], s.v[:T*l.kvdim]
+	for i := 0; i < T; i++ {
+		row := qkv[i*l.qkvdim : (i+1)*l.qkvdim]
+		if l.bqkv != nil {
+			for j, b := range l.bqkv {
+				row[j] += b
+			}
+		}
+		q := row[:l.qdim]
+		kr := row[l.qdim : l.qdim+l.kvdim]
+		if l.qNorm != nil {
+			for h := 0; h < l.nh; h++ {
+				kernels.RMSNorm(q[h*l.hd:(h+1)*l.hd], q[h*l.hd:(h+1)*l.hd], l.qNorm, eps)
+			}
+			for h := 0; h < l.nkv; h++ {
+				kernels.RMSNorm(kr[h*l.hd:(h+1)*l.hd], kr[h*l.hd:(h+1)*l.hd], l.kNorm, eps)
+			}
+		}
+		l.rope.apply(q, l.nh, pos+i)
+		l.rope.apply(kr, l.nkv, pos+i)
+		copy(k[i*l.kvdim:(i+1)*l.kvdim], kr)
+		copy(v[i*l.kvdim:(i+1)*l.kvdim], row[l.qdim+l.kvdim:])
+	}
+	if m.obsQKV != nil {
+		// q is strided inside qkv; hand the observer a contiguous copy.
+		q := s.att[:T*l.qdim]
+		for i := 0; i < T; i++ {
+			copy(q[i*l.qdim:(i+1)*l.qdim], qkv[i*l.qkvdim:])
+		}
+		m.obsQKV.QKV(li, pos, T, q, k, v)
+	}
+	cache.Write(li, pos, T, k, v)
+
+	n := pos + T
+	t := &m.attn
+	t.l, t.pos, t.T, t.n = l, pos, T, n
+	t.scale = float32(1 / math.Sqrt(float64(l.hd)))
+	if f, ok := cache.(F32KV); ok {
+		t.k, t.v = f.F32(li)
+		t.ldkv = l.kvdim
+		t.direct = true
+	} else {
+		for g := 0; g < l.nkv; g++ {
+			cache.Read(li, g, n, s.kr[g*n*l.hd:(g+1)*n*l.hd], s.vr[g*n*l.hd:(g+1)*n*l.hd])
+		}
+		t.k, t.v = s.kr, s.vr
+		t.ldkv = l.hd
+		t.direct = false
+	}
+	m.pool.Run(l.nh, t)
+
+	att := s.att[:T*l.qdim]
+	out := s.out[:T*H]
+	m.pool.MatMulNT(T, H, l.qdim, att, l.qdim, l.wo, l.qdim, out, H)
+	for i := range x {
+		x[i] += out[i]
+	}
+	if l.bo != nil {
+		for i := 0; i < T; i++ {
+			r := x[i*H : (i+1)*H]
+			for j, b := range l.bo {
+				r[j] += b
+			}
+		}
+	}
+}
+
+// attnTask computes softmax(q·Kᵀ/√d + mask)·V for a range of heads.
+type attnTask struct {
+	m         *cpuModel
+	l         *cpuLayer
+	pos, T, n int
+	scale     float32
+	k, v      []float32
+	ldkv      int
+	direct    bool
+}
+
+func (t *attnTask) Run(lo, hi int) {
+	s := &t.m.s
+	l := t.l
+	T, n, hd := t.T, t.n, l.hd
+	group := l.nh / l.nkv
+	for h := lo; h < hi; h++ {
+		g := h / group
+		var K, V []float32
+		if t.direct {
+			K, V = t.k[g*hd:], t.v[g*hd:]
+		} else {
+			K, V = t.k[g*n*hd:(g+1)*n*hd], t.v[g*n*hd:(g+1)*n*hd]
+		}
+		sc := s.scores[h*T*n : (h+1)*T*n]
+		q := s.qkv[h*hd:]
+		kernels.MatMulNT(T, n, hd, q, l.qkvdim, K, t.ldkv, sc, n)
+		for i := 0; i < T; i++ {
+			p := t.pos + i // the query's position: keys [lo, p] are visible
+			lo := 0
+			if l.window > 0 && p-l.window+1 > 0 {
+				lo = p - l.window + 1
+			}
+			row := sc[i*n : (i+1)*n]
+			clear(row[:lo])
+			clear(row[p+1:])
+			vis := row[lo : p+1]
+			kernels.Scale(t.scale, vis)
+			kernels.Softmax(vis)
+		}
+		kernels.MatMulNN(T, hd, n, sc, n, V, t.ldkv, s.att[h*hd:], l.qdim)
+	}
+}
+
+// ffn runs the FFN half of block li on x (in place: x += ffn).
+func (m *cpuModel) ffn(li int, l *cpuLayer, pos, T int, eps float32) {
+	s := &m.s
+	H := m.d.HiddenSize
+	x, xn := s.x[:T*H], s.xn[:T*H]
+	for i := 0; i < T; i++ {
+		kernels.RMSNorm(xn[i*H:(i+1)*H], x[i*H:(i+1)*H], l.ffnNorm, eps)
+	}
+	out := s.out[:T*H]
+	if l.mlp != nil {
+		h := m.mlp(l.mlp, T, xn, out)
+		if m.obsFFN != nil {
+			I := l.mlp.inter
+			hc := s.h[:T*I]
+			for i := 0; i < T; i++ {
+				copy(hc[i*I:(i+1)*I], h[i*2*I:i*2*I+I])
+			}
+			m.obsFFN.FFNInput(li, pos, T, xn, hc)
+		}
+	} else {
+		if m.obsFFN != nil {
+			m.obsFFN.FFNInput(li, pos, T, xn, nil)
+		}
+		m.moeFFN(li, l.moe, pos, T, xn, out)
+	}
+	for i := range x {
+		x[i] += out[i]
+	}
+}
+
+// mlp computes out[T,H] = down(silu(gate(x)) * up(x)) and returns the
+// gate/up buffer [T, 2I] whose first I columns per row hold silu(g)*u.
+func (m *cpuModel) mlp(w *cpuMLP, T int, x, out []float32) []float32 {
+	H, I := m.d.HiddenSize, w.inter
+	gu := m.s.gu[:T*2*I]
+	m.pool.MatMulNT(T, 2*I, H, x, H, w.gu, H, gu, 2*I)
+	for i := 0; i < T; i++ {
+		kernels.SiLUMul(gu[i*2*I:i*2*I+I], gu[i*2*I+I:(i+1)*2*I])
+	}
+	m.pool.MatMulNT(T, H, I, gu, 2*I, w.down, I, out, H)
+	return gu
+}
+
+// moeFFN routes each token to its top-k experts: p = softmax(router·x),
+// keep the k largest (ties to the lower id), renormalise them when norm,
+// out = Σ p_e·expert_e(x) (+ sigmoid(g·x)·shared(x)).
+func (m *cpuModel) moeFFN(li int, e *cpuMoE, pos, T int, x, out []float32) {
+	s := &m.s
+	H := m.d.HiddenSize
+	E, K := len(e.experts), e.topK
+	logits := s.moeLogits[:T*E]
+	m.pool.MatMulNT(T, E, H, x, H, e.router, H, logits, E)
+	sel, wts := s.moeSel[:T*K], s.moeW[:T*K]
+	for ex := range s.moeTok {
+		s.moeTok[ex] = s.moeTok[ex][:0]
+		s.moeWt[ex] = s.moeWt[ex][:0]
+	}
+	probs := s.moeP[:E]
+	for i := 0; i < T; i++ {
+		copy(probs, logits[i*E:(i+1)*E])
+		kernels.Softmax(probs)
+		var sum float32
+		for j := 0; j < K; j++ {
+			best := -1
+			for ex := 0; ex < E; ex++ {
+				taken := false
+				for jj := 0; jj < j; jj++ {
+					if int(sel[i*K+jj]) == ex {
+						taken = true
+						break
+					}
+				}
+				if !taken && (best < 0 || probs[ex] > probs[best]) {
+					best = ex
+				}
+			}
+			sel[i*K+j] = int32(best)
+			wts[i*K+j] = probs[best]
+			sum += probs[best]
+		}
+		for j := 0; j < K; j++ {
+			w := wts[i*K+j]
+			if e.norm {
+				w /= sum
+			}
+			ex := sel[i*K+j]
+			s.moeTok[ex] = append(s.moeTok[ex], int32(i))
+			s.moeWt[ex] = append(s.moeWt[ex], w)
+		}
+	}
+	if m.obsRouter != nil {
+		m.obsRouter.RouterLogits(li, pos, T, logits, sel)
+	}
+	clear(out)
+	for ex := 0; ex < E; ex++ {
+		toks := s.moeTok[ex]
+		if len(toks) == 0 {
+			continue
+		}
+		n := len(toks)
+		xs := s.moeX[:n*H]
+		for j, t := range toks {
+			copy(xs[j*H:(j+1)*H], x[int(t)*H:(int(t)+1)*H])
+		}
+		ys := s.moeY[:n*H]
+		m.mlp(&e.experts[ex], n, xs, ys)
+		for j, t := range toks {
+			kernels.Axpy(s.moeWt[ex][j], ys[j*H:(j+1)*H], out[int(t)*H:(int(t)+1)*H])
+		}
+	}
+	if e.shared != nil {
+		ys := s.moeY[:T*H]
+		m.mlp(e.shared, T, x, ys)
+		for i := 0; i < T; i++ {
+			g := float32(1)
+			if e.sharedGate != nil {
+				g = sigmoid(kernels.Dot(e.sharedGate, x[i*H:(i+1)*H]))
+			}
+			kernels.Axpy(g, ys[i*H:(i+1)*H], out[i*H:(i+1)*H])
+		}
+	}
+}
+
+func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }

@@ -1,0 +1,24 @@
+// Package runtime executes a model described by formats/arch on a Backend.
+//
+// The CPU backend (NewCPU) is pure Go: float32 weights and activations,
+// matmuls and attention on the SIMD kernels of runtime/kernels, parallel
+// across a fixed pool of worker goroutines. It is the reference every other
+// backend is checked against, and lmpack's compression speed on machines
+// without a GPU.
+//
+// The forward pass covers the Llama family and its descendants: token
+// embedding, RMSNorm, RoPE (rotate_half convention, with linear and llama3
+// scaling), grouped-query attention (GQA) over a KV cache with optional
+// sliding window, optional q/k/v/o biases (Qwen2) and q/k RMSNorm (Qwen3),
+// a SwiGLU FFN, and mixture-of-experts routing (softmax, top-k, optional
+// renormalisation; shared experts with a sigmoid gate), then the final
+// RMSNorm and the (optionally tied) lm_head.
+//
+// Extension points for later stages are small interfaces: Backend and
+// Model (a CUDA backend), KVCache (quantized caches, with an optional
+// zero-copy F32KV ability) and the observer interfaces of observer.go
+// (calibration). Unused observers cost one nil check per layer.
+//
+// The package does not parse files: weights come from a TensorSource
+// (a safetensors checkpoint today) and the description from formats/arch.
+package runtime

@@ -1,0 +1,105 @@
+package runtime
+
+import "fmt"
+
+// KVCache stores the post-RoPE keys and the values of past tokens for every
+// layer. Positions are token indices from 0. Layers may differ in
+// num_key_value_heads*head_dim (kvDim).
+type KVCache interface {
+	// Len is the number of tokens stored (the next position).
+	Len() int
+	// Cap is the maximum number of tokens.
+	Cap() int
+	// Write stores n tokens at positions [pos, pos+n) of layer:
+	// k, v are [n, kvDim] row-major float32.
+	Write(layer, pos, n int, k, v []float32)
+	// Read returns tokens [0, n) of layer and kv head h, dequantized into
+	// k, v: [n, head_dim] row-major float32.
+	Read(layer, h, n int, k, v []float32)
+	// Commit marks n more tokens as stored, after every layer was written.
+	Commit(n int)
+	// Truncate forgets tokens from position n on (n <= Len()).
+	Truncate(n int)
+	// Bytes is the memory the cache holds for its stored tokens, in bytes.
+	Bytes() int64
+}
+
+// F32KV is an optional ability of a KVCache that stores float32 values:
+// it returns layer's whole key and value buffers, each [Cap(), kvDim]
+// row-major, for zero-copy attention.
+type F32KV interface {
+	F32(layer int) (k, v []float32)
+}
+
+// F32Cache is the reference float32 KV cache: [layers][cap, kvDim] for K
+// and for V, allocated up front.
+type F32Cache struct {
+	k, v    [][]float32
+	kvDim   []int
+	headDim []int
+	n, cap  int
+}
+
+var (
+	_ KVCache = (*F32Cache)(nil)
+	_ F32KV   = (*F32Cache)(nil)
+)
+
+// NewF32Cache returns a float32 cache for layers with the given kvDim and
+// head_dim per layer (elements) holding up to capacity tokens. Memory:
+// 2*4*capacity*Σ kvDim bytes.
+func NewF32Cache(kvDim, headDim []int, capacity int) *F32Cache {
+	c := &F32Cache{kvDim: kvDim, headDim: headDim, cap: capacity}
+	for _, d := range kvDim {
+		c.k = append(c.k, make([]float32, capacity*d))
+		c.v = append(c.v, make([]float32, capacity*d))
+	}
+	return c
+}
+
+// Len implements KVCache.
+func (c *F32Cache) Len() int { return c.n }
+
+// Cap implements KVCache.
+func (c *F32Cache) Cap() int { return c.cap }
+
+// Write implements KVCache.
+func (c *F32Cache) Write(layer, pos, n int, k, v []float32) {
+	d := c.kvDim[layer]
+	if pos+n > c.cap {
+		panic(fmt.Sprintf("runtime: F32Cache.Write: positions [%d,%d) past capacity %d", pos, pos+n, c.cap))
+	}
+	copy(c.k[layer][pos*d:(pos+n)*d], k[:n*d])
+	copy(c.v[layer][pos*d:(pos+n)*d], v[:n*d])
+}
+
+// Read implements KVCache.
+func (c *F32Cache) Read(layer, h, n int, k, v []float32) {
+	d, hd := c.kvDim[layer], c.headDim[layer]
+	for t := 0; t < n; t++ {
+		copy(k[t*hd:(t+1)*hd], c.k[layer][t*d+h*hd:])
+		copy(v[t*hd:(t+1)*hd], c.v[layer][t*d+h*hd:])
+	}
+}
+
+// F32 implements F32KV.
+func (c *F32Cache) F32(layer int) (k, v []float32) { return c.k[layer], c.v[layer] }
+
+// Commit implements KVCache.
+func (c *F32Cache) Commit(n int) { c.n += n }
+
+// Truncate implements KVCache.
+func (c *F32Cache) Truncate(n int) {
+	if n < c.n {
+		c.n = n
+	}
+}
+
+// Bytes implements KVCache: 8 bytes per stored element pair (K and V).
+func (c *F32Cache) Bytes() int64 {
+	var s int64
+	for _, d := range c.kvDim {
+		s += int64(c.n) * int64(d) * 8
+	}
+	return s
+}

@@ -1,0 +1,62 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
+)
+
+// loadF32 reads tensor name from src as float32, checks its shape against
+// want, and checks every value is finite. Errors wrap ErrBadWeights and
+// name the file, the tensor and what was expected.
+func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
+	t, err := src.Tensor(name)
+	if err != nil {
+		if errors.Is(err, safetensors.ErrMissingTensor) {
+			return nil, fmt.Errorf("runtime: %w: %w", ErrBadWeights, err)
+		}
+		return nil, fmt.Errorf("runtime: tensor %q: %w", name, err)
+	}
+	shape := t.Shape
+	if !slices.Equal(shape, want) {
+		// A 1-d weight stored as [1, n] or [n, 1] is accepted; anything else
+		// is a shape mismatch.
+		if prod(shape) != prod(want) || len(want) != 1 {
+			return nil, fmt.Errorf("runtime: %w: %s: tensor %q: shape %v, want %v", ErrBadWeights, t.File, name, shape, want)
+		}
+	}
+	v, err := t.Float32()
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %s: tensor %q: %w", t.File, name, err)
+	}
+	if i := firstNonFinite(v); i >= 0 {
+		what := "NaN"
+		if math.IsInf(float64(v[i]), 0) {
+			what = "Inf"
+		}
+		return nil, fmt.Errorf("runtime: %w: %s: tensor %q: element %d is %s (checked at load)", ErrBadWeights, t.File, name, i, what)
+	}
+	return v, nil
+}
+
+func prod(s []int) int {
+	p := 1
+	for _, d := range s {
+		p *= d
+	}
+	return p
+}
+
+// firstNonFinite returns the index of the first NaN or ±Inf, or -1.
+func firstNonFinite(v []float32) int {
+	for i, x := range v {
+		// x-x is NaN for NaN and ±Inf, 0 otherwise.
+		if x-x != 0 {
+			return i
+		}
+	}
+	return -1
+}
