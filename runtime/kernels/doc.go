@@ -1,0 +1,71 @@
+// Package kernels holds the hot float32 kernels of lmpack's pure-Go CPU
+// runtime: dot products, GEMV and GEMM in the two layouts a transformer
+// needs (MatMulNT for Linear layers and Q·Kᵀ, MatMulNN for P·V), RMSNorm,
+// SiLU gating, softmax and exp, and a Pool of persistent worker goroutines
+// that runs them in parallel without allocating.
+//
+// It is not a general BLAS: there is no transpose flag matrix, no alpha/beta
+// (outputs are overwritten), no float64, no quantized types, and MatMulNN is
+// tuned only for the small n of attention heads. It does not know about
+// models or tensors; callers pass plain row-major slices with leading
+// dimensions.
+//
+// # Layout and contracts
+//
+// Every matrix is float32, row-major, addressed as a[i*ld + j] with a
+// leading dimension ld ≥ the row length, so callers can pass sub-matrices
+// (one head's slice of a fused QKV buffer, say). Shapes are the caller's
+// guarantee: each entry point checks its slice lengths once and panics with
+// a "kernels: ..." message naming the operand on a violation. That is a
+// programmer error, not bad input — the kernels sit below the layer that
+// validates checkpoints — and a check per element would cost more than the
+// kernels themselves.
+//
+// # Implementation
+//
+// On amd64 with AVX2 and FMA (detected with golang.org/x/sys/cpu, which
+// also checks that the OS saves YMM state) the kernels run hand-written Go
+// assembly (kernels_amd64.s); elsewhere, or when built with the purego tag,
+// they run portable Go (generic.go). Impl reports which. The tests run
+// every kernel on both paths and compare each with a float64 reference.
+//
+// Go assembly was chosen over the GOEXPERIMENT=simd intrinsics because it
+// builds with the standard toolchain and a plain `go build`/`go test`, with
+// no experiment flag that every downstream user would also need, and
+// because the micro-kernels need exact control of the 16 YMM registers.
+// No cgo is used.
+//
+// The kernels, and why they are shaped as they are:
+//
+//   - MatMulNT, m == 1 (decode GEMV): memory-bound, each weight is used
+//     once. Four rows of w are reduced at once so every load of x feeds four
+//     FMAs, with two accumulators per row (16 k per iteration), FMAs taking
+//     w straight from memory, and k tails handled by masked loads.
+//   - MatMulNT, m > 1 (prefill GEMM): a 4×3 micro-kernel in dot-product form
+//     with twelve 8-lane accumulators reducing along k. In the NT layout
+//     both operands are contiguous in k, so no packing is needed: per 8 k it
+//     issues 7 loads (3 w rows held in registers, each x row loaded once)
+//     for 12 FMAs, and reduces horizontally only at the end of the tile. The
+//     driver walks w in blocks of about 256 KiB (half an L2) and sweeps all
+//     x rows over each block, so the four current x rows stay in L1 and the
+//     w block in L2. Edge rows and columns reuse the GEMV kernel.
+//   - MatMulNN (P·V): a 6×16 broadcast-FMA micro-kernel (twelve
+//     accumulators; per k one row of w is two loads, each x element one
+//     broadcast), plus a one-row kernel with masked column tails.
+//   - Exp, SiLUMul, Softmax: a vector exp with Cody–Waite range reduction
+//     and a degree-7 polynomial (max relative error below 1e-6, see exp.go),
+//     two vectors in flight per iteration.
+//   - RMSNorm, Dot, Axpy, Scale: streaming loops with four accumulators or
+//     four vectors per iteration.
+//
+// Floating-point sums are accumulated in float32 in an order that depends
+// on the path and on the sizes; results agree with a float64 reference to
+// about 1e-5 of the sum of term magnitudes.
+//
+// # Parallelism
+//
+// Pool splits work across threads with no allocation per call; its
+// MatMulNT splits decode GEMVs over the rows of w (each thread streams its
+// own part of the weights) and prefill GEMMs over column tiles or, for
+// narrow products, over rows.
+package kernels
