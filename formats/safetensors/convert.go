@@ -105,12 +105,30 @@ func decodeFloat32(dst []float32, src []byte, dt DType) {
 	case F16:
 		tab := f16Table()
 		src = src[:2*n]
-		for i := range dst {
+		i := 0
+		for ; i+4 <= n; i += 4 { // four values per 8-byte load
+			v := binary.LittleEndian.Uint64(src[2*i:])
+			d := dst[i : i+4 : i+4]
+			d[0] = tab[uint16(v)]
+			d[1] = tab[uint16(v>>16)]
+			d[2] = tab[uint16(v>>32)]
+			d[3] = tab[uint16(v>>48)]
+		}
+		for ; i < n; i++ {
 			dst[i] = tab[binary.LittleEndian.Uint16(src[2*i:])]
 		}
 	case BF16:
 		src = src[:2*n]
-		for i := range dst {
+		i := 0
+		for ; i+4 <= n; i += 4 { // four values per 8-byte load
+			v := binary.LittleEndian.Uint64(src[2*i:])
+			d := dst[i : i+4 : i+4]
+			d[0] = math.Float32frombits(uint32(v) << 16)
+			d[1] = math.Float32frombits(uint32(v>>16) << 16)
+			d[2] = math.Float32frombits(uint32(v>>32) << 16)
+			d[3] = math.Float32frombits(uint32(v>>48) << 16)
+		}
+		for ; i < n; i++ {
 			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
 		}
 	case F8E4M3:

@@ -27,6 +27,7 @@ func TestF16AllPatterns(t *testing.T) {
 			}
 		}
 	}
+	checkOddLength(t, F16, src, got)
 	// Anchors from the IEEE 754 binary16 definition.
 	for _, c := range []struct {
 		h    uint16
@@ -34,6 +35,27 @@ func TestF16AllPatterns(t *testing.T) {
 	}{{0x3c00, 1}, {0x7bff, 65504}, {0x0001, 5.960464477539063e-08}, {0x0400, 6.103515625e-05}, {0xc000, -2}} {
 		if g := F16ToFloat32(c.h); g != c.want {
 			t.Errorf("F16 %#04x = %v, want %v", c.h, g, c.want)
+		}
+	}
+}
+
+// checkOddLength decodes src minus its first element and its last 1..3
+// elements (so the 4-at-a-time loop has a remainder) and compares with full,
+// the already checked decoding of all of src.
+func checkOddLength(t *testing.T, dt DType, src []byte, full []float32) {
+	t.Helper()
+	sz := dt.Size()
+	for cut := 1; cut <= 3; cut++ {
+		n := len(full) - 1 - cut
+		tn := &Tensor{Name: "odd", File: "mem", DType: dt, Shape: []int{n}, Data: src[sz : sz*(1+n)]}
+		got, err := tn.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(full[i+1]) {
+				t.Fatalf("%s odd length %d: [%d] = %v, want %v", dt, n, i, got[i], full[i+1])
+			}
 		}
 	}
 }
@@ -57,6 +79,7 @@ func TestBF16AllPatterns(t *testing.T) {
 			}
 		}
 	}
+	checkOddLength(t, BF16, src, got)
 }
 
 func TestFP8AllPatterns(t *testing.T) {
@@ -249,7 +272,11 @@ func TestIntegerAndF64Conversion(t *testing.T) {
 		binary.LittleEndian.PutUint32(b, uint32(v))
 		return fromInt(int64(v))
 	})
-	mk(U32, 4, func(b []byte) float32 { v := r.Uint32(); binary.LittleEndian.PutUint32(b, v); return fromUint(uint64(v)) })
+	mk(U32, 4, func(b []byte) float32 {
+		v := r.Uint32()
+		binary.LittleEndian.PutUint32(b, v)
+		return fromUint(uint64(v))
+	})
 	mk(I64, 8, func(b []byte) float32 {
 		v := int64(r.Uint64()) >> (r.Uint64() % 63)
 		binary.LittleEndian.PutUint64(b, uint64(v))

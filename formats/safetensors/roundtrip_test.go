@@ -348,7 +348,7 @@ func TestWriteValidation(t *testing.T) {
 	}{
 		{"duplicate", []WriteTensor{f32, f32}, []string{`tensor "a"`, "duplicate name"}},
 		{"reserved", []WriteTensor{{Name: "__metadata__", DType: U8, Shape: []int{0}}}, []string{"reserved"}},
-		{"empty name", []WriteTensor{{Name: "", DType: U8, Shape: []int{0}}}, []string{"empty name"}},
+		{"empty name twice", []WriteTensor{{Name: "", DType: U8, Shape: []int{0}}, {Name: "", DType: U8, Shape: []int{0}}}, []string{`tensor ""`, "duplicate name"}},
 		{"dtype", []WriteTensor{{Name: "x", DType: "F4", Shape: []int{0}}}, []string{`tensor "x"`, `unknown dtype "F4"`}},
 		{"length", []WriteTensor{{Name: "x", DType: F16, Shape: []int{3}, Data: make([]byte, 4)}}, []string{`tensor "x"`, "Data has 4 bytes, want 6"}},
 		{"negative", []WriteTensor{{Name: "x", DType: F16, Shape: []int{-1}}}, []string{`tensor "x"`, "negative"}},

@@ -72,8 +72,9 @@ func FromFloat32As(name string, dtype DType, shape []int, data []float32) (Write
 // temporary file is removed and path is left as it was. The file gets mode
 // 0644.
 //
-// Errors (naming path and the tensor): an empty, duplicate or reserved
-// ("__metadata__") name; an unknown dtype; a negative dim or a size that
+// Errors (naming path and the tensor): a duplicate, reserved
+// ("__metadata__") or non-UTF-8 name (the empty name is allowed, as the
+// format allows it); an unknown dtype; a negative dim or a size that
 // overflows; Data of the wrong length; both or neither of Data and WriteTo
 // for a non-empty tensor; WriteTo returning an error or writing a different
 // number of bytes; a header over MaxHeaderSize; any I/O error.
@@ -223,9 +224,6 @@ func buildHeader(path string, tensors []WriteTensor, metadata map[string]string)
 	var off int64
 	for k, i := range order {
 		t := &tensors[i]
-		if t.Name == "" {
-			return nil, nil, nil, fmt.Errorf("safetensors: %s: tensor #%d has an empty name", path, i)
-		}
 		if !utf8.ValidString(t.Name) {
 			return nil, nil, nil, fmt.Errorf("safetensors: %s: tensor %q: name is not valid UTF-8", path, t.Name)
 		}
