@@ -11,6 +11,9 @@ import (
 // header; tensor bytes are read lazily from a read-only memory map when a
 // Tensor's Data is touched. A File is safe for concurrent use by multiple
 // goroutines, except Close, which must not run concurrently with other methods.
+// As with any memory map, truncating the file on disk while it is open makes
+// later reads of tensor data fault (SIGBUS); lmpack never rewrites a file in
+// place (WriteFile renames a new file over the old one, which is safe).
 type File struct {
 	path      string
 	mem       []byte // the whole file
@@ -24,9 +27,10 @@ type File struct {
 
 // Open memory-maps the safetensors file at path (read-only; on platforms
 // without mmap it reads the file into memory) and parses and validates its
-// header (see parseHeader rules: header length at most MaxHeaderSize and
-// within the file, valid JSON object without duplicate keys, known dtypes,
-// non-negative dims, offsets that tile the data section exactly).
+// header (the rules listed in the package doc: header length at most
+// MaxHeaderSize and within the file, UTF-8 JSON object without duplicate
+// keys, known dtypes, non-negative dims, byte lengths matching dtype×shape,
+// offsets that tile the data section exactly).
 //
 // Errors: os errors from opening/stating/mapping the file, wrapped with the
 // path; ErrFormat (wrapped, naming the path and the offending tensor) for a
