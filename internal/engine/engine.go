@@ -52,6 +52,9 @@ func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) 
 	o := hub.OptionsFromEnv()
 	if h != nil {
 		o = *h
+	} else {
+		o.Progress = os.Stderr
+		o.Terminal = hub.IsTerminal(os.Stderr)
 	}
 	return hub.Resolve(ctx, model, o)
 }

@@ -1,0 +1,30 @@
+# lmpack build, test, benchmark and lint targets.
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+FUZZTIME ?= 10s
+
+.PHONY: build test bench lint fuzz ci
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/lmpack ./cmd/lmpack
+
+# Unit, integration and acceptance tests (reads ../shared/data).
+test: build
+	$(GO) test -count=1 -timeout 20m ./...
+
+# Benchmarks: decode/prefill tokens/s, matmul GFLOP/s, tokenizer MB/s.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./runtime/... ./formats/...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Brief runs of every fuzz target (CI runs this too).
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(FUZZTIME) ./formats/safetensors/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./formats/arch/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
+
+ci: lint test fuzz
