@@ -12,9 +12,10 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// maxTokenID bounds token ids (16,777,216 entries) so that a corrupt id
-// cannot make the id-to-token table huge.
-const maxTokenID = 1 << 24
+// maxTokenID bounds token ids (2,097,152; the largest published vocabularies
+// have about 262k entries) so that a corrupt id cannot make the id-to-token
+// table huge.
+const maxTokenID = 1 << 21
 
 type parser struct{ file string }
 

@@ -64,9 +64,9 @@ type Tokenizer struct {
 	addedNorm  *addedMatcher
 	special    map[int]bool
 	addedIDs   map[string]int // added token content -> id
-	idToTok    []string // "" for ids without a token
-	prefix     []int    // added in front by the post-processor
-	suffix     []int    // added at the end by the post-processor
+	idToTok    []string       // "" for ids without a token
+	prefix     []int          // added in front by the post-processor
+	suffix     []int          // added at the end by the post-processor
 	decoder    []decStep
 	hasDecoder bool
 	streamOK   bool
