@@ -216,3 +216,13 @@ func flatten(x [][]float64) []float64 {
 func loadDescription(dir string) (*arch.Description, error) { return arch.Load(dir) }
 
 func loadDescriptionBytes(b []byte) (*arch.Description, error) { return arch.Parse(b) }
+
+func loadCheckpoint(t testing.TB, dir string) *safetensors.Checkpoint {
+	t.Helper()
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return ck
+}
