@@ -156,6 +156,7 @@ func wantError(t *testing.T, r cliResult, want ...string) {
 	}
 	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
 	last := lines[len(lines)-1]
+	t.Logf("%s", last)
 	if !strings.HasPrefix(last, "lmpack: ") {
 		t.Errorf("last stderr line %q does not start with \"lmpack: \":\n%v", last, r)
 	}
