@@ -36,11 +36,17 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 			}
 			defer e.Close()
 			out := cmd.OutOrStdout()
+			wrote := false
 			st, err := e.Generate(cmd.Context(), prompt, opt, func(s string) error {
+				wrote = true
 				_, err := io.WriteString(out, s)
 				return err
 			})
-			fmt.Fprintln(out)
+			if err == nil || wrote {
+				// End the streamed text with a newline; print nothing when
+				// generation failed before any text.
+				fmt.Fprintln(out)
+			}
 			if err != nil {
 				return err
 			}
