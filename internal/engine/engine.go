@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 	"unicode/utf8"
 
@@ -262,7 +261,7 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 	}
 	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Base(path), err)
+		return nil, fmt.Errorf("engine: data file %s: %w", path, err)
 	}
 	return res, nil
 }
