@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"math/rand"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -469,5 +470,44 @@ func TestStoriesAccessors(t *testing.T) {
 	}
 	if got := tk.Decode(tk.Encode("a▁b", false), false); got != "a b" {
 		t.Errorf("literal ▁: %q", got)
+	}
+}
+
+// Stream and batch decoding agree on handmade decoder chains that the two
+// shipped tokenizers do not exercise (Replace and Strip after Fuse, Strip
+// with stop, Metaspace after Fuse, non-streamable chains).
+func TestStreamDecoderChains(t *testing.T) {
+	vocab := `{"a":0,"b":1," ":2,"▁":3,"<0x41>":4,"<0xC3>":5,"<0xA9>":6,"ab":7,"▁▁":8,"xa":9,"bx":10,"  ":11}`
+	chains := map[string]string{
+		"fused replace":           `{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Replace","pattern":{"String":"ab"},"content":"X"}]}`,
+		"fused replace overlap":   `{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Replace","pattern":{"String":"aba"},"content":"-"}]}`,
+		"strip both ends":         `{"type":"Sequence","decoders":[{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":2,"stop":2}]}`,
+		"strip per token":         `{"type":"Sequence","decoders":[{"type":"Strip","content":"a","start":1,"stop":1},{"type":"Fuse"}]}`,
+		"fused metaspace":         `{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Metaspace","replacement":"▁","prepend_scheme":"first"}]}`,
+		"regex after fuse":        `{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"Replace","pattern":{"Regex":"a+b"},"content":"Y"}]}`,
+		"bytefallback after fuse": `{"type":"Sequence","decoders":[{"type":"Fuse"},{"type":"ByteFallback"}]}`,
+		"bytelevel":               `{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":"Ã"},{"type":"ByteLevel"},{"type":"Strip","content":" ","start":1,"stop":0}]}`,
+	}
+	rng := rand.New(rand.NewSource(3))
+	for name, dec := range chains {
+		tk := mustParse(t, tinyJSON(`{"type":"BPE","vocab":`+vocab+`,"merges":[]}`,
+			`"added_tokens":[{"id":12,"content":"<s>","special":true,"normalized":false}],"decoder":`+dec))
+		for trial := 0; trial < 400; trial++ {
+			ids := make([]int, rng.Intn(12))
+			for i := range ids {
+				ids[i] = rng.Intn(14) - 1
+			}
+			for _, skip := range []bool{false, true} {
+				if a, b := tk.Decode(ids, skip), streamAll(tk, ids, skip); a != b {
+					t.Fatalf("%s: ids %v skip=%v: Decode %q, stream %q", name, ids, skip, a, b)
+				}
+			}
+		}
+	}
+	// A concrete check of the fused Strip: "   a    " loses two spaces at
+	// each end.
+	tk := mustParse(t, tinyJSON(`{"type":"BPE","vocab":`+vocab+`,"merges":[]}`, `"decoder":`+chains["strip both ends"]))
+	if got := tk.Decode([]int{11, 2, 0, 2, 11, 2}, false); got != " a  " {
+		t.Errorf("strip both ends: %q, want %q", got, " a  ")
 	}
 }
