@@ -14,7 +14,7 @@ func newInspectCmd(g *globalFlags) *cobra.Command {
 		Short: "Print a checkpoint's architecture, parameter count, bytes by dtype and per-layer shapes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, d, ck, err := engine.OpenCheckpoint(cmd.Context(), args[0], nil)
+			dir, d, ck, err := engine.OpenCheckpoint(cmd.Context(), args[0], engine.HubOptions(g.logger))
 			if err != nil {
 				return err
 			}

@@ -26,7 +26,7 @@ import (
 type Options struct {
 	// Threads is the CPU worker count; <= 0 means all cores.
 	Threads int
-	// Hub configures resolution of hub ids; zero value: hub.OptionsFromEnv().
+	// Hub configures resolution of hub ids; nil: HubOptions(Logger).
 	Hub *hub.Options
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
@@ -43,19 +43,28 @@ type Engine struct {
 }
 
 // Resolve turns a MODEL argument into a local directory, downloading a hub
-// id into the Hugging Face cache when it is absent.
+// id into the Hugging Face cache when it is absent; h nil means
+// HubOptions(nil). Errors: those of hub.Resolve.
 func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) {
 	if st, err := os.Stat(model); err == nil && st.IsDir() {
 		return model, nil
 	}
-	o := hub.OptionsFromEnv()
-	if h != nil {
-		o = *h
-	} else {
-		o.Progress = os.Stderr
-		o.Terminal = hub.IsTerminal(os.Stderr)
+	if h == nil {
+		h = HubOptions(nil)
 	}
-	return hub.Resolve(ctx, model, o)
+	return hub.Resolve(ctx, model, *h)
+}
+
+// HubOptions returns hub.OptionsFromEnv with download progress on stderr
+// (a bar on a terminal, else log lines) and the hub's log lines sent to
+// logger, so they follow --log-format; a nil logger leaves the hub's
+// default (text lines on stderr).
+func HubOptions(logger *slog.Logger) *hub.Options {
+	o := hub.OptionsFromEnv()
+	o.Progress = os.Stderr
+	o.Terminal = hub.IsTerminal(os.Stderr)
+	o.Logger = logger
+	return &o
 }
 
 // OpenCheckpoint resolves model and opens its description and checkpoint
@@ -79,7 +88,11 @@ func OpenCheckpoint(ctx context.Context, model string, h *hub.Options) (string, 
 // Open resolves model, reads its config, tokenizer and weights, and loads
 // it on the CPU backend. Errors name the file and what was wrong.
 func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
-	dir, d, ck, err := OpenCheckpoint(ctx, model, opt.Hub)
+	h := opt.Hub
+	if h == nil {
+		h = HubOptions(opt.Logger)
+	}
+	dir, d, ck, err := OpenCheckpoint(ctx, model, h)
 	if err != nil {
 		return nil, err
 	}
