@@ -72,3 +72,22 @@ func BenchmarkLoadQwen3(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEncodeWikiTextQwen3Regexp2 is BenchmarkEncodeWikiTextQwen3 with
+// the split pattern run by regexp2 instead of the hand-written scanner.
+func BenchmarkEncodeWikiTextQwen3Regexp2(b *testing.B) {
+	tk := qwenTokenizer(b)
+	seq, ok := tk.pre.(seqPreTokenizer)
+	if !ok || len(seq) != 2 {
+		b.Fatalf("unexpected Qwen3 pre-tokenizer %T", tk.pre)
+	}
+	sp := seq[0].(splitPreTokenizer)
+	re, err := compileRegex(cl100kPattern(""))
+	if err != nil {
+		b.Fatal(err)
+	}
+	sp.f = regexFinder{re}
+	slow := &Tokenizer{model: tk.model, normalizer: tk.normalizer, pre: seqPreTokenizer{sp, seq[1]},
+		addedRaw: tk.addedRaw, addedNorm: tk.addedNorm}
+	benchEncode(b, slow, wikiChunk(b), false)
+}
