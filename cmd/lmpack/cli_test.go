@@ -561,9 +561,11 @@ func TestInterrupt(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	exited := false
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		if !exited {
 			cmd.Process.Kill()
+			<-done
 		}
 	})
 
@@ -575,6 +577,7 @@ func TestInterrupt(t *testing.T) {
 		}
 		select {
 		case err := <-done:
+			exited = true
 			t.Fatalf("eval ended before the interrupt (%v); stderr:\n%s", err, stderr.String())
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -587,8 +590,8 @@ func TestInterrupt(t *testing.T) {
 	var err error
 	select {
 	case err = <-done:
+		exited = true
 	case <-time.After(10 * time.Second):
-		cmd.Process.Kill()
 		t.Fatalf("still running 10 s after SIGINT; stderr:\n%s", stderr.String())
 	}
 	t.Logf("exited %v after SIGINT", time.Since(sent).Round(time.Millisecond))
