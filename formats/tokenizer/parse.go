@@ -215,6 +215,11 @@ func (p *parser) tokenizer(data []byte) (*Tokenizer, error) {
 			return nil, p.bad("model.unk_token", "%q is neither in model.vocab nor in added_tokens", model.unkName)
 		}
 	}
+	for _, id := range append(append([]int{}, t.prefix...), t.suffix...) {
+		if id >= len(t.idToTok) || t.idToTok[id] == "" {
+			return nil, p.bad("post_processor", "adds id %d, which has no token in model.vocab or added_tokens", id)
+		}
+	}
 	if len(t.prefix) > 0 {
 		t.bos = t.prefix[0]
 	}

@@ -378,6 +378,8 @@ func TestParseErrors(t *testing.T) {
 			`tokenizer: tokenizer.json: model.unk_token "<unk>" is neither in model.vocab nor in added_tokens`},
 		{`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"special_tokens":{}}}`, ErrMalformed,
 			`tokenizer: tokenizer.json: post_processor.single[0].SpecialToken.id "<s>" not in post_processor.special_tokens`},
+		{`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"post_processor":{"type":"BertProcessing","cls":["[CLS]",7],"sep":["a",0]}}`, ErrMalformed,
+			`tokenizer: tokenizer.json: post_processor adds id 7, which has no token in model.vocab or added_tokens`},
 		{`{"model":{"type":"BPE","vocab":{"a":0},"merges":[],"dropout":0.1}}`, ErrUnsupported,
 			`tokenizer: tokenizer.json: model.dropout 0.1 unsupported (BPE dropout is random; want null or 0)`},
 		{`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":1}]}`, ErrMalformed,
@@ -509,5 +511,34 @@ func TestStreamDecoderChains(t *testing.T) {
 	tk := mustParse(t, tinyJSON(`{"type":"BPE","vocab":`+vocab+`,"merges":[]}`, `"decoder":`+chains["strip both ends"]))
 	if got := tk.Decode([]int{11, 2, 0, 2, 11, 2}, false); got != " a  " {
 		t.Errorf("strip both ends: %q, want %q", got, " a  ")
+	}
+}
+
+// Concurrent Encode calls share the word cache; results must not change.
+func TestConcurrentEncode(t *testing.T) {
+	tk := storiesTokenizer(t)
+	lines := tinyStoriesLines(t)[:600]
+	want := make([][]int, len(lines))
+	for i, l := range lines {
+		want[i] = tk.Encode(l, true)
+	}
+	tk.model.clearCache()
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func(g int) {
+			for k := range lines {
+				i := (k*7 + g*131) % len(lines)
+				if got := tk.Encode(lines[i], true); !reflect.DeepEqual(got, want[i]) {
+					errs <- fmt.Errorf("goroutine %d line %d: %v, want %v", g, i, got, want[i])
+					return
+				}
+			}
+			errs <- nil
+		}(g)
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
