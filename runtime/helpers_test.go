@@ -16,49 +16,7 @@ import (
 
 // shapes returns every tensor the description names with its expected
 // shape.
-func shapes(d *arch.Description) map[string][]int {
-	H := d.HiddenSize
-	s := map[string][]int{d.Embedding: {d.VocabSize, H}, d.FinalNorm: {H}}
-	if !d.TieWordEmbeddings {
-		s[d.LMHead] = []int{d.VocabSize, H}
-	}
-	mlp := func(m *arch.MLP) {
-		s[m.Gate] = []int{m.IntermediateSize, H}
-		s[m.Up] = []int{m.IntermediateSize, H}
-		s[m.Down] = []int{H, m.IntermediateSize}
-	}
-	for i := range d.Layers {
-		l := &d.Layers[i]
-		a := l.Attn
-		s[a.Norm], s[l.FFNNorm] = []int{H}, []int{H}
-		s[a.Q], s[a.K], s[a.V], s[a.O] = []int{l.QDim(), H}, []int{l.KVDim(), H}, []int{l.KVDim(), H}, []int{H, l.QDim()}
-		if a.QBias != "" {
-			s[a.QBias], s[a.KBias], s[a.VBias] = []int{l.QDim()}, []int{l.KVDim()}, []int{l.KVDim()}
-		}
-		if a.OBias != "" {
-			s[a.OBias] = []int{H}
-		}
-		if a.QNorm != "" {
-			s[a.QNorm], s[a.KNorm] = []int{l.HeadDim}, []int{l.HeadDim}
-		}
-		if l.MLP != nil {
-			mlp(l.MLP)
-		}
-		if m := l.MoE; m != nil {
-			s[m.Router] = []int{m.NumExperts, H}
-			for e := range m.Experts {
-				mlp(&m.Experts[e])
-			}
-			if m.Shared != nil {
-				mlp(m.Shared)
-			}
-			if m.SharedGate != "" {
-				s[m.SharedGate] = []int{1, H}
-			}
-		}
-	}
-	return s
-}
+func shapes(d *arch.Description) map[string][]int { return d.TensorShapes() }
 
 // synthCheckpoint writes config.json and a random model.safetensors for
 // config into a temp dir (seeded, so the same seed gives the same bytes).

@@ -16,7 +16,7 @@ func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
 	t, err := src.Tensor(name)
 	if err != nil {
 		if errors.Is(err, safetensors.ErrMissingTensor) {
-			return nil, fmt.Errorf("runtime: %w: %w", ErrBadWeights, err)
+			return nil, fmt.Errorf("runtime: %w: tensor %q named by config.json is missing: %w", ErrBadWeights, name, err)
 		}
 		return nil, fmt.Errorf("runtime: tensor %q: %w", name, err)
 	}

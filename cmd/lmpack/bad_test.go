@@ -275,7 +275,8 @@ func TestBadWeights(t *testing.T) {
 				}
 			}
 			return ts
-		}), []string{"bad weights", "model.safetensors", `tensor "model.layers.0.self_attn.q_proj.weight"`, "shape [32 128], want [64 64]"}, nil},
+		}), []string{"bad weights", "model.safetensors", `tensor "model.layers.0.self_attn.q_proj.weight"`, "shape [32 128], want [64 64]"},
+			[]string{"model.safetensors", `tensor "model.layers.0.self_attn.q_proj.weight"`, "shape [32 128], want [64 64] from config.json"}},
 		{"NaN", modify(func(ts []safetensors.WriteTensor) []safetensors.WriteTensor {
 			return setF32(ts, "model.layers.3.self_attn.v_proj.weight", 77, float32(math.NaN()))
 		}), []string{"bad weights", "model.safetensors", `tensor "model.layers.3.self_attn.v_proj.weight"`, "element 77 is NaN", "at load"}, nil},

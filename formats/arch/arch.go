@@ -289,3 +289,60 @@ func Load(dir string) (*Description, error) {
 	}
 	return d, nil
 }
+
+// TensorShapes returns every tensor the description names with its
+// expected row-major shape (a Linear weight is [out_features,
+// in_features]; norms and biases are 1-d; the shared-expert gate is
+// [1, hidden]). LMHead is included only when untied.
+func (d *Description) TensorShapes() map[string][]int {
+	H := d.HiddenSize
+	s := map[string][]int{d.Embedding: {d.VocabSize, H}, d.FinalNorm: {H}}
+	if !d.TieWordEmbeddings {
+		s[d.LMHead] = []int{d.VocabSize, H}
+	}
+	mlp := func(m *MLP) {
+		s[m.Gate] = []int{m.IntermediateSize, H}
+		s[m.Up] = []int{m.IntermediateSize, H}
+		s[m.Down] = []int{H, m.IntermediateSize}
+	}
+	for i := range d.Layers {
+		l := &d.Layers[i]
+		a := l.Attn
+		s[a.Norm], s[l.FFNNorm] = []int{H}, []int{H}
+		s[a.Q], s[a.K], s[a.V], s[a.O] = []int{l.QDim(), H}, []int{l.KVDim(), H}, []int{l.KVDim(), H}, []int{H, l.QDim()}
+		if a.QBias != "" {
+			s[a.QBias] = []int{l.QDim()}
+		}
+		if a.KBias != "" {
+			s[a.KBias] = []int{l.KVDim()}
+		}
+		if a.VBias != "" {
+			s[a.VBias] = []int{l.KVDim()}
+		}
+		if a.OBias != "" {
+			s[a.OBias] = []int{H}
+		}
+		if a.QNorm != "" {
+			s[a.QNorm] = []int{l.HeadDim}
+		}
+		if a.KNorm != "" {
+			s[a.KNorm] = []int{l.HeadDim}
+		}
+		if l.MLP != nil {
+			mlp(l.MLP)
+		}
+		if m := l.MoE; m != nil {
+			s[m.Router] = []int{m.NumExperts, H}
+			for e := range m.Experts {
+				mlp(&m.Experts[e])
+			}
+			if m.Shared != nil {
+				mlp(m.Shared)
+			}
+			if m.SharedGate != "" {
+				s[m.SharedGate] = []int{1, H}
+			}
+		}
+	}
+	return s
+}

@@ -74,10 +74,14 @@ func Inspect(dir string, d *arch.Description, ck *safetensors.Checkpoint) (*Insp
 		}
 		r.Layers = append(r.Layers, lr)
 	}
+	want := d.TensorShapes()
 	for _, name := range ck.Names() {
-		info, _, err := ck.Info(name)
+		info, file, err := ck.Info(name)
 		if err != nil {
 			return nil, err
+		}
+		if ws, ok := want[name]; ok && !sameShape(info.Shape, ws) {
+			return nil, fmt.Errorf("engine: %s: tensor %q: shape %v, want %v from config.json", file, name, info.Shape, ws)
 		}
 		var n int64 = 1
 		for _, s := range info.Shape {
@@ -111,6 +115,27 @@ func Inspect(dir string, d *arch.Description, ck *safetensors.Checkpoint) (*Insp
 		}
 	}
 	return r, nil
+}
+
+// sameShape reports whether got equals want, accepting a 1-d want stored
+// as a 2-d tensor of the same size (as the runtime does).
+func sameShape(got, want []int) bool {
+	if len(got) == len(want) {
+		for i := range got {
+			if got[i] != want[i] {
+				return false
+			}
+		}
+		return true
+	}
+	if len(want) != 1 {
+		return false
+	}
+	n := 1
+	for _, g := range got {
+		n *= g
+	}
+	return n == want[0]
 }
 
 func layerTensorNames(l *arch.Layer) []string {
