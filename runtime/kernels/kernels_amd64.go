@@ -36,7 +36,7 @@ func expSubSumAVX2(x *float32, n int, m float32) float32
 func siluMulAVX2(gate, up *float32, n int)
 
 //go:noescape
-func gemv4AVX2(x, w *float32, ldw, k int, y *float32, nt int)
+func gemv4AVX2(x, w *float32, ldw, k int, y *float32, nt, rs, ys int)
 
 //go:noescape
 func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt int)

@@ -129,12 +129,7 @@ func matMulNTAsm(m, n, k int, x []float32, ldx int, w []float32, ldw int, y []fl
 	// (the GEMV kernel with the roles of x and w swapped).
 	for j := n3; j < n; j++ {
 		for i := 0; i < m4; i += 4 {
-			var t [4]float32
-			gemv4AVX2(&w[j*ldw], &x[i*ldx], ldx, k, &t[0], 1)
-			y[i*ldy+j] = t[0]
-			y[(i+1)*ldy+j] = t[1]
-			y[(i+2)*ldy+j] = t[2]
-			y[(i+3)*ldy+j] = t[3]
+			gemv4AVX2(&w[j*ldw], &x[i*ldx], 0, k, &y[i*ldy+j], 1, ldx, ldy)
 		}
 	}
 	// Rows left over by the 4-tall tiles.
@@ -143,11 +138,14 @@ func matMulNTAsm(m, n, k int, x []float32, ldx int, w []float32, ldw int, y []fl
 	}
 }
 
-// gemvAsm: y[j] = x[:k]·w[j*ldw : j*ldw+k] for j < n.
+// gemvAsm: y[j] = x[:k]·w[j*ldw : j*ldw+k] for j < n. Rows j, j+q, j+2q
+// and j+3q (q = n/4) are reduced together, so w is read as four long
+// sequential streams.
 func gemvAsm(n, k int, x, w []float32, ldw int, y []float32) {
-	n4 := n &^ 3
-	if n4 > 0 {
-		gemv4AVX2(&x[0], &w[0], ldw, k, &y[0], n4/4)
+	q := n / 4
+	n4 := 4 * q
+	if q > 0 {
+		gemv4AVX2(&x[0], &w[0], ldw, k, &y[0], q, q*ldw, q)
 	}
 	for j := n4; j < n; j++ {
 		y[j] = dotAsm(x[:k], w[j*ldw:j*ldw+k])
