@@ -39,7 +39,7 @@ func siluMulAVX2(gate, up *float32, n int)
 func gemv4AVX2(x, w *float32, ldw, k int, y *float32, nt, rs, ys int)
 
 //go:noescape
-func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt int)
+func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt, acc int)
 
 //go:noescape
 func gemmNN6x16AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt int)

@@ -557,15 +557,21 @@ gvReduce:
 	VEXTRACTF128 $1, A, XC; \
 	VADDPS XC, XA, XA
 
-// func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt int)
+// XA[0:3] += the three floats at lo (two) and hi (one); T is clobbered.
+#define NT43LOADADD(lo, hi, XA, T) \
+	VMOVSD lo, T; \
+	VINSERTPS $0x20, hi, T, T; \
+	VADDPS T, XA, XA
+
+// func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt, acc int)
 // For t in [0, nt), i in [0, 4), j in [0, 3):
-//   y[i·ldy + 3t+j] = Σ_{p<k} x[i·ldx+p]·w[(3t+j)·ldw+p]   (overwrites y).
+//   y[i·ldy + 3t+j] = (acc ? y[i·ldy + 3t+j] : 0) + Σ_{p<k} x[i·ldx+p]·w[(3t+j)·ldw+p].
 // Twelve 8-lane accumulators reduce along k (dot-product form, which suits
 // the NT layout: both operands are contiguous in k); w rows are held in
 // registers and each x row is loaded once per 8 k, so one k step costs 7
-// loads for 12 FMAs. The four x rows stay in L1 while t walks over w.
-// nt ≥ 1, k ≥ 1.
-TEXT ·gemmNT4x3AVX2(SB), NOSPLIT, $0-64
+// loads for 12 FMAs. The four x rows stay in L1 while t walks over w; acc
+// lets the driver split long k into L1-sized slices. nt ≥ 1, k ≥ 1.
+TEXT ·gemmNT4x3AVX2(SB), NOSPLIT, $0-72
 	MOVQ x+0(FP), R8
 	MOVQ ldx+8(FP), R9
 	SHLQ $2, R9
@@ -629,16 +635,25 @@ ntRem:
 ntReduce:
 	LEAQ (R12)(R13*2), DX
 	ADDQ R13, DX
+	MOVQ acc+64(FP), AX
 	NT43ROW(Y0, Y1, Y2, X0, X2)
+	NT43ROW(Y3, Y4, Y5, X3, X5)
+	NT43ROW(Y6, Y7, Y8, X6, X8)
+	NT43ROW(Y9, Y10, Y11, X9, X11)
+	TESTQ AX, AX
+	JZ    ntStore
+	NT43LOADADD((R12), 8(R12), X0, X1)
+	NT43LOADADD((R12)(R13*1), 8(R12)(R13*1), X3, X4)
+	NT43LOADADD((R12)(R13*2), 8(R12)(R13*2), X6, X7)
+	NT43LOADADD((DX), 8(DX), X9, X10)
+
+ntStore:
 	VMOVSD X0, (R12)
 	VEXTRACTPS $2, X0, 8(R12)
-	NT43ROW(Y3, Y4, Y5, X3, X5)
 	VMOVSD X3, (R12)(R13*1)
 	VEXTRACTPS $2, X3, 8(R12)(R13*1)
-	NT43ROW(Y6, Y7, Y8, X6, X8)
 	VMOVSD X6, (R12)(R13*2)
 	VEXTRACTPS $2, X6, 8(R12)(R13*2)
-	NT43ROW(Y9, Y10, Y11, X9, X11)
 	VMOVSD X9, (DX)
 	VEXTRACTPS $2, X9, 8(DX)
 	ADDQ $12, R12

@@ -17,7 +17,7 @@ func expSubSumAVX2(x *float32, n int, m float32) float32       { panic(unreachab
 func siluMulAVX2(gate, up *float32, n int)                     { panic(unreachable) }
 func gemv4AVX2(x, w *float32, ldw, k int, y *float32, nt int)  { panic(unreachable) }
 func gemmNN1AVX2(x, w *float32, ldw int, y *float32, k, n int) { panic(unreachable) }
-func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt int) {
+func gemmNT4x3AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt, acc int) {
 	panic(unreachable)
 }
 func gemmNN6x16AVX2(x *float32, ldx int, w *float32, ldw int, y *float32, ldy int, k, nt int) {

@@ -102,6 +102,11 @@ func zeroMat(m, n int, y []float32, ldy int) {
 // half of a 512 KiB L2, leaving room for the x rows and y.
 const l2Budget = 256 << 10
 
+// kSlice is the longest k the NT GEMM reduces in one pass: four x rows and
+// three w rows of kSlice floats (20 KiB) fit in a 32 KiB L1 together. Longer
+// k is cut into near-equal slices whose partial sums accumulate in y.
+const kSlice = 768
+
 // ntBlockRows returns how many w rows (a multiple of 3, at least 3) form one
 // cache block of the NT GEMM for row length k.
 func ntBlockRows(k int) int {
@@ -117,11 +122,16 @@ func matMulNTAsm(m, n, k int, x []float32, ldx int, w []float32, ldw int, y []fl
 	m4 := m &^ 3
 	n3 := n - n%3
 	if m4 > 0 && n3 > 0 {
-		nb := ntBlockRows(k)
-		for jc := 0; jc < n3; jc += nb {
-			jn := min(nb, n3-jc)
-			for i := 0; i < m4; i += 4 {
-				gemmNT4x3AVX2(&x[i*ldx], ldx, &w[jc*ldw], ldw, &y[i*ldy+jc], ldy, k, jn/3)
+		slices := (k + kSlice - 1) / kSlice
+		for s := 0; s < slices; s++ {
+			p0, p1 := s*k/slices, (s+1)*k/slices
+			kc := p1 - p0
+			nb := ntBlockRows(kc)
+			for jc := 0; jc < n3; jc += nb {
+				jn := min(nb, n3-jc)
+				for i := 0; i < m4; i += 4 {
+					gemmNT4x3AVX2(&x[i*ldx+p0], ldx, &w[jc*ldw+p0], ldw, &y[i*ldy+jc], ldy, kc, jn/3, min(s, 1))
+				}
 			}
 		}
 	}

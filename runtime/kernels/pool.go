@@ -110,11 +110,14 @@ func (p *Pool) loop(w *worker) {
 // dispatcher claims it, it always sends a token that the worker receives.
 func (w *worker) wait(seen uint64) uint64 {
 	start := time.Now()
-	for i := 1; ; i++ {
+	// With a single P, spinning would only keep the goroutine that is
+	// about to submit work from running.
+	spin := runtime.GOMAXPROCS(0) > 1
+	for i := 1; spin; i++ {
 		if j := w.job.Load(); j != seen {
 			return j
 		}
-		if i%64 == 0 {
+		if i%1024 == 0 {
 			if time.Since(start) > spinWait {
 				break
 			}
@@ -170,8 +173,10 @@ func (p *Pool) run(n int, t Task) {
 		p.dispatch(p.workers[i-1], t, i*n/parts, (i+1)*n/parts)
 	}
 	t.Run(0, n/parts)
+	// Spin until the workers are done; yield now and then in case a worker
+	// goroutine is waiting for this P (GOMAXPROCS below Threads()).
 	for i := 1; p.pending.Load() != 0; i++ {
-		if i%64 == 0 {
+		if i%1024 == 0 {
 			runtime.Gosched()
 		}
 	}
