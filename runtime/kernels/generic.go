@@ -96,11 +96,20 @@ func matMulNNGo(m, n, k int, x []float32, ldx int, w []float32, ldw int, y []flo
 		yr := y[i*ldy : i*ldy+n]
 		clear(yr)
 		xr := x[i*ldx : i*ldx+k]
-		for p, v := range xr {
-			wr := w[p*ldw : p*ldw+n]
+		// Four rows of w per pass over yr: a quarter of the y loads/stores.
+		p := 0
+		for ; p+4 <= k; p += 4 {
+			v0, v1, v2, v3 := xr[p], xr[p+1], xr[p+2], xr[p+3]
+			w0 := w[p*ldw : p*ldw+n]
+			w1 := w[(p+1)*ldw : (p+1)*ldw+n]
+			w2 := w[(p+2)*ldw : (p+2)*ldw+n]
+			w3 := w[(p+3)*ldw : (p+3)*ldw+n]
 			for j := range yr {
-				yr[j] += v * wr[j]
+				yr[j] += v0*w0[j] + v1*w1[j] + v2*w2[j] + v3*w3[j]
 			}
+		}
+		for ; p < k; p++ {
+			axpyGo(xr[p], w[p*ldw:p*ldw+n], yr)
 		}
 	}
 }

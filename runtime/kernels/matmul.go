@@ -39,9 +39,10 @@ func checkMatMul(fn string, m, n, k int, x []float32, ldx int, w []float32, ldw 
 // the keys K in attention scores Q·Kᵀ), y is [m,n]. The leading dimensions
 // ldx ≥ k, ldw ≥ k, ldy ≥ n let callers pass sub-matrices. y is overwritten
 // and must not overlap x or w. m == 1 is the decode GEMV (w streamed once,
-// four rows at a time sharing each load of x); m > 1 uses a 4×3 register-
-// blocked micro-kernel with w blocked to stay in L2. Sums are accumulated in
-// float32 in an order that depends on the path and the sizes.
+// four rows a quarter of the matrix apart sharing each load of x); m > 1
+// uses a 4×3 register-blocked micro-kernel with w blocked to stay in L2 and
+// long k sliced to stay in L1 (see doc.go). Sums are accumulated in float32
+// in an order that depends on the path and the sizes.
 //
 // Shapes are the caller's guarantee: it panics, naming the operand, if a
 // size is negative, a leading dimension is too small or a slice too short.
