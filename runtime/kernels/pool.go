@@ -30,7 +30,9 @@ type Task interface {
 type Pool struct {
 	threads int
 	workers []*worker
-	pending atomic.Int32 // workers still running the current job
+	pending atomic.Int32  // workers still running the current job
+	waiting atomic.Int32  // 1 while the submitter is (about to be) parked
+	done    chan struct{} // capacity 1: the last worker's wake-up token
 	wg      sync.WaitGroup
 
 	mu     sync.Mutex  // serializes jobs
@@ -58,7 +60,7 @@ func NewPool(threads int) *Pool {
 	if threads <= 0 {
 		threads = runtime.NumCPU()
 	}
-	p := &Pool{threads: threads}
+	p := &Pool{threads: threads, done: make(chan struct{}, 1)}
 	p.workers = make([]*worker, threads-1)
 	for i := range p.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
@@ -98,7 +100,9 @@ func (p *Pool) loop(w *worker) {
 		}
 		w.task.Run(w.lo, w.hi)
 		w.task = nil
-		p.pending.Add(-1)
+		if p.pending.Add(-1) == 0 && p.waiting.CompareAndSwap(1, 0) {
+			p.done <- struct{}{}
+		}
 	}
 }
 
@@ -173,10 +177,27 @@ func (p *Pool) run(n int, t Task) {
 		p.dispatch(p.workers[i-1], t, i*n/parts, (i+1)*n/parts)
 	}
 	t.Run(0, n/parts)
-	// Spin until the workers are done; yield now and then in case a worker
-	// goroutine is waiting for this P (GOMAXPROCS below Threads()).
+	p.waitWorkers()
+}
+
+// waitWorkers returns once pending is 0. It spins for up to spinWait, then
+// parks, so that a worker the OS has descheduled (more runnable threads
+// than cores) can have this core instead of watching it spin; the
+// waiting/done handshake mirrors worker.wait.
+func (p *Pool) waitWorkers() {
+	start := time.Now()
 	for i := 1; p.pending.Load() != 0; i++ {
 		if i%1024 == 0 {
+			if time.Since(start) > spinWait {
+				p.waiting.Store(1)
+				if p.pending.Load() == 0 && p.waiting.CompareAndSwap(1, 0) {
+					return
+				}
+				<-p.done
+				return
+			}
+			// Let a worker goroutine that waits for this P run
+			// (GOMAXPROCS below Threads()).
 			runtime.Gosched()
 		}
 	}
