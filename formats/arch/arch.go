@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -279,7 +279,7 @@ func Parse(configJSON []byte) (*Description, error) {
 // Load reads dir/config.json and parses it. Errors name the file.
 func Load(dir string) (*Description, error) {
 	p := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(p)
+	b, err := fsx.ReadFile(p)
 	if err != nil {
 		return nil, fmt.Errorf("arch: %w", err)
 	}

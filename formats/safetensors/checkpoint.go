@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"os"
 	"path/filepath"
 	"slices"
@@ -110,7 +111,7 @@ func openFiles(dir string, paths []string) (*Checkpoint, error) {
 
 // openIndexed opens a sharded checkpoint through its index file.
 func openIndexed(dir, idx string) (*Checkpoint, error) {
-	raw, err := os.ReadFile(idx)
+	raw, err := fsx.ReadFile(idx)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}

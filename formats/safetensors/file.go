@@ -37,6 +37,10 @@ type File struct {
 // malformed file. The caller must Close the File; tensors obtained from it
 // must not be used after Close.
 func Open(path string) (*File, error) {
+	// Refuse FIFOs and devices before opening: opening a FIFO blocks.
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, formatErr(path, "", "not a regular file")
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"errors"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"os"
 	"path/filepath"
@@ -104,7 +105,7 @@ func Load(path string) (*Tokenizer, error) {
 		}
 		path = found
 	}
-	data, err := os.ReadFile(path)
+	data, err := fsx.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -113,7 +114,7 @@ func Load(path string) (*Tokenizer, error) {
 		return nil, err
 	}
 	cfgPath := filepath.Join(filepath.Dir(path), "tokenizer_config.json")
-	cfg, err := os.ReadFile(cfgPath)
+	cfg, err := fsx.ReadFile(cfgPath)
 	switch {
 	case err == nil:
 		if err := t.applyConfig("tokenizer_config.json", cfg); err != nil {

@@ -8,6 +8,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"log/slog"
 	"os"
@@ -230,9 +231,9 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 // ReadText reads a UTF-8 text file for evaluation. Errors: unreadable,
 // empty, or not valid UTF-8 (naming the byte offset).
 func ReadText(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := fsx.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("engine: %w", err)
+		return "", fmt.Errorf("engine: data file: %w", err)
 	}
 	if len(b) == 0 {
 		return "", fmt.Errorf("engine: data file %s is empty", path)

@@ -1,0 +1,30 @@
+// Package fsx holds small file helpers shared by the readers: refuse
+// anything but a regular file before opening it, so that a FIFO or device
+// passed by mistake gives an error instead of blocking forever.
+package fsx
+
+import (
+	"fmt"
+	"os"
+)
+
+// CheckRegular returns an error naming path when it is missing or is not a
+// regular file (after following symlinks).
+func CheckRegular(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file (mode %v)", path, st.Mode().Type())
+	}
+	return nil
+}
+
+// ReadFile is os.ReadFile after CheckRegular.
+func ReadFile(path string) ([]byte, error) {
+	if err := CheckRegular(path); err != nil {
+		return nil, err
+	}
+	return os.ReadFile(path)
+}
