@@ -249,6 +249,11 @@ func TestBadWeights(t *testing.T) {
 			i := find(ws)
 			return append(ws[:i], ws[i+1:]...)
 		}, []string{target}},
+		{"int8", func(ws []safetensors.WriteTensor) []safetensors.WriteTensor {
+			i := find(ws)
+			ws[i] = safetensors.WriteTensor{Name: target, DType: safetensors.I8, Shape: []int{80, 48}, Data: make([]byte, 80*48)}
+			return ws
+		}, []string{target, "dtype I8, want a float dtype"}},
 		{"shape", func(ws []safetensors.WriteTensor) []safetensors.WriteTensor {
 			i := find(ws)
 			ws[i] = safetensors.FromFloat32(target, []int{48, 80}, make([]float32, 80*48))

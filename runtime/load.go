@@ -28,6 +28,12 @@ func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
 			return nil, fmt.Errorf("runtime: %w: %s: tensor %q: shape %v, want %v", ErrBadWeights, t.File, name, shape, want)
 		}
 	}
+	switch t.DType {
+	case safetensors.F32, safetensors.F16, safetensors.BF16, safetensors.F64, safetensors.F8E4M3, safetensors.F8E5M2:
+	default:
+		return nil, fmt.Errorf("runtime: %w: %s: tensor %q: dtype %s, want a float dtype (F32, F16, BF16, F64, F8_E4M3, F8_E5M2); pre-quantized integer weights are not supported",
+			ErrBadWeights, t.File, name, t.DType)
+	}
 	v, err := t.Float32()
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %s: tensor %q: %w", t.File, name, err)

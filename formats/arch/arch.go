@@ -169,6 +169,14 @@ func (d *Description) Validate() error {
 	if d.RMSNormEps <= 0 {
 		return fmt.Errorf("arch: %s: rms_norm_eps %g: want > 0", d.Architecture, d.RMSNormEps)
 	}
+	if d.BOSTokenID < -1 || d.BOSTokenID >= d.VocabSize {
+		return fmt.Errorf("arch: %s: bos_token_id %d: want an id in [0, vocab_size %d)", d.Architecture, d.BOSTokenID, d.VocabSize)
+	}
+	for _, id := range d.EOSTokenIDs {
+		if id < 0 || id >= d.VocabSize {
+			return fmt.Errorf("arch: %s: eos_token_id %d: want an id in [0, vocab_size %d)", d.Architecture, id, d.VocabSize)
+		}
+	}
 	if d.RoPE.Theta <= 0 {
 		return fmt.Errorf("arch: %s: rope_theta %g: want > 0", d.Architecture, d.RoPE.Theta)
 	}

@@ -159,6 +159,10 @@ func TestErrors(t *testing.T) {
 		{`{"architectures":["LlamaForCausalLM"],` + base + `, "layer_configs": [{}]}`, "layer_configs"},
 		{`{"architectures":["LlamaForCausalLM"], "hidden_size": "x"}`, "hidden_size"},
 		{`{not json`, "config.json"},
+		{`{"architectures":["LlamaForCausalLM"],` + base + `, "quantization_config": {"quant_method": "gptq", "bits": 4}}`, `quant_method "gptq"`},
+		{`{"architectures":["LlamaForCausalLM"],` + base + `, "bos_token_id": 100}`, "bos_token_id 100"},
+		{`{"architectures":["LlamaForCausalLM"],` + base + `, "eos_token_id": [2, -5]}`, "eos_token_id -5"},
+		{`{"architectures":["MistralForCausalLM"], "hidden_size": 32, "num_hidden_layers": 5.5, "num_attention_heads": 4}`, "field num_hidden_layers: got JSON number 5.5, want an integer"},
 	}
 	for _, c := range cases {
 		_, err := Parse([]byte(c.json))

@@ -2,7 +2,9 @@ package arch
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 )
 
 // baseConfig holds the config.json fields shared by the Llama family and
@@ -32,6 +34,9 @@ type baseConfig struct {
 	// LayerConfigs is lmpack's extension for pruned checkpoints whose layers
 	// differ in head counts and FFN sizes (stock loaders cannot read these).
 	LayerConfigs []layerConfigJSON `json:"layer_configs"`
+	// QuantizationConfig marks a pre-quantized checkpoint (GPTQ, AWQ,
+	// FP8, bitsandbytes), which lmpack does not read.
+	QuantizationConfig json.RawMessage `json:"quantization_config"`
 }
 
 type ropeScalingJSON struct {
@@ -61,7 +66,14 @@ type familyOpts struct {
 // the FFN of each layer, which the family adapter fills in).
 func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error) {
 	if err := json.Unmarshal(raw, c); err != nil {
-		return nil, err
+		return nil, jsonErr(err)
+	}
+	if q := c.QuantizationConfig; len(q) != 0 && string(q) != "null" {
+		var m struct {
+			QuantMethod string `json:"quant_method"`
+		}
+		json.Unmarshal(q, &m)
+		return nil, fmt.Errorf("quantization_config (quant_method %q): pre-quantized checkpoints are not supported; use the original floating-point checkpoint", m.QuantMethod)
 	}
 	if c.HiddenAct != "" && c.HiddenAct != "silu" && c.HiddenAct != "swish" {
 		return nil, fmt.Errorf("hidden_act %q unsupported (want silu)", c.HiddenAct)
@@ -205,6 +217,30 @@ func (c *baseConfig) layerFFNSize(i, def int) int {
 		return c.LayerConfigs[i].IntermediateSize
 	}
 	return def
+}
+
+// jsonErr rewrites encoding/json's type errors in config.json's terms.
+func jsonErr(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		want := te.Type.String()
+		switch te.Type.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Int32:
+			want = "an integer"
+		case reflect.Float64, reflect.Float32:
+			want = "a number"
+		case reflect.Bool:
+			want = "true or false"
+		case reflect.String:
+			want = "a string"
+		}
+		field := te.Field
+		if field == "" {
+			field = "(top level)"
+		}
+		return fmt.Errorf("field %s: got JSON %s, want %s", field, te.Value, want)
+	}
+	return err
 }
 
 // parseIDs accepts null, a number or a list of numbers.

@@ -27,7 +27,7 @@ func (*mixtral) Describe(raw []byte) (*Description, error) {
 	}
 	var m mixtralConfig
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, err
+		return nil, jsonErr(err)
 	}
 	if m.NumLocalExperts <= 0 || m.NumLocalExperts > 4096 || m.NumExpertsPerTok <= 0 || m.NumExpertsPerTok > m.NumLocalExperts {
 		return nil, fmt.Errorf("num_local_experts %d, num_experts_per_tok %d: want 0 < per_tok <= experts <= 4096", m.NumLocalExperts, m.NumExpertsPerTok)

@@ -23,7 +23,7 @@ type qwenMoEConfig struct {
 func describeQwenMoE(raw []byte, c *baseConfig, d *Description, shared bool) error {
 	var m qwenMoEConfig
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return err
+		return jsonErr(err)
 	}
 	if m.NumExperts <= 0 || m.NumExperts > 4096 || m.NumExpertsPerTok <= 0 || m.NumExpertsPerTok > m.NumExperts {
 		return fmt.Errorf("num_experts %d, num_experts_per_tok %d: want 0 < per_tok <= experts <= 4096", m.NumExperts, m.NumExpertsPerTok)
