@@ -100,7 +100,7 @@ func (p *Pool) loop(w *worker) {
 		}
 		w.task.Run(w.lo, w.hi)
 		w.task = nil
-		if p.pending.Add(-1) == 0 && p.waiting.CompareAndSwap(1, 0) {
+		if p.pending.Add(-1) == 0 && p.waiting.Load() == 1 && p.waiting.CompareAndSwap(1, 0) {
 			p.done <- struct{}{}
 		}
 	}
@@ -113,7 +113,7 @@ func (p *Pool) loop(w *worker) {
 // sleeping 1→0. Whichever side claims the flag decides who proceeds; if the
 // dispatcher claims it, it always sends a token that the worker receives.
 func (w *worker) wait(seen uint64) uint64 {
-	start := time.Now()
+	var start time.Time // set lazily, as in waitWorkers
 	// With a single P, spinning would only keep the goroutine that is
 	// about to submit work from running.
 	spin := runtime.GOMAXPROCS(0) > 1
@@ -122,7 +122,9 @@ func (w *worker) wait(seen uint64) uint64 {
 			return j
 		}
 		if i%1024 == 0 {
-			if time.Since(start) > spinWait {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spinWait {
 				break
 			}
 			runtime.Gosched()
@@ -185,10 +187,12 @@ func (p *Pool) run(n int, t Task) {
 // than cores) can have this core instead of watching it spin; the
 // waiting/done handshake mirrors worker.wait.
 func (p *Pool) waitWorkers() {
-	start := time.Now()
+	var start time.Time // set lazily: most waits end within a few polls
 	for i := 1; p.pending.Load() != 0; i++ {
 		if i%1024 == 0 {
-			if time.Since(start) > spinWait {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spinWait {
 				p.waiting.Store(1)
 				if p.pending.Load() == 0 && p.waiting.CompareAndSwap(1, 0) {
 					return
