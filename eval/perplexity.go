@@ -35,6 +35,10 @@ type PerplexityResult struct {
 	WindowNLL []float64 `json:"window_nll"`
 }
 
+// ErrNonFinite is returned when the model's logits hold NaN or Inf: the
+// forward pass overflowed although the weights loaded as finite.
+var ErrNonFinite = errors.New("non-finite logits (NaN/Inf) from the forward pass, detected at first use")
+
 // ErrTooShort is returned when the text has fewer tokens than one window.
 var ErrTooShort = errors.New("text shorter than one window")
 
@@ -71,7 +75,11 @@ func Perplexity(ctx context.Context, m runtime.Model, ids []int, opt PerplexityO
 		}
 		var wsum float64
 		for t := 0; t+1 < opt.Ctx; t++ {
-			wsum += NLL(logits[t*V:(t+1)*V], win[t+1])
+			nll := NLL(logits[t*V:(t+1)*V], win[t+1])
+			if math.IsNaN(nll) || math.IsInf(nll, 0) {
+				return nil, fmt.Errorf("eval: window %d position %d: %w (NLL %v)", w, t, ErrNonFinite, nll)
+			}
+			wsum += nll
 		}
 		total += wsum
 		res.WindowNLL = append(res.WindowNLL, wsum/float64(opt.Ctx-1))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -90,5 +91,24 @@ func TestNLL(t *testing.T) {
 		if got, want := NLL(l, i), -math.Log(math.Exp(float64(l[i]))/z); math.Abs(got-want) > 1e-12 {
 			t.Errorf("NLL(%d) = %g, want %g", i, got, want)
 		}
+	}
+}
+
+// nanModel returns NaN logits: Perplexity must fail with ErrNonFinite.
+type nanModel struct{ bigramModel }
+
+func (m *nanModel) Forward(ctx context.Context, toks []int, c runtime.KVCache, logits []float32, all bool) error {
+	for i := range logits {
+		logits[i] = float32(math.NaN())
+	}
+	c.Commit(len(toks))
+	return nil
+}
+
+func TestPerplexityNonFinite(t *testing.T) {
+	m := &nanModel{bigramModel{d: &arch.Description{VocabSize: 4}}}
+	_, err := Perplexity(context.Background(), m, []int{1, 2, 3, 0}, PerplexityOptions{Ctx: 4})
+	if !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), "window 0 position 0") {
+		t.Fatalf("want ErrNonFinite at window 0 position 0, got %v", err)
 	}
 }

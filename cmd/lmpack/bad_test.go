@@ -8,12 +8,15 @@ package main
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -352,6 +355,12 @@ func TestBadConfig(t *testing.T) {
 		{"zero hidden size", withConfig(func(c map[string]any) { c["hidden_size"] = 0 }),
 			[]string{"config.json", "hidden_size 0: want > 0"}},
 		{"no config.json", noConfig, []string{"config.json", "no such file"}},
+		{"pre-quantized", withConfig(func(c map[string]any) { c["quantization_config"] = map[string]any{"quant_method": "gptq", "bits": 4} }),
+			[]string{"config.json", `quantization_config (quant_method "gptq")`, "not supported"}},
+		{"bos out of range", withConfig(func(c map[string]any) { c["bos_token_id"] = 99999 }),
+			[]string{"config.json", "bos_token_id 99999: want an id in [0, vocab_size 512)"}},
+		{"layers not an integer", withConfig(func(c map[string]any) { c["num_hidden_layers"] = 5.5 }),
+			[]string{"config.json", "field num_hidden_layers: got JSON number 5.5, want an integer"}},
 		{"no weights", noWeights, []string{noWeights, "safetensors"}},
 	}
 	for _, c := range cases {
@@ -421,24 +430,153 @@ func TestBadFlags(t *testing.T) {
 		{"eval ctx not a number", []string{"eval", model, "--data", data, "--ctx", "big"}, []string{`invalid argument "big" for "--ctx"`}},
 		{"eval no model", []string{"eval", "--data", data}, []string{"accepts 1 arg(s), received 0"}},
 		{"run max-tokens 0", []string{"run", model, "--max-tokens", "0"}, []string{"--max-tokens 0: want > 0"}},
-		{"run max-tokens past max positions", []string{"run", model, "--max-tokens", "600"}, []string{"max tokens (600)", "max_position_embeddings 512"}},
-		{"run top-p 2", []string{"run", model, "--top-p", "2"}, []string{"--top-p 2: want in [0, 1]"}},
-		{"run negative temperature", []string{"run", model, "--temperature", "-1"}, []string{"--temperature -1: want >= 0"}},
+		{"run max-tokens past max positions", []string{"run", model, "--max-tokens", "600"}, []string{"max tokens (600)", "context limit 512 (max_position_embeddings"}},
+		{"run top-p 2", []string{"run", model, "--top-p", "2"}, []string{"--top-p 2: want in (0, 1]"}},
+		{"run negative temperature", []string{"run", model, "--temperature", "-1"}, []string{"--temperature -1: want a finite value >= 0"}},
 		{"run unknown flag", []string{"run", model, "--bogus"}, []string{"unknown flag: --bogus"}},
 		{"log-format xml eval", []string{"--log-format", "xml", "eval", model, "--data", data}, []string{`--log-format "xml": want text or json`}},
 		{"log-format xml run", []string{"run", model, "--log-format", "xml"}, []string{`--log-format "xml": want text or json`}},
 		{"log-format xml inspect", []string{"inspect", model, "--log-format", "xml"}, []string{`--log-format "xml": want text or json`}},
-		{"eval model does not exist", []string{"eval", noSuch, "--data", data}, []string{noSuch, "no such directory and not a Hugging Face id"}},
-		{"run model does not exist", []string{"run", noSuch}, []string{noSuch, "no such directory and not a Hugging Face id"}},
-		{"inspect model does not exist", []string{"inspect", noSuch}, []string{noSuch, "no such directory and not a Hugging Face id"}},
+		{"eval model does not exist", []string{"eval", noSuch, "--data", data}, []string{noSuch, "no such directory"}},
+		{"run model does not exist", []string{"run", noSuch}, []string{noSuch, "no such directory"}},
+		{"inspect model does not exist", []string{"inspect", noSuch}, []string{noSuch, "no such directory"}},
 		{"inspect bad id", []string{"inspect", "not--an/id"}, []string{`"not--an/id"`, "not a Hugging Face id"}},
-		{"inspect model is a file", []string{"inspect", cfgFile}, []string{cfgFile, "is a file, want a directory"}},
+		{"inspect model is a file", []string{"inspect", cfgFile}, []string{cfgFile, "is a file; want a model directory"}},
 		{"unknown command", []string{"quantize-everything"}, []string{`unknown command "quantize-everything"`}},
+		{"run top-p 0", []string{"run", model, "--top-p", "0"}, []string{"--top-p 0: want in (0, 1]"}},
+		{"run temperature NaN", []string{"run", model, "--temperature", "nan"}, []string{"--temperature NaN: want a finite value >= 0"}},
+		{"run temperature Inf", []string{"run", model, "--temperature", "inf"}, []string{"--temperature +Inf: want a finite value >= 0"}},
+		{"run top-p NaN", []string{"run", model, "--top-p", "nan"}, []string{"--top-p NaN: want in (0, 1]"}},
+		{"run threads -1", []string{"run", model, "--threads", "-1"}, []string{"--threads -1: want 0 (all cores) to 1024"}},
+		{"eval threads huge", []string{"eval", model, "--data", data, "--threads", "1000000000"}, []string{"--threads 1000000000: want 0 (all cores) to 1024"}},
+		{"run max-tokens overflow", []string{"run", model, "--max-tokens", "9223372036854775807"}, []string{"max tokens (9223372036854775807)", "context limit 512"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			wantError(t, lmpack(t, nil, c.args...), c.want...)
 		})
+	}
+}
+
+// TestConfigDisagreesWithWeights: a config.json describing fewer layers
+// than the checkpoint holds is refused by run and eval (it would run and
+// give wrong text), naming the first tensor it does not describe.
+func TestConfigDisagreesWithWeights(t *testing.T) {
+	t.Parallel()
+	dir := brokenDir(t, origSafetensors(t))
+	p := filepath.Join(dir, "config.json")
+	b, _ := os.ReadFile(p)
+	var cfg map[string]any
+	json.Unmarshal(b, &cfg)
+	cfg["num_hidden_layers"] = 4
+	b, _ = json.Marshal(cfg)
+	os.WriteFile(p, b, 0o644)
+	for _, args := range [][]string{{"run", dir, "--max-tokens", "4"}, {"eval", dir, "--data", valText(t), "--ctx", "64", "--max-windows", "1"}} {
+		wantError(t, lmpack(t, nil, args...), "9 tensors config.json does not describe", `"model.layers.4.`, "disagree")
+	}
+}
+
+// TestIntegerWeights: an I8 weight is refused at load, naming the tensor
+// and its dtype, instead of being read as plain numbers.
+func TestIntegerWeights(t *testing.T) {
+	t.Parallel()
+	ts := origTensors(t)
+	for i := range ts {
+		if ts[i].Name == "model.layers.1.mlp.down_proj.weight" {
+			ts[i] = safetensors.WriteTensor{Name: ts[i].Name, DType: safetensors.I8, Shape: ts[i].Shape, Data: make([]byte, 64*172)}
+		}
+	}
+	dir := writeTensorsDir(t, ts)
+	wantError(t, lmpack(t, nil, "run", dir, "--max-tokens", "4"), `tensor "model.layers.1.mlp.down_proj.weight"`, "dtype I8, want a float dtype")
+}
+
+// TestOverflowAtFirstUse: finite weights whose forward pass overflows
+// (a final norm of 3e38) make run and eval fail with a message saying the
+// NaN/Inf was detected at first use, instead of printing garbage.
+func TestOverflowAtFirstUse(t *testing.T) {
+	t.Parallel()
+	ts := origTensors(t)
+	for i := range ts {
+		if ts[i].Name == "model.norm.weight" {
+			v := make([]float32, 64)
+			for j := range v {
+				v[j] = 3e38
+			}
+			ts[i] = safetensors.FromFloat32(ts[i].Name, []int{64}, v)
+		}
+	}
+	dir := writeTensorsDir(t, ts)
+	wantError(t, lmpack(t, nil, "run", dir, "--max-tokens", "4", "--temperature", "0"), "step 0", "first use")
+	wantError(t, lmpack(t, nil, "eval", dir, "--data", valText(t), "--ctx", "64", "--max-windows", "1"), "window 0", "non-finite logits", "first use")
+}
+
+// TestFIFOData: a named pipe as --data or as config.json is refused
+// instead of blocking forever.
+func TestFIFOData(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "data.txt")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, lmpack(t, nil, "eval", modelDir(t), "--data", fifo), fifo, "not a regular file")
+	m := brokenDir(t, origSafetensors(t))
+	os.Remove(filepath.Join(m, "config.json"))
+	if err := syscall.Mkfifo(filepath.Join(m, "config.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, lmpack(t, nil, "inspect", m), "config.json", "not a regular file")
+}
+
+// TestLocalPathTypo: "dir/missing" where dir exists locally is reported as
+// a missing directory, not looked up as a hub id.
+func TestLocalPathTypo(t *testing.T) {
+	t.Parallel()
+	work := t.TempDir()
+	os.Mkdir(filepath.Join(work, "models"), 0o755)
+	cmd := exec.Command(lmpackBin, "inspect", "models/llama")
+	cmd.Dir = work
+	cmd.Env = isolatedEnv(t)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `MODEL "models/llama": no such directory`) {
+		t.Fatalf("exit %v, output %s", err, out)
+	}
+}
+
+// TestWriteErrors: output that cannot be written (a full disk) is an error
+// in text mode too.
+func TestWriteErrors(t *testing.T) {
+	t.Parallel()
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip("no /dev/full on this system")
+	}
+	defer full.Close()
+	for _, args := range [][]string{{"inspect", modelDir(t)}, {"eval", modelDir(t), "--data", valText(t), "--ctx", "64", "--max-windows", "1"}} {
+		cmd := exec.Command(lmpackBin, args...)
+		cmd.Env = isolatedEnv(t)
+		cmd.Stdout = full
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "no space left on device") {
+			t.Errorf("lmpack %v > /dev/full: %v, stderr %s", args, err, stderr.String())
+		}
+	}
+}
+
+// TestJSONErrorLine: with --log-format json the final error is a JSON log
+// line too.
+func TestJSONErrorLine(t *testing.T) {
+	t.Parallel()
+	r := lmpack(t, nil, "--log-format", "json", "run", modelDir(t), "--top-p", "3")
+	if r.code != 1 {
+		t.Fatalf("exit %d", r.code)
+	}
+	lines := jsonLogLines(t, r.stderr)
+	if len(lines) == 0 || lines[len(lines)-1]["level"] != "ERROR" || !strings.Contains(fmt.Sprint(lines[len(lines)-1]["msg"]), "--top-p 3") {
+		t.Fatalf("stderr: %s", r.stderr)
 	}
 }

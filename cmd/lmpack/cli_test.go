@@ -548,10 +548,20 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestInterrupt: SIGINT during a full-file eval stops it within a few
-// seconds with exit status 130 and "interrupted", without a panic.
+// TestInterrupt: SIGINT (SIGTERM) during a full-file eval stops it within a
+// few seconds with exit status 130 (143) and "interrupted", without a panic.
 func TestInterrupt(t *testing.T) {
 	t.Parallel()
+	for _, c := range []struct {
+		sig  syscall.Signal
+		code int
+		text string
+	}{{syscall.SIGINT, 130, "interrupt"}, {syscall.SIGTERM, 143, "terminated"}} {
+		t.Run(c.text, func(t *testing.T) { testInterrupt(t, c.sig, c.code, c.text) })
+	}
+}
+
+func testInterrupt(t *testing.T, sig syscall.Signal, code int, text string) {
 	cmd := exec.Command(lmpackBin, "eval", modelDir(t), "--data", valText(t), "--ctx", "512", "--json")
 	cmd.Env = isolatedEnv(t)
 	var stdout, stderr syncBuffer
@@ -583,7 +593,7 @@ func TestInterrupt(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	sent := time.Now()
@@ -602,11 +612,11 @@ func TestInterrupt(t *testing.T) {
 	}
 	r.code = ee.ExitCode()
 	checkNoPanic(t, r)
-	if r.code != 130 {
-		t.Errorf("exit %d after SIGINT, want 130:\n%v", r.code, r)
+	if r.code != code {
+		t.Errorf("exit %d after %v, want %d:\n%v", r.code, sig, code, r)
 	}
-	if !strings.HasSuffix(r.stderr, "lmpack: interrupted\n") {
-		t.Errorf("stderr does not end with \"lmpack: interrupted\":\n%v", r)
+	if want := "lmpack: interrupted (" + text + ")\n"; !strings.HasSuffix(r.stderr, want) {
+		t.Errorf("stderr does not end with %q:\n%v", want, r)
 	}
 	if r.stdout != "" {
 		t.Errorf("interrupted eval printed a result:\n%v", r)

@@ -30,6 +30,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if opt.MaxWindows < 0 {
 				return fmt.Errorf("--max-windows %d: want >= 0", opt.MaxWindows)
 			}
+			if err := checkThreads(threads); err != nil {
+				return err
+			}
 			if _, err := engine.ReadText(data); err != nil {
 				return err
 			}
@@ -66,9 +69,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				return enc.Encode(out)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "perplexity %.4f  nll %.6f  tokens scored %d  windows %d x %d  %.1f tokens/s\n",
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "perplexity %.4f  nll %.6f  tokens scored %d  windows %d x %d  %.1f tokens/s\n",
 				r.Perplexity, r.NLL, r.TokensScored, r.Windows, r.Ctx, r.TokensPerSecond)
-			return nil
+			return err
 		},
 	}
 	f := cmd.Flags()

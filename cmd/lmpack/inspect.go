@@ -28,8 +28,7 @@ func newInspectCmd(g *globalFlags) *cobra.Command {
 				e.SetIndent("", "  ")
 				return e.Encode(r)
 			}
-			r.WriteText(cmd.OutOrStdout())
-			return nil
+			return r.WriteText(cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -17,15 +18,41 @@ import (
 var version = "0.1.0-dev"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRoot().ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			fmt.Fprintln(os.Stderr, "lmpack: interrupted")
-			os.Exit(130)
+	os.Exit(run())
+}
+
+// run executes the CLI and returns the exit status: 0, 1 on error, or
+// 128+signal (130 SIGINT, 143 SIGTERM) when interrupted. A second signal
+// kills the process at once.
+func run() int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	var got atomic.Int32
+	go func() {
+		s, ok := <-sigs
+		if !ok {
+			return
 		}
-		fmt.Fprintln(os.Stderr, "lmpack:", err)
-		os.Exit(1)
+		got.Store(int32(s.(syscall.Signal)))
+		signal.Stop(sigs)
+		cancel()
+	}()
+	root, g := newRoot()
+	err := root.ExecuteContext(ctx)
+	signal.Stop(sigs)
+	if err == nil {
+		return 0
 	}
+	code, msg := 1, err.Error()
+	if s := syscall.Signal(got.Load()); s != 0 && errors.Is(err, context.Canceled) {
+		code, msg = 128+int(s), "interrupted ("+s.String()+")"
+	}
+	if g.logFormat == "json" && g.logger != nil {
+		g.logger.Error(msg, "exit_code", code)
+	} else {
+		fmt.Fprintln(os.Stderr, "lmpack:", msg)
+	}
+	return code
 }

@@ -14,7 +14,7 @@ type globalFlags struct {
 	logger    *slog.Logger
 }
 
-func newRoot() *cobra.Command {
+func newRoot() (*cobra.Command, *globalFlags) {
 	g := &globalFlags{}
 	root := &cobra.Command{
 		Use:           "lmpack",
@@ -38,7 +38,18 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log line format: text or json")
 	root.AddCommand(newInspectCmd(g), newRunCmd(g), newEvalCmd(g))
-	return root
+	return root, g
+}
+
+// maxThreads bounds --threads: each worker holds a goroutine and scratch.
+const maxThreads = 1024
+
+// checkThreads validates --threads: 0 means all cores.
+func checkThreads(n int) error {
+	if n < 0 || n > maxThreads {
+		return fmt.Errorf("--threads %d: want 0 (all cores) to %d", n, maxThreads)
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/spf13/cobra"
@@ -23,11 +24,14 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 			if opt.MaxTokens <= 0 {
 				return fmt.Errorf("--max-tokens %d: want > 0", opt.MaxTokens)
 			}
-			if opt.Temperature < 0 {
-				return fmt.Errorf("--temperature %g: want >= 0", opt.Temperature)
+			if !(opt.Temperature >= 0) || math.IsInf(opt.Temperature, 0) {
+				return fmt.Errorf("--temperature %g: want a finite value >= 0", opt.Temperature)
 			}
-			if opt.TopP < 0 || opt.TopP > 1 {
-				return fmt.Errorf("--top-p %g: want in [0, 1]", opt.TopP)
+			if !(opt.TopP > 0 && opt.TopP <= 1) {
+				return fmt.Errorf("--top-p %g: want in (0, 1]", opt.TopP)
+			}
+			if err := checkThreads(threads); err != nil {
+				return err
 			}
 			opt.StopAtEOS = !noStop
 			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger})
@@ -59,7 +63,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&prompt, "prompt", "", "prompt text; empty means BOS only")
 	f.IntVar(&opt.MaxTokens, "max-tokens", 256, "number of tokens to generate")
 	f.Float64Var(&opt.Temperature, "temperature", 0.8, "sampling temperature; 0 is greedy")
-	f.Float64Var(&opt.TopP, "top-p", 0.9, "nucleus sampling threshold in [0,1]; 1 disables")
+	f.Float64Var(&opt.TopP, "top-p", 0.9, "nucleus sampling: sample from the smallest set of tokens whose probability sums to P, in (0,1]; 1 disables")
 	f.Uint64Var(&opt.Seed, "seed", 1, "random seed for sampling")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&noStop, "ignore-eos", false, "keep generating past end-of-sequence tokens")

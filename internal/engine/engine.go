@@ -12,6 +12,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -49,11 +51,23 @@ type Engine struct {
 func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) {
 	if st, err := os.Stat(model); err == nil && st.IsDir() {
 		return model, nil
+	} else if err == nil {
+		return "", fmt.Errorf("engine: MODEL %q is a file; want a model directory or a Hugging Face id", model)
+	}
+	// A path whose parent exists locally (./x, /x, dir/x with dir present)
+	// is a mistyped directory, not a hub id.
+	if filepath.IsAbs(model) || strings.HasPrefix(model, ".") || dirExists(filepath.Dir(model)) && filepath.Dir(model) != "." {
+		return "", fmt.Errorf("engine: MODEL %q: no such directory", model)
 	}
 	if h == nil {
 		h = HubOptions(nil)
 	}
 	return hub.Resolve(ctx, model, *h)
+}
+
+func dirExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
 }
 
 // HubOptions returns hub.OptionsFromEnv with download progress on stderr
@@ -97,10 +111,14 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkUnused(dir, d, ck); err != nil {
+		ck.Close()
+		return nil, err
+	}
 	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		ck.Close()
-		return nil, err
+		return nil, fmt.Errorf("engine: %s: %w", dir, err)
 	}
 	if tok.VocabSize() > d.VocabSize {
 		ck.Close()
@@ -116,6 +134,26 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 		opt.Logger.Info("model loaded", "dir", dir, "architecture", d.Architecture, "layers", len(d.Layers), "seconds", time.Since(t0).Seconds())
 	}
 	return &Engine{Dir: dir, Desc: d, Checkpoint: ck, Tokenizer: tok, Model: m}, nil
+}
+
+// checkUnused fails when the checkpoint holds tensors config.json does not
+// describe (a config that disagrees with the weights, say fewer layers):
+// running such a model would silently give wrong results. A tied lm_head
+// stored explicitly and RoPE inv_freq buffers are not counted.
+func checkUnused(dir string, d *arch.Description, ck *safetensors.Checkpoint) error {
+	want := d.TensorShapes()
+	var extra []string
+	for _, n := range ck.Names() {
+		if _, ok := want[n]; ok || (n == d.LMHead && d.TieWordEmbeddings) || strings.HasSuffix(n, "rotary_emb.inv_freq") {
+			continue
+		}
+		extra = append(extra, n)
+	}
+	if len(extra) > 0 {
+		return fmt.Errorf("engine: %s: the checkpoint has %d tensors config.json does not describe (first %q); config.json and the weights disagree",
+			dir, len(extra), extra[0])
+	}
+	return nil
 }
 
 // Close releases the model and unmaps the checkpoint.
@@ -174,10 +212,15 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 	if opt.MaxTokens <= 0 {
 		return nil, fmt.Errorf("engine: max tokens %d: want > 0", opt.MaxTokens)
 	}
-	capacity := len(ids) + opt.MaxTokens
-	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && capacity > mp {
-		return nil, fmt.Errorf("engine: prompt (%d tokens) + max tokens (%d) exceeds max_position_embeddings %d", len(ids), opt.MaxTokens, mp)
+	limit := e.Desc.MaxPositionEmbeddings
+	if limit <= 0 {
+		limit = DefaultContextLimit
 	}
+	if opt.MaxTokens > limit || len(ids)+opt.MaxTokens > limit {
+		return nil, fmt.Errorf("engine: prompt (%d tokens) + max tokens (%d) exceeds the context limit %d (max_position_embeddings, or %d when config.json gives none)",
+			len(ids), opt.MaxTokens, limit, DefaultContextLimit)
+	}
+	capacity := len(ids) + opt.MaxTokens
 	cache := e.Model.NewCache(capacity)
 	logits := make([]float32, e.Desc.VocabSize)
 	st := &GenerateStats{PromptTokens: len(ids)}
@@ -198,6 +241,9 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 	t1 := time.Now()
 	tok := []int{0}
 	for i := 0; i < opt.MaxTokens; i++ {
+		if j := firstNonFinite(logits); j >= 0 {
+			return st, fmt.Errorf("engine: step %d: logit %d is %v: the forward pass overflowed (weights are finite; detected at first use)", i, j, logits[j])
+		}
 		next := sampler.Sample(logits)
 		if opt.StopAtEOS && eos[next] {
 			break
@@ -226,6 +272,19 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 		st.DecodeTPS = float64(st.GeneratedTokens-1) / time.Since(t1).Seconds()
 	}
 	return st, nil
+}
+
+// DefaultContextLimit bounds prompt + generated tokens when config.json
+// gives no max_position_embeddings.
+const DefaultContextLimit = 32768
+
+func firstNonFinite(v []float32) int {
+	for i, x := range v {
+		if x-x != 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 // ReadText reads a UTF-8 text file for evaluation. Errors: unreadable,
@@ -270,7 +329,11 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 		return nil, fmt.Errorf("engine: --ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
 	}
 	ids := e.Tokenizer.Encode(text, true)
-	if bos, ok := e.Tokenizer.BOS(); ok && (len(ids) == 0 || ids[0] != bos) {
+	bos, ok := e.Tokenizer.BOS()
+	if !ok && e.Desc.BOSTokenID >= 0 {
+		bos, ok = e.Desc.BOSTokenID, true
+	}
+	if ok && (len(ids) == 0 || ids[0] != bos) {
 		ids = append([]int{bos}, ids...)
 	}
 	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
