@@ -15,8 +15,11 @@ func CheckRegular(path string) error {
 	if err != nil {
 		return err
 	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file (mode %v)", path, st.Mode().Type())
+	switch m := st.Mode(); {
+	case m.IsDir():
+		return fmt.Errorf("%s: is a directory, want a regular file", path)
+	case !m.IsRegular():
+		return fmt.Errorf("%s: not a regular file (a named pipe, socket or device)", path)
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func TestReadFileRefusesFIFO(t *testing.T) {
 	if _, err := ReadFile(fifo); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Fatalf("fifo: %v", err)
 	}
-	if _, err := ReadFile(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := ReadFile(dir); err == nil || !strings.Contains(err.Error(), "is a directory") {
 		t.Fatalf("dir: %v", err)
 	}
 	p := filepath.Join(dir, "f")
