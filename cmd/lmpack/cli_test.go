@@ -622,3 +622,38 @@ func testInterrupt(t *testing.T, sig syscall.Signal, code int, text string) {
 		t.Errorf("interrupted eval printed a result:\n%v", r)
 	}
 }
+
+// TestConcurrentRuns runs several decoders as separate processes, each
+// with more pool threads than there are cores, so the OS deschedules pool
+// dispatchers and workers mid-handshake. Before the pool's stale wake-up
+// fix this crashed (nil task on a worker) in most of the first few runs;
+// every run must exit 0 with the same text as its seed's first run.
+func TestConcurrentRuns(t *testing.T) {
+	t.Parallel()
+	model := shared.Path(t, "stories260K-moe-hf")
+	runs := 8
+	if testing.Short() {
+		runs = 3
+	}
+	var wg sync.WaitGroup
+	for j := 0; j < 3; j++ {
+		wg.Add(1)
+		go func(j int) {
+			defer wg.Done()
+			first := ""
+			for i := 0; i < runs; i++ {
+				r := lmpack(t, nil, "run", model, "--max-tokens", "511", "--ignore-eos", "--seed", "3", "--threads", fmt.Sprint(2+(i+j)%4))
+				if r.code != 0 {
+					t.Errorf("process %d run %d: exit %d\n%v", j, i, r.code, r)
+					return
+				}
+				if first == "" {
+					first = r.stdout
+				} else if r.stdout != first {
+					t.Errorf("process %d run %d: output differs from run 0 with the same seed", j, i)
+				}
+			}
+		}(j)
+	}
+	wg.Wait()
+}

@@ -26,11 +26,15 @@ type Task interface {
 // After a job, workers spin for a short while (spinWait) watching for the
 // next one before parking on a channel, so back-to-back calls — a decode
 // step issues dozens of GEMVs — do not pay an OS thread wake-up each time.
-// The steady state allocates nothing.
+// The submitting goroutine likewise spins while it waits for the workers
+// and parks after spinWait, so that when other processes hold the cores
+// and the OS has descheduled a worker, the worker can have the core. The
+// steady state allocates nothing.
 type Pool struct {
 	threads int
 	workers []*worker
 	pending atomic.Int32  // workers still running the current job
+	_       [60]byte      // keep waiting off pending's cache line
 	waiting atomic.Int32  // 1 while the submitter is (about to be) parked
 	done    chan struct{} // capacity 1: the last worker's wake-up token
 	wg      sync.WaitGroup
@@ -39,6 +43,12 @@ type Pool struct {
 	closed atomic.Bool // set once by Close
 	mm     matMulTask  // reused by MatMulNT so that it does not allocate
 }
+
+// Test hooks that widen the race windows of the wake-up handshakes: run
+// between a dispatcher's job bump and its claim of the worker's sleeping
+// flag, and between the last worker's pending decrement and its claim of
+// the submitter's waiting flag. nil outside tests.
+var testHookDispatch, testHookWorkerDone func()
 
 // spinWait is how long an idle worker polls for new work before parking.
 const spinWait = 50 * time.Microsecond
@@ -100,7 +110,11 @@ func (p *Pool) loop(w *worker) {
 		}
 		w.task.Run(w.lo, w.hi)
 		w.task = nil
-		if p.pending.Add(-1) == 0 && p.waiting.Load() == 1 && p.waiting.CompareAndSwap(1, 0) {
+		last := p.pending.Add(-1) == 0
+		if last && testHookWorkerDone != nil {
+			testHookWorkerDone()
+		}
+		if last && p.waiting.Load() == 1 && p.waiting.CompareAndSwap(1, 0) {
 			p.done <- struct{}{}
 		}
 	}
@@ -134,14 +148,28 @@ func (w *worker) wait(seen uint64) uint64 {
 	if j := w.job.Load(); j != seen && w.sleeping.CompareAndSwap(1, 0) {
 		return j
 	}
-	<-w.wake
-	return w.job.Load()
+	for {
+		<-w.wake
+		if j := w.job.Load(); j != seen {
+			return j
+		}
+		// A stale token: a dispatcher bumped job, this worker saw the job
+		// while spinning, ran it and parked again, and only then did the
+		// dispatcher claim sleeping and send. Park again.
+		w.sleeping.Store(1)
+		if j := w.job.Load(); j != seen && w.sleeping.CompareAndSwap(1, 0) {
+			return j
+		}
+	}
 }
 
 // dispatch hands [lo, hi) of t to w and wakes it if it is parked.
 func (p *Pool) dispatch(w *worker, t Task, lo, hi int) {
 	w.task, w.lo, w.hi = t, lo, hi
 	w.job.Add(1)
+	if testHookDispatch != nil {
+		testHookDispatch()
+	}
 	if w.sleeping.CompareAndSwap(1, 0) {
 		w.wake <- struct{}{}
 	}
@@ -197,8 +225,18 @@ func (p *Pool) waitWorkers() {
 				if p.pending.Load() == 0 && p.waiting.CompareAndSwap(1, 0) {
 					return
 				}
-				<-p.done
-				return
+				for {
+					<-p.done
+					if p.pending.Load() == 0 {
+						return
+					}
+					// A stale token from an earlier job's last worker,
+					// which claimed waiting late: park again.
+					p.waiting.Store(1)
+					if p.pending.Load() == 0 && p.waiting.CompareAndSwap(1, 0) {
+						return
+					}
+				}
 			}
 			// Let a worker goroutine that waits for this P run
 			// (GOMAXPROCS below Threads()).
