@@ -26,5 +26,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./formats/arch/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreamDecode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzWordFinder$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
 
 ci: lint test fuzz
