@@ -43,9 +43,9 @@
 //     memory. The four rows are not adjacent but a quarter of the matrix
 //     apart (j, j+n/4, j+n/2, j+3n/4), so the weights are read as four long
 //     sequential streams; on the development machine (Zen 3, 1 thread) that
-//     streamed 28 GB/s from DRAM against 17 GB/s for four adjacent rows and
-//     22 GB/s for one row at a time, while software prefetching only slowed
-//     it down. k tails use masked loads.
+//     streamed 28–33 GB/s from DRAM against 17 GB/s for four adjacent rows
+//     and 22 GB/s for one row at a time, while software prefetching only
+//     slowed it down. k tails use masked loads.
 //   - MatMulNT, m > 1 (prefill GEMM): a 4×3 micro-kernel in dot-product form
 //     with twelve 8-lane accumulators reducing along k. In the NT layout
 //     both operands are contiguous in k, so no packing is needed: per 8 k it
@@ -73,12 +73,13 @@
 // # Parallelism
 //
 // Pool splits work across threads with no allocation per call. Workers
-// spin briefly between jobs (a handoff costs about 0.13 µs on two cores),
-// then park. Its MatMulNT splits decode GEMVs over the rows of w (each
+// spin briefly between jobs (a handoff costs about 0.15 µs on two cores),
+// then park; the submitter parks too if the workers are slow, so the pool
+// degrades gracefully when other processes hold the cores. Its MatMulNT splits decode GEMVs over the rows of w (each
 // thread streams its own part of the weights) and prefill GEMMs over column
 // tiles or, for narrow products, over rows. Prefill scales almost linearly
 // with threads; decode stops scaling once DRAM bandwidth is saturated (on
-// the development machine two cores stream about 40 GB/s against 28 GB/s
+// the development machine two cores stream about 40 GB/s against 32 GB/s
 // for one).
 //
 // # Not done

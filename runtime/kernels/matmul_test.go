@@ -50,6 +50,8 @@ func TestMatMulNTLarge(t *testing.T) {
 		{37, 130, 1408}, // down projection's k, odd m and n
 		{12, 1000, 97},  // many tiles, short k with a tail
 		{128, 128, 64},  // attention scores Q·Kᵀ with head_dim 64
+		{9, 14, 1541},   // k cut into slices of 770 and 771: masked tails that accumulate
+		{8, 6, 2000},    // three k slices
 	}
 	bothPaths(t, func(t *testing.T) {
 		for i, c := range cases {
