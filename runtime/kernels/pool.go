@@ -126,6 +126,9 @@ func (p *Pool) loop(w *worker) {
 // re-reads job, while the dispatcher bumps job and then tries to claim
 // sleeping 1→0. Whichever side claims the flag decides who proceeds; if the
 // dispatcher claims it, it always sends a token that the worker receives.
+// A dispatcher descheduled between its bump and its claim can claim a later
+// park and send a stale token; the worker recognizes it (job unchanged) and
+// parks again. waitWorkers handles the submitter's tokens the same way.
 func (w *worker) wait(seen uint64) uint64 {
 	var start time.Time // set lazily, as in waitWorkers
 	// With a single P, spinning would only keep the goroutine that is
