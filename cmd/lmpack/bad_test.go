@@ -361,7 +361,7 @@ func TestBadConfig(t *testing.T) {
 			[]string{"config.json", "bos_token_id 99999: want an id in [0, vocab_size 512)"}},
 		{"layers not an integer", withConfig(func(c map[string]any) { c["num_hidden_layers"] = 5.5 }),
 			[]string{"config.json", "field num_hidden_layers: got JSON number 5.5, want an integer"}},
-		{"no weights", noWeights, []string{noWeights, "safetensors"}},
+		{"no weights", noWeights, []string{noWeights, "no safetensors weights", "model.safetensors"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -46,7 +46,8 @@ type indexJSON struct {
 // Errors (wrapped): os errors; errors from Open; ErrFormat naming the index
 // file and tensor for an index that is not valid JSON, names a shard outside
 // dir or a shard or tensor that is missing, or disagrees with a shard; ErrFormat
-// for a directory with no .safetensors file or a duplicated tensor name.
+// for a duplicated tensor name; ErrNoWeights for a directory with no
+// .safetensors file.
 func OpenDir(dir string) (*Checkpoint, error) {
 	idx := filepath.Join(dir, IndexFileName)
 	if _, err := os.Stat(idx); err == nil {
@@ -68,7 +69,11 @@ func OpenDir(dir string) (*Checkpoint, error) {
 		if _, err := os.Stat(dir); err != nil {
 			return nil, fmt.Errorf("safetensors: %w", err)
 		}
-		return nil, fmt.Errorf("safetensors: %s: no %s, %s or *.safetensors file: %w", dir, IndexFileName, SingleFileName, ErrFormat)
+		hint := ""
+		if bins, _ := filepath.Glob(filepath.Join(dir, "*.bin")); len(bins) > 0 {
+			hint = " (it holds PyTorch .bin files: convert them to safetensors first)"
+		}
+		return nil, fmt.Errorf("safetensors: %s: %w: want %s, %s or *.safetensors%s", dir, ErrNoWeights, IndexFileName, SingleFileName, hint)
 	}
 	slices.Sort(paths)
 	return openFiles(dir, paths)

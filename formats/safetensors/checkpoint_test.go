@@ -177,7 +177,10 @@ func TestDirectoryFallbacks(t *testing.T) {
 	c.Close()
 
 	_, err = OpenDir(t.TempDir())
-	wantErr(t, err, "no "+IndexFileName)
+	wantErr(t, err, "no safetensors weights: want "+IndexFileName)
+	if !errors.Is(err, ErrNoWeights) {
+		t.Errorf("OpenDir(empty) = %v, want ErrNoWeights", err)
+	}
 	_, err = OpenPath(filepath.Join(dir, "absent"))
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("OpenPath(absent) = %v", err)

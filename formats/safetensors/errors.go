@@ -15,6 +15,10 @@ var (
 	// disagrees with its shards.
 	ErrFormat = errors.New("malformed safetensors data")
 
+	// ErrNoWeights is returned by OpenDir for a directory holding no
+	// safetensors file at all.
+	ErrNoWeights = errors.New("no safetensors weights")
+
 	// ErrClosed is returned when a File or Checkpoint is used after Close.
 	ErrClosed = errors.New("file is closed")
 )
