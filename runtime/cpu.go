@@ -347,6 +347,11 @@ func (m *cpuModel) Forward(ctx context.Context, tokens []int, cache KVCache, log
 	// Scratch is sized for the cache's capacity so that decode steps never
 	// reallocate.
 	m.ensureScratch(T, cache.Cap())
+	// Caches made outside NewCache (quantized ones) may be larger than any
+	// seen so far: extend the RoPE tables (no work once they cover it).
+	for i := range m.layers {
+		m.layers[i].rope.ensure(cache.Cap())
+	}
 	s := &m.s
 	x := s.x[:T*H]
 	for i, id := range tokens {
