@@ -19,6 +19,13 @@ func newRoot() (*cobra.Command, *globalFlags) {
 	root := &cobra.Command{
 		Use:           "lmpack",
 		Short:         "Offline compression toolchain for large language models",
+		Long: `lmpack compresses Hugging Face checkpoints offline and runs them on its bundled runtime.
+
+MODEL is a local directory (config.json, *.safetensors, tokenizer.json) or a
+Hugging Face hub id org/name[@revision], resolved through the hub cache
+($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub) and
+downloaded from $HF_ENDPOINT with $HF_TOKEN when absent; HF_HUB_OFFLINE=1
+forbids the network.`,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
