@@ -1,0 +1,319 @@
+package calibrate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/shared"
+)
+
+// calibTokens keeps the real-model tests fast: 4 windows of 512.
+const calibTokens, calibCtx = 2048, 512
+
+func openEngine(t testing.TB, name string) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(context.Background(), shared.Path(t, name), engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// qkvRecorder keeps copies of everything the QKV hook sees, per layer, in
+// call order.
+type qkvRecorder struct{ q, k, v [][]float32 }
+
+func (r *qkvRecorder) QKV(l, pos, n int, q, k, v []float32) {
+	r.q[l] = append(r.q[l], q...)
+	r.k[l] = append(r.k[l], k...)
+	r.v[l] = append(r.v[l], v...)
+}
+
+// directOSCAR is the reference: the formulas of compute_qqt/compute_sst in
+// FutureMLS-Lab/OSCAR written out naively from all captured rows of one
+// layer (q: [T, nh*d], k, v: [T, nkv*d]), with the per-token weights
+// explicitly renormalised to mean 1 per head.
+func directOSCAR(q, k, v []float32, nh, nkv, d int) (cq, cs []float64) {
+	T := len(k) / (nkv * d)
+	g := nh / nkv
+	cq, cs = make([]float64, d*d), make([]float64, d*d)
+	for h := 0; h < nkv; h++ {
+		qtq := make([]float64, d*d)
+		for t := 0; t < T; t++ {
+			for j := 0; j < g; j++ {
+				row := q[t*nh*d+(h*g+j)*d:][:d]
+				for a := 0; a < d; a++ {
+					for b := 0; b < d; b++ {
+						qtq[a*d+b] += float64(row[a]) * float64(row[b])
+					}
+				}
+			}
+		}
+		for i := range qtq {
+			qtq[i] /= float64(T * g)
+			cq[i] += qtq[i] / float64(nkv)
+		}
+		w := make([]float64, T)
+		var sum float64
+		for t := 0; t < T; t++ {
+			kt := k[t*nkv*d+h*d:][:d]
+			for a := 0; a < d; a++ {
+				for b := 0; b < d; b++ {
+					w[t] += float64(kt[a]) * qtq[a*d+b] * float64(kt[b])
+				}
+			}
+			sum += w[t]
+		}
+		for t := 0; t < T; t++ {
+			wt := w[t] / sum * float64(T)
+			vt := v[t*nkv*d+h*d:][:d]
+			for a := 0; a < d; a++ {
+				for b := 0; b < d; b++ {
+					cs[a*d+b] += wt * float64(vt[a]) * float64(vt[b]) / float64(T) / float64(nkv)
+				}
+			}
+		}
+	}
+	return cq, cs
+}
+
+// relErr is max|a-b| / max|b|.
+func relErr(a, b []float64) float64 {
+	var num, den float64
+	for i := range b {
+		num = max(num, math.Abs(a[i]-b[i]))
+		den = max(den, math.Abs(b[i]))
+	}
+	return num / den
+}
+
+// TestRunMatchesDirect: Run on stories260K writes a file whose C_Q and C_S
+// equal a direct float64 computation from q, k, v captured independently
+// with an observer over the same windows; the header records the
+// fingerprints, and Read returns exactly what was computed.
+func TestRunMatchesDirect(t *testing.T) {
+	dir := shared.Path(t, "stories260K-hf")
+	data := shared.Path(t, "tinystories-valid", "calib.txt")
+	out := filepath.Join(t.TempDir(), "calib.safetensors")
+	var calls, last, total int
+	s, err := Run(context.Background(), Options{Model: dir, Data: data, Tokens: calibTokens, Ctx: calibCtx, Out: out, Threads: 1, Version: "test-1",
+		Progress: func(done, tot int) { calls, last, total = calls+1, done, tot }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Windows != 4 || s.Tokens != calibTokens || s.TokensPerSecond <= 0 {
+		t.Errorf("summary %+v: want 4 windows of %d tokens", s, calibCtx)
+	}
+	if calls != 8 || last != 2*calibTokens || total != 2*calibTokens {
+		t.Errorf("progress: %d calls, last %d of %d; want 8 calls ending at %d", calls, last, total, 2*calibTokens)
+	}
+
+	// Independent capture.
+	e := openEngine(t, "stories260K-hf")
+	L := len(e.Desc.Layers)
+	rec := &qkvRecorder{q: make([][]float32, L), k: make([][]float32, L), v: make([][]float32, L)}
+	e.Model.SetObserver(rec)
+	text, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := e.Tokenizer.Encode(string(text), true)
+	if ids[0] != 1 {
+		t.Fatalf("first id %d, want BOS 1", ids[0])
+	}
+	cache := e.Model.NewCache(calibCtx)
+	logits := make([]float32, e.Desc.VocabSize)
+	for lo := 0; lo < calibTokens; lo += calibCtx {
+		cache.Truncate(0)
+		if err := e.Model.Forward(context.Background(), ids[lo:lo+calibCtx], cache, logits, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Model.SetObserver(nil)
+
+	fp, err := ModelFingerprint(e.Dir, e.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Read(out, Expect{ModelFingerprint: fp, Desc: e.Desc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(text)
+	h := c.Header
+	if h.Kind != Kind || h.FormatVersion != 1 || h.ModelFingerprint != fp || h.DataFingerprint != hex.EncodeToString(sum[:]) ||
+		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar"}) {
+		t.Errorf("header %+v", h)
+	}
+	if len(c.OSCAR) != L {
+		t.Fatalf("%d OSCAR layers, want %d", len(c.OSCAR), L)
+	}
+	for l := 0; l < L; l++ {
+		ly := e.Desc.Layers[l]
+		if n := len(rec.q[l]); n != calibTokens*ly.QDim() {
+			t.Fatalf("layer %d: captured %d q values", l, n)
+		}
+		cq, cs := directOSCAR(rec.q[l], rec.k[l], rec.v[l], ly.NumHeads, ly.NumKVHeads, ly.HeadDim)
+		if r := relErr(c.OSCAR[l].CQ, cq); r > 1e-9 {
+			t.Errorf("layer %d: C_Q relative error %.3g vs the direct computation", l, r)
+		}
+		if r := relErr(c.OSCAR[l].CS, cs); r > 1e-9 {
+			t.Errorf("layer %d: C_S relative error %.3g vs the direct computation", l, r)
+		}
+		if l == 0 {
+			t.Logf("layer 0: C_Q rel err %.2g, C_S rel err %.2g, C_Q[0,0] %.6g, C_S[0,0] %.6g",
+				relErr(c.OSCAR[l].CQ, cq), relErr(c.OSCAR[l].CS, cs), cq[0], cs[0])
+		}
+	}
+
+	// Round trip: writing what was read gives the same bytes.
+	out2 := filepath.Join(t.TempDir(), "again.safetensors")
+	if err := Write(out2, c); err != nil {
+		t.Fatal(err)
+	}
+	b1, _ := os.ReadFile(out)
+	b2, _ := os.ReadFile(out2)
+	if !slices.Equal(b1, b2) {
+		t.Errorf("rewriting the file read back gives different bytes (%d vs %d)", len(b1), len(b2))
+	}
+
+	// The MoE model shares every attention shape but not the fingerprint.
+	moe := openEngine(t, "stories260K-moe-hf")
+	fpMoE, err := ModelFingerprint(moe.Dir, moe.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Read(out, Expect{ModelFingerprint: fpMoE, Desc: moe.Desc})
+	if !errors.Is(err, ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), fpMoE) || !strings.Contains(err.Error(), out) {
+		t.Errorf("reading with the MoE model's fingerprint: %v; want ErrModelMismatch naming the file and both fingerprints", err)
+	}
+}
+
+// TestModelFingerprint recomputes the documented recipe independently and
+// checks that the two shared models differ.
+func TestModelFingerprint(t *testing.T) {
+	e := openEngine(t, "stories260K-hf")
+	got, err := ModelFingerprint(e.Dir, e.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(e.Dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("lmpack-model-fingerprint-v1\n")
+	n := len(cfg)
+	for i := 0; i < 8; i++ {
+		b.WriteByte(byte(n >> (8 * i)))
+	}
+	b.Write(cfg)
+	names := e.Checkpoint.Names()
+	if !slices.IsSorted(names) || len(names) == 0 {
+		t.Fatalf("checkpoint names not sorted or empty")
+	}
+	for _, name := range names {
+		ti, _, _ := e.Checkpoint.Info(name)
+		dims := make([]string, len(ti.Shape))
+		for i, x := range ti.Shape {
+			dims[i] = fmt.Sprint(x)
+		}
+		fmt.Fprintf(&b, "%q %s [%s]\n", name, ti.DType, strings.Join(dims, " "))
+	}
+	want := sha256.Sum256([]byte(b.String()))
+	if got != hex.EncodeToString(want[:]) {
+		t.Errorf("fingerprint %s, want %s", got, hex.EncodeToString(want[:]))
+	}
+	moe := openEngine(t, "stories260K-moe-hf")
+	other, err := ModelFingerprint(moe.Dir, moe.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other == got || len(got) != 64 {
+		t.Errorf("fingerprints %s and %s: want two different 64-digit hex strings", got, other)
+	}
+}
+
+func TestWindows(t *testing.T) {
+	ids := make([]int, 10)
+	for i := range ids {
+		ids[i] = i
+	}
+	for _, c := range []struct {
+		tokens, ctx int
+		want        []int // window lengths
+		err         string
+	}{
+		{10, 5, []int{5, 5}, ""},
+		{7, 3, []int{3, 3, 1}, ""},
+		{4, 8, []int{4}, ""},
+		{11, 4, nil, "10 tokens, fewer than the 11 requested"},
+		{0, 4, nil, "want both > 0"},
+		{4, 0, nil, "want both > 0"},
+	} {
+		w, err := Windows(ids, c.tokens, c.ctx)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("Windows(%d, %d): error %v, want %q", c.tokens, c.ctx, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lens, flat []int
+		for _, x := range w {
+			lens = append(lens, len(x))
+			flat = append(flat, x...)
+		}
+		if !slices.Equal(lens, c.want) || !slices.Equal(flat, ids[:c.tokens]) {
+			t.Errorf("Windows(%d, %d): lengths %v, tokens %v", c.tokens, c.ctx, lens, flat)
+		}
+	}
+}
+
+// TestRunOptions: invalid options and data fail before any work, naming
+// the problem.
+func TestRunOptions(t *testing.T) {
+	dir := shared.Path(t, "stories260K-hf")
+	data := shared.Path(t, "tinystories-valid", "calib.txt")
+	tmp := t.TempDir()
+	short := filepath.Join(tmp, "short.txt")
+	os.WriteFile(short, []byte("Once upon a time."), 0o644)
+	ok := Options{Model: dir, Data: data, Tokens: 64, Ctx: 32, Out: filepath.Join(tmp, "c.safetensors"), Threads: 1}
+	for _, c := range []struct {
+		name string
+		mod  func(*Options)
+		want string
+	}{
+		{"tokens", func(o *Options) { o.Tokens = 0 }, "tokens 0: want > 0"},
+		{"ctx", func(o *Options) { o.Ctx = -1 }, "ctx -1: want > 0"},
+		{"ctx too long", func(o *Options) { o.Ctx = 1024 }, "exceeds the model's max_position_embeddings 512"},
+		{"no out", func(o *Options) { o.Out = "" }, "no output file"},
+		{"out dir missing", func(o *Options) { o.Out = filepath.Join(tmp, "nope", "c.safetensors") }, "no such file or directory"},
+		{"out is dir", func(o *Options) { o.Out = tmp }, "is a directory"},
+		{"data missing", func(o *Options) { o.Data = filepath.Join(tmp, "missing.txt") }, "missing.txt"},
+		{"data short", func(o *Options) { o.Data = short }, "fewer than the 64 requested"},
+	} {
+		o := ok
+		c.mod(&o)
+		_, err := Run(context.Background(), o)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want %q", c.name, err, c.want)
+		}
+	}
+	if _, err := os.Stat(ok.Out); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed run left %s behind", ok.Out)
+	}
+}

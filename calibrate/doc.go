@@ -1,0 +1,27 @@
+// Package calibrate runs a model over calibration text and keeps the
+// statistics later compression stages need, in a calibration file.
+//
+// What it is for:
+//   - Collecting statistics from the runtime's observer hooks
+//     (runtime.QKVObserver and friends) as streams: every statistic is an
+//     accumulator whose memory is independent of the number of calibration
+//     tokens (a d×d matrix per layer, not the activations).
+//   - The calibration file format (Write, Read): a safetensors file whose
+//     tensors are the statistics, in float64, and whose "__metadata__" holds
+//     one JSON object under the key "lmpack" (Header) tying the file to the
+//     model (ModelFingerprint) and to the data (sha256 of the text file).
+//   - Run, the entry point of `lmpack calibrate`: open the model, tokenize
+//     the data, collect, write.
+//
+// Statistics today: "oscar", the key and value target covariances C_Q and
+// C_S of OSCAR (docs/METHODS.md §1; arXiv 2605.17757), see CollectOSCAR.
+// Later stages (layer similarity, head importance, expert counts,
+// Hessians) add a statistic name to Header.Statistics and their own tensor
+// prefix ("<statistic>.layers.N.<name>"); Read ignores statistics it does
+// not know, so old readers keep reading newer files of the same
+// FormatVersion.
+//
+// What it is not for: turning statistics into transforms (rotations,
+// bit allocations, pruning plans live in quantize and prune), and running
+// models (runtime).
+package calibrate

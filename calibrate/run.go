@@ -1,0 +1,167 @@
+package calibrate
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/lmpack/lmpack/internal/engine"
+)
+
+// Options configures Run.
+type Options struct {
+	// Model is a model directory or a Hugging Face hub id (engine.Open).
+	Model string
+	// Data is the UTF-8 calibration text file.
+	Data string
+	// Tokens is the number of calibration tokens (> 0).
+	Tokens int
+	// Ctx is the window length in tokens (> 0, at most the model's
+	// max_position_embeddings).
+	Ctx int
+	// Out is the calibration file to write.
+	Out string
+	// Threads is the CPU worker count; <= 0 means all cores.
+	Threads int
+	// Version is the lmpack version recorded in the file.
+	Version string
+	// Progress, when not nil, is called after each window with the tokens
+	// forwarded so far and the total (2·Tokens: two passes).
+	Progress func(done, total int)
+	// Logger receives progress lines; nil discards them.
+	Logger *slog.Logger
+}
+
+// Summary reports a finished Run.
+type Summary struct {
+	// Path is the calibration file written.
+	Path string `json:"path"`
+	// ModelFingerprint and DataFingerprint are those of the file's Header.
+	ModelFingerprint string `json:"model_fingerprint"`
+	DataFingerprint  string `json:"data_fingerprint"`
+	// Tokens and Windows: the calibration tokens and how many windows of
+	// at most Ctx tokens they were run in.
+	Tokens  int `json:"tokens"`
+	Windows int `json:"windows"`
+	Ctx     int `json:"ctx"`
+	// Seconds is the wall time of the collection (both passes).
+	Seconds float64 `json:"seconds"`
+	// TokensPerSecond is calibration tokens per second: Tokens / Seconds
+	// (each token is forwarded twice).
+	TokensPerSecond float64 `json:"tokens_per_second"`
+}
+
+// Run is `lmpack calibrate`: it opens the model on the CPU backend, reads
+// the data file and tokenizes it as one string with BOS prepended (as
+// `lmpack eval` does), splits the first opt.Tokens tokens into windows of
+// opt.Ctx tokens (Windows), collects the OSCAR statistics (CollectOSCAR)
+// and writes the calibration file opt.Out (Write, atomic).
+//
+// Errors: invalid options; the output directory missing; the data file
+// unreadable, empty, not UTF-8 or shorter than opt.Tokens tokens; model
+// errors from engine.Open; collection and write errors.
+func Run(ctx context.Context, opt Options) (*Summary, error) {
+	switch {
+	case opt.Tokens <= 0:
+		return nil, fmt.Errorf("calibrate: tokens %d: want > 0", opt.Tokens)
+	case opt.Ctx <= 0:
+		return nil, fmt.Errorf("calibrate: ctx %d: want > 0", opt.Ctx)
+	case opt.Out == "":
+		return nil, fmt.Errorf("calibrate: no output file")
+	case opt.Data == "":
+		return nil, fmt.Errorf("calibrate: no data file")
+	}
+	if st, err := os.Stat(filepath.Dir(opt.Out)); err != nil {
+		return nil, fmt.Errorf("calibrate: output %s: %w", opt.Out, err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("calibrate: output %s: %s is not a directory", opt.Out, filepath.Dir(opt.Out))
+	}
+	if st, err := os.Stat(opt.Out); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("calibrate: output %s is a directory; want a file path", opt.Out)
+	}
+	text, err := engine.ReadText(opt.Data)
+	if err != nil {
+		return nil, fmt.Errorf("calibrate: %w", err)
+	}
+	e, err := engine.Open(ctx, opt.Model, engine.Options{Threads: opt.Threads, Logger: opt.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("calibrate: %w", err)
+	}
+	defer e.Close()
+	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
+		return nil, fmt.Errorf("calibrate: ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
+	}
+	fp, err := ModelFingerprint(e.Dir, e.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	ids := tokenize(e, text)
+	windows, err := Windows(ids, opt.Tokens, opt.Ctx)
+	if err != nil {
+		return nil, fmt.Errorf("calibrate: data file %s: %w", opt.Data, err)
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log.Info("calibrating", "model", e.Dir, "data", opt.Data, "tokens", opt.Tokens, "ctx", opt.Ctx, "windows", len(windows), "passes", 2)
+	t0 := time.Now()
+	layers, err := CollectOSCAR(ctx, e.Model, windows, opt.Progress)
+	if err != nil {
+		return nil, err
+	}
+	secs := time.Since(t0).Seconds()
+	c := &Calibration{
+		Header: Header{
+			ModelFingerprint: fp,
+			DataFingerprint:  Fingerprint([]byte(text)),
+			Tokens:           opt.Tokens,
+			Ctx:              opt.Ctx,
+			LmpackVersion:    opt.Version,
+		},
+		OSCAR: layers,
+	}
+	if err := Write(opt.Out, c); err != nil {
+		return nil, err
+	}
+	s := &Summary{Path: opt.Out, ModelFingerprint: fp, DataFingerprint: c.Header.DataFingerprint,
+		Tokens: opt.Tokens, Windows: len(windows), Ctx: opt.Ctx, Seconds: secs, TokensPerSecond: float64(opt.Tokens) / secs}
+	log.Info("calibration written", "path", opt.Out, "seconds", secs, "tokens_per_second", s.TokensPerSecond)
+	return s, nil
+}
+
+// tokenize encodes text as one string with the tokenizer's special tokens
+// and makes sure it starts with BOS when the model has one (the rule of
+// engine.EvalFile).
+func tokenize(e *engine.Engine, text string) []int {
+	ids := e.Tokenizer.Encode(text, true)
+	bos, ok := e.Tokenizer.BOS()
+	if !ok && e.Desc.BOSTokenID >= 0 {
+		bos, ok = e.Desc.BOSTokenID, true
+	}
+	if ok && (len(ids) == 0 || ids[0] != bos) {
+		ids = append([]int{bos}, ids...)
+	}
+	return ids
+}
+
+// Windows splits ids[:tokens] into consecutive windows of ctx tokens; the
+// last window holds the remainder (tokens mod ctx) when it is not zero.
+// The windows alias ids. Errors: tokens or ctx <= 0; fewer than tokens ids
+// (naming both counts).
+func Windows(ids []int, tokens, ctx int) ([][]int, error) {
+	if tokens <= 0 || ctx <= 0 {
+		return nil, fmt.Errorf("tokens %d, ctx %d: want both > 0", tokens, ctx)
+	}
+	if len(ids) < tokens {
+		return nil, fmt.Errorf("%d tokens, fewer than the %d requested (use a longer file or fewer tokens)", len(ids), tokens)
+	}
+	var w [][]int
+	for lo := 0; lo < tokens; lo += ctx {
+		w = append(w, ids[lo:min(lo+ctx, tokens)])
+	}
+	return w, nil
+}
