@@ -182,16 +182,21 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 
 // loadConcat loads tensors [rows[i], cols] and stacks them row-wise.
 func loadConcat(src TensorSource, cols int, names []string, rows []int) ([]float32, error) {
+	// Load (and so shape-check) every part before allocating the result: a
+	// huge size in config.json must fail as a shape mismatch, not as an
+	// allocation.
+	parts := make([][]float32, len(names))
 	total := 0
-	for _, r := range rows {
-		total += r
-	}
-	out := make([]float32, 0, total*cols)
 	for i, n := range names {
 		w, err := loadF32(src, n, rows[i], cols)
 		if err != nil {
 			return nil, err
 		}
+		parts[i] = w
+		total += len(w)
+	}
+	out := make([]float32, 0, total)
+	for _, w := range parts {
 		out = append(out, w...)
 	}
 	return out, nil
@@ -243,7 +248,7 @@ type scratch struct {
 	qkv       []float32 // [T, max qkvdim]
 	k, v      []float32 // [T, max kvdim]
 	att       []float32 // [T, max qdim]
-	scores    []float32 // [max heads, T*ctx]
+	scores    []float32 // [max heads, min(T, attnBlock)*ctx]
 	kr, vr    []float32 // [max kv heads, ctx*head_dim] for caches without F32KV
 	gu        []float32 // [T, 2*max I]
 	h         []float32 // [T, max I] (observer copy)
@@ -296,7 +301,7 @@ func (m *cpuModel) ensureScratch(T, ctxLen int) {
 	s.qkv = grow(s.qkv, T*qkv)
 	s.k, s.v = grow(s.k, T*kvd), grow(s.v, T*kvd)
 	s.att = grow(s.att, T*qd)
-	s.scores = grow(s.scores, heads*T*ctxLen)
+	s.scores = grow(s.scores, heads*min(T, attnBlock)*ctxLen)
 	s.kr, s.vr = grow(s.kr, kvh*ctxLen*hd), grow(s.vr, kvh*ctxLen*hd)
 	s.gu = grow(s.gu, T*2*inter)
 	s.h = grow(s.h, T*inter)
@@ -478,11 +483,17 @@ type attnTask struct {
 	direct    bool
 }
 
+// attnBlock is the number of queries whose attention scores are held at
+// once per head: scratch is heads×attnBlock×ctx floats instead of
+// heads×T×ctx, and causal prefill only scores the keys a block can see.
+const attnBlock = 64
+
 func (t *attnTask) Run(lo, hi int) {
 	s := &t.m.s
 	l := t.l
 	T, n, hd := t.T, t.n, l.hd
 	group := l.nh / l.nkv
+	blk := min(T, attnBlock)
 	for h := lo; h < hi; h++ {
 		g := h / group
 		var K, V []float32
@@ -491,23 +502,27 @@ func (t *attnTask) Run(lo, hi int) {
 		} else {
 			K, V = t.k[g*n*hd:(g+1)*n*hd], t.v[g*n*hd:(g+1)*n*hd]
 		}
-		sc := s.scores[h*T*n : (h+1)*T*n]
-		q := s.qkv[h*hd:]
-		kernels.MatMulNT(T, n, hd, q, l.qkvdim, K, t.ldkv, sc, n)
-		for i := 0; i < T; i++ {
-			p := t.pos + i // the query's position: keys [lo, p] are visible
-			lo := 0
-			if l.window > 0 && p-l.window+1 > 0 {
-				lo = p - l.window + 1
+		for i0 := 0; i0 < T; i0 += blk {
+			tb := min(blk, T-i0)
+			nv := t.pos + i0 + tb // keys visible to the block's last query
+			sc := s.scores[h*blk*n : h*blk*n+tb*nv]
+			q := s.qkv[i0*l.qkvdim+h*hd:]
+			kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
+			for i := 0; i < tb; i++ {
+				p := t.pos + i0 + i // the query's position: keys [lo, p] are visible
+				lo := 0
+				if l.window > 0 && p-l.window+1 > 0 {
+					lo = p - l.window + 1
+				}
+				row := sc[i*nv : (i+1)*nv]
+				clear(row[:lo])
+				clear(row[p+1:])
+				vis := row[lo : p+1]
+				kernels.Scale(t.scale, vis)
+				kernels.Softmax(vis)
 			}
-			row := sc[i*n : (i+1)*n]
-			clear(row[:lo])
-			clear(row[p+1:])
-			vis := row[lo : p+1]
-			kernels.Scale(t.scale, vis)
-			kernels.Softmax(vis)
+			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, s.att[i0*l.qdim+h*hd:], l.qdim)
 		}
-		kernels.MatMulNN(T, hd, n, sc, n, V, t.ldkv, s.att[h*hd:], l.qdim)
 	}
 }
 

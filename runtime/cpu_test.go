@@ -360,3 +360,28 @@ func ifElse(c bool, a, b float64) float64 {
 	}
 	return b
 }
+
+// TestLongPrefillMatchesDecode: a prefill longer than the attention query
+// block (attnBlock) gives the logits of token-by-token decoding, for full
+// causal attention and for a sliding window.
+func TestLongPrefillMatchesDecode(t *testing.T) {
+	toks := make([]int, 3*attnBlock+17)
+	for i := range toks {
+		toks[i] = (i*37 + 11) % 97
+	}
+	dirs := map[string]string{}
+	dirs["mistral-window"], _, _ = synthCheckpoint(t, with(baseConfig("MistralForCausalLM"), "sliding_window", 70), 5, safetensors.F32)
+	dirs["llama"], _, _ = synthCheckpoint(t, baseConfig("LlamaForCausalLM"), 6, safetensors.F32)
+	for name, dir := range dirs {
+		m, _ := loadDir(t, dir, 2)
+		a := forwardAll(t, m, toks)
+		b := forwardSteps(t, m, toks, 1)
+		var diff float64
+		for i := range a {
+			diff = math.Max(diff, math.Abs(float64(a[i]-b[i])))
+		}
+		if diff > 1e-4 {
+			t.Errorf("%s: prefill vs decode max abs diff %.3g", name, diff)
+		}
+	}
+}

@@ -1,6 +1,10 @@
 package runtime
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/lmpack/lmpack/formats/arch"
+)
 
 // KVCache stores the post-RoPE keys and the values of past tokens for every
 // layer. Positions are token indices from 0. Layers may differ in
@@ -102,4 +106,14 @@ func (c *F32Cache) Bytes() int64 {
 		s += int64(c.n) * int64(d) * 8
 	}
 	return s
+}
+
+// F32CacheBytes returns the bytes an F32Cache for d holding capacity
+// tokens allocates: 8·capacity·Σ_layers kvDim (K and V, float32).
+func F32CacheBytes(d *arch.Description, capacity int) int64 {
+	var per int64
+	for i := range d.Layers {
+		per += int64(d.Layers[i].KVDim())
+	}
+	return 8 * per * int64(capacity)
 }

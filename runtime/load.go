@@ -20,13 +20,8 @@ func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
 		}
 		return nil, fmt.Errorf("runtime: tensor %q: %w", name, err)
 	}
-	shape := t.Shape
-	if !slices.Equal(shape, want) {
-		// A 1-d weight stored as [1, n] or [n, 1] is accepted; anything else
-		// is a shape mismatch.
-		if prod(shape) != prod(want) || len(want) != 1 {
-			return nil, fmt.Errorf("runtime: %w: %s: tensor %q: shape %v, want %v", ErrBadWeights, t.File, name, shape, want)
-		}
+	if shape := t.Shape; !slices.Equal(shape, want) {
+		return nil, fmt.Errorf("runtime: %w: %s: tensor %q: shape %v, want %v", ErrBadWeights, t.File, name, shape, want)
 	}
 	switch t.DType {
 	case safetensors.F32, safetensors.F16, safetensors.BF16, safetensors.F64, safetensors.F8E4M3, safetensors.F8E5M2:
@@ -46,14 +41,6 @@ func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
 		return nil, fmt.Errorf("runtime: %w: %s: tensor %q: element %d is %s (checked at load)", ErrBadWeights, t.File, name, i, what)
 	}
 	return v, nil
-}
-
-func prod(s []int) int {
-	p := 1
-	for _, d := range s {
-		p *= d
-	}
-	return p
 }
 
 // firstNonFinite returns the index of the first NaN or ±Inf, or -1.

@@ -580,3 +580,24 @@ func TestJSONErrorLine(t *testing.T) {
 		t.Fatalf("stderr: %s", r.stderr)
 	}
 }
+
+// TestHugeSizes: absurd sizes in config.json fail as shape mismatches or
+// memory refusals with exit 1, never as an allocator crash.
+func TestHugeSizes(t *testing.T) {
+	t.Parallel()
+	edit := func(k string, v any) string {
+		dir := brokenDir(t, origSafetensors(t))
+		p := filepath.Join(dir, "config.json")
+		b, _ := os.ReadFile(p)
+		var cfg map[string]any
+		json.Unmarshal(b, &cfg)
+		cfg[k] = v
+		b, _ = json.Marshal(cfg)
+		os.WriteFile(p, b, 0o644)
+		return dir
+	}
+	huge := edit("intermediate_size", int64(1)<<45)
+	wantError(t, lmpack(t, nil, "run", huge, "--max-tokens", "4"), `tensor "model.layers.0.mlp.gate_proj.weight"`, "shape [172 64], want [35184372088832 64]")
+	long := edit("max_position_embeddings", int64(1)<<40)
+	wantError(t, lmpack(t, nil, "run", long, "--max-tokens", "1000000000", "--ignore-eos"), "KV cache", "GiB", "memory available")
+}

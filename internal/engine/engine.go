@@ -221,6 +221,9 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 			len(ids), opt.MaxTokens, limit, DefaultContextLimit)
 	}
 	capacity := len(ids) + opt.MaxTokens
+	if err := checkMemory(e.Desc, capacity, "prompt + --max-tokens"); err != nil {
+		return nil, err
+	}
 	cache := e.Model.NewCache(capacity)
 	logits := make([]float32, e.Desc.VocabSize)
 	st := &GenerateStats{PromptTokens: len(ids)}
@@ -272,6 +275,34 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 		st.DecodeTPS = float64(st.GeneratedTokens-1) / time.Since(t1).Seconds()
 	}
 	return st, nil
+}
+
+// checkMemory refuses a KV cache of capacity tokens that would not fit in
+// the memory the system reports available (MemAvailable in /proc/meminfo;
+// no check where that is unknown), instead of dying in the allocator.
+func checkMemory(d *arch.Description, capacity int, what string) error {
+	need := runtime.F32CacheBytes(d, capacity)
+	avail := memAvailable()
+	if avail > 0 && need > avail {
+		return fmt.Errorf("engine: %s of %d tokens needs a %.1f GiB KV cache, more than the %.1f GiB of memory available",
+			what, capacity, float64(need)/(1<<30), float64(avail)/(1<<30))
+	}
+	return nil
+}
+
+// memAvailable returns MemAvailable from /proc/meminfo in bytes, or 0.
+func memAvailable() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int64
+		if n, _ := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); n == 1 {
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // DefaultContextLimit bounds prompt + generated tokens when config.json
@@ -327,6 +358,9 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 	}
 	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
 		return nil, fmt.Errorf("engine: --ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
+	}
+	if err := checkMemory(e.Desc, opt.Ctx, "--ctx"); err != nil {
+		return nil, err
 	}
 	ids := e.Tokenizer.Encode(text, true)
 	bos, ok := e.Tokenizer.BOS()

@@ -117,25 +117,17 @@ func Inspect(dir string, d *arch.Description, ck *safetensors.Checkpoint) (*Insp
 	return r, nil
 }
 
-// sameShape reports whether got equals want, accepting a 1-d want stored
-// as a 2-d tensor of the same size (as the runtime does).
+// sameShape reports whether got equals want.
 func sameShape(got, want []int) bool {
-	if len(got) == len(want) {
-		for i := range got {
-			if got[i] != want[i] {
-				return false
-			}
-		}
-		return true
-	}
-	if len(want) != 1 {
+	if len(got) != len(want) {
 		return false
 	}
-	n := 1
-	for _, g := range got {
-		n *= g
+	for i := range got {
+		if got[i] != want[i] {
+			return false
+		}
 	}
-	return n == want[0]
+	return true
 }
 
 func layerTensorNames(l *arch.Layer) []string {
