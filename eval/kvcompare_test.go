@@ -1,0 +1,92 @@
+package eval
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// shiftCache marks a cache whose model output differs: the fake model
+// below adds delta to the predicted token's logit when it runs on one.
+type shiftCache struct {
+	*runtime.F32Cache
+	delta float32
+}
+
+type cacheAwareModel struct{ bigramModel }
+
+func (m *cacheAwareModel) Forward(ctx context.Context, toks []int, c runtime.KVCache, logits []float32, all bool) error {
+	V := m.d.VocabSize
+	a := m.a
+	if s, ok := c.(*shiftCache); ok {
+		a += s.delta
+	}
+	for i, t := range toks {
+		row := logits[i*V : (i+1)*V]
+		clear(row)
+		row[(t+1)%V] = a
+	}
+	c.Commit(len(toks))
+	return nil
+}
+
+// TestCompareKVClosedForm: a method identical to the reference has KL 0,
+// top-1 agreement 1 and ΔPPL 0; a method that raises the predicted logit
+// from a to a+δ has the closed-form KL of two such distributions, and one
+// that inverts it (a → −a) disagrees on the top-1 token everywhere.
+func TestCompareKVClosedForm(t *testing.T) {
+	const V, a = 8, float32(2)
+	m := &cacheAwareModel{bigramModel{d: &arch.Description{VocabSize: V, Layers: []arch.Layer{{NumKVHeads: 1, HeadDim: 2}}}, a: a}}
+	ids := make([]int, 40)
+	for i := range ids {
+		ids[i] = i % V
+	}
+	mk := func(delta float32) func(int) (runtime.KVCache, error) {
+		return func(n int) (runtime.KVCache, error) {
+			return &shiftCache{runtime.NewF32Cache([]int{2}, []int{2}, n), delta}, nil
+		}
+	}
+	rep, err := CompareKV(context.Background(), m, ids, []KVMethod{
+		{"same", func(n int) (runtime.KVCache, error) { return runtime.NewF32Cache([]int{2}, []int{2}, n), nil }},
+		{"shift", mk(1)},
+		{"invert", mk(-2 * a)},
+	}, KVCompareOptions{Ctx: 10, Buckets: []int{0, 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Windows != 4 || rep.TokensScored != 36 || len(rep.Rows) != 3 {
+		t.Fatalf("report %+v", rep)
+	}
+	same, shift, inv := rep.Rows[0], rep.Rows[1], rep.Rows[2]
+	if same.KL != 0 || same.Top1Agreement != 1 || same.DeltaPPL != 0 {
+		t.Errorf("same: %+v", same)
+	}
+	// p: e^a at the predicted token, 1 elsewhere; q: e^(a+1).
+	lp := func(x float64) (hit, miss float64) {
+		z := math.Exp(x) + V - 1
+		return x - math.Log(z), -math.Log(z)
+	}
+	ph, pm := lp(float64(a))
+	qh, qm := lp(float64(a) + 1)
+	want := math.Exp(ph)*(ph-qh) + (V-1)*math.Exp(pm)*(pm-qm)
+	if math.Abs(shift.KL-want) > 1e-12 || shift.Top1Agreement != 1 {
+		t.Errorf("shift: KL %.15g want %.15g, top1 %g", shift.KL, want, shift.Top1Agreement)
+	}
+	if shift.DeltaPPL >= 0 {
+		t.Errorf("shift makes every (correct) prediction more likely: ΔPPL %g should be < 0", shift.DeltaPPL)
+	}
+	if inv.Top1Agreement != 0 || inv.DeltaPPL <= 0 {
+		t.Errorf("invert: %+v", inv)
+	}
+	// Buckets [0,4) and [4,9): 4 and 5 positions per window.
+	if b := shift.Buckets; len(b) != 2 || b[0].Positions != 16 || b[1].Positions != 20 || math.Abs(b[1].KL-want) > 1e-12 {
+		t.Errorf("buckets %+v", b)
+	}
+	// 2 (K,V) × 10 tokens × kvDim 2 × 4 bytes = 160 bytes, 32 bits/element.
+	if same.KVBytes != 160 || same.BitsPerElement != 32 {
+		t.Errorf("bytes %d bits %g", same.KVBytes, same.BitsPerElement)
+	}
+}
