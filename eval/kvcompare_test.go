@@ -3,6 +3,7 @@ package eval
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -88,5 +89,30 @@ func TestCompareKVClosedForm(t *testing.T) {
 	// 2 (K,V) × 10 tokens × kvDim 2 × 4 bytes = 160 bytes, 32 bits/element.
 	if same.KVBytes != 160 || same.BitsPerElement != 32 {
 		t.Errorf("bytes %d bits %g", same.KVBytes, same.BitsPerElement)
+	}
+}
+
+func TestKVReportOutputs(t *testing.T) {
+	r := &KVReport{Ctx: 512, Windows: 2, TokensScored: 1022, Rows: []KVRow{
+		{KV: "fp32", BitsPerElement: 32, KVBytes: 655360, Perplexity: 5.79, Top1Agreement: 1,
+			Buckets: []Bucket{{From: 0, To: 64, Positions: 128, Top1Agreement: 1}}},
+		{KV: "oscar2", BitsPerElement: 2.25, KVBytes: 46080, Perplexity: 6.1, DeltaPPL: 0.31, KL: 0.05, Top1Agreement: 0.9,
+			Buckets: []Bucket{{From: 0, To: 64, Positions: 128, KL: 0.04, Top1Agreement: 0.93}}},
+	}}
+	var tb, sb strings.Builder
+	if err := r.WriteTable(&tb); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"bits/elem", "oscar2", "2.250", "46080", "+0.3100", "0.05000", "0.9000", "0-63", "0.04000 / 0.9300"} {
+		if !strings.Contains(tb.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, tb.String())
+		}
+	}
+	if err := r.WriteSVG(&sb, "stories260K <ctx 512>"); err != nil {
+		t.Fatal(err)
+	}
+	svg := sb.String()
+	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<circle") != 2 || !strings.Contains(svg, "&lt;ctx 512&gt;") {
+		t.Errorf("svg:\n%s", svg)
 	}
 }
