@@ -1,0 +1,225 @@
+package oscar
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/safetensors"
+)
+
+// Kind is RotationHeader.Kind of a KV rotation file.
+const Kind = "lmpack-kv-rotation"
+
+// FormatVersion is the rotation file format this package writes and the
+// only one it reads.
+const FormatVersion = 1
+
+// Method is RotationHeader.Method for OSCAR rotations.
+const Method = "oscar"
+
+// MaxOrthogonalityError bounds max|R·Rᵀ − I| for a float32 rotation read
+// from a file (float32 rounding of an orthogonal matrix gives about 1e-7).
+const MaxOrthogonalityError = 1e-4
+
+// Sentinel errors of ReadFile, wrapped with the file and tensor or field.
+var (
+	// ErrNotRotation: not an lmpack KV rotation file (no "lmpack"
+	// metadata, another kind or method).
+	ErrNotRotation = errors.New("not an lmpack KV rotation file")
+	// ErrVersion: format_version is not FormatVersion.
+	ErrVersion = errors.New("unsupported rotation format version")
+	// ErrBadRotation: a rotation tensor is missing, has the wrong dtype or
+	// shape, holds NaN/Inf or is not orthogonal; or a clip ratio is out of
+	// (0, 1].
+	ErrBadRotation = errors.New("bad rotation")
+)
+
+// RotationHeader is the JSON object stored under calibrate.MetadataKey
+// ("lmpack") in a rotation file's "__metadata__".
+type RotationHeader struct {
+	FormatVersion int    `json:"format_version"`
+	Kind          string `json:"kind"`
+	Method        string `json:"method"`
+	// ModelFingerprint is calibrate.ModelFingerprint of the model.
+	ModelFingerprint string `json:"model_fingerprint"`
+	// CalibrationFingerprint is the sha256 (hex) of the calibration file's
+	// bytes the rotations were computed from.
+	CalibrationFingerprint string `json:"calibration_fingerprint"`
+	// ClipK, ClipV: per-layer clipping ratios in (0, 1].
+	ClipK []float64 `json:"clip_k"`
+	ClipV []float64 `json:"clip_v"`
+	// LmpackVersion is the version of the lmpack that wrote the file.
+	LmpackVersion string `json:"lmpack_version"`
+}
+
+// TensorName returns the name of layer's rotation, which is "r_k" or
+// "r_v": "oscar.layers.N.r_k".
+func TensorName(layer int, which string) string {
+	return Method + ".layers." + strconv.Itoa(layer) + "." + which
+}
+
+// WriteFile writes the rotations of layers to path, atomically and
+// deterministically (safetensors.WriteFile): tensors TensorName(l, "r_k")
+// and TensorName(l, "r_v"), F32 [d, d] row-major (x_rot = x·R), and h as
+// JSON under "lmpack" with Kind, FormatVersion and Method filled in.
+// h.ClipK and h.ClipV must have one ratio in (0, 1] per layer. Errors:
+// mismatched lengths, bad ratios, non-finite or non-orthogonal rotations
+// (ErrBadRotation, naming the layer), I/O errors.
+func WriteFile(path string, h RotationHeader, layers []Layer) error {
+	h.Kind, h.FormatVersion, h.Method = Kind, FormatVersion, Method
+	if len(h.ClipK) != len(layers) || len(h.ClipV) != len(layers) {
+		return fmt.Errorf("oscar: %s: %d clip_k and %d clip_v ratios for %d layers: %w", path, len(h.ClipK), len(h.ClipV), len(layers), ErrBadRotation)
+	}
+	var ts []safetensors.WriteTensor
+	for l, ly := range layers {
+		if err := checkClips(path, &h, l); err != nil {
+			return err
+		}
+		for _, r := range []struct {
+			which string
+			m     []float64
+		}{{"r_k", ly.RK}, {"r_v", ly.RV}} {
+			name := TensorName(l, r.which)
+			f := make([]float32, len(r.m))
+			for i, x := range r.m {
+				f[i] = float32(x)
+			}
+			if err := checkRotation(path, name, f, ly.HeadDim); err != nil {
+				return err
+			}
+			ts = append(ts, safetensors.FromFloat32(name, []int{ly.HeadDim, ly.HeadDim}, f))
+		}
+	}
+	js, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Errorf("oscar: %s: header: %w", path, err)
+	}
+	if err := safetensors.WriteFile(path, ts, map[string]string{calibrate.MetadataKey: string(js)}); err != nil {
+		return fmt.Errorf("oscar: %w", err)
+	}
+	return nil
+}
+
+// ReadFile reads and validates the rotation file at path: a safetensors
+// file with a RotationHeader of Kind, FormatVersion and Method;
+// model_fingerprint equal to want.ModelFingerprint when set; one clip_k
+// and clip_v ratio in (0, 1] per layer; and per layer r_k and r_v, F32,
+// [d, d] with d the layer's head_dim (want.Desc; when nil any square
+// size), finite and orthogonal (max|R·Rᵀ − I| ≤ MaxOrthogonalityError).
+// The number of layers is want.Desc's, or that of the clip lists.
+//
+// Errors (wrapped, naming path and the tensor or field): safetensors
+// errors (a truncated file); ErrNotRotation; ErrVersion;
+// calibrate.ErrModelMismatch naming both fingerprints; ErrBadRotation.
+func ReadFile(path string, want calibrate.Expect) (*Rotations, *RotationHeader, error) {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("oscar: reading rotation file: %w", err)
+	}
+	defer f.Close()
+	js, ok := f.Metadata()[calibrate.MetadataKey]
+	if !ok {
+		return nil, nil, fmt.Errorf("oscar: %s: no %q metadata: %w", path, calibrate.MetadataKey, ErrNotRotation)
+	}
+	var h RotationHeader
+	if err := json.Unmarshal([]byte(js), &h); err != nil {
+		return nil, nil, fmt.Errorf("oscar: %s: %q metadata is not a valid header (%v): %w", path, calibrate.MetadataKey, err, ErrNotRotation)
+	}
+	switch {
+	case h.Kind != Kind:
+		return nil, nil, fmt.Errorf("oscar: %s: kind %q, want %q: %w", path, h.Kind, Kind, ErrNotRotation)
+	case h.FormatVersion != FormatVersion:
+		return nil, nil, fmt.Errorf("oscar: %s: format_version %d, this lmpack reads %d: %w", path, h.FormatVersion, FormatVersion, ErrVersion)
+	case h.Method != Method:
+		return nil, nil, fmt.Errorf("oscar: %s: method %q, want %q: %w", path, h.Method, Method, ErrNotRotation)
+	case want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint:
+		return nil, nil, fmt.Errorf("oscar: %s: model_fingerprint %s, but the model's fingerprint is %s (compute rotations for this model): %w",
+			path, h.ModelFingerprint, want.ModelFingerprint, calibrate.ErrModelMismatch)
+	}
+	L := len(h.ClipK)
+	if want.Desc != nil {
+		L = len(want.Desc.Layers)
+	}
+	if len(h.ClipK) != L || len(h.ClipV) != L {
+		return nil, nil, fmt.Errorf("oscar: %s: %d clip_k and %d clip_v ratios, want one per layer (%d): %w", path, len(h.ClipK), len(h.ClipV), L, ErrBadRotation)
+	}
+	if n := len(f.Tensors()); n != 2*L {
+		return nil, nil, fmt.Errorf("oscar: %s: %d tensors, want r_k and r_v for %d layers (%d): %w", path, n, L, 2*L, ErrBadRotation)
+	}
+	r := &Rotations{K: make([][]float32, L), V: make([][]float32, L), ClipK: h.ClipK, ClipV: h.ClipV}
+	for l := 0; l < L; l++ {
+		if err := checkClips(path, &h, l); err != nil {
+			return nil, nil, err
+		}
+		d := 0
+		if want.Desc != nil {
+			d = want.Desc.Layers[l].HeadDim
+		}
+		if r.K[l], d, err = readRotation(f, path, TensorName(l, "r_k"), d); err != nil {
+			return nil, nil, err
+		}
+		if r.V[l], _, err = readRotation(f, path, TensorName(l, "r_v"), d); err != nil {
+			return nil, nil, err
+		}
+	}
+	return r, &h, nil
+}
+
+func checkClips(path string, h *RotationHeader, l int) error {
+	for _, c := range []struct {
+		name  string
+		ratio float64
+	}{{"clip_k", h.ClipK[l]}, {"clip_v", h.ClipV[l]}} {
+		if err := CheckClip(c.name, c.ratio); err != nil {
+			return fmt.Errorf("oscar: %s: layer %d: %s %v: want a ratio in (0, 1]: %w", path, l, c.name, c.ratio, ErrBadRotation)
+		}
+	}
+	return nil
+}
+
+// readRotation reads an F32 [d, d] rotation (d == 0: any square size) and
+// checks it.
+func readRotation(f *safetensors.File, path, name string, d int) ([]float32, int, error) {
+	t, err := f.Tensor(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("oscar: %w: %w", err, ErrBadRotation)
+	}
+	if t.DType != safetensors.F32 {
+		return nil, 0, fmt.Errorf("oscar: %s: tensor %q: dtype %s, want F32: %w", path, name, t.DType, ErrBadRotation)
+	}
+	if d == 0 && len(t.Shape) == 2 && t.Shape[0] > 0 {
+		d = t.Shape[0]
+	}
+	if len(t.Shape) != 2 || t.Shape[0] != d || t.Shape[1] != d {
+		return nil, 0, fmt.Errorf("oscar: %s: tensor %q: shape %v, want [%d %d] (head_dim × head_dim): %w", path, name, t.Shape, d, d, ErrBadRotation)
+	}
+	r, err := t.Float32()
+	if err != nil {
+		return nil, 0, fmt.Errorf("oscar: %w: %w", err, ErrBadRotation)
+	}
+	if err := checkRotation(path, name, r, d); err != nil {
+		return nil, 0, err
+	}
+	return r, d, nil
+}
+
+// checkRotation: r is [d, d], finite and orthogonal to
+// MaxOrthogonalityError.
+func checkRotation(path, name string, r []float32, d int) error {
+	if d <= 0 || len(r) != d*d {
+		return fmt.Errorf("oscar: %s: tensor %q: %d values, want %d×%d: %w", path, name, len(r), d, d, ErrBadRotation)
+	}
+	for i, x := range r {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return fmt.Errorf("oscar: %s: tensor %q: element %d (row %d, column %d) is %v: %w", path, name, i, i/d, i%d, x, ErrBadRotation)
+		}
+	}
+	if e := Orthogonality(r, d); e > MaxOrthogonalityError {
+		return fmt.Errorf("oscar: %s: tensor %q: not orthogonal (max|R·Rᵀ − I| = %.3g > %g): %w", path, name, e, MaxOrthogonalityError, ErrBadRotation)
+	}
+	return nil
+}
