@@ -44,7 +44,7 @@ forbids the network.`,
 		},
 	}
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log line format: text or json")
-	root.AddCommand(newInspectCmd(g), newRunCmd(g), newEvalCmd(g))
+	root.AddCommand(newInspectCmd(g), newRunCmd(g), newEvalCmd(g), newCalibrateCmd(g), newQuantizeCmd(g))
 	return root, g
 }
 

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+)
+
+// maxCalibTokens bounds --tokens: statistics are streamed, but the token
+// ids of the data file are held in memory.
+const maxCalibTokens = 1 << 30
+
+func newCalibrateCmd(g *globalFlags) *cobra.Command {
+	var (
+		opt    calibrate.Options
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "calibrate MODEL --data FILE -o CALIB",
+		Short: "Run the model over calibration text and write the statistics compression needs (a calibration file)",
+		Long: `calibrate runs MODEL over the first --tokens tokens of a UTF-8 text file and
+writes a calibration file (safetensors, float64 statistics, tied to the
+model and the data by sha256 fingerprints).
+
+The file is tokenized as one string with BOS prepended and split into
+consecutive windows of --ctx tokens, each run from position 0 (as eval does;
+the last window may be shorter). Statistics collected: the OSCAR key and
+value covariances C_Q and C_S per layer (two passes over the data), which
+"lmpack quantize kv" turns into KV-cache rotations. Memory does not grow
+with --tokens.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opt.Data == "" {
+				return fmt.Errorf("--data FILE is required")
+			}
+			if opt.Out == "" {
+				return fmt.Errorf("-o CALIB is required (the calibration file to write)")
+			}
+			if opt.Tokens <= 0 || opt.Tokens > maxCalibTokens {
+				return fmt.Errorf("--tokens %d: want 1 to %d", opt.Tokens, maxCalibTokens)
+			}
+			if opt.Ctx <= 0 {
+				return fmt.Errorf("--ctx %d: want > 0", opt.Ctx)
+			}
+			if err := checkThreads(opt.Threads); err != nil {
+				return err
+			}
+			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
+			var bar *progressbar.ProgressBar
+			logged := -1 // last decile logged
+			opt.Progress = func(done, total int) {
+				if isTerminal(cmd.ErrOrStderr()) {
+					if bar == nil {
+						bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(cmd.ErrOrStderr()),
+							progressbar.OptionSetDescription("calibrate (2 passes)"), progressbar.OptionShowCount(),
+							progressbar.OptionShowIts(), progressbar.OptionSetItsString("tokens"), progressbar.OptionClearOnFinish())
+					}
+					bar.Set(done)
+				} else if dec := done * 10 / total; dec != logged {
+					logged = dec
+					g.logger.Info("calibrate progress", "tokens_done", done, "tokens", total, "passes", 2)
+				}
+			}
+			s, err := calibrate.Run(cmd.Context(), opt)
+			if bar != nil {
+				bar.Finish()
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(s)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tokens in %d windows of %d, %.1f tokens/s (2 passes)\n",
+				s.Path, s.Tokens, s.Windows, s.Ctx, s.TokensPerSecond)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opt.Data, "data", "", "UTF-8 calibration text file")
+	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
+	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
+	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
+	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
