@@ -17,8 +17,8 @@ type globalFlags struct {
 func newRoot() (*cobra.Command, *globalFlags) {
 	g := &globalFlags{}
 	root := &cobra.Command{
-		Use:           "lmpack",
-		Short:         "Offline compression toolchain for large language models",
+		Use:   "lmpack",
+		Short: "Offline compression toolchain for large language models",
 		Long: `lmpack compresses Hugging Face checkpoints offline and runs them on its bundled runtime.
 
 MODEL is a local directory (config.json, *.safetensors, tokenizer.json) or a
