@@ -1,0 +1,383 @@
+package kvcache
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kernels"
+)
+
+// chunkTokens is how many tokens are transformed and quantized together
+// (a multiple of every block size); readTokens how many are dequantized
+// and un-rotated together on Read.
+const (
+	chunkTokens = 32
+	readTokens  = 64
+)
+
+// side is the K or the V half of one layer.
+type side struct {
+	st  store
+	rot rotKind
+	// r is the layer's rotation, [head_dim, head_dim] row-major, for
+	// rotMatrix.
+	r []float32
+	// clip is the clipping ratio; 0 = none.
+	clip float64
+	// norms holds one ℓ2 norm per quantized token (OScaR keys), [cap]
+	// float32; nil when unused.
+	norms []float32
+}
+
+// layerState is one layer's tokens. Positions [0, min(len, sink)) are in
+// sinkK/sinkV, [sink, q) in the quantized stores (store index p−sink),
+// [q, len) in the fp16 ring (slot p mod ring).
+type layerState struct {
+	nkv, hd, kvDim int
+	len, q         int
+	sinkK, sinkV   []uint16 // [sink, kvDim] binary16
+	ringK, ringV   []uint16 // [ring, kvDim] binary16
+	k, v           side
+}
+
+// cache is the quantized runtime.KVCache of every method but fp32.
+type cache struct {
+	name                      string
+	layers                    []layerState
+	kvDim                     []int
+	n, cap                    int
+	sink, recent, block, ring int
+	// scratch: [chunkTokens, max kvDim] rows for K and V and their
+	// rotated copies; [readTokens, max head_dim] for Read.
+	xk, xv, yk, yv, tmp []float32
+}
+
+var (
+	_ runtime.KVCache = (*cache)(nil)
+	_ Sizer           = (*cache)(nil)
+)
+
+func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error) {
+	if err := checkLayers(layers, capacity, opt); err != nil {
+		return nil, err
+	}
+	sink, recent := opt.Sink, opt.Recent
+	if sp.noWindows {
+		sink, recent = 0, 0
+	}
+	if recent == 0 {
+		recent = sp.defaultRecent
+	}
+	sink = min(sink, capacity)
+	if sp.needRot {
+		if opt.Rotations == nil {
+			return nil, fmt.Errorf("%w: method %q", ErrNoRotations, sp.name)
+		}
+		if err := checkRotations(opt.Rotations, layers); err != nil {
+			return nil, fmt.Errorf("method %q: %w", sp.name, err)
+		}
+	}
+	for i, l := range layers {
+		if (sp.k.rot == rotHadamard || sp.v.rot == rotHadamard) && !isPow2(l.HeadDim) {
+			return nil, fmt.Errorf("%w: method %q: layer %d: head_dim %d is not a power of two (Hadamard rotation)", ErrBadShape, sp.name, i, l.HeadDim)
+		}
+	}
+	c := &cache{name: sp.name, cap: capacity, sink: sink, recent: recent, block: sp.block}
+	c.ring = max(1, min(max(recent, sp.block), capacity))
+	capQ := capacity - sink
+	var maxKV, maxHD int
+	for i, l := range layers {
+		kvDim := l.NumKVHeads * l.HeadDim
+		maxKV, maxHD = max(maxKV, kvDim), max(maxHD, l.HeadDim)
+		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim, q: sink,
+			sinkK: make([]uint16, sink*kvDim), sinkV: make([]uint16, sink*kvDim),
+			ringK: make([]uint16, c.ring*kvDim), ringV: make([]uint16, c.ring*kvDim)}
+		L.k = newSide(sp.k, l, capQ, sp.block)
+		L.v = newSide(sp.v, l, capQ, sp.block)
+		if sp.needRot {
+			r := opt.Rotations
+			L.k.r, L.v.r = r.K[i], r.V[i]
+			if r.ClipK != nil && sp.k.clip {
+				L.k.clip = r.ClipK[i]
+			}
+			if r.ClipV != nil && sp.v.clip {
+				L.v.clip = r.ClipV[i]
+			}
+		}
+		c.layers = append(c.layers, L)
+		c.kvDim = append(c.kvDim, kvDim)
+	}
+	c.xk, c.xv = make([]float32, chunkTokens*maxKV), make([]float32, chunkTokens*maxKV)
+	c.yk, c.yv = make([]float32, chunkTokens*maxKV), make([]float32, chunkTokens*maxKV)
+	c.tmp = make([]float32, readTokens*maxHD)
+	return c, nil
+}
+
+func newSide(ss sideSpec, l Layer, capQ, block int) side {
+	nkv, hd := l.NumKVHeads, l.HeadDim
+	s := side{rot: ss.rot}
+	switch ss.store {
+	case storeF16:
+		s.st = newF16Store(nkv, hd, capQ)
+	case storeF32:
+		s.st = &f32Store{nkv, hd, capQ, make([]float32, nkv*capQ*hd)}
+	case storeAsym:
+		g := ss.group
+		switch {
+		case g == groupKIVI && hd%32 == 0:
+			g = 32
+		case g <= 0 || hd%g != 0:
+			g = hd
+		}
+		s.st = newAsymStore(nkv, hd, capQ, ss.bits, g)
+	case storeSym2:
+		s.st = newSym2Store(nkv, hd, capQ)
+	case storeChannel:
+		s.st = newChannelStore(nkv, hd, capQ, ss.bits, block)
+	}
+	if ss.tokenNorm {
+		s.norms = make([]float32, capQ)
+	}
+	return s
+}
+
+// Len implements runtime.KVCache.
+func (c *cache) Len() int { return c.n }
+
+// Cap implements runtime.KVCache.
+func (c *cache) Cap() int { return c.cap }
+
+// Commit implements runtime.KVCache.
+func (c *cache) Commit(n int) { c.n += n }
+
+// Truncate implements runtime.KVCache. Tokens that were already quantized
+// stay quantized: truncating into the quantized region does not bring
+// fp16 windows back, except that a partial per-channel key block is
+// decoded into the fp16 residual (as its dequantized values) so that
+// blocks stay aligned.
+func (c *cache) Truncate(n int) {
+	n = max(n, 0)
+	for i := range c.layers {
+		c.truncateLayer(&c.layers[i], n)
+	}
+	c.n = min(c.n, n)
+}
+
+func (c *cache) truncateLayer(L *layerState, n int) {
+	if n >= L.len {
+		return
+	}
+	L.len = n
+	if n <= c.sink {
+		L.q = c.sink
+		return
+	}
+	if n >= L.q {
+		return
+	}
+	bs := c.sink + (n-c.sink)/c.block*c.block
+	if t := n - bs; t > 0 {
+		// Decode the partial block into the ring, in the original space.
+		for h := 0; h < L.nkv; h++ {
+			for s, sd := range []*side{&L.k, &L.v} {
+				x, y := c.xk, c.yk
+				if s == 1 {
+					x, y = c.xv, c.yv
+				}
+				c.decode(L, sd, h, bs-c.sink, n-c.sink, y[:t*L.hd])
+				for r := 0; r < t; r++ {
+					copy(x[r*L.kvDim+h*L.hd:r*L.kvDim+(h+1)*L.hd], y[r*L.hd:(r+1)*L.hd])
+				}
+			}
+		}
+		for r := 0; r < t; r++ {
+			slot := (bs + r) % c.ring
+			kvq.EncodeF16(L.ringK[slot*L.kvDim:], c.xk[r*L.kvDim:(r+1)*L.kvDim])
+			kvq.EncodeF16(L.ringV[slot*L.kvDim:], c.xv[r*L.kvDim:(r+1)*L.kvDim])
+		}
+	}
+	L.q = bs
+}
+
+// Write implements runtime.KVCache: k, v are [n, kvDim] row-major float32
+// post-RoPE keys and values of positions [pos, pos+n) of layer. pos may
+// be at most the layer's length (writing at an earlier position first
+// forgets the tokens from there on). Tokens in the sink go to fp16; the
+// oldest pending tokens are transformed and quantized while more than
+// Recent are pending (a block at a time for per-channel keys); the rest
+// wait in the fp16 window. It panics (a caller bug) when [pos, pos+n)
+// passes the capacity, leaves a gap, or k, v are short.
+func (c *cache) Write(layer, pos, n int, k, v []float32) {
+	L := &c.layers[layer]
+	d := L.kvDim
+	if pos < 0 || n < 0 || pos+n > c.cap {
+		panic(fmt.Sprintf("kvcache: %s: Write: positions [%d,%d) outside capacity %d", c.name, pos, pos+n, c.cap))
+	}
+	if pos > L.len {
+		panic(fmt.Sprintf("kvcache: %s: Write: layer %d holds %d tokens, cannot write at position %d", c.name, layer, L.len, pos))
+	}
+	if len(k) < n*d || len(v) < n*d {
+		panic(fmt.Sprintf("kvcache: %s: Write: k has %d, v %d values, want %d×%d", c.name, len(k), len(v), n, d))
+	}
+	if pos < L.len {
+		c.truncateLayer(L, pos)
+	}
+	end := pos + n
+	for p := pos; p < min(end, c.sink); p++ {
+		kvq.EncodeF16(L.sinkK[p*d:(p+1)*d], k[(p-pos)*d:(p-pos+1)*d])
+		kvq.EncodeF16(L.sinkV[p*d:(p+1)*d], v[(p-pos)*d:(p-pos+1)*d])
+	}
+	q := L.q
+	for m := end - q; m > c.recent && m >= c.block; m -= c.block {
+		q += c.block
+	}
+	for a := L.q; a < q; a += chunkTokens {
+		b := min(q, a+chunkTokens)
+		for p := a; p < b; p++ {
+			xk, xv := c.xk[(p-a)*d:(p-a+1)*d], c.xv[(p-a)*d:(p-a+1)*d]
+			if p < pos {
+				slot := p % c.ring
+				kvq.DecodeF16(xk, L.ringK[slot*d:(slot+1)*d])
+				kvq.DecodeF16(xv, L.ringV[slot*d:(slot+1)*d])
+			} else {
+				copy(xk, k[(p-pos)*d:])
+				copy(xv, v[(p-pos)*d:])
+			}
+		}
+		c.encode(L, &L.k, a-c.sink, b-a, c.xk, c.yk)
+		c.encode(L, &L.v, a-c.sink, b-a, c.xv, c.yv)
+	}
+	for p := max(q, pos, c.sink); p < end; p++ {
+		slot := p % c.ring
+		kvq.EncodeF16(L.ringK[slot*d:(slot+1)*d], k[(p-pos)*d:(p-pos+1)*d])
+		kvq.EncodeF16(L.ringV[slot*d:(slot+1)*d], v[(p-pos)*d:(p-pos+1)*d])
+	}
+	L.q, L.len = q, end
+}
+
+// encode transforms t tokens x ([t, kvDim], modified; y is scratch of the
+// same size) into the side's quantization space and stores them at store
+// index i0: rotation per head, token norm, clipping, quantization.
+func (c *cache) encode(L *layerState, sd *side, i0, t int, x, y []float32) {
+	d, hd := L.kvDim, L.hd
+	switch sd.rot {
+	case rotHadamard:
+		for r := 0; r < t; r++ {
+			for h := 0; h < L.nkv; h++ {
+				kvq.FWHT(x[r*d+h*hd : r*d+(h+1)*hd])
+			}
+		}
+	case rotMatrix:
+		for h := 0; h < L.nkv; h++ {
+			kernels.MatMulNN(t, hd, hd, x[h*hd:], d, sd.r, hd, y[h*hd:], d)
+		}
+		x = y
+	}
+	if sd.norms != nil {
+		for r := 0; r < t; r++ {
+			row := x[r*d : (r+1)*d]
+			var s float64
+			for _, e := range row {
+				s += float64(e) * float64(e)
+			}
+			nrm := float32(math.Sqrt(s))
+			sd.norms[i0+r] = nrm
+			if nrm > 0 {
+				kernels.Scale(1/nrm, row)
+			}
+		}
+	}
+	if sd.clip > 0 && sd.clip < 1 {
+		for r := 0; r < t; r++ {
+			for h := 0; h < L.nkv; h++ {
+				kvq.Clip(x[r*d+h*hd:r*d+(h+1)*hd], sd.clip)
+			}
+		}
+	}
+	sd.st.put(i0, t, x, d)
+}
+
+// decode writes store tokens [i0, i1) of head h in the original space
+// into dst ([i1−i0, head_dim]).
+func (c *cache) decode(L *layerState, sd *side, h, i0, i1 int, dst []float32) {
+	hd := L.hd
+	if sd.rot == rotNone && sd.norms == nil {
+		sd.st.get(h, i0, i1, dst)
+		return
+	}
+	for a := i0; a < i1; a += readTokens {
+		b := min(i1, a+readTokens)
+		t := b - a
+		out := dst[(a-i0)*hd : (b-i0)*hd]
+		x := out
+		if sd.rot == rotMatrix {
+			x = c.tmp[:t*hd]
+		}
+		sd.st.get(h, a, b, x)
+		if sd.norms != nil {
+			for r := 0; r < t; r++ {
+				kernels.Scale(sd.norms[a+r], x[r*hd:(r+1)*hd])
+			}
+		}
+		switch sd.rot {
+		case rotHadamard:
+			for r := 0; r < t; r++ {
+				kvq.FWHT(x[r*hd : (r+1)*hd])
+			}
+		case rotMatrix:
+			kernels.MatMulNT(t, hd, hd, x, hd, sd.r, hd, out, hd)
+		}
+	}
+}
+
+// Read implements runtime.KVCache: tokens [0, n) of layer and kv head h
+// into k, v ([n, head_dim] row-major float32), dequantized and un-rotated
+// (fp16 windows converted). It panics if n exceeds the layer's length.
+func (c *cache) Read(layer, h, n int, k, v []float32) {
+	L := &c.layers[layer]
+	if n > L.len || n < 0 {
+		panic(fmt.Sprintf("kvcache: %s: Read: %d tokens of layer %d, which holds %d", c.name, n, layer, L.len))
+	}
+	hd, d := L.hd, L.kvDim
+	for p := 0; p < min(n, c.sink); p++ {
+		kvq.DecodeF16(k[p*hd:(p+1)*hd], L.sinkK[p*d+h*hd:p*d+(h+1)*hd])
+		kvq.DecodeF16(v[p*hd:(p+1)*hd], L.sinkV[p*d+h*hd:p*d+(h+1)*hd])
+	}
+	if qe := min(n, L.q); qe > c.sink {
+		c.decode(L, &L.k, h, 0, qe-c.sink, k[c.sink*hd:qe*hd])
+		c.decode(L, &L.v, h, 0, qe-c.sink, v[c.sink*hd:qe*hd])
+	}
+	for p := max(L.q, c.sink); p < n; p++ {
+		slot := p % c.ring
+		kvq.DecodeF16(k[p*hd:(p+1)*hd], L.ringK[slot*d+h*hd:slot*d+(h+1)*hd])
+		kvq.DecodeF16(v[p*hd:(p+1)*hd], L.ringV[slot*d+h*hd:slot*d+(h+1)*hd])
+	}
+}
+
+// Bytes implements runtime.KVCache: the bytes held for the Len() stored
+// tokens: fp16 sink and recent rows (2 bytes per element), the quantized
+// stores' codes, scales and zero points, and OScaR's fp32 token norms.
+// Allocated but unused capacity is not counted.
+func (c *cache) Bytes() int64 {
+	var s int64
+	for i := range c.layers {
+		L := &c.layers[i]
+		n := c.n
+		nq := max(0, min(L.q, n)-c.sink)
+		fp := n - nq
+		s += int64(fp) * int64(L.kvDim) * 4
+		s += L.k.st.bytes(nq) + L.v.st.bytes(nq)
+		if L.k.norms != nil {
+			s += 4 * int64(nq)
+		}
+		if L.v.norms != nil {
+			s += 4 * int64(nq)
+		}
+	}
+	return s
+}
+
+// BitsPerElement implements Sizer.
+func (c *cache) BitsPerElement() float64 { return bitsPerElement(c.Bytes(), c.n, c.kvDim) }

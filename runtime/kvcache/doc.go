@@ -1,0 +1,30 @@
+// Package kvcache provides quantized KV caches for the runtime: stores of
+// past keys and values that implement runtime.KVCache with packed low-bit
+// codes instead of float32, selected by name (New): fp32, fp16, int8,
+// int4, int2-naive, kivi2, quarot2, oscar2, oscar4 and oscars2, the
+// methods of docs/METHODS.md §1–3 that the eval runs side by side.
+//
+// The caches hold codes, binary16 scales and zero points, fp32 token
+// norms and fp16 windows — never a float32 copy of a quantized token —
+// and Bytes reports exactly that storage, so Sizer.BitsPerElement is the
+// real cost including scales and windows.
+//
+// Read returns keys and values in the model's original space: rotated
+// methods dequantize and then un-rotate (x = x_rot·Rᵀ). For keys this is
+// the same attention score as rotating the query instead, since
+// (q·R)·(k̂·R) = q·(k̂·R)·Rᵀ for orthogonal R. For values OSCAR and QuaRot
+// fold the rotation into v_proj and o_proj offline; here it is applied
+// inside the cache instead, which is equivalent (the rotation is
+// orthogonal and per head, so attention's weighted sum commutes with it)
+// and keeps the checkpoint unchanged, so one loaded model can be
+// evaluated with every cache method side by side in one run. The price is
+// speed: Read un-rotates every cached token at every step (a
+// [n, head_dim]×[head_dim, head_dim] product per head for oscar2/4, a
+// fast Walsh–Hadamard transform per row for quarot2/oscars2), so decode
+// speed with these caches is a measure of this reference, not of a
+// deployment that rotates q instead.
+//
+// Not here: computing OSCAR's rotations and clipping ratios (calibration,
+// package quantize/oscar), the row quantizers themselves (quantize/kvq),
+// and fused low-bit attention kernels.
+package kvcache
