@@ -15,6 +15,7 @@ import (
 const (
 	chunkTokens = 32
 	readTokens  = 64
+	ringSlack   = 32
 )
 
 // side is the K or the V half of one layer.
@@ -33,12 +34,16 @@ type side struct {
 
 // layerState is one layer's tokens. Positions [0, min(len, sink)) are in
 // sinkK/sinkV, [sink, q) in the quantized stores (store index p−sink),
-// [q, len) in the fp16 ring (slot p mod ring).
+// [q, len) in the fp16 ring (slot p mod ring). ringPos[slot] is the
+// position whose binary16 row the slot holds (−1: none); rows stay in the
+// ring after they are quantized until overwritten, so Truncate can bring
+// them back into the fp16 window.
 type layerState struct {
 	nkv, hd, kvDim int
 	len, q         int
 	sinkK, sinkV   []uint16 // [sink, kvDim] binary16
 	ringK, ringV   []uint16 // [ring, kvDim] binary16
+	ringPos        []int    // [ring]
 	k, v           side
 }
 
@@ -85,7 +90,10 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 		}
 	}
 	c := &cache{name: sp.name, cap: capacity, sink: sink, recent: recent, block: sp.block}
-	c.ring = max(1, min(max(recent, sp.block), capacity))
+	// The ring holds the window (at most max(Recent, block−1) tokens)
+	// plus a slack of ringSlack tokens, so that a cancelled Forward of up
+	// to ringSlack tokens finds the rows it pushed out of the window.
+	c.ring = max(1, min(max(recent, sp.block)+ringSlack, capacity))
 	capQ := capacity - sink
 	var maxKV, maxHD int
 	for i, l := range layers {
@@ -93,7 +101,11 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 		maxKV, maxHD = max(maxKV, kvDim), max(maxHD, l.HeadDim)
 		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim, q: sink,
 			sinkK: make([]uint16, sink*kvDim), sinkV: make([]uint16, sink*kvDim),
-			ringK: make([]uint16, c.ring*kvDim), ringV: make([]uint16, c.ring*kvDim)}
+			ringK: make([]uint16, c.ring*kvDim), ringV: make([]uint16, c.ring*kvDim),
+			ringPos: make([]int, c.ring)}
+		for j := range L.ringPos {
+			L.ringPos[j] = -1
+		}
 		L.k = newSide(sp.k, l, capQ, sp.block)
 		L.v = newSide(sp.v, l, capQ, sp.block)
 		if sp.needRot {
@@ -152,11 +164,13 @@ func (c *cache) Cap() int { return c.cap }
 // Commit implements runtime.KVCache.
 func (c *cache) Commit(n int) { c.n += n }
 
-// Truncate implements runtime.KVCache. Tokens that were already quantized
-// stay quantized: truncating into the quantized region does not bring
-// fp16 windows back, except that a partial per-channel key block is
-// decoded into the fp16 residual (as its dequantized values) so that
-// blocks stay aligned.
+// Truncate implements runtime.KVCache. The fp16 windows are rebuilt for
+// the new length from the binary16 rows still in the ring (always the
+// case after a cancelled Forward of up to 32 tokens, and for the window
+// rows not yet overwritten otherwise); tokens whose rows are gone stay
+// quantized. A per-channel key block cut by the truncation whose rows are
+// gone is decoded back into the fp16 residual as its dequantized values,
+// so that blocks stay whole.
 func (c *cache) Truncate(n int) {
 	n = max(n, 0)
 	for i := range c.layers {
@@ -165,40 +179,75 @@ func (c *cache) Truncate(n int) {
 	c.n = min(c.n, n)
 }
 
+// idealQ returns the quantized watermark that writing n tokens into an
+// empty layer gives: the oldest pending tokens are quantized a block at a
+// time while more than Recent (and at least a block) are pending.
+func (c *cache) idealQ(q, n int) int {
+	for m := n - q; m > c.recent && m >= c.block; m -= c.block {
+		q += c.block
+	}
+	return q
+}
+
+// inRing reports whether the ring holds the rows of positions [a, b).
+func (c *cache) inRing(L *layerState, a, b int) bool {
+	for p := a; p < b; p++ {
+		if L.ringPos[p%c.ring] != p {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *cache) truncateLayer(L *layerState, n int) {
 	if n >= L.len {
 		return
 	}
 	L.len = n
+	for j, p := range L.ringPos {
+		if p >= n {
+			L.ringPos[j] = -1
+		}
+	}
 	if n <= c.sink {
 		L.q = c.sink
 		return
 	}
-	if n >= L.q {
-		return
+	if n < L.q {
+		bs := c.sink + (n-c.sink)/c.block*c.block
+		if t := n - bs; t > 0 && !c.inRing(L, bs, n) {
+			c.decodeToRing(L, bs, n)
+		}
+		L.q = bs
 	}
-	bs := c.sink + (n-c.sink)/c.block*c.block
-	if t := n - bs; t > 0 {
-		// Decode the partial block into the ring, in the original space.
-		for h := 0; h < L.nkv; h++ {
-			for s, sd := range []*side{&L.k, &L.v} {
-				x, y := c.xk, c.yk
-				if s == 1 {
-					x, y = c.xv, c.yv
-				}
-				c.decode(L, sd, h, bs-c.sink, n-c.sink, y[:t*L.hd])
-				for r := 0; r < t; r++ {
-					copy(x[r*L.kvDim+h*L.hd:r*L.kvDim+(h+1)*L.hd], y[r*L.hd:(r+1)*L.hd])
-				}
+	// Give back to the window what the ring still holds.
+	for want := c.idealQ(c.sink, n); L.q > want && L.q-c.block >= c.sink && c.inRing(L, L.q-c.block, L.q); {
+		L.q -= c.block
+	}
+}
+
+// decodeToRing writes the dequantized rows of positions [a, b) (fewer
+// than chunkTokens) into the ring as binary16.
+func (c *cache) decodeToRing(L *layerState, a, b int) {
+	t := b - a
+	for h := 0; h < L.nkv; h++ {
+		for s, sd := range []*side{&L.k, &L.v} {
+			x, y := c.xk, c.yk
+			if s == 1 {
+				x, y = c.xv, c.yv
+			}
+			c.decode(L, sd, h, a-c.sink, b-c.sink, y[:t*L.hd])
+			for r := 0; r < t; r++ {
+				copy(x[r*L.kvDim+h*L.hd:r*L.kvDim+(h+1)*L.hd], y[r*L.hd:(r+1)*L.hd])
 			}
 		}
-		for r := 0; r < t; r++ {
-			slot := (bs + r) % c.ring
-			kvq.EncodeF16(L.ringK[slot*L.kvDim:], c.xk[r*L.kvDim:(r+1)*L.kvDim])
-			kvq.EncodeF16(L.ringV[slot*L.kvDim:], c.xv[r*L.kvDim:(r+1)*L.kvDim])
-		}
 	}
-	L.q = bs
+	for r := 0; r < t; r++ {
+		slot := (a + r) % c.ring
+		kvq.EncodeF16(L.ringK[slot*L.kvDim:(slot+1)*L.kvDim], c.xk[r*L.kvDim:(r+1)*L.kvDim])
+		kvq.EncodeF16(L.ringV[slot*L.kvDim:(slot+1)*L.kvDim], c.xv[r*L.kvDim:(r+1)*L.kvDim])
+		L.ringPos[slot] = a + r
+	}
 }
 
 // Write implements runtime.KVCache: k, v are [n, kvDim] row-major float32
@@ -229,10 +278,7 @@ func (c *cache) Write(layer, pos, n int, k, v []float32) {
 		kvq.EncodeF16(L.sinkK[p*d:(p+1)*d], k[(p-pos)*d:(p-pos+1)*d])
 		kvq.EncodeF16(L.sinkV[p*d:(p+1)*d], v[(p-pos)*d:(p-pos+1)*d])
 	}
-	q := L.q
-	for m := end - q; m > c.recent && m >= c.block; m -= c.block {
-		q += c.block
-	}
+	q := c.idealQ(L.q, end)
 	for a := L.q; a < q; a += chunkTokens {
 		b := min(q, a+chunkTokens)
 		for p := a; p < b; p++ {
@@ -253,6 +299,7 @@ func (c *cache) Write(layer, pos, n int, k, v []float32) {
 		slot := p % c.ring
 		kvq.EncodeF16(L.ringK[slot*d:(slot+1)*d], k[(p-pos)*d:(p-pos+1)*d])
 		kvq.EncodeF16(L.ringV[slot*d:(slot+1)*d], v[(p-pos)*d:(p-pos+1)*d])
+		L.ringPos[slot] = p
 	}
 	L.q, L.len = q, end
 }
