@@ -556,3 +556,41 @@ func TestMethodsAndInterfaces(t *testing.T) {
 		}
 	}
 }
+
+// A cancelled Forward of up to 32 tokens leaves no trace: after
+// Truncate(committed) every layer reads bit-identically to a cache that
+// never saw it, fp16 windows included.
+func TestCancelledForwardIsExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(51, 52))
+	const n = 70
+	k, v := tokens(rng, testLayers, n, nil), tokens(rng, testLayers, n, nil)
+	rot := randRotations(rng, testLayers, 0.96, 0.92)
+	for _, name := range Methods() {
+		for _, junkN := range []int{1, 7, 32} {
+			opt := Options{Sink: 2, Recent: 16, Rotations: rot}
+			ref := mustNew(t, name, testLayers, n+junkN, opt)
+			writeSteps(ref, testLayers, k, v, 0, n, 50)
+			c := mustNew(t, name, testLayers, n+junkN, opt)
+			writeSteps(c, testLayers, k, v, 0, n, 50)
+			for i := 0; i < 2; i++ { // two of three layers written
+				d := testLayers[i].NumKVHeads * testLayers[i].HeadDim
+				junk := make([]float32, junkN*d)
+				for j := range junk {
+					junk[j] = float32(50 + j%7)
+				}
+				c.Write(i, n, junkN, junk, junk)
+			}
+			c.Truncate(n)
+			if c.Len() != n || c.Bytes() != ref.Bytes() {
+				t.Fatalf("%s junk %d: Len %d Bytes %d, want %d %d", name, junkN, c.Len(), c.Bytes(), n, ref.Bytes())
+			}
+			for i, l := range testLayers {
+				ak, av := readAll(c, l, i, n)
+				bk, bv := readAll(ref, l, i, n)
+				if !slices.Equal(ak, bk) || !slices.Equal(av, bv) {
+					t.Fatalf("%s junk %d layer %d: cache differs after the cancelled write", name, junkN, i)
+				}
+			}
+		}
+	}
+}

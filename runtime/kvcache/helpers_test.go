@@ -176,3 +176,5 @@ func mustNew(t testing.TB, name string, layers []Layer, capacity int, opt Option
 	}
 	return c
 }
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed+1)) }

@@ -1,0 +1,123 @@
+package kvcache
+
+import (
+	"math"
+	"testing"
+
+	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// fakeQuantCache is an independent reference for the per-token methods:
+// the runtime's float32 cache (read zero-copy through F32KV by attention,
+// so neither this package's Read nor its stores are involved) whose Write
+// first replaces each (token, head) row by rot → clip → asymmetric
+// quantize/dequantize (kvq, binary16 parameters) → un-rotate, computed in
+// float64 for the rotations.
+type fakeQuantCache struct {
+	*runtime.F32Cache
+	layers []Layer
+	bits   int
+	rot    *Rotations // nil: none
+}
+
+func (f *fakeQuantCache) Write(layer, pos, n int, k, v []float32) {
+	l := f.layers[layer]
+	hd := l.HeadDim
+	qk, qv := make([]float32, len(k)), make([]float32, len(v))
+	for side, pair := range [][2][]float32{{k, qk}, {v, qv}} {
+		var r []float32
+		clip := 1.0
+		if f.rot != nil {
+			r = f.rot.K[layer]
+			if side == 1 {
+				r = f.rot.V[layer]
+			}
+			if f.rot.ClipK != nil {
+				clip = f.rot.ClipK[layer]
+				if side == 1 {
+					clip = f.rot.ClipV[layer]
+				}
+			}
+		}
+		for row := 0; row < n*l.NumKVHeads; row++ {
+			x := pair[0][row*hd : (row+1)*hd]
+			y := make([]float32, hd)
+			if r != nil {
+				for j := 0; j < hd; j++ {
+					var s float64
+					for i := 0; i < hd; i++ {
+						s += float64(x[i]) * float64(r[i*hd+j])
+					}
+					y[j] = float32(s)
+				}
+			} else {
+				copy(y, x)
+			}
+			if clip < 1 {
+				kvq.Clip(y, clip)
+			}
+			lo, hi := kvq.MinMax(y)
+			s, z := kvq.AsymParamsF16(lo, hi, f.bits)
+			codes := make([]byte, kvq.PackedLen(hd, f.bits))
+			kvq.EncodeAsym(codes, y, f.bits, s, z)
+			kvq.DecodeAsym(y, codes, f.bits, s, z)
+			out := pair[1][row*hd : (row+1)*hd]
+			if r != nil {
+				for i := 0; i < hd; i++ {
+					var s float64
+					for j := 0; j < hd; j++ {
+						s += float64(y[j]) * float64(r[i*hd+j])
+					}
+					out[i] = float32(s)
+				}
+			} else {
+				copy(out, y)
+			}
+		}
+	}
+	f.F32Cache.Write(layer, pos, n, qk, qv)
+}
+
+// The caches' logits on stories260K equal those of the fake-quantization
+// reference (up to float32 summation order and the reference's float64
+// rotations).
+func TestMatchesFakeQuantization(t *testing.T) {
+	m, d := loadStories(t, 2)
+	const T = 64
+	V := d.VocabSize
+	toks := storyTokens(t, T)
+	layers := LayersOf(d)
+	kv, hds := make([]int, len(layers)), make([]int, len(layers))
+	for i, l := range layers {
+		kv[i], hds[i] = l.NumKVHeads*l.HeadDim, l.HeadDim
+	}
+	rot := hadamardRotations(layers, 0.96, 0.92)
+	// A rotation that is not a Hadamard matrix and clipping that bites at
+	// head_dim 8 (⌊0.7·8⌋ = 5).
+	rng := newRand(99)
+	calib := randRotations(rng, layers, 0.7, 0.8)
+	cases := []struct {
+		name string
+		bits int
+		rot  *Rotations
+	}{
+		{"int8", 8, nil}, {"int4", 4, nil}, {"quarot2", 2, rot}, {"oscar2", 2, calib}, {"oscar4", 4, calib},
+	}
+	for _, c := range cases {
+		ref := forwardSteps(t, m, V, &fakeQuantCache{runtime.NewF32Cache(kv, hds, T), layers, c.bits, c.rot}, toks, 32)
+		opt := Options{}
+		if c.name == "oscar2" || c.name == "oscar4" {
+			opt.Rotations = c.rot
+		}
+		got := forwardSteps(t, m, V, mustNew(t, c.name, layers, T, opt), toks, 32)
+		var worst float64
+		for i := range ref {
+			worst = max(worst, math.Abs(float64(ref[i]-got[i])))
+		}
+		t.Logf("%-8s max|Δlogit| vs fake quantization %.2g", c.name, worst)
+		if worst > 2e-3 {
+			t.Errorf("%s: logits differ from the fake-quantization reference by %.3g", c.name, worst)
+		}
+	}
+}
