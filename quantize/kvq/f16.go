@@ -65,19 +65,33 @@ func F16ToFloat32(h uint16) float32 {
 // RoundF16 returns f rounded to the nearest binary16 value, as float32.
 func RoundF16(f float32) float32 { return F16ToFloat32(F16FromFloat32(f)) }
 
-// EncodeF16 converts src to binary16 bits in dst (len(dst) ≥ len(src)).
+// EncodeF16 converts src to binary16 bits in dst (len(dst) ≥ len(src)),
+// like F16FromFloat32 element by element, with an inlined path for values
+// whose magnitude is a normal half (2^-14 ≤ |x| < 65520).
 func EncodeF16(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	for i, f := range src {
+		b := math.Float32bits(f)
+		a := b & 0x7fffffff
+		if a-0x38800000 < 0x477ff000-0x38800000 {
+			// Rebias the exponent (127 → 15) and round to nearest even.
+			dst[i] = uint16(b>>16)&0x8000 | uint16((a-0x38000000+0xfff+(a>>13&1))>>13)
+			continue
+		}
 		dst[i] = F16FromFloat32(f)
 	}
 }
 
 // DecodeF16 converts binary16 bits in src to float32 in dst
-// (len(dst) ≥ len(src)).
+// (len(dst) ≥ len(src)), like F16ToFloat32, with an inlined path for
+// normal halves.
 func DecodeF16(dst []float32, src []uint16) {
 	dst = dst[:len(src)]
 	for i, h := range src {
+		if e := h & 0x7c00; e != 0 && e != 0x7c00 {
+			dst[i] = math.Float32frombits(uint32(h&0x8000)<<16 | (uint32(h&0x7fff)<<13 + 112<<23))
+			continue
+		}
 		dst[i] = F16ToFloat32(h)
 	}
 }

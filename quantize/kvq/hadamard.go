@@ -22,9 +22,22 @@ func FWHT(x []float32) {
 	if !isPow2(d) {
 		panic(fmt.Sprintf("kvq: FWHT: length %d is not a power of two", d))
 	}
-	for h := 1; h < d; h <<= 1 {
+	h := 1
+	if d >= 4 {
+		// The first two stages on groups of four.
+		for i := 0; i+4 <= d; i += 4 {
+			g := x[i : i+4 : i+4]
+			a, b := g[0]+g[1], g[0]-g[1]
+			c, e := g[2]+g[3], g[2]-g[3]
+			g[0], g[1], g[2], g[3] = a+c, b+e, a-c, b-e
+		}
+		h = 4
+	}
+	for ; h < d; h <<= 1 {
 		for i := 0; i < d; i += h << 1 {
-			a, b := x[i:i+h], x[i+h:i+2*h]
+			a := x[i : i+h : i+h]
+			b := x[i+h : i+2*h : i+2*h]
+			b = b[:len(a)]
 			for j := range a {
 				u, v := a[j], b[j]
 				a[j], b[j] = u+v, u-v

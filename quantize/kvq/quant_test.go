@@ -459,3 +459,59 @@ func BenchmarkQuantizeRow(b *testing.B) {
 		})
 	}
 }
+
+func BenchmarkF16(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	x := randRow(rng, 1024, 1, 0)
+	h := make([]uint16, len(x))
+	b.Run("encode", func(b *testing.B) {
+		b.SetBytes(int64(4 * len(x)))
+		for b.Loop() {
+			EncodeF16(h, x)
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.SetBytes(int64(4 * len(x)))
+		for b.Loop() {
+			DecodeF16(x, h)
+		}
+	})
+}
+
+// The slice converters' inlined fast paths agree with the scalar ones:
+// every half for DecodeF16, and a sweep of float32 bit patterns (with the
+// fast path's boundaries) for EncodeF16.
+func TestF16SlicesMatchScalar(t *testing.T) {
+	hs := make([]uint16, 1<<16)
+	for i := range hs {
+		hs[i] = uint16(i)
+	}
+	fs := make([]float32, len(hs))
+	DecodeF16(fs, hs)
+	for i, h := range hs {
+		if math.Float32bits(fs[i]) != math.Float32bits(F16ToFloat32(h)) {
+			t.Fatalf("DecodeF16(%#04x) = %v, F16ToFloat32 %v", h, fs[i], F16ToFloat32(h))
+		}
+	}
+	var xs []float32
+	for b := uint64(0); b < 1<<32; b += 4099 {
+		xs = append(xs, math.Float32frombits(uint32(b)))
+	}
+	for _, b := range []uint32{0x38800000, 0x387fffff, 0x477fe000, 0x477fefff, 0x477ff000, 0x477fffff, 0x38801000, 0x38803000} {
+		xs = append(xs, math.Float32frombits(b), math.Float32frombits(b|0x80000000))
+	}
+	out := make([]uint16, len(xs))
+	EncodeF16(out, xs)
+	for i, x := range xs {
+		want := F16FromFloat32(x)
+		if x != x {
+			if out[i]&0x7c00 != 0x7c00 || out[i]&0x3ff == 0 {
+				t.Fatalf("EncodeF16(NaN) = %#04x", out[i])
+			}
+			continue
+		}
+		if out[i] != want {
+			t.Fatalf("EncodeF16(%v = %#08x) = %#04x, F16FromFloat32 %#04x", x, math.Float32bits(x), out[i], want)
+		}
+	}
+}
