@@ -34,9 +34,14 @@ func Clip(x []float32, ratio float64) float32 {
 			a[i] = float32(math.Inf(1)) // NaN sorts last; keeps selectK's invariants
 			continue
 		}
-		a[i] = float32(math.Abs(float64(v)))
+		a[i] = math.Float32frombits(math.Float32bits(v) &^ (1 << 31))
 	}
-	tau := selectK(a, k)
+	var tau float32
+	if n-k <= 32 {
+		tau = selectTop(a, n-k)
+	} else {
+		tau = selectK(a, k)
+	}
 	for i, v := range x {
 		if v > tau {
 			x[i] = tau
@@ -45,6 +50,33 @@ func Clip(x []float32, ratio float64) float32 {
 		}
 	}
 	return tau
+}
+
+// selectTop returns the m-th largest element of a (m ≥ 1), keeping the m
+// largest seen in ascending order in a fixed buffer: about one comparison
+// per element when m is small (high clipping ratios).
+func selectTop(a []float32, m int) float32 {
+	var buf [32]float32
+	top := buf[:0]
+	for _, v := range a {
+		if len(top) == m {
+			if v <= top[0] {
+				continue
+			}
+			// Drop the smallest.
+			copy(buf[:m-1], buf[1:m])
+			top = buf[:m-1]
+		}
+		// Insert v keeping top ascending.
+		j := len(top)
+		top = top[:j+1]
+		for j > 0 && top[j-1] > v {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = v
+	}
+	return top[0]
 }
 
 // selectK returns the k-th smallest element of a (0-based), reordering a

@@ -30,11 +30,9 @@ func MinMax(x []float32) (lo, hi float32) {
 func AbsMax(x []float32) float32 {
 	var m float32
 	for _, v := range x {
-		if v < 0 {
-			v = -v
-		}
-		if v > m {
-			m = v
+		a := math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) // |v| without a branch
+		if a > m {
+			m = a
 		}
 	}
 	return m

@@ -22,9 +22,10 @@ const (
 type side struct {
 	st  store
 	rot rotKind
-	// r is the layer's rotation, [head_dim, head_dim] row-major, for
-	// rotMatrix.
-	r []float32
+	// r is the layer's rotation R and rt its transpose, [head_dim,
+	// head_dim] row-major, for rotMatrix (both directions then run as
+	// kernels.MatMulNT, whose m = 1 path is the fast decode GEMV).
+	r, rt []float32
 	// clip is the clipping ratio; 0 = none.
 	clip float64
 	// norms holds one ℓ2 norm per quantized token (OScaR keys), [cap]
@@ -111,6 +112,7 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 		if sp.needRot {
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]
+			L.k.rt, L.v.rt = transpose(r.K[i], l.HeadDim), transpose(r.V[i], l.HeadDim)
 			if r.ClipK != nil && sp.k.clip {
 				L.k.clip = r.ClipK[i]
 			}
@@ -153,6 +155,17 @@ func newSide(ss sideSpec, l Layer, capQ, block int) side {
 		s.norms = make([]float32, capQ)
 	}
 	return s
+}
+
+// transpose returns the transpose of a [d, d] row-major matrix.
+func transpose(r []float32, d int) []float32 {
+	t := make([]float32, d*d)
+	for i := 0; i < d; i++ {
+		for j := 0; j < d; j++ {
+			t[j*d+i] = r[i*d+j]
+		}
+	}
+	return t
 }
 
 // Len implements runtime.KVCache.
@@ -318,7 +331,7 @@ func (c *cache) encode(L *layerState, sd *side, i0, t int, x, y []float32) {
 		}
 	case rotMatrix:
 		for h := 0; h < L.nkv; h++ {
-			kernels.MatMulNN(t, hd, hd, x[h*hd:], d, sd.r, hd, y[h*hd:], d)
+			kernels.MatMulNT(t, hd, hd, x[h*hd:], d, sd.rt, hd, y[h*hd:], d)
 		}
 		x = y
 	}

@@ -1,0 +1,111 @@
+package kvcache
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// benchOpt returns the options a benchmark uses for a method: OSCAR's
+// published windows (sink 64, recent 256) are off so that every token is
+// quantized on Write, with Hadamard rotations standing in for calibrated
+// ones.
+func benchOpt(name string, layers []Layer) Options {
+	if name == "oscar2" || name == "oscar4" {
+		return Options{Rotations: hadamardRotations(layers, 0.96, 0.92)}
+	}
+	return Options{}
+}
+
+// BenchmarkWrite: one decode step's Write of one token into one layer,
+// ns/op, for stories260K's shape (4 kv heads × head_dim 8) and a
+// Llama-3-8B-like layer (8 kv heads × head_dim 128). The cache is
+// truncated to 0 when full (outside the timing is not possible per op;
+// the refill cost is amortized over 4096 writes).
+func BenchmarkWrite(b *testing.B) {
+	for _, shape := range []Layer{{NumKVHeads: 4, HeadDim: 8}, {NumKVHeads: 8, HeadDim: 128}} {
+		layers := []Layer{shape}
+		d := shape.NumKVHeads * shape.HeadDim
+		rng := newRand(1)
+		const capacity = 4096
+		k, v := tokens(rng, layers, 64, nil), tokens(rng, layers, 64, nil)
+		for _, name := range Methods() {
+			b.Run(fmt.Sprintf("%dx%d/%s", shape.NumKVHeads, shape.HeadDim, name), func(b *testing.B) {
+				c := mustNew(b, name, layers, capacity, benchOpt(name, layers))
+				b.SetBytes(int64(2 * 4 * d))
+				for b.Loop() {
+					pos := c.Len()
+					if pos == capacity {
+						c.Truncate(0)
+						pos = 0
+					}
+					j := pos % 64
+					c.Write(0, pos, 1, k[0][j*d:(j+1)*d], v[0][j*d:(j+1)*d])
+					c.Commit(1)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkRead: reading 512 tokens of one kv head (what attention does
+// per head and layer at every decode step), ns/op.
+func BenchmarkRead(b *testing.B) {
+	for _, shape := range []Layer{{NumKVHeads: 4, HeadDim: 8}, {NumKVHeads: 8, HeadDim: 128}} {
+		layers := []Layer{shape}
+		const n = 512
+		rng := newRand(2)
+		k, v := tokens(rng, layers, n, nil), tokens(rng, layers, n, nil)
+		for _, name := range Methods() {
+			if name == "fp32" {
+				continue // read zero-copy through F32KV
+			}
+			b.Run(fmt.Sprintf("%dx%d/%s", shape.NumKVHeads, shape.HeadDim, name), func(b *testing.B) {
+				c := mustNew(b, name, layers, n, benchOpt(name, layers))
+				writeSteps(c, layers, k, v, 0, n, n)
+				kh, vh := make([]float32, n*shape.HeadDim), make([]float32, n*shape.HeadDim)
+				b.SetBytes(int64(2 * 4 * n * shape.HeadDim))
+				for b.Loop() {
+					c.Read(0, 0, n, kh, vh)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkDecodeStories260K: decode tokens/s of stories260K at a full
+// 512-token context (511 cached tokens, one new), fp32 (zero-copy) vs the
+// quantized caches. Every token of oscar2 is INT2 (no windows; Hadamard
+// rotations), so Read dequantizes and un-rotates all 511 at each step.
+func BenchmarkDecodeStories260K(b *testing.B) {
+	m, d := loadStories(b, 1)
+	const ctx = 512
+	toks := storyTokens(b, ctx)
+	layers := LayersOf(d)
+	logits := make([]float32, ctx*d.VocabSize)
+	for _, name := range []string{"fp32", "fp16", "int4", "oscar2", "kivi2", "oscars2"} {
+		b.Run(name, func(b *testing.B) {
+			var c runtime.KVCache
+			if name == "fp32" {
+				c = m.NewCache(ctx)
+			} else {
+				c = mustNew(b, name, layers, ctx, benchOpt(name, layers))
+			}
+			if err := m.Forward(context.Background(), toks[:ctx-1], c, logits, false); err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			for b.Loop() {
+				if err := m.Forward(context.Background(), toks[ctx-1:], c, logits, false); err != nil {
+					b.Fatal(err)
+				}
+				c.Truncate(ctx - 1)
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tokens/s")
+			b.ReportMetric(float64(c.Bytes()), "KV-bytes")
+		})
+	}
+}
