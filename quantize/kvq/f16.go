@@ -1,6 +1,9 @@
 package kvq
 
-import "math"
+import (
+	"math"
+	"sync"
+)
 
 // F16FromFloat32 converts f to IEEE 754 binary16 bits, rounding to nearest
 // with ties to even. Values beyond ±65504 become ±Inf, values below the
@@ -82,16 +85,23 @@ func EncodeF16(dst []uint16, src []float32) {
 	}
 }
 
+// f16Table maps every binary16 bit pattern to its float32 value (256 KiB,
+// built on first use by DecodeF16).
+var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for i := range t {
+		t[i] = F16ToFloat32(uint16(i))
+	}
+	return &t
+})
+
 // DecodeF16 converts binary16 bits in src to float32 in dst
-// (len(dst) ≥ len(src)), like F16ToFloat32, with an inlined path for
-// normal halves.
+// (len(dst) ≥ len(src)), exactly like F16ToFloat32, through a 65536-entry
+// table.
 func DecodeF16(dst []float32, src []uint16) {
+	t := f16Table()
 	dst = dst[:len(src)]
 	for i, h := range src {
-		if e := h & 0x7c00; e != 0 && e != 0x7c00 {
-			dst[i] = math.Float32frombits(uint32(h&0x8000)<<16 | (uint32(h&0x7fff)<<13 + 112<<23))
-			continue
-		}
-		dst[i] = F16ToFloat32(h)
+		dst[i] = t[h]
 	}
 }

@@ -100,6 +100,10 @@ func (s *asymStore) put(i0, t int, x []float32, ld int) {
 }
 
 func (s *asymStore) get(h, i0, i1 int, dst []float32) {
+	if s.ng == 1 {
+		s.getRows(h, i0, i1, dst)
+		return
+	}
 	gb := kvq.PackedLen(s.group, s.bits)
 	for i := i0; i < i1; i++ {
 		j := h*s.cap + i
@@ -109,6 +113,55 @@ func (s *asymStore) get(h, i0, i1 int, dst []float32) {
 		for g := 0; g < s.ng; g++ {
 			kvq.DecodeAsym(row[g*s.group:(g+1)*s.group], codes[g*gb:(g+1)*gb], s.bits,
 				kvq.F16ToFloat32(p[2*g]), kvq.F16ToFloat32(p[2*g+1]))
+		}
+	}
+}
+
+// getRows is get for one group per row (group = head_dim), decoding the
+// run of rows in one loop: with head_dim 8 a row is only 2 bytes of codes,
+// so per-row call overhead would dominate.
+func (s *asymStore) getRows(h, i0, i1 int, dst []float32) {
+	j0 := h*s.cap + i0
+	n := i1 - i0
+	codes := s.codes[j0*s.rb : (j0+n)*s.rb]
+	params := s.params[2*j0 : 2*(j0+n)]
+	dst = dst[:n*s.hd]
+	switch {
+	case s.bits == 2 && s.hd%4 == 0:
+		for r := 0; r < n; r++ {
+			sc, z := kvq.F16ToFloat32(params[2*r]), kvq.F16ToFloat32(params[2*r+1])
+			lut := [4]float32{-z * sc, (1 - z) * sc, (2 - z) * sc, (3 - z) * sc}
+			row := dst[r*s.hd : (r+1)*s.hd]
+			in := codes[r*s.rb : (r+1)*s.rb]
+			for i, b := range in {
+				o := row[4*i : 4*i+4 : 4*i+4]
+				o[0], o[1], o[2], o[3] = lut[b&3], lut[b>>2&3], lut[b>>4&3], lut[b>>6]
+			}
+		}
+	case s.bits == 4 && s.hd%2 == 0:
+		for r := 0; r < n; r++ {
+			sc, z := kvq.F16ToFloat32(params[2*r]), kvq.F16ToFloat32(params[2*r+1])
+			row := dst[r*s.hd : (r+1)*s.hd]
+			in := codes[r*s.rb : (r+1)*s.rb]
+			for i, b := range in {
+				o := row[2*i : 2*i+2 : 2*i+2]
+				o[0], o[1] = (float32(b&15)-z)*sc, (float32(b>>4)-z)*sc
+			}
+		}
+	case s.bits == 8:
+		for r := 0; r < n; r++ {
+			sc, z := kvq.F16ToFloat32(params[2*r]), kvq.F16ToFloat32(params[2*r+1])
+			row := dst[r*s.hd : (r+1)*s.hd]
+			in := codes[r*s.rb : (r+1)*s.rb]
+			in = in[:len(row)]
+			for i, b := range in {
+				row[i] = (float32(b) - z) * sc
+			}
+		}
+	default:
+		for r := 0; r < n; r++ {
+			kvq.DecodeAsym(dst[r*s.hd:(r+1)*s.hd], codes[r*s.rb:(r+1)*s.rb], s.bits,
+				kvq.F16ToFloat32(params[2*r]), kvq.F16ToFloat32(params[2*r+1]))
 		}
 	}
 }
