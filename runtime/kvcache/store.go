@@ -205,7 +205,18 @@ func (s *sym2Store) put(i0, t int, x []float32, ld int) {
 func (s *sym2Store) get(h, i0, i1 int, dst []float32) {
 	for i := i0; i < i1; i++ {
 		j := h*s.cap + i
-		kvq.DecodeSym(dst[(i-i0)*s.hd:(i-i0+1)*s.hd], s.codes[j*s.rb:(j+1)*s.rb], 2, kvq.F16ToFloat32(s.scales[j]))
+		row := dst[(i-i0)*s.hd : (i-i0+1)*s.hd]
+		codes := s.codes[j*s.rb : (j+1)*s.rb]
+		sc := kvq.F16ToFloat32(s.scales[j])
+		if s.hd%4 != 0 {
+			kvq.DecodeSym(row, codes, 2, sc)
+			continue
+		}
+		lut := [4]float32{-1.5 * sc, -0.5 * sc, 0.5 * sc, 1.5 * sc}
+		for k, b := range codes {
+			o := row[4*k : 4*k+4 : 4*k+4]
+			o[0], o[1], o[2], o[3] = lut[b&3], lut[b>>2&3], lut[b>>4&3], lut[b>>6]
+		}
 	}
 }
 
