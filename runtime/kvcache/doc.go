@@ -24,6 +24,27 @@
 // speed with these caches is a measure of this reference, not of a
 // deployment that rotates q instead.
 //
+// Behaviour shared by every method but fp32:
+//
+//   - Write quantizes at once: the Forward that writes tokens already reads
+//     them dequantized (so a prefill perplexity measures the cache error;
+//     published systems often attend over the unquantized prefill and read
+//     the quantized cache only when decoding).
+//   - The first Sink tokens stay fp16; of the rest, tokens are quantized
+//     oldest first while more than Recent are pending (a 32-token block at a
+//     time for per-channel keys), so the newest ones wait in an fp16 window.
+//   - Write may start at any position up to the layer's length; starting
+//     earlier forgets the later tokens first. Truncate(n) forgets positions
+//     from n on and rebuilds the fp16 windows for the new length from the
+//     binary16 rows still held (always enough after a cancelled Forward of
+//     up to 32 tokens, which then leaves no trace); tokens whose rows are
+//     gone stay quantized, and a per-channel key block cut in two whose rows
+//     are gone goes back to the window as its dequantized values.
+//     Truncate(0) resets the cache to its fresh state.
+//   - Write panics (a caller bug, like runtime.F32Cache) on positions past
+//     the capacity, a gap after the layer's length or short k, v; Read
+//     panics when asked for more tokens than the layer holds.
+//
 // Not here: computing OSCAR's rotations and clipping ratios (calibration,
 // package quantize/oscar), the row quantizers themselves (quantize/kvq),
 // and fused low-bit attention kernels.

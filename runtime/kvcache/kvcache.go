@@ -185,17 +185,19 @@ func Methods() []string {
 //	int2-naive  symmetric INT2 per (token, kv head) row, grid
 //	            {−1.5,−0.5,0.5,1.5}·scale, fp16 scale, no rotation        2 + 16/head_dim bits
 //	kivi2       KIVI: K asymmetric INT2 per channel over 32-token blocks, V asymmetric
-//	            INT2 per token in groups of 32 channels, newest ≤128 tokens fp16
+//	            INT2 per token in groups of 32 channels (head_dim if not a multiple
+//	            of 32), fp16 scales and zeros, newest ≤128 tokens fp16     3 + 3 bits
 //	quarot2     QuaRot: normalized Hadamard along head_dim on K and V, then
 //	            asymmetric INT2 per (token, head) row                    2 + 32/head_dim bits
 //	oscar2/4    OSCAR: K·R_K and V·R_V (Options.Rotations), clipping, asymmetric INT2
 //	            (INT4) per (token, head) row, fp16 scale and zero; Sink and Recent
 //	            windows fp16                                             b + 32/head_dim bits
 //	oscars2     OScaR: Hadamard on K and V, K divided by one fp32 ℓ2 norm per token
-//	            over all kv heads, K per channel over 32-token blocks, V per token,
-//	            both asymmetric INT2, newest ≤128 tokens fp16
+//	            over all kv heads (32/kvDim bits), K per channel over 32-token blocks
+//	            (3 bits), V per (token, head) row (2 + 32/head_dim bits), all
+//	            asymmetric INT2, newest ≤128 tokens fp16
 //
-// (bits per element before windows). The returned caches other than fp32
+// (bits per element before windows; kivi2 is K + V). The returned caches other than fp32
 // do not implement runtime.F32KV: Read dequantizes, and for rotated
 // methods un-rotates, so attention sees keys and values in the model's
 // original space. All of them implement Sizer. A cache is not safe for
