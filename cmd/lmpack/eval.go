@@ -3,6 +3,13 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/eval/kveval"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/schollz/progressbar/v3"
@@ -15,6 +22,10 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 		opt     engine.EvalOptions
 		threads int
 		asJSON  bool
+		kvList  string
+		kvRot   string
+		kvWin   string
+		plot    string
 	)
 	cmd := &cobra.Command{
 		Use:   "eval MODEL --data FILE",
@@ -32,6 +43,16 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			}
 			if err := checkThreads(threads); err != nil {
 				return err
+			}
+			var kv *kveval.Options
+			if kvList != "" {
+				o, err := parseKVFlags(kvList, kvRot, kvWin, plot)
+				if err != nil {
+					return err
+				}
+				kv = o
+			} else if kvRot != "" || kvWin != "" || plot != "" {
+				return fmt.Errorf("--kv-rotations, --kv-window and --plot need --kv LIST")
 			}
 			if _, err := engine.ReadText(data); err != nil {
 				return err
@@ -52,6 +73,25 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				} else if done == total || done%max(1, total/10) == 0 {
 					g.logger.Info("eval progress", "windows_done", done, "windows", total)
 				}
+			}
+			if kv != nil {
+				kv.Ctx, kv.MaxWindows, kv.Progress = opt.Ctx, opt.MaxWindows, opt.Progress
+				rep, err := kveval.Run(cmd.Context(), e, data, *kv)
+				if bar != nil {
+					bar.Finish()
+				}
+				if err != nil {
+					return err
+				}
+				if plot != "" {
+					if err := writePlot(plot, rep, e.Dir); err != nil {
+						return err
+					}
+				}
+				if asJSON {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
+				}
+				return rep.WriteTable(cmd.OutOrStdout())
 			}
 			r, err := e.EvalFile(cmd.Context(), data, opt)
 			if bar != nil {
@@ -80,7 +120,61 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.IntVar(&opt.MaxWindows, "max-windows", 0, "stop after K windows (0: all)")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.StringVar(&kvList, "kv", "", "compare KV cache methods side by side, comma-separated: "+strings.Join(kvcache.Methods(), ","))
+	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")
+	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: also print rows with fp16 windows of the first SINK and newest RECENT tokens (e.g. 64,256)")
+	f.StringVar(&plot, "plot", "", "with --kv: write perplexity against bits/element to FILE.svg")
 	return cmd
+}
+
+// parseKVFlags validates eval's --kv flags into kveval options.
+func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
+	o := &kveval.Options{Rotations: rot}
+	known := map[string]bool{}
+	for _, m := range kvcache.Methods() {
+		known[m] = true
+	}
+	seen := map[string]bool{}
+	for _, m := range strings.Split(list, ",") {
+		m = strings.TrimSpace(m)
+		if !known[m] {
+			return nil, fmt.Errorf("--kv: unknown method %q (known: %s)", m, strings.Join(kvcache.Methods(), ", "))
+		}
+		if seen[m] {
+			return nil, fmt.Errorf("--kv: method %q listed twice", m)
+		}
+		seen[m] = true
+		o.Methods = append(o.Methods, m)
+	}
+	if win != "" {
+		var s, r int
+		if n, err := fmt.Sscanf(win, "%d,%d", &s, &r); n != 2 || err != nil || s < 0 || r < 0 || fmt.Sprintf("%d,%d", s, r) != win {
+			return nil, fmt.Errorf("--kv-window %q: want SINK,RECENT (two non-negative token counts, e.g. 64,256)", win)
+		}
+		o.Windows, o.Sink, o.Recent = true, s, r
+	}
+	if plot != "" && !strings.HasSuffix(plot, ".svg") {
+		return nil, fmt.Errorf("--plot %q: only .svg is supported", plot)
+	}
+	return o, nil
+}
+
+// writePlot writes the report's SVG plot atomically (temp file + rename).
+func writePlot(path string, rep *eval.KVReport, title string) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".lmpack-plot-*")
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if err := rep.WriteSVG(f, "perplexity vs KV bits/element: "+title); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	return os.Rename(f.Name(), path)
 }
 
 type resultNoWindows struct {

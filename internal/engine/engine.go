@@ -352,14 +352,28 @@ type EvalOptions struct {
 // EvalFile tokenizes the text file as one string with BOS prepended and
 // computes perplexity over non-overlapping windows (eval.Perplexity).
 func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*eval.PerplexityResult, error) {
+	ids, err := e.EvalIDs(path, opt.Ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	if err != nil {
+		return nil, fmt.Errorf("engine: data file %s: %w", path, err)
+	}
+	return res, nil
+}
+
+// EvalIDs reads the text file and tokenizes it as one string with BOS
+// prepended, after checking ctx against the model's context and memory.
+func (e *Engine) EvalIDs(path string, ctxLen int) ([]int, error) {
 	text, err := ReadText(path)
 	if err != nil {
 		return nil, err
 	}
-	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
-		return nil, fmt.Errorf("engine: --ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
+	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && ctxLen > mp {
+		return nil, fmt.Errorf("engine: --ctx %d exceeds the model's max_position_embeddings %d", ctxLen, mp)
 	}
-	if err := checkMemory(e.Desc, opt.Ctx, "--ctx"); err != nil {
+	if err := checkMemory(e.Desc, ctxLen, "--ctx"); err != nil {
 		return nil, err
 	}
 	ids := e.Tokenizer.Encode(text, true)
@@ -370,11 +384,7 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 	if ok && (len(ids) == 0 || ids[0] != bos) {
 		ids = append([]int{bos}, ids...)
 	}
-	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
-	if err != nil {
-		return nil, fmt.Errorf("engine: data file %s: %w", path, err)
-	}
-	return res, nil
+	return ids, nil
 }
 
 var _ io.Closer = (*Engine)(nil)

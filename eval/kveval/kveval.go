@@ -1,0 +1,97 @@
+// Package kveval is the entry point of "lmpack eval --kv": it opens the
+// rotation file for the model, builds each KV cache method and runs
+// eval.CompareKV over a text file. It sits apart from internal/engine
+// because it needs calibrate (model fingerprints), which itself uses
+// engine.
+package kveval
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+// Options configures Run.
+type Options struct {
+	Ctx, MaxWindows int
+	// Methods are kvcache method names (kvcache.Methods()).
+	Methods []string
+	// Rotations is an OSCAR rotation file (lmpack quantize kv), required
+	// by oscar2 and oscar4.
+	Rotations string
+	// Sink and Recent, when Windows is set, add a second row per method
+	// with fp16 windows of that many first and newest tokens (the default
+	// rows quantize every token).
+	Windows      bool
+	Sink, Recent int
+	Progress     func(done, total int)
+}
+
+// windowed reports whether a method takes Options.Sink/Recent windows.
+func windowed(name string) bool {
+	switch name {
+	case "fp32", "fp16":
+		return false
+	}
+	return true
+}
+
+// Run tokenizes the text file as engine.EvalFile does and compares the KV
+// cache methods side by side against the float32 cache in one run
+// (eval.CompareKV). Errors: an unknown method, oscar2/oscar4 without a
+// rotation file, a rotation file for another model, a bad data file.
+func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval.KVReport, error) {
+	ids, err := e.EvalIDs(path, opt.Ctx)
+	if err != nil {
+		return nil, err
+	}
+	var rot *kvcache.Rotations
+	for _, name := range opt.Methods {
+		if (name == "oscar2" || name == "oscar4") && rot == nil {
+			if opt.Rotations == "" {
+				return nil, fmt.Errorf("kveval: --kv %s needs --kv-rotations ROT (made by lmpack calibrate and lmpack quantize kv)", name)
+			}
+			fp, err := calibrate.ModelFingerprint(e.Dir, e.Checkpoint)
+			if err != nil {
+				return nil, err
+			}
+			r, _, err := oscar.ReadFile(opt.Rotations, calibrate.Expect{ModelFingerprint: fp, Desc: e.Desc})
+			if err != nil {
+				return nil, err
+			}
+			kr := kvcache.Rotations(*r)
+			rot = &kr
+		}
+	}
+	layers := kvcache.LayersOf(e.Desc)
+	var methods []eval.KVMethod
+	add := func(label, name string, o kvcache.Options) error {
+		if _, err := kvcache.New(name, layers, 1, o); err != nil {
+			return fmt.Errorf("kveval: --kv %s: %w", name, err)
+		}
+		methods = append(methods, eval.KVMethod{Name: label, New: func(n int) (runtime.KVCache, error) {
+			return kvcache.New(name, layers, n, o)
+		}})
+		return nil
+	}
+	for _, name := range opt.Methods {
+		name = strings.TrimSpace(name)
+		if err := add(name, name, kvcache.Options{Rotations: rot}); err != nil {
+			return nil, err
+		}
+		if opt.Windows && windowed(name) {
+			label := fmt.Sprintf("%s+w%d,%d", name, opt.Sink, opt.Recent)
+			if err := add(label, name, kvcache.Options{Rotations: rot, Sink: opt.Sink, Recent: opt.Recent}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return eval.CompareKV(ctx, e.Model, ids, methods, eval.KVCompareOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+}
