@@ -69,6 +69,9 @@ type KVReport struct {
 	Windows      int     `json:"windows"`
 	TokensScored int     `json:"tokens_scored"`
 	Rows         []KVRow `json:"rows"`
+	// Layers, when set, holds per-layer teacher-forced errors
+	// (KVLayerErrors) on the first window.
+	Layers *KVLayerReport `json:"layers,omitempty"`
 }
 
 // CompareKV runs every window once with the reference float32 cache

@@ -7,7 +7,10 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // shiftCache marks a cache whose model output differs: the fake model
@@ -114,5 +117,57 @@ func TestKVReportOutputs(t *testing.T) {
 	svg := sb.String()
 	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<circle") != 2 || !strings.Contains(svg, "&lt;ctx 512&gt;") {
 		t.Errorf("svg:\n%s", svg)
+	}
+}
+
+// TestKVLayerErrorsStories260K: with the real model, the fp32 method has
+// zero error in every layer, and the per-layer logit error orders the
+// quantizers by precision (int8 < int4 < int2-naive).
+func TestKVLayerErrorsStories260K(t *testing.T) {
+	dir := shared.Path(t, "stories260K-hf")
+	d, err := arch.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	m, err := runtime.NewCPU().Load(context.Background(), d, ck, runtime.LoadOptions{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	layers := kvcache.LayersOf(d)
+	var methods []KVMethod
+	for _, name := range []string{"fp32", "int8", "int4", "int2-naive"} {
+		name := name
+		methods = append(methods, KVMethod{name, func(n int) (runtime.KVCache, error) { return kvcache.New(name, layers, n, kvcache.Options{}) }})
+	}
+	ids := make([]int, 96)
+	for i := range ids {
+		ids[i] = (i*131 + 7) % d.VocabSize
+	}
+	ids[0] = 1
+	rep, err := KVLayerErrors(context.Background(), m, ids, methods, 96)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range d.Layers {
+		fp, i8, i4, i2 := rep.Errors[0][l], rep.Errors[1][l], rep.Errors[2][l], rep.Errors[3][l]
+		if fp.LogitError != 0 || fp.OutputError != 0 {
+			t.Errorf("layer %d: fp32 error %+v, want 0", l, fp)
+		}
+		if !(0 < i8.LogitError && i8.LogitError < i4.LogitError && i4.LogitError < i2.LogitError) {
+			t.Errorf("layer %d: logit errors int8 %.3g int4 %.3g int2 %.3g not increasing", l, i8.LogitError, i4.LogitError, i2.LogitError)
+		}
+		if !(i8.OutputError < i4.OutputError && i4.OutputError < i2.OutputError) {
+			t.Errorf("layer %d: output errors not increasing: %+v %+v %+v", l, i8, i4, i2)
+		}
+	}
+	var sb strings.Builder
+	if err := rep.WriteLayerTable(&sb); err != nil || !strings.Contains(sb.String(), "int2-naive") {
+		t.Fatalf("table: %v\n%s", err, sb.String())
 	}
 }

@@ -34,6 +34,10 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 			fmt.Fprintln(w)
 		}
 	}
+	if r.Layers != nil && w.err == nil {
+		fmt.Fprintln(w)
+		return r.Layers.WriteLayerTable(out)
+	}
 	return w.err
 }
 

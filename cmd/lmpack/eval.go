@@ -26,6 +26,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 		kvRot   string
 		kvWin   string
 		plot    string
+		layers  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "eval MODEL --data FILE",
@@ -51,8 +52,8 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 					return err
 				}
 				kv = o
-			} else if kvRot != "" || kvWin != "" || plot != "" {
-				return fmt.Errorf("--kv-rotations, --kv-window and --plot need --kv LIST")
+			} else if kvRot != "" || kvWin != "" || plot != "" || layers {
+				return fmt.Errorf("--kv-rotations, --kv-window, --kv-layers and --plot need --kv LIST")
 			}
 			if _, err := engine.ReadText(data); err != nil {
 				return err
@@ -75,7 +76,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				}
 			}
 			if kv != nil {
-				kv.Ctx, kv.MaxWindows, kv.Progress = opt.Ctx, opt.MaxWindows, opt.Progress
+				kv.Ctx, kv.MaxWindows, kv.Progress, kv.Layers = opt.Ctx, opt.MaxWindows, opt.Progress, layers
 				rep, err := kveval.Run(cmd.Context(), e, data, *kv)
 				if bar != nil {
 					bar.Finish()
@@ -123,6 +124,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&kvList, "kv", "", "compare KV cache methods side by side, comma-separated: "+strings.Join(kvcache.Methods(), ","))
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")
 	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: also print rows with fp16 windows of the first SINK and newest RECENT tokens (e.g. 64,256)")
+	f.BoolVar(&layers, "kv-layers", false, "with --kv: also print per-layer attention-logit and output errors (teacher-forced, first window)")
 	f.StringVar(&plot, "plot", "", "with --kv: write perplexity against bits/element to FILE.svg")
 	return cmd
 }

@@ -31,7 +31,10 @@ type Options struct {
 	// rows quantize every token).
 	Windows      bool
 	Sink, Recent int
-	Progress     func(done, total int)
+	// Layers adds per-layer attention-logit and output errors measured on
+	// the first window (eval.KVLayerErrors).
+	Layers   bool
+	Progress func(done, total int)
 }
 
 // windowed reports whether a method takes Options.Sink/Recent windows.
@@ -93,5 +96,12 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 			}
 		}
 	}
-	return eval.CompareKV(ctx, e.Model, ids, methods, eval.KVCompareOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	rep, err := eval.CompareKV(ctx, e.Model, ids, methods, eval.KVCompareOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	if err != nil || !opt.Layers {
+		return rep, err
+	}
+	if rep.Layers, err = eval.KVLayerErrors(ctx, e.Model, ids, methods, opt.Ctx); err != nil {
+		return nil, err
+	}
+	return rep, nil
 }
