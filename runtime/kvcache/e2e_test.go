@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"os"
 	"testing"
 
@@ -154,6 +155,39 @@ func TestStories260KEndToEnd(t *testing.T) {
 		}
 		if c.quantizes && kl == 0 {
 			t.Errorf("%s: logits identical to fp32: the cache did not quantize", c.name)
+		}
+	}
+}
+
+// TestRotationLeavesAttentionUnchanged: with the quantizer removed (a
+// float32 store), the OSCAR rotation (random orthogonal R_K, R_V per
+// layer, applied to K and V and undone on Read) leaves the model's logits
+// — and so every layer's attention output — unchanged within 1e-5
+// relative. (OScaR's transforms are checked element-wise in
+// TestTransformsWithoutQuantization; its fixed fp16 residual window would
+// add fp16 rounding to a logit comparison.)
+func TestRotationLeavesAttentionUnchanged(t *testing.T) {
+	m, d := loadStories(t, 1)
+	layers := LayersOf(d)
+	toks := storyTokens(t, 160)
+	V := d.VocabSize
+	ref := forwardSteps(t, m, V, m.NewCache(len(toks)), toks, 40)
+	rng := rand.New(rand.NewPCG(5, 6))
+	rot := randRotations(rng, layers, 0, 0)
+	for _, sp := range []spec{
+		{name: "oscar-f32", k: sideSpec{store: storeF32, rot: rotMatrix}, v: sideSpec{store: storeF32, rot: rotMatrix}, block: 1, needRot: true},
+	} {
+		c, err := newCache(sp, layers, len(toks), Options{Rotations: rot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := forwardSteps(t, m, V, c, toks, 40)
+		maxAbs, _, top1 := logitStats(ref, got, V)
+		if maxAbs > 1e-5*20 || top1 != 1 { // logits reach |20|: 1e-5 relative
+			t.Errorf("%s: max |Δlogit| %.3g, top-1 agreement %g", sp.name, maxAbs, top1)
+		}
+		if maxAbs == 0 {
+			t.Errorf("%s: logits identical to the bit: the rotation did not run", sp.name)
 		}
 	}
 }
