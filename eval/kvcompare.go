@@ -82,15 +82,9 @@ type KVReport struct {
 // Errors: Ctx < 2, ErrTooShort, a method's constructor or forward error,
 // ErrNonFinite, ctx cancelled.
 func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMethod, opt KVCompareOptions) (*KVReport, error) {
-	if opt.Ctx < 2 {
-		return nil, fmt.Errorf("eval: ctx %d: want >= 2", opt.Ctx)
-	}
-	n := len(ids) / opt.Ctx
-	if n == 0 {
-		return nil, fmt.Errorf("eval: %w: %d tokens, window %d", ErrTooShort, len(ids), opt.Ctx)
-	}
-	if opt.MaxWindows > 0 && opt.MaxWindows < n {
-		n = opt.MaxWindows
+	n, err := windowCount(len(ids), opt.Ctx, opt.MaxWindows)
+	if err != nil {
+		return nil, err
 	}
 	buckets := opt.Buckets
 	if buckets == nil {

@@ -3,6 +3,7 @@ package eval
 import (
 	"context"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"math"
 
@@ -151,14 +152,14 @@ func softmax64(x []float64) {
 // WriteLayerTable prints per-layer relative logit and output errors, one
 // column pair per method.
 func (r *KVLayerReport) WriteLayerTable(out io.Writer) error {
-	w := &errWriter{w: out}
+	w := &fsx.ErrWriter{W: out}
 	fmt.Fprintf(w, "per-layer relative error (teacher-forced): attention logits / attention output\n%-6s", "layer")
 	for _, m := range r.Methods {
 		fmt.Fprintf(w, " %21s", m)
 	}
 	fmt.Fprintln(w)
 	if len(r.Errors) == 0 {
-		return w.err
+		return w.Err
 	}
 	for l := range r.Errors[0] {
 		fmt.Fprintf(w, "%-6d", l)
@@ -168,5 +169,5 @@ func (r *KVLayerReport) WriteLayerTable(out io.Writer) error {
 		}
 		fmt.Fprintln(w)
 	}
-	return w.err
+	return w.Err
 }

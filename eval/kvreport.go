@@ -2,6 +2,7 @@ package eval
 
 import (
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"math"
 	"sort"
@@ -13,7 +14,7 @@ import (
 // fp32 KV, KL (nats), top-1 agreement, tokens/s; then the per-position
 // buckets (KL and top-1 per method). Returns the first write error.
 func (r *KVReport) WriteTable(out io.Writer) error {
-	w := &errWriter{w: out}
+	w := &fsx.ErrWriter{W: out}
 	fmt.Fprintf(w, "KV cache comparison: %d windows of %d tokens, %d positions scored\n", r.Windows, r.Ctx, r.TokensScored)
 	fmt.Fprintf(w, "%-14s %9s %12s %11s %10s %10s %8s %10s\n", "kv", "bits/elem", "kv_bytes", "perplexity", "ΔPPL", "KL", "top-1", "tokens/s")
 	for _, row := range r.Rows {
@@ -34,18 +35,18 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 			fmt.Fprintln(w)
 		}
 	}
-	if r.Layers != nil && w.err == nil {
+	if r.Layers != nil && w.Err == nil {
 		fmt.Fprintln(w)
 		return r.Layers.WriteLayerTable(out)
 	}
-	return w.err
+	return w.Err
 }
 
 // WriteSVG draws perplexity against bits/element, one labelled point per
 // row, as a standalone SVG document (640×400 px). Returns the first write
 // error.
 func (r *KVReport) WriteSVG(out io.Writer, title string) error {
-	w := &errWriter{w: out}
+	w := &fsx.ErrWriter{W: out}
 	const W, H, ml, mr, mt, mb = 640.0, 400.0, 70.0, 30.0, 40.0, 50.0
 	rows := append([]KVRow(nil), r.Rows...)
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].BitsPerElement < rows[j].BitsPerElement })
@@ -80,24 +81,9 @@ func (r *KVReport) WriteSVG(out io.Writer, title string) error {
 		fmt.Fprintf(w, `<text x="%.1f" y="%.1f">%s</text>`+"\n", px(row.BitsPerElement)+6, py(row.Perplexity)-6, xmlEscape(row.KV))
 	}
 	fmt.Fprintln(w, "</svg>")
-	return w.err
+	return w.Err
 }
 
 func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
-}
-
-// errWriter remembers the first write error.
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
 }

@@ -51,15 +51,9 @@ var ErrTooShort = errors.New("text shorter than one window")
 //
 // Errors: Ctx < 2, ErrTooShort, a forward error, ctx cancelled.
 func Perplexity(ctx context.Context, m runtime.Model, ids []int, opt PerplexityOptions) (*PerplexityResult, error) {
-	if opt.Ctx < 2 {
-		return nil, fmt.Errorf("eval: ctx %d: want >= 2", opt.Ctx)
-	}
-	n := len(ids) / opt.Ctx
-	if n == 0 {
-		return nil, fmt.Errorf("eval: %w: %d tokens, window %d", ErrTooShort, len(ids), opt.Ctx)
-	}
-	if opt.MaxWindows > 0 && opt.MaxWindows < n {
-		n = opt.MaxWindows
+	n, err := windowCount(len(ids), opt.Ctx, opt.MaxWindows)
+	if err != nil {
+		return nil, err
 	}
 	V := m.Description().VocabSize
 	logits := make([]float32, opt.Ctx*V)
@@ -95,6 +89,23 @@ func Perplexity(ctx context.Context, m runtime.Model, ids []int, opt PerplexityO
 		res.TokensPerSecond = float64(n*opt.Ctx) / res.Seconds
 	}
 	return res, nil
+}
+
+// windowCount returns how many non-overlapping windows of ctx tokens fit
+// in n tokens (the tail dropped), at most maxWindows when > 0. Errors:
+// ctx < 2, ErrTooShort.
+func windowCount(n, ctx, maxWindows int) (int, error) {
+	if ctx < 2 {
+		return 0, fmt.Errorf("eval: ctx %d: want >= 2", ctx)
+	}
+	w := n / ctx
+	if w == 0 {
+		return 0, fmt.Errorf("eval: %w: %d tokens, window %d", ErrTooShort, n, ctx)
+	}
+	if maxWindows > 0 && maxWindows < w {
+		w = maxWindows
+	}
+	return w, nil
 }
 
 // NLL returns −log softmax(logits)[target] in nats, computed in float64.

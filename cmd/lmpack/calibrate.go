@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/lmpack/lmpack/calibrate"
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 )
 
@@ -49,25 +48,10 @@ with --tokens.`,
 				return err
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
-			var bar *progressbar.ProgressBar
-			logged := -1 // last decile logged
-			opt.Progress = func(done, total int) {
-				if isTerminal(cmd.ErrOrStderr()) {
-					if bar == nil {
-						bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(cmd.ErrOrStderr()),
-							progressbar.OptionSetDescription("calibrate (2 passes)"), progressbar.OptionShowCount(),
-							progressbar.OptionShowIts(), progressbar.OptionSetItsString("tokens"), progressbar.OptionClearOnFinish())
-					}
-					bar.Set(done)
-				} else if dec := done * 10 / total; dec != logged {
-					logged = dec
-					g.logger.Info("calibrate progress", "tokens_done", done, "tokens", total, "passes", 2)
-				}
-			}
+			var finish func()
+			opt.Progress, finish = newProgress(cmd, g, "calibrate (2 passes)", "calibrate progress", "tokens")
 			s, err := calibrate.Run(cmd.Context(), opt)
-			if bar != nil {
-				bar.Finish()
-			}
+			finish()
 			if err != nil {
 				return err
 			}

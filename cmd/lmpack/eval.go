@@ -12,7 +12,6 @@ import (
 	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 )
 
@@ -63,24 +62,12 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			defer e.Close()
-			var bar *progressbar.ProgressBar
-			opt.Progress = func(done, total int) {
-				if isTerminal(cmd.ErrOrStderr()) {
-					if bar == nil {
-						bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(cmd.ErrOrStderr()),
-							progressbar.OptionSetDescription("eval windows"), progressbar.OptionShowCount(), progressbar.OptionClearOnFinish())
-					}
-					bar.Set(done)
-				} else if done == total || done%max(1, total/10) == 0 {
-					g.logger.Info("eval progress", "windows_done", done, "windows", total)
-				}
-			}
+			var finish func()
+			opt.Progress, finish = newProgress(cmd, g, "eval windows", "eval progress", "windows")
 			if kv != nil {
 				kv.Ctx, kv.MaxWindows, kv.Progress, kv.Layers = opt.Ctx, opt.MaxWindows, opt.Progress, layers
 				rep, err := kveval.Run(cmd.Context(), e, data, *kv)
-				if bar != nil {
-					bar.Finish()
-				}
+				finish()
 				if err != nil {
 					return err
 				}
@@ -95,9 +82,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				return rep.WriteTable(cmd.OutOrStdout())
 			}
 			r, err := e.EvalFile(cmd.Context(), data, opt)
-			if bar != nil {
-				bar.Finish()
-			}
+			finish()
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 )
 
@@ -57,6 +58,36 @@ func checkThreads(n int) error {
 		return fmt.Errorf("--threads %d: want 0 (all cores) to %d", n, maxThreads)
 	}
 	return nil
+}
+
+// newProgress returns a progress callback for long work: a bar on a
+// terminal, else a log line per tenth (and at the end) with the given
+// message and unit; finish ends the bar.
+func newProgress(cmd *cobra.Command, g *globalFlags, desc, msg, unit string) (report func(done, total int), finish func()) {
+	var bar *progressbar.ProgressBar
+	logged := -1 // last tenth logged
+	report = func(done, total int) {
+		if total <= 0 {
+			return
+		}
+		if isTerminal(cmd.ErrOrStderr()) {
+			if bar == nil {
+				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(cmd.ErrOrStderr()),
+					progressbar.OptionSetDescription(desc), progressbar.OptionShowCount(),
+					progressbar.OptionShowIts(), progressbar.OptionSetItsString(unit), progressbar.OptionClearOnFinish())
+			}
+			bar.Set(done)
+		} else if tenth := done * 10 / total; tenth != logged {
+			logged = tenth
+			g.logger.Info(msg, unit+"_done", done, unit, total)
+		}
+	}
+	finish = func() {
+		if bar != nil {
+			bar.Finish()
+		}
+	}
+	return report, finish
 }
 
 // isTerminal reports whether w is a character device (a terminal).

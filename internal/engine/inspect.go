@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"sort"
 	"strings"
@@ -135,26 +136,10 @@ func layerTensorNames(l *arch.Layer) []string {
 	return d.TensorNames()
 }
 
-// errWriter remembers the first write error so a long run of Fprintf
-// calls can be checked once.
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
-}
-
 // WriteText prints the report for people. It returns the first write
 // error (a closed pipe, a full disk).
 func (r *InspectReport) WriteText(out io.Writer) error {
-	w := &errWriter{w: out}
+	w := &fsx.ErrWriter{W: out}
 	fmt.Fprintf(w, "model:         %s\n", r.Dir)
 	fmt.Fprintf(w, "architecture:  %s\n", r.Architecture)
 	fmt.Fprintf(w, "hidden_size:   %d   vocab_size: %d   layers: %d   rope_theta: %g   tied embeddings: %v\n",
@@ -188,5 +173,5 @@ func (r *InspectReport) WriteText(out io.Writer) error {
 	for _, n := range r.Unused {
 		fmt.Fprintf(w, "unused tensor: %s\n", n)
 	}
-	return w.err
+	return w.Err
 }

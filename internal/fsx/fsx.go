@@ -5,6 +5,7 @@ package fsx
 
 import (
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -30,4 +31,22 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	return os.ReadFile(path)
+}
+
+// ErrWriter wraps a writer and remembers its first error, so that a run of
+// fmt.Fprintf calls can be checked once through Err. Later writes after an
+// error are dropped.
+type ErrWriter struct {
+	W   io.Writer
+	Err error
+}
+
+// Write implements io.Writer.
+func (e *ErrWriter) Write(p []byte) (int, error) {
+	if e.Err != nil {
+		return 0, e.Err
+	}
+	n, err := e.W.Write(p)
+	e.Err = err
+	return n, err
 }
