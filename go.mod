@@ -17,5 +17,6 @@ require (
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
+	golang.org/x/image v0.48.0 // indirect
 	gonum.org/v1/gonum v0.17.0 // indirect
 )

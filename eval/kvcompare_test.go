@@ -1,7 +1,9 @@
 package eval
 
 import (
+	"bytes"
 	"context"
+	"image/png"
 	"math"
 	"strings"
 	"testing"
@@ -169,5 +171,33 @@ func TestKVLayerErrorsStories260K(t *testing.T) {
 	var sb strings.Builder
 	if err := rep.WriteLayerTable(&sb); err != nil || !strings.Contains(sb.String(), "int2-naive") {
 		t.Fatalf("table: %v\n%s", err, sb.String())
+	}
+}
+
+func TestKVReportPNG(t *testing.T) {
+	r := &KVReport{Rows: []KVRow{{KV: "fp32", BitsPerElement: 32, Perplexity: 5.8}, {KV: "oscar2", BitsPerElement: 6, Perplexity: 57}}}
+	var b bytes.Buffer
+	if err := r.WritePNG(&b, "test"); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sz := img.Bounds().Size(); sz.X != 640 || sz.Y != 400 {
+		t.Fatalf("size %v", sz)
+	}
+	// The fp32 point (largest x, smallest y) is drawn in steelblue near the
+	// lower right of the plot area.
+	blue := 0
+	for y := 200; y < 360; y++ {
+		for x := 500; x < 620; x++ {
+			if r, g, b, _ := img.At(x, y).RGBA(); r>>8 == 0x46 && g>>8 == 0x82 && b>>8 == 0xb4 {
+				blue++
+			}
+		}
+	}
+	if blue < 40 {
+		t.Fatalf("fp32 point not found (%d blue pixels)", blue)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
-	"math"
 	"sort"
 	"strings"
 )
@@ -50,17 +49,7 @@ func (r *KVReport) WriteSVG(out io.Writer, title string) error {
 	const W, H, ml, mr, mt, mb = 640.0, 400.0, 70.0, 30.0, 40.0, 50.0
 	rows := append([]KVRow(nil), r.Rows...)
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].BitsPerElement < rows[j].BitsPerElement })
-	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
-	for _, row := range rows {
-		xmin, xmax = math.Min(xmin, row.BitsPerElement), math.Max(xmax, row.BitsPerElement)
-		ymin, ymax = math.Min(ymin, row.Perplexity), math.Max(ymax, row.Perplexity)
-	}
-	if len(rows) == 0 {
-		xmin, xmax, ymin, ymax = 0, 1, 0, 1
-	}
-	xmin, xmax = math.Max(0, xmin-1), xmax+1
-	pad := math.Max((ymax-ymin)*0.1, 0.05*math.Max(1, ymax))
-	ymin, ymax = ymin-pad, ymax+pad
+	xmin, xmax, ymin, ymax := plotRange(rows)
 	px := func(x float64) float64 { return ml + (x-xmin)/(xmax-xmin)*(W-ml-mr) }
 	py := func(y float64) float64 { return H - mb - (y-ymin)/(ymax-ymin)*(H-mt-mb) }
 	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" font-family="sans-serif" font-size="12">`+"\n", W, H)

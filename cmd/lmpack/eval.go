@@ -110,7 +110,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")
 	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: also print rows with fp16 windows of the first SINK and newest RECENT tokens (e.g. 64,256)")
 	f.BoolVar(&layers, "kv-layers", false, "with --kv: also print per-layer attention-logit and output errors (teacher-forced, first window)")
-	f.StringVar(&plot, "plot", "", "with --kv: write perplexity against bits/element to FILE.svg")
+	f.StringVar(&plot, "plot", "", "with --kv: write perplexity against bits/element to FILE.svg or FILE.png")
 	return cmd
 }
 
@@ -140,8 +140,8 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 		}
 		o.Windows, o.Sink, o.Recent = true, s, r
 	}
-	if plot != "" && !strings.HasSuffix(plot, ".svg") {
-		return nil, fmt.Errorf("--plot %q: only .svg is supported", plot)
+	if plot != "" && !strings.HasSuffix(plot, ".svg") && !strings.HasSuffix(plot, ".png") {
+		return nil, fmt.Errorf("--plot %q: want a .svg or .png file name", plot)
 	}
 	return o, nil
 }
@@ -154,7 +154,15 @@ func writePlot(path string, rep *eval.KVReport, title string) error {
 		return fmt.Errorf("--plot: %w", err)
 	}
 	defer os.Remove(f.Name())
-	if err := rep.WriteSVG(f, "perplexity vs KV bits/element: "+title); err != nil {
+	write := rep.WriteSVG
+	if strings.HasSuffix(path, ".png") {
+		write = rep.WritePNG
+	}
+	if err := write(f, "perplexity vs KV bits/element: "+title); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
 		f.Close()
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}

@@ -107,7 +107,7 @@ func TestKVFlagErrors(t *testing.T) {
 		{[]string{"--kv", "fp32,fp32"}, `listed twice`},
 		{[]string{"--kv", "oscar2"}, "--kv oscar2 needs --kv-rotations"},
 		{[]string{"--kv", "fp32", "--kv-window", "64"}, `--kv-window "64": want SINK,RECENT`},
-		{[]string{"--kv", "fp32", "--plot", "x.png"}, "only .svg"},
+		{[]string{"--kv", "fp32", "--plot", "x.jpg"}, "want a .svg or .png"},
 		{[]string{"--kv-layers"}, "need --kv LIST"},
 		{[]string{"--kv", "oscar2", "--kv-rotations", data}, "rotation"},
 	}
