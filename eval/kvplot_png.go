@@ -29,7 +29,7 @@ func (r *KVReport) WritePNG(out io.Writer, title string) error {
 	rows := append([]KVRow(nil), r.Rows...)
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].BitsPerElement < rows[j].BitsPerElement })
 	xmin, xmax, ymin, ymax := plotRange(rows)
-	px := func(x float64) int { return ml + int(math.Round((x-xmin)/(xmax-xmin)*(W-ml-mr))) }
+	px := func(x float64) int { return ml + int(math.Round((math.Log2(x)-xmin)/(xmax-xmin)*(W-ml-mr))) }
 	py := func(y float64) int { return H - mb - int(math.Round((y-ymin)/(ymax-ymin)*(H-mt-mb))) }
 	text := func(x, y int, s string, c color.Color) {
 		d := &font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
@@ -41,17 +41,18 @@ func (r *KVReport) WritePNG(out io.Writer, title string) error {
 	for y := mt; y <= H-mb; y++ {
 		img.Set(ml, y, black)
 	}
+	for e := xmin; e <= xmax; e++ {
+		s := fmt.Sprintf("%g", math.Exp2(e))
+		text(px(math.Exp2(e))-len(s)*7/2, H-mb+16, s, black)
+	}
 	for i := 0; i <= 4; i++ {
-		x := xmin + (xmax-xmin)*float64(i)/4
 		y := ymin + (ymax-ymin)*float64(i)/4
-		s := fmt.Sprintf("%.1f", x)
-		text(px(x)-len(s)*7/2, H-mb+16, s, black)
-		s = fmt.Sprintf("%.3g", y)
+		s := fmt.Sprintf("%.3g", y)
 		text(ml-6-len(s)*7, py(y)+4, s, black)
 	}
-	text(ml, 22, title, black)
-	text((ml+W-mr)/2-56, H-10, "bits per element", black)
-	text(4, mt-8, "perplexity", black)
+	text(ml, 16, title, black)
+	text((ml+W-mr)/2-84, H-10, "bits per element (log scale)", black)
+	text(ml+6, mt-4, "perplexity", black)
 	for _, row := range rows {
 		cx, cy := px(row.BitsPerElement), py(row.Perplexity)
 		for dy := -4; dy <= 4; dy++ {
@@ -66,8 +67,8 @@ func (r *KVReport) WritePNG(out io.Writer, title string) error {
 	return png.Encode(out, img)
 }
 
-// plotRange returns padded axis ranges for rows (bits/element on x,
-// perplexity on y), shared by the SVG and PNG plots.
+// plotRange returns padded axis ranges for rows, shared by the SVG and PNG
+// plots: x in log2(bits/element) units, y in perplexity.
 func plotRange(rows []KVRow) (xmin, xmax, ymin, ymax float64) {
 	xmin, xmax, ymin, ymax = math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, row := range rows {
@@ -77,7 +78,12 @@ func plotRange(rows []KVRow) (xmin, xmax, ymin, ymax float64) {
 	if len(rows) == 0 {
 		xmin, xmax, ymin, ymax = 0, 1, 0, 1
 	}
-	xmin, xmax = math.Max(0, xmin-1), xmax+1
+	// x is drawn on a log2 scale (bits per element span 2 to 32): the
+	// range is in log2 units, padded to whole powers of two.
+	xmin, xmax = math.Floor(math.Log2(math.Max(xmin, 1))), math.Ceil(math.Log2(math.Max(xmax, 2)))
+	if xmax <= xmin {
+		xmax = xmin + 1
+	}
 	pad := math.Max((ymax-ymin)*0.1, 0.05*math.Max(1, ymax))
 	return xmin, xmax, math.Max(0, ymin-pad), ymax + pad
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
+	"math"
 	"sort"
 	"strings"
 )
@@ -50,20 +51,21 @@ func (r *KVReport) WriteSVG(out io.Writer, title string) error {
 	rows := append([]KVRow(nil), r.Rows...)
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].BitsPerElement < rows[j].BitsPerElement })
 	xmin, xmax, ymin, ymax := plotRange(rows)
-	px := func(x float64) float64 { return ml + (x-xmin)/(xmax-xmin)*(W-ml-mr) }
+	px := func(x float64) float64 { return ml + (math.Log2(x)-xmin)/(xmax-xmin)*(W-ml-mr) }
 	py := func(y float64) float64 { return H - mb - (y-ymin)/(ymax-ymin)*(H-mt-mb) }
 	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" font-family="sans-serif" font-size="12">`+"\n", W, H)
 	fmt.Fprintf(w, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(w, `<text x="%g" y="22" font-size="14">%s</text>`+"\n", ml, xmlEscape(title))
 	fmt.Fprintf(w, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="black"/>`+"\n", ml, H-mb, W-mr, H-mb)
 	fmt.Fprintf(w, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="black"/>`+"\n", ml, mt, ml, H-mb)
+	for e := xmin; e <= xmax; e++ {
+		fmt.Fprintf(w, `<text x="%g" y="%g" text-anchor="middle">%g</text>`+"\n", px(math.Exp2(e)), H-mb+16, math.Exp2(e))
+	}
 	for i := 0; i <= 4; i++ {
-		x := xmin + (xmax-xmin)*float64(i)/4
 		y := ymin + (ymax-ymin)*float64(i)/4
-		fmt.Fprintf(w, `<text x="%g" y="%g" text-anchor="middle">%.1f</text>`+"\n", px(x), H-mb+16, x)
 		fmt.Fprintf(w, `<text x="%g" y="%g" text-anchor="end">%.3g</text>`+"\n", ml-6, py(y)+4, y)
 	}
-	fmt.Fprintf(w, `<text x="%g" y="%g" text-anchor="middle">bits per element</text>`+"\n", (ml+W-mr)/2, H-10)
+	fmt.Fprintf(w, `<text x="%g" y="%g" text-anchor="middle">bits per element (log scale)</text>`+"\n", (ml+W-mr)/2, H-10)
 	fmt.Fprintf(w, `<text x="16" y="%g" transform="rotate(-90 16 %g)" text-anchor="middle">perplexity</text>`+"\n", (mt+H-mb)/2, (mt+H-mb)/2)
 	for _, row := range rows {
 		fmt.Fprintf(w, `<circle cx="%.1f" cy="%.1f" r="4" fill="steelblue"/>`+"\n", px(row.BitsPerElement), py(row.Perplexity))

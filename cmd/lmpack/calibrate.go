@@ -41,8 +41,14 @@ with --tokens.`,
 			if opt.Tokens <= 0 || opt.Tokens > maxCalibTokens {
 				return fmt.Errorf("--tokens %d: want 1 to %d", opt.Tokens, maxCalibTokens)
 			}
-			if opt.Ctx <= 0 {
-				return fmt.Errorf("--ctx %d: want > 0", opt.Ctx)
+			if opt.Ctx < 2 {
+				return fmt.Errorf("--ctx %d: want >= 2", opt.Ctx)
+			}
+			if opt.Tokens < opt.Ctx {
+				return fmt.Errorf("--tokens %d: want at least one window of --ctx %d tokens", opt.Tokens, opt.Ctx)
+			}
+			if err := checkOutput("-o", opt.Out, args[0], opt.Data); err != nil {
+				return err
 			}
 			if err := checkThreads(opt.Threads); err != nil {
 				return err

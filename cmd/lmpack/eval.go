@@ -51,6 +51,14 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 					return err
 				}
 				kv = o
+				if kv.Windows && kv.Sink+kv.Recent >= opt.Ctx {
+					return fmt.Errorf("--kv-window %s: the windows cover all %d tokens of --ctx, so nothing would be quantized", kvWin, opt.Ctx)
+				}
+				if plot != "" {
+					if err := checkOutput("--plot", plot, args[0], data, kvRot); err != nil {
+						return err
+					}
+				}
 			} else if kvRot != "" || kvWin != "" || plot != "" || layers {
 				return fmt.Errorf("--kv-rotations, --kv-window, --kv-layers and --plot need --kv LIST")
 			}
@@ -77,7 +85,14 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 					}
 				}
 				if asJSON {
-					return json.NewEncoder(cmd.OutOrStdout()).Encode(rep)
+					out := struct {
+						Model       string `json:"model"`
+						Data        string `json:"data"`
+						KVRotations string `json:"kv_rotations,omitempty"`
+						KVWindow    string `json:"kv_window,omitempty"`
+						*eval.KVReport
+					}{e.Dir, data, kvRot, kvWin, rep}
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 				}
 				return rep.WriteTable(cmd.OutOrStdout())
 			}
@@ -124,6 +139,9 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	seen := map[string]bool{}
 	for _, m := range strings.Split(list, ",") {
 		m = strings.TrimSpace(m)
+		if m == "" {
+			return nil, fmt.Errorf("--kv %q: empty method name in the list", list)
+		}
 		if !known[m] {
 			return nil, fmt.Errorf("--kv: unknown method %q (known: %s)", m, strings.Join(kvcache.Methods(), ", "))
 		}
@@ -142,6 +160,9 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	}
 	if plot != "" && !strings.HasSuffix(plot, ".svg") && !strings.HasSuffix(plot, ".png") {
 		return nil, fmt.Errorf("--plot %q: want a .svg or .png file name", plot)
+	}
+	if rot != "" && !seen["oscar2"] && !seen["oscar4"] {
+		return nil, fmt.Errorf("--kv-rotations %s: not used by any --kv method (only oscar2 and oscar4 take rotations)", rot)
 	}
 	return o, nil
 }

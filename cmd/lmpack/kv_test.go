@@ -116,3 +116,27 @@ func TestKVFlagErrors(t *testing.T) {
 		wantError(t, r, c.want)
 	}
 }
+
+// TestOutputsNeverOverwriteInputs: -o and --plot refuse an input file or
+// a path inside the model directory, before any work.
+func TestOutputsNeverOverwriteInputs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "calib.txt")
+	b, err := os.ReadFile(shared.Path(t, "tinystories-valid", "calib.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(data, b, 0o444)
+	model := brokenDir(t, origSafetensors(t))
+	calib := filepath.Join(dir, "c.safetensors")
+	wantError(t, lmpack(t, nil, "calibrate", model, "--data", data, "--tokens", "1024", "-o", data), "is the input", "refusing to overwrite an input")
+	wantError(t, lmpack(t, nil, "calibrate", model, "--data", data, "--tokens", "1024", "-o", filepath.Join(model, "c.st")), "inside the model directory")
+	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", data, "--tokens", "1024", "-o", calib))
+	wantError(t, lmpack(t, nil, "quantize", "kv", model, "--calib", calib, "-o", calib), "is the input")
+	wantError(t, lmpack(t, nil, "eval", model, "--data", data, "--max-windows", "1", "--kv", "fp32", "--ctx", "2", "--kv-window", "1,1"), "nothing would be quantized")
+	wantError(t, lmpack(t, nil, "eval", model, "--data", data, "--kv", "fp32", "--plot", filepath.Join(dir, "nodir", "p.svg")), "does not exist")
+	if got, _ := os.ReadFile(data); string(got) != string(b) {
+		t.Fatal("the data file was modified")
+	}
+}

@@ -37,6 +37,9 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 			if opt.Out == "" {
 				return fmt.Errorf("-o ROT is required (the rotation file to write)")
 			}
+			if err := checkOutput("-o", opt.Out, args[0], opt.Calib); err != nil {
+				return err
+			}
 			if opt.Method != oscar.Method {
 				return fmt.Errorf("--method %q: want %q", opt.Method, oscar.Method)
 			}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -88,6 +89,47 @@ func newProgress(cmd *cobra.Command, g *globalFlags, desc, msg, unit string) (re
 		}
 	}
 	return report, finish
+}
+
+// checkOutput refuses an output path that would overwrite an input (inputs
+// are never modified): one of the given input files, or any file inside
+// the model directory when it is local. It also refuses a directory and a
+// parent directory that does not exist, naming the path.
+func checkOutput(flag, out string, model string, inputs ...string) error {
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", flag, out, err)
+	}
+	if st, err := os.Stat(abs); err == nil && st.IsDir() {
+		return fmt.Errorf("%s %s: is a directory, want a file path", flag, out)
+	}
+	if st, err := os.Stat(filepath.Dir(abs)); err != nil || !st.IsDir() {
+		return fmt.Errorf("%s %s: directory %s does not exist", flag, out, filepath.Dir(abs))
+	}
+	outSt, outErr := os.Stat(abs)
+	for _, in := range inputs {
+		if in == "" {
+			continue
+		}
+		if inSt, err := os.Stat(in); err == nil && outErr == nil && os.SameFile(inSt, outSt) {
+			return fmt.Errorf("%s %s: is the input %s; refusing to overwrite an input", flag, out, in)
+		}
+	}
+	if st, err := os.Stat(model); err == nil && st.IsDir() {
+		if md, err := filepath.Abs(model); err == nil {
+			if real, err := filepath.EvalSymlinks(md); err == nil {
+				md = real
+			}
+			dir := filepath.Dir(abs)
+			if real, err := filepath.EvalSymlinks(dir); err == nil {
+				dir = real
+			}
+			if dir == md {
+				return fmt.Errorf("%s %s: inside the model directory %s; write outputs elsewhere (inputs are never modified)", flag, out, model)
+			}
+		}
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -30,6 +30,10 @@ var (
 	// ErrNotRotation: not an lmpack KV rotation file (no "lmpack"
 	// metadata, another kind or method).
 	ErrNotRotation = errors.New("not an lmpack KV rotation file")
+	// ErrRotationModelMismatch: the rotation file was computed for another
+	// model. It wraps calibrate.ErrModelMismatch for callers that test
+	// either.
+	ErrRotationModelMismatch = fmt.Errorf("rotation file is from another model (%w)", calibrate.ErrModelMismatch)
 	// ErrVersion: format_version is not FormatVersion.
 	ErrVersion = errors.New("unsupported rotation format version")
 	// ErrBadRotation: a rotation tensor is missing, has the wrong dtype or
@@ -114,7 +118,7 @@ func WriteFile(path string, h RotationHeader, layers []Layer) error {
 //
 // Errors (wrapped, naming path and the tensor or field): safetensors
 // errors (a truncated file); ErrNotRotation; ErrVersion;
-// calibrate.ErrModelMismatch naming both fingerprints; ErrBadRotation.
+// ErrRotationModelMismatch (which wraps calibrate.ErrModelMismatch) naming both fingerprints; ErrBadRotation.
 func ReadFile(path string, want calibrate.Expect) (*Rotations, *RotationHeader, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
@@ -138,7 +142,7 @@ func ReadFile(path string, want calibrate.Expect) (*Rotations, *RotationHeader, 
 		return nil, nil, fmt.Errorf("oscar: %s: method %q, want %q: %w", path, h.Method, Method, ErrNotRotation)
 	case want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint:
 		return nil, nil, fmt.Errorf("oscar: %s: model_fingerprint %s, but the model's fingerprint is %s (compute rotations for this model): %w",
-			path, h.ModelFingerprint, want.ModelFingerprint, calibrate.ErrModelMismatch)
+			path, h.ModelFingerprint, want.ModelFingerprint, ErrRotationModelMismatch)
 	}
 	L := len(h.ClipK)
 	if want.Desc != nil {

@@ -65,14 +65,26 @@ func Rotation(cov []float64, d int) (R []float64, eigenvalues []float64, err err
 		return nil, nil, fmt.Errorf("oscar: head_dim %d is not a power of two (the Walsh–Hadamard factor needs one): %w", d, ErrBadCovariance)
 	}
 	sym := make([]float64, d*d)
+	var trace float64
 	for i := 0; i < d; i++ {
 		for j := 0; j < d; j++ {
-			x := (cov[i*d+j] + cov[j*d+i]) / 2
-			if math.IsNaN(x) || math.IsInf(x, 0) {
-				return nil, nil, fmt.Errorf("oscar: covariance element (%d, %d) is %v: %w", i, j, cov[i*d+j], ErrBadCovariance)
+			a, b := cov[i*d+j], cov[j*d+i]
+			if math.IsNaN(a) || math.IsInf(a, 0) {
+				return nil, nil, fmt.Errorf("oscar: covariance element (%d, %d) is %v: %w", i, j, a, ErrBadCovariance)
 			}
-			sym[i*d+j] = x
+			// A covariance is symmetric: allow float64 rounding only.
+			if math.Abs(a-b) > 1e-9*(math.Abs(a)+math.Abs(b))+1e-300 {
+				return nil, nil, fmt.Errorf("oscar: covariance is not symmetric: (%d, %d) = %g but (%d, %d) = %g: %w", i, j, a, j, i, b, ErrBadCovariance)
+			}
+			sym[i*d+j] = (a + b) / 2
 		}
+		if c := cov[i*d+i]; c < 0 {
+			return nil, nil, fmt.Errorf("oscar: covariance diagonal (%d, %d) is %g < 0: %w", i, i, c, ErrBadCovariance)
+		}
+		trace += cov[i*d+i]
+	}
+	if trace <= 0 {
+		return nil, nil, fmt.Errorf("oscar: covariance is all zero (no calibration data reached this layer): %w", ErrBadCovariance)
 	}
 	var es mat.EigenSym
 	if !es.Factorize(mat.NewSymDense(d, sym), true) {

@@ -299,14 +299,19 @@ func TestRotationErrors(t *testing.T) {
 		{"short", make([]float64, 15), 4},
 		{"not a power of two", make([]float64, 36), 6},
 		{"zero", nil, 0},
+		{"all-zero covariance", make([]float64, 64), 8},
+		{"negative diagonal", []float64{1, 0, 0, -1e6}, 2},
+		{"asymmetric", []float64{1, 1e6, 0, 1}, 2},
 	} {
 		if _, _, err := Rotation(c.cov, c.d); !errors.Is(err, ErrBadCovariance) {
 			t.Errorf("%s: %v, want ErrBadCovariance", c.name, err)
 		}
 	}
-	// A zero covariance is valid (all eigenvalues 0): R is still orthogonal.
-	R, ev, err := Rotation(make([]float64, 64), 8)
-	if err != nil || Orthogonality(R, 8) > 1e-12 || ev[0] != 0 {
-		t.Errorf("zero covariance: %v, eigenvalues %v", err, ev)
+	// A rank-one covariance is valid (zero eigenvalues): R is orthogonal.
+	cov := make([]float64, 64)
+	cov[0] = 2
+	R, ev, err := Rotation(cov, 8)
+	if err != nil || Orthogonality(R, 8) > 1e-12 || ev[0] != 2 || ev[7] != 0 {
+		t.Errorf("rank-one covariance: %v, eigenvalues %v", err, ev)
 	}
 }
