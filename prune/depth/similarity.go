@@ -29,6 +29,9 @@ type SimilarityAcc struct {
 	buf            []float64 // [layers*hidden] normalised vectors of one token
 }
 
+// simBlock is the hidden-dimension block of the pairwise dot products.
+const simBlock = 512
+
 // NewSimilarity returns an empty accumulator for `layers` hidden states of
 // width `hidden` per token. Errors (ErrShape) when either is < 1.
 func NewSimilarity(layers, hidden int) (*SimilarityAcc, error) {
@@ -95,11 +98,16 @@ func (a *SimilarityAcc) AddBatch(h [][]float32, n int) error {
 				floats.Scale(1/math.Sqrt(ss), dst)
 			}
 		}
-		for i := 0; i < L; i++ {
-			hi := a.buf[i*d : (i+1)*d]
-			row := a.sum[i*L:]
-			for j := i + 1; j < L; j++ {
-				row[j] += floats.Dot(hi, a.buf[j*d:(j+1)*d])
+		// Column blocks keep the L slices of one block in L2 across the
+		// L(L−1)/2 dot products.
+		for c0 := 0; c0 < d; c0 += simBlock {
+			c1 := min(c0+simBlock, d)
+			for i := 0; i < L; i++ {
+				hi := a.buf[i*d+c0 : i*d+c1]
+				row := a.sum[i*L:]
+				for j := i + 1; j < L; j++ {
+					row[j] += floats.Dot(hi, a.buf[j*d+c0:j*d+c1])
+				}
 			}
 		}
 	}
