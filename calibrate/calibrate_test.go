@@ -123,7 +123,11 @@ func TestRunMatchesDirect(t *testing.T) {
 	e := openEngine(t, "stories260K-hf")
 	L := len(e.Desc.Layers)
 	rec := &qkvRecorder{q: make([][]float32, L), k: make([][]float32, L), v: make([][]float32, L)}
-	e.Model.SetObserver(rec)
+	blk := &blockRecorder{in: make([][]float32, L+1)}
+	e.Model.SetObserver(struct {
+		*qkvRecorder
+		*blockRecorder
+	}{rec, blk})
 	text, err := os.ReadFile(data)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +157,7 @@ func TestRunMatchesDirect(t *testing.T) {
 	sum := sha256.Sum256(text)
 	h := c.Header
 	if h.Kind != Kind || h.FormatVersion != 1 || h.ModelFingerprint != fp || h.DataFingerprint != hex.EncodeToString(sum[:]) ||
-		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar"}) {
+		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar", "lorp"}) {
 		t.Errorf("header %+v", h)
 	}
 	if len(c.OSCAR) != L {
@@ -176,6 +180,22 @@ func TestRunMatchesDirect(t *testing.T) {
 				relErr(c.OSCAR[l].CQ, cq), relErr(c.OSCAR[l].CS, cs), cq[0], cs[0])
 		}
 	}
+
+	// Block similarity against a naive per-token cosine of the captured
+	// block inputs (and the last block's output as state L).
+	H := e.Desc.HiddenSize
+	direct := directSimilarity(blk.in, H)
+	if len(c.Similarity) != (L+1)*(L+1) {
+		t.Fatalf("similarity has %d values, want (L+1)² = %d", len(c.Similarity), (L+1)*(L+1))
+	}
+	var maxDiff float64
+	for i := range direct {
+		maxDiff = max(maxDiff, math.Abs(direct[i]-c.Similarity[i]))
+	}
+	if maxDiff > 1e-9 {
+		t.Errorf("similarity differs from the direct computation by %.3g", maxDiff)
+	}
+	t.Logf("similarity max diff %.2g; S[0][1] %.6f, S[3][4] %.6f, S[4][5] %.6f", maxDiff, direct[1], direct[3*(L+1)+4], direct[4*(L+1)+5])
 
 	// Round trip: writing what was read gives the same bytes.
 	out2 := filepath.Join(t.TempDir(), "again.safetensors")
@@ -316,4 +336,40 @@ func TestRunOptions(t *testing.T) {
 	if _, err := os.Stat(ok.Out); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a failed run left %s behind", ok.Out)
 	}
+}
+
+// blockRecorder keeps copies of every block input (states 0..L−1) and of
+// the last block's output (state L), in call order.
+type blockRecorder struct{ in [][]float32 }
+
+func (r *blockRecorder) BlockInput(l, pos, n int, x []float32) { r.in[l] = append(r.in[l], x...) }
+func (r *blockRecorder) BlockOutput(l, pos, n int, x []float32) {
+	if l == len(r.in)-2 {
+		r.in[l+1] = append(r.in[l+1], x...)
+	}
+}
+
+// directSimilarity is S_ij = mean_t cos(h_i(t), h_j(t)) written out
+// naively in float64 over all captured tokens.
+func directSimilarity(states [][]float32, H int) []float64 {
+	m := len(states)
+	T := len(states[0]) / H
+	S := make([]float64, m*m)
+	for i := 0; i < m; i++ {
+		for j := 0; j < m; j++ {
+			var sum float64
+			for t := 0; t < T; t++ {
+				a, b := states[i][t*H:(t+1)*H], states[j][t*H:(t+1)*H]
+				var ab, aa, bb float64
+				for k := range a {
+					ab += float64(a[k]) * float64(b[k])
+					aa += float64(a[k]) * float64(a[k])
+					bb += float64(b[k]) * float64(b[k])
+				}
+				sum += ab / math.Sqrt(aa*bb)
+			}
+			S[i*m+j] = sum / float64(T)
+		}
+	}
+	return S
 }

@@ -14,8 +14,12 @@
 //     the data, collect, write.
 //
 // Statistics today: "oscar", the key and value target covariances C_Q and
-// C_S of OSCAR (docs/METHODS.md §1; arXiv 2605.17757), see CollectOSCAR.
-// Later stages (layer similarity, head importance, expert counts,
+// C_S of OSCAR (docs/METHODS.md §1; arXiv 2605.17757), see CollectOSCAR;
+// and "lorp", the (L+1)×(L+1) mean cosine similarity of the block inputs
+// plus the final-norm input (SimilarityTensor, for LoRP and ShortGPT depth
+// pruning, docs/METHODS.md §5), collected during the first pass (Collect).
+// Files written before "lorp" existed read back with Similarity nil.
+// Later stages (head importance, expert counts,
 // Hessians) add a statistic name to Header.Statistics and their own tensor
 // prefix ("<statistic>.layers.N.<name>"); Read ignores statistics it does
 // not know, so old readers keep reading newer files of the same

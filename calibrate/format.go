@@ -88,6 +88,21 @@ type Calibration struct {
 	// OSCAR has one entry per decoder layer when Header.Statistics lists
 	// StatOSCAR; nil otherwise.
 	OSCAR []OSCARLayer
+	// Similarity, when Header.Statistics lists StatLoRP, is the
+	// SimilarityTensor matrix: float64, row-major [(L+1)*(L+1)] (block
+	// inputs 0..L−1 and the final-norm input as state L); nil otherwise
+	// (files written before the statistic existed).
+	Similarity []float64
+}
+
+// SimilaritySide returns the side L+1 of c.Similarity, or 0 when absent.
+func (c *Calibration) SimilaritySide() int {
+	for m := 1; m*m <= len(c.Similarity); m++ {
+		if m*m == len(c.Similarity) {
+			return m
+		}
+	}
+	return 0
 }
 
 // Has reports whether the calibration holds the named statistic.
@@ -141,7 +156,8 @@ func Fingerprint(b []byte) string {
 
 // Write writes c to path as a calibration file, atomically
 // (safetensors.WriteFile): tensors OSCARTensorName(l, "c_q"|"c_s"), F64,
-// [d, d], and the Header as JSON under MetadataKey. Kind and FormatVersion
+// [d, d], SimilarityTensor F64 [L+1, L+1] when c.Similarity is set, and
+// the Header as JSON under MetadataKey. Kind and FormatVersion
 // are filled in; Statistics is set from the statistics c holds. The output
 // is deterministic. Errors: a layer whose matrices are not [d, d] or hold
 // NaN/Inf (ErrBadStatistic, naming the tensor), and I/O errors.
@@ -168,6 +184,17 @@ func Write(path string, c *Calibration) error {
 				ts = append(ts, safetensors.WriteTensor{Name: name, DType: safetensors.F64, Shape: []int{d, d}, Data: f64Bytes(s.m)})
 			}
 		}
+	}
+	if c.Similarity != nil {
+		m := c.SimilaritySide()
+		if m < 2 {
+			return fmt.Errorf("calibrate: %s: tensor %q: %d values, want (L+1)² with L >= 1: %w", path, SimilarityTensor, len(c.Similarity), ErrBadStatistic)
+		}
+		if i := firstNonFinite(c.Similarity); i >= 0 {
+			return fmt.Errorf("calibrate: %s: tensor %q: element %d is %v: %w", path, SimilarityTensor, i, c.Similarity[i], ErrBadStatistic)
+		}
+		h.Statistics = append(h.Statistics, StatLoRP)
+		ts = append(ts, safetensors.WriteTensor{Name: SimilarityTensor, DType: safetensors.F64, Shape: []int{m, m}, Data: f64Bytes(c.Similarity)})
 	}
 	js, err := json.Marshal(h)
 	if err != nil {
@@ -196,7 +223,8 @@ type Expect struct {
 // want.ModelFingerprint when that is set; and for each statistic it knows
 // (StatOSCAR) every layer's tensors present, F64, [d, d] with d the layer's
 // head_dim from want.Desc (or square and equal in c_q and c_s when Desc is
-// nil), and finite. Statistics it does not know are listed in the Header
+// nil), and finite; for StatLoRP, SimilarityTensor F64 [L+1, L+1] (L from
+// want.Desc, any square side >= 2 when Desc is nil) and finite. Statistics it does not know are listed in the Header
 // and otherwise ignored.
 //
 // Errors (wrapped, naming path and the field or tensor): safetensors
@@ -232,6 +260,15 @@ func Read(path string, want Expect) (*Calibration, error) {
 	c := &Calibration{Header: h}
 	if c.Has(StatOSCAR) {
 		if c.OSCAR, err = readOSCAR(f, path, want.Desc); err != nil {
+			return nil, err
+		}
+	}
+	if c.Has(StatLoRP) {
+		L := 0
+		if want.Desc != nil {
+			L = len(want.Desc.Layers)
+		}
+		if c.Similarity, err = readSimilarity(f, path, L); err != nil {
 			return nil, err
 		}
 	}

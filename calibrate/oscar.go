@@ -45,21 +45,49 @@ import (
 // an id out of range, ...), and non-finite statistics (the forward pass
 // overflowed), naming the layer.
 func CollectOSCAR(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int)) ([]OSCARLayer, error) {
+	layers, _, err := collect(ctx, m, windows, progress, false)
+	return layers, err
+}
+
+// Collect is CollectOSCAR that also accumulates, during the first pass, the
+// block-similarity statistic StatLoRP (see SimilarityTensor): it returns
+// the OSCAR layers and the row-major [(L+1)*(L+1)] float64 matrix of mean
+// cosine similarities between the inputs of blocks 0..L−1 and the
+// final-norm input (state L), computed by depth.SimilarityAcc over every
+// token of every window. The extra memory is (L+1) block activations of
+// the longest window (float32), independent of the number of windows.
+// Errors: those of CollectOSCAR, and depth errors (non-finite states).
+func Collect(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int)) ([]OSCARLayer, []float64, error) {
+	return collect(ctx, m, windows, progress, true)
+}
+
+func collect(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int), withSim bool) ([]OSCARLayer, []float64, error) {
 	d := m.Description()
 	T, longest := 0, 0
 	for i, w := range windows {
 		if len(w) == 0 {
-			return nil, fmt.Errorf("calibrate: window %d is empty", i)
+			return nil, nil, fmt.Errorf("calibrate: window %d is empty", i)
 		}
 		T += len(w)
 		longest = max(longest, len(w))
 	}
 	if T == 0 {
-		return nil, fmt.Errorf("calibrate: no calibration windows")
+		return nil, nil, fmt.Errorf("calibrate: no calibration windows")
 	}
 	acc := newOSCARAcc(d.Layers)
+	var sim *simObserver
+	if withSim {
+		var err error
+		if sim, err = newSimObserver(len(d.Layers), d.HiddenSize); err != nil {
+			return nil, nil, err
+		}
+	}
 	defer m.SetObserver(nil)
-	m.SetObserver(acc)
+	if sim != nil {
+		m.SetObserver(both{acc, sim})
+	} else {
+		m.SetObserver(acc)
+	}
 	cache := m.NewCache(longest)
 	logits := make([]float32, d.VocabSize)
 	done := 0
@@ -68,7 +96,7 @@ func CollectOSCAR(ctx context.Context, m runtime.Model, windows [][]int, progres
 		for _, w := range windows {
 			cache.Truncate(0)
 			if err := m.Forward(ctx, w, cache, logits, false); err != nil {
-				return nil, fmt.Errorf("calibrate: OSCAR pass %d: %w", pass, err)
+				return nil, nil, fmt.Errorf("calibrate: OSCAR pass %d: %w", pass, err)
 			}
 			done += len(w)
 			if progress != nil {
@@ -77,11 +105,28 @@ func CollectOSCAR(ctx context.Context, m runtime.Model, windows [][]int, progres
 		}
 		if pass == 1 {
 			if err := acc.finishPass1(T); err != nil {
-				return nil, err
+				return nil, nil, err
+			}
+			if sim != nil {
+				m.SetObserver(acc) // pass 2 needs only the QKV hook
 			}
 		}
 	}
-	return acc.result()
+	layers, err := acc.result()
+	if err != nil {
+		return nil, nil, err
+	}
+	if sim == nil {
+		return layers, nil, nil
+	}
+	if sim.err != nil {
+		return nil, nil, sim.err
+	}
+	S, err := sim.acc.Matrix()
+	if err != nil {
+		return nil, nil, fmt.Errorf("calibrate: similarity: %w", err)
+	}
+	return layers, S, nil
 }
 
 // oscarAcc is the QKVObserver accumulating the OSCAR statistics.
