@@ -1,0 +1,288 @@
+package prune
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/prune/depth"
+)
+
+// Sentinel errors, wrapped with the path or field.
+var (
+	// ErrOutput: OUT is the model directory, lies inside it, or exists.
+	ErrOutput = errors.New("prune: bad output directory")
+	// ErrConfig: config.json is unreadable or inconsistent with the plan.
+	ErrConfig = errors.New("prune: bad config.json")
+	// ErrNoStatistic: the calibration file lacks the statistic a method
+	// needs.
+	ErrNoStatistic = errors.New("prune: calibration statistic missing")
+)
+
+// layerRE matches the decoder-block component of a tensor name, e.g.
+// "model.layers.12." in "model.layers.12.mlp.up_proj.weight".
+var layerRE = regexp.MustCompile(`(^|\.)layers\.(\d+)\.`)
+
+// weightExts are weight files of other formats that would be stale after
+// pruning; they are not copied.
+var weightExts = []string{".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}
+
+// Sizes counts a checkpoint's tensors: Params is the number of elements of
+// every tensor, Bytes the bytes of their data (not counting file headers).
+type Sizes struct {
+	Params int64 `json:"params"`
+	Bytes  int64 `json:"bytes"`
+}
+
+// ApplyDepth writes to out a copy of the checkpoint ck (opened from
+// modelDir) without the decoder blocks plan.Removed:
+//
+//   - out/model.safetensors holds every tensor of ck except those of removed
+//     blocks; tensors of kept block k (names containing "layers.k.") are
+//     renamed to the block's new index (the position of k in plan.Kept()),
+//     everything else keeps its name; data and dtype are copied byte for
+//     byte, streamed by safetensors.WriteFile (one file, whatever the input
+//     sharding; no index file).
+//   - out/config.json is modelDir/config.json with num_hidden_layers set to
+//     len(plan.Kept()), per-layer lists of length L ("layer_types",
+//     "layer_configs") sliced to the kept layers, and "mlp_only_layers" (a
+//     list of layer indices) renumbered with removed layers dropped. Other
+//     fields are kept (keys are written sorted, numbers verbatim).
+//     Index-threshold fields such as Qwen2's max_window_layers or
+//     decoder_sparse_step are not adjusted.
+//   - every other regular file of modelDir (tokenizer, generation config, …)
+//     is copied, except weight files (*.safetensors, *.bin, …) and
+//     model.safetensors.index.json; subdirectories are not copied.
+//
+// The directory is built in a temporary directory beside out and renamed to
+// out at the end, so out appears complete or not at all; modelDir is only
+// read. It returns the sizes before (all of ck) and after.
+//
+// Errors: ErrOutput when out is modelDir, lies inside it or exists;
+// ErrConfig when config.json is unreadable, not a JSON object, or its
+// num_hidden_layers differs from plan.Layers; a tensor naming a block
+// index >= plan.Layers; I/O errors (wrapped, naming the file).
+func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, out string) (before, after Sizes, err error) {
+	if err := checkOut(modelDir, out); err != nil {
+		return before, after, err
+	}
+	kept := plan.Kept()
+	newIndex := make(map[int]int, len(kept))
+	for i, l := range kept {
+		newIndex[l] = i
+	}
+	cfgPath := filepath.Join(modelDir, "config.json")
+	cfg, err := prunedConfig(cfgPath, plan, kept, newIndex)
+	if err != nil {
+		return before, after, err
+	}
+	var ts []safetensors.WriteTensor
+	for _, name := range ck.Names() {
+		t, err := ck.Tensor(name)
+		if err != nil {
+			return before, after, fmt.Errorf("prune: %w", err)
+		}
+		n := int64(t.NumElements())
+		before.Params += n
+		before.Bytes += int64(len(t.Data))
+		newName := name
+		if m := layerRE.FindStringSubmatchIndex(name); m != nil {
+			l, err := strconv.Atoi(name[m[4]:m[5]])
+			if err != nil || l >= plan.Layers {
+				return before, after, fmt.Errorf("prune: %s: tensor %q names block %s, the plan has %d blocks: %w", ck.Dir(), name, name[m[4]:m[5]], plan.Layers, ErrConfig)
+			}
+			ni, ok := newIndex[l]
+			if !ok {
+				continue
+			}
+			newName = name[:m[4]] + strconv.Itoa(ni) + name[m[5]:]
+		}
+		after.Params += n
+		after.Bytes += int64(len(t.Data))
+		ts = append(ts, safetensors.WriteTensor{Name: newName, DType: t.DType, Shape: t.Shape, Data: t.Data})
+	}
+	slices.SortFunc(ts, func(a, b safetensors.WriteTensor) int { return strings.Compare(a.Name, b.Name) })
+
+	parent := filepath.Dir(filepath.Clean(out))
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(out)+".tmp-")
+	if err != nil {
+		return before, after, fmt.Errorf("prune: output %s: %w", out, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := safetensors.WriteFile(filepath.Join(tmp, "model.safetensors"), ts, map[string]string{"format": "pt"}); err != nil {
+		return before, after, fmt.Errorf("prune: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o644); err != nil {
+		return before, after, fmt.Errorf("prune: %w", err)
+	}
+	if err := copySideFiles(modelDir, tmp); err != nil {
+		return before, after, err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return before, after, fmt.Errorf("prune: %w", err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return before, after, fmt.Errorf("prune: output %s: %w", out, err)
+	}
+	done = true
+	return before, after, nil
+}
+
+// checkOut refuses an out that is modelDir, inside it, or already exists.
+func checkOut(modelDir, out string) error {
+	if out == "" {
+		return fmt.Errorf("%w: no output directory", ErrOutput)
+	}
+	md, err := realAbs(modelDir)
+	if err != nil {
+		return fmt.Errorf("prune: model %s: %w", modelDir, err)
+	}
+	od, err := realAbs(out)
+	if err != nil {
+		return fmt.Errorf("prune: output %s: %w", out, err)
+	}
+	if rel, err := filepath.Rel(md, od); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
+		return fmt.Errorf("%w: %s is the model directory %s or inside it; write the pruned checkpoint elsewhere (the input is never modified)", ErrOutput, out, modelDir)
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return fmt.Errorf("%w: %s already exists; remove it or choose another path", ErrOutput, out)
+	}
+	if st, err := os.Stat(filepath.Dir(od)); err != nil || !st.IsDir() {
+		return fmt.Errorf("%w: %s: parent directory %s does not exist", ErrOutput, out, filepath.Dir(od))
+	}
+	return nil
+}
+
+// realAbs returns the absolute path of p with symlinks resolved in its
+// longest existing prefix.
+func realAbs(p string) (string, error) {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	rest := ""
+	for cur := a; ; cur = filepath.Dir(cur) {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(r, rest), nil
+		}
+		if filepath.Dir(cur) == cur {
+			return a, nil
+		}
+		rest = filepath.Join(filepath.Base(cur), rest)
+	}
+}
+
+// prunedConfig returns config.json rewritten for the kept layers.
+func prunedConfig(path string, plan *depth.Plan, kept []int, newIndex map[int]int) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	var cfg map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&cfg); err != nil || cfg == nil {
+		return nil, fmt.Errorf("%w: %s: not a JSON object (%v)", ErrConfig, path, err)
+	}
+	// Multimodal configs nest the language model's fields.
+	target := cfg
+	if tc, ok := cfg["text_config"].(map[string]any); ok {
+		if _, has := cfg["num_hidden_layers"]; !has {
+			target = tc
+		}
+	}
+	nl, ok := target["num_hidden_layers"].(json.Number)
+	if L, err := nl.Int64(); !ok || err != nil || int(L) != plan.Layers {
+		return nil, fmt.Errorf("%w: %s: num_hidden_layers %v, the plan is for %d layers", ErrConfig, path, target["num_hidden_layers"], plan.Layers)
+	}
+	target["num_hidden_layers"] = len(kept)
+	for _, key := range []string{"layer_types", "layer_configs"} {
+		if v, ok := target[key].([]any); ok {
+			if len(v) != plan.Layers {
+				return nil, fmt.Errorf("%w: %s: %q has %d entries, want num_hidden_layers %d", ErrConfig, path, key, len(v), plan.Layers)
+			}
+			nv := make([]any, len(kept))
+			for i, l := range kept {
+				nv[i] = v[l]
+			}
+			target[key] = nv
+		}
+	}
+	if v, ok := target["mlp_only_layers"].([]any); ok {
+		nv := []any{}
+		for _, x := range v {
+			n, ok := x.(json.Number)
+			l, err := n.Int64()
+			if !ok || err != nil {
+				return nil, fmt.Errorf("%w: %s: mlp_only_layers entry %v is not an integer", ErrConfig, path, x)
+			}
+			if ni, ok := newIndex[int(l)]; ok {
+				nv = append(nv, ni)
+			}
+		}
+		target["mlp_only_layers"] = nv
+	}
+	out, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
+	}
+	return append(out, '\n'), nil
+}
+
+// copySideFiles copies the regular non-weight files of src into dst.
+func copySideFiles(src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if name == "config.json" || name == "model.safetensors.index.json" || strings.HasPrefix(name, ".") ||
+			slices.ContainsFunc(weightExts, func(x string) bool { return strings.HasSuffix(name, x) }) {
+			continue
+		}
+		p := filepath.Join(src, name)
+		st, err := os.Stat(p) // follows hub-cache symlinks
+		if err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		if err := copyFile(p, filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("prune: copying %s: %w", src, err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("prune: %s: %w", dst, err)
+	}
+	return nil
+}

@@ -1,0 +1,210 @@
+package prune
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/prune/depth"
+)
+
+// ErrOptions: the options are invalid (budget, ratio, method).
+var ErrOptions = errors.New("prune: bad options")
+
+// Options configures Run (depth pruning).
+type Options struct {
+	// Model is a model directory or a Hugging Face hub id (engine.Open).
+	Model string
+	// Calib is the calibration file (lmpack calibrate). Required for the
+	// lorp and shortgpt methods; optional for list:, where it is only
+	// checked against the model when given.
+	Calib string
+	// Out is the directory to create for the pruned checkpoint.
+	Out string
+	// Layers is the number of blocks to remove (> 0), or 0 to use
+	// LayerRatio.
+	Layers int
+	// LayerRatio in (0, 1): remove round(LayerRatio·L) blocks (at least 1).
+	LayerRatio float64
+	// Method is "lorp", "shortgpt" or "list:3,7" (the layers to remove;
+	// then Layers and LayerRatio must be 0 or agree with the list).
+	Method string
+}
+
+// RemovedLayer is one removed block in a Report.
+type RemovedLayer struct {
+	// Layer is the original block index.
+	Layer int `json:"layer"`
+	// Redundancy is LoRP's r(l) (lorp only).
+	Redundancy *float64 `json:"redundancy,omitempty"`
+	// BlockInfluence is ShortGPT's BI_l (whenever the calibration file was
+	// given).
+	BlockInfluence *float64 `json:"block_influence,omitempty"`
+}
+
+// Report describes a finished Run.
+type Report struct {
+	Model string `json:"model"`
+	Out   string `json:"out"`
+	// Method is "lorp", "shortgpt" or "list".
+	Method string `json:"method"`
+	// LayersBefore and LayersAfter are L and L'.
+	LayersBefore int `json:"layers_before"`
+	LayersAfter  int `json:"layers_after"`
+	// RLS, K and Labels ([L]) are LoRP's (see depth.Plan); zero for others.
+	RLS    float64 `json:"rls,omitempty"`
+	K      int     `json:"k,omitempty"`
+	Labels []int   `json:"labels,omitempty"`
+	// Removed lists the removed blocks, ascending.
+	Removed []RemovedLayer `json:"removed"`
+	// Kept lists the original index of each new block.
+	Kept []int `json:"kept"`
+	// Before and After count every tensor of the input and output
+	// checkpoints (elements; data bytes in their stored dtype).
+	Before Sizes `json:"before"`
+	After  Sizes `json:"after"`
+	// Plan is the depth plan applied.
+	Plan *depth.Plan `json:"plan"`
+}
+
+// LayerBudget turns Options.Layers / LayerRatio into a block count for an
+// L-block model: exactly one of them must be set; the ratio must lie in
+// (0, 1) and gives round(r·L), at least 1. Errors: ErrOptions.
+func LayerBudget(layers int, ratio float64, L int) (int, error) {
+	switch {
+	case layers != 0 && ratio != 0:
+		return 0, fmt.Errorf("%w: give the number of layers or the layer ratio, not both", ErrOptions)
+	case layers < 0:
+		return 0, fmt.Errorf("%w: layers %d: want > 0", ErrOptions, layers)
+	case layers > 0:
+		return layers, nil
+	case ratio == 0:
+		return 0, fmt.Errorf("%w: give the number of layers to remove or a layer ratio", ErrOptions)
+	case !(ratio > 0 && ratio < 1):
+		return 0, fmt.Errorf("%w: layer ratio %v: want in (0, 1)", ErrOptions, ratio)
+	}
+	return max(1, int(math.Round(ratio*float64(L)))), nil
+}
+
+// ParseList parses the layers of a "list:3,7" method. Errors: ErrOptions
+// for an empty list or a non-integer entry.
+func ParseList(spec string) ([]int, error) {
+	s, ok := strings.CutPrefix(spec, "list:")
+	if !ok || s == "" {
+		return nil, fmt.Errorf("%w: method %q: want list:L1,L2,... (layer indices)", ErrOptions, spec)
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("%w: method %q: %q is not a layer index", ErrOptions, spec, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// Run is `lmpack prune` for depth: it opens the model's checkpoint, reads
+// and checks the calibration file (same model fingerprint and layer
+// count), builds the plan (depth.LoRP on the leading L×L block of the
+// similarity, depth.ShortGPT on the full (L+1)×(L+1) matrix, or
+// depth.ListPlan) and applies it (ApplyDepth).
+//
+// Errors: ErrOptions; ErrNoStatistic when the calibration file has no
+// "lorp" statistic ("re-run lmpack calibrate"); calibrate.ErrModelMismatch
+// and other calibrate.Read errors; depth errors (ErrTooManyLayers,
+// ErrProtectedLayer, ErrLayerRange); ApplyDepth's errors.
+func Run(ctx context.Context, opt Options) (*Report, error) {
+	dir, desc, ck, err := engine.OpenCheckpoint(ctx, opt.Model, nil)
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	defer ck.Close()
+	L := len(desc.Layers)
+	var list []int
+	isList := strings.HasPrefix(opt.Method, "list:")
+	if isList {
+		if list, err = ParseList(opt.Method); err != nil {
+			return nil, err
+		}
+		if opt.LayerRatio != 0 || (opt.Layers != 0 && opt.Layers != len(list)) {
+			return nil, fmt.Errorf("%w: method %q removes %d layers; drop the layer count or ratio", ErrOptions, opt.Method, len(list))
+		}
+	} else if opt.Method != depth.MethodLoRP && opt.Method != depth.MethodShortGPT {
+		return nil, fmt.Errorf("%w: method %q: want lorp, shortgpt or list:L1,L2,...", ErrOptions, opt.Method)
+	}
+	var S []float64
+	if opt.Calib != "" {
+		fp, err := calibrate.ModelFingerprint(dir, ck)
+		if err != nil {
+			return nil, fmt.Errorf("prune: %w", err)
+		}
+		c, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+		if err != nil {
+			return nil, fmt.Errorf("prune: %w", err)
+		}
+		if !c.Has(calibrate.StatLoRP) {
+			if !isList {
+				return nil, fmt.Errorf("%w: calibration file %s lacks %s: re-run lmpack calibrate", ErrNoStatistic, opt.Calib, calibrate.SimilarityTensor)
+			}
+		} else {
+			S = c.Similarity
+		}
+	} else if !isList {
+		return nil, fmt.Errorf("%w: method %s needs a calibration file", ErrOptions, opt.Method)
+	}
+	var plan *depth.Plan
+	if isList {
+		plan, err = depth.ListPlan(list, L)
+	} else {
+		n, berr := LayerBudget(opt.Layers, opt.LayerRatio, L)
+		if berr != nil {
+			return nil, berr
+		}
+		if opt.Method == depth.MethodLoRP {
+			plan, err = depth.LoRP(leading(S, L+1, L), L, n)
+		} else {
+			plan, err = depth.ShortGPT(S, L, n)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	var bi []float64
+	if S != nil {
+		if bi, err = depth.BlockInfluence(S, L+1); err != nil {
+			return nil, fmt.Errorf("prune: %w", err)
+		}
+	}
+	before, after, err := ApplyDepth(dir, ck, plan, opt.Out)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Model: dir, Out: opt.Out, Method: plan.Method, LayersBefore: L, LayersAfter: L - len(plan.Removed),
+		RLS: plan.RLS, K: plan.K, Labels: plan.Labels, Kept: plan.Kept(), Before: before, After: after, Plan: plan}
+	for _, l := range plan.Removed {
+		rl := RemovedLayer{Layer: l}
+		if plan.Redundancy != nil {
+			rl.Redundancy = &plan.Redundancy[l]
+		}
+		if bi != nil {
+			rl.BlockInfluence = &bi[l]
+		}
+		r.Removed = append(r.Removed, rl)
+	}
+	return r, nil
+}
+
+// leading returns the leading k×k block of the row-major m×m matrix S.
+func leading(S []float64, m, k int) []float64 {
+	out := make([]float64, 0, k*k)
+	for i := 0; i < k; i++ {
+		out = append(out, S[i*m:i*m+k]...)
+	}
+	return out
+}
