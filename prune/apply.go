@@ -36,8 +36,10 @@ var layerRE = regexp.MustCompile(`(^|\.)layers\.(\d+)\.`)
 // pruning; they are not copied.
 var weightExts = []string{".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}
 
-// Sizes counts a checkpoint's tensors: Params is the number of elements of
-// every tensor, Bytes the bytes of their data (not counting file headers).
+// Sizes counts a checkpoint's stored tensors: Params is the number of
+// elements of every tensor in the files (a tied lm_head.weight stored
+// separately counts, unlike in `lmpack inspect`), Bytes the bytes of their
+// data in their stored dtype (file headers not counted).
 type Sizes struct {
 	Params int64 `json:"params"`
 	Bytes  int64 `json:"bytes"`
