@@ -28,8 +28,9 @@ The file is tokenized as one string with BOS prepended and split into
 consecutive windows of --ctx tokens, each run from position 0 (as eval does;
 the last window may be shorter). Statistics collected: the OSCAR key and
 value covariances C_Q and C_S per layer (two passes over the data), which
-"lmpack quantize kv" turns into KV-cache rotations. Memory does not grow
-with --tokens.`,
+"lmpack quantize kv" turns into KV-cache rotations; and the cosine
+similarity of every pair of block inputs (lorp.similarity), which
+"lmpack prune" uses to choose layers. Memory does not grow with --tokens.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Data == "" {
