@@ -183,6 +183,7 @@ func TestRotationLeavesAttentionUnchanged(t *testing.T) {
 		}
 		got := forwardSteps(t, m, V, c, toks, 40)
 		maxAbs, _, top1 := logitStats(ref, got, V)
+		t.Logf("%s: max |Δlogit| %.3g", sp.name, maxAbs)
 		if maxAbs > 1e-5*20 || top1 != 1 { // logits reach |20|: 1e-5 relative
 			t.Errorf("%s: max |Δlogit| %.3g, top-1 agreement %g", sp.name, maxAbs, top1)
 		}
