@@ -1,0 +1,139 @@
+package pack
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/oscar"
+)
+
+// EmbeddedFiles are the checkpoint files FromCheckpoint embeds when present
+// (config.json is required).
+var EmbeddedFiles = []string{"config.json", "generation_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"}
+
+// FromOptions control FromCheckpoint.
+type FromOptions struct {
+	// KVRotations is an OSCAR rotation file (lmpack quantize --kv ...);
+	// empty for none. It must match the model's fingerprint.
+	KVRotations string
+	// Recipe is stored in the provenance (valid JSON or nil).
+	Recipe json.RawMessage
+	// LmpackVersion is recorded in the provenance.
+	LmpackVersion string
+}
+
+// FromCheckpoint builds an Artifact from the Hugging Face checkpoint in
+// modelDir: every tensor as a section of its own name (bytes viewed from
+// the checkpoint's memory map, so the caller must Close the Artifact),
+// the embedded files as sections "file/NAME", and with opt.KVRotations
+// the per-layer OSCAR rotations as F32 [head_dim, head_dim] sections
+// "kv/oscar.layers.N.r_k" and "...r_v" plus clip ratios in the manifest.
+//
+// Errors: arch, safetensors, calibrate and oscar errors (a rotation file
+// of another model is oscar.ErrRotationModelMismatch), wrapped with
+// "pack:".
+func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
+	desc, err := arch.Load(modelDir)
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	ck, err := safetensors.OpenDir(modelDir)
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	a := &Artifact{closers: []func() error{ck.Close}}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+	fp, err := calibrate.ModelFingerprint(modelDir, ck)
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	m := &a.Manifest
+	m.Model = ModelFromDescription(desc)
+	m.Files = []FileEntry{}
+	m.Tensors = []TensorEntry{}
+	m.Provenance = Provenance{SourceModelFingerprint: fp, LmpackVersion: opt.LmpackVersion}
+	if len(opt.Recipe) > 0 {
+		var b bytes.Buffer
+		if err := json.Compact(&b, opt.Recipe); err != nil {
+			return nil, fmt.Errorf("pack: recipe: %w", err)
+		}
+		m.Provenance.Recipe = b.Bytes()
+	}
+	for _, name := range EmbeddedFiles {
+		b, err := os.ReadFile(filepath.Join(modelDir, name))
+		if os.IsNotExist(err) && name != "config.json" {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		sec := "file/" + name
+		m.Files = append(m.Files, FileEntry{Name: name, Section: sec})
+		a.Sections = append(a.Sections, Section{Name: sec, Data: b})
+		if name == "tokenizer.json" {
+			m.Tokenizer = sec
+		}
+	}
+	for _, name := range ck.Names() {
+		t, err := ck.Tensor(name)
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		m.Tensors = append(m.Tensors, TensorEntry{Name: name, Section: name, DType: string(t.DType), Shape: append([]int{}, t.Shape...)})
+		a.Sections = append(a.Sections, Section{Name: name, ElemSize: t.DType.Size(), Data: t.Data})
+	}
+	if opt.KVRotations != "" {
+		rot, h, err := oscar.ReadFile(opt.KVRotations, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		kv := &KVScheme{Method: h.Method, ModelFingerprint: h.ModelFingerprint, CalibrationFingerprint: h.CalibrationFingerprint,
+			ClipK: rot.ClipK, ClipV: rot.ClipV}
+		m.Provenance.CalibrationFingerprint = h.CalibrationFingerprint
+		for i := range rot.K {
+			d := desc.Layers[i].HeadDim
+			k, v := "kv/"+oscar.TensorName(i, "r_k"), "kv/"+oscar.TensorName(i, "r_v")
+			kv.Rotations = append(kv.Rotations, KVRotations{Layer: i, K: k, V: v})
+			for _, x := range []struct {
+				name string
+				r    []float32
+			}{{k, rot.K[i]}, {v, rot.V[i]}} {
+				m.Tensors = append(m.Tensors, TensorEntry{Name: x.name, Section: x.name, DType: "F32", Shape: []int{d, d}})
+				a.Sections = append(a.Sections, Section{Name: x.name, ElemSize: 4, Data: f32Bytes(x.r)})
+			}
+		}
+		m.KV = kv
+	}
+	sortTensors(m.Tensors)
+	ok = true
+	return a, nil
+}
+
+func f32Bytes(x []float32) []byte {
+	b := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+func sortTensors(ts []TensorEntry) {
+	for i := 1; i < len(ts); i++ {
+		for j := i; j > 0 && ts[j].Name < ts[j-1].Name; j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+}

@@ -1,0 +1,273 @@
+package pack
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/pierrec/lz4/v4"
+	"golang.org/x/sys/unix"
+)
+
+// Reader is an opened artifact backed by a read-only memory map. Safe for
+// concurrent use except Close; views from Section must not be used after
+// Close.
+type Reader struct {
+	path     string
+	mem      []byte
+	mapped   bool
+	l        *layout
+	manifest *Manifest
+}
+
+// Open memory-maps the artifact at path and validates its header (magic,
+// version, header CRC-32C, file size), section table (CRC-32C, bounds,
+// 64-byte alignment, no overlap, known codecs), manifest (CRC-32C, strict
+// JSON) and the agreement of manifest and sections. It does not read
+// section bytes; Verify does.
+//
+// Errors (wrapped, naming path and the section or field): os errors;
+// ErrFormat; ErrVersion; ErrChecksum (header, table or manifest);
+// ErrMismatch.
+func Open(path string) (*Reader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmtErr(path, "not a regular file")
+	}
+	if st.Size() < HeaderSize {
+		return nil, fmtErr(path, "file is %d bytes, shorter than the %d-byte header (truncated?)", st.Size(), HeaderSize)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("pack: mmap %s: %w", path, err)
+	}
+	r, errs := parse(path, mem)
+	if len(errs) > 0 {
+		unix.Munmap(mem)
+		return nil, errs[0]
+	}
+	r.mapped = true
+	return r, nil
+}
+
+// parse validates layout and manifest; a non-nil Reader with errors means
+// the structure parsed but manifest and sections disagree.
+func parse(path string, mem []byte) (*Reader, []error) {
+	l, err := parseLayout(path, mem)
+	if err != nil {
+		return nil, []error{err}
+	}
+	man := mem[l.manifestOff : l.manifestOff+l.manifestLen]
+	if got := crc(man); got != l.manifestCRC {
+		return nil, []error{fmt.Errorf("pack: %s: manifest CRC-32C %08x, stored %08x: %w", path, got, l.manifestCRC, ErrChecksum)}
+	}
+	m, err := decodeManifest(path, man)
+	if err != nil {
+		return nil, []error{err}
+	}
+	r := &Reader{path: path, mem: mem, l: l, manifest: m}
+	var errs []error
+	for _, e := range agreement(m, l) {
+		errs = append(errs, fmt.Errorf("pack: %s: %w", path, e))
+	}
+	return r, errs
+}
+
+// agreement lists every disagreement between manifest and sections: a
+// referenced section missing, a tensor whose raw size is not dtype×shape,
+// a section nothing refers to.
+func agreement(m *Manifest, l *layout) []error {
+	var errs []error
+	used := map[string]bool{}
+	need := func(what, sec string) (entry, bool) {
+		i, ok := l.index[sec]
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s names section %q, which is missing: %w", what, sec, ErrMismatch))
+			return entry{}, false
+		}
+		used[sec] = true
+		return l.entries[i], true
+	}
+	for _, t := range m.Tensors {
+		e, ok := need(fmt.Sprintf("tensor %q", t.Name), t.Section)
+		if !ok || t.Quant != nil {
+			continue
+		}
+		size := uint64(safetensors.DType(t.DType).Size())
+		n, good := size, size > 0
+		for _, d := range t.Shape {
+			if d < 0 || (d > 0 && n > (1<<62)/uint64(d)) {
+				good = false
+				break
+			}
+			n *= uint64(d)
+		}
+		if !good || n != e.Raw {
+			errs = append(errs, fmt.Errorf("tensor %q: dtype %s shape %v does not match section %q of %d bytes: %w",
+				t.Name, t.DType, t.Shape, t.Section, e.Raw, ErrMismatch))
+		}
+	}
+	for _, f := range m.Files {
+		need(fmt.Sprintf("file %q", f.Name), f.Section)
+	}
+	if m.Tokenizer != "" {
+		need("tokenizer", m.Tokenizer)
+	}
+	if m.KV != nil {
+		for _, r := range m.KV.Rotations {
+			need(fmt.Sprintf("kv rotation of layer %d", r.Layer), r.K)
+			need(fmt.Sprintf("kv rotation of layer %d", r.Layer), r.V)
+		}
+	}
+	for _, e := range l.entries {
+		if !used[e.Name] {
+			errs = append(errs, fmt.Errorf("section %q is not named by the manifest: %w", e.Name, ErrMismatch))
+		}
+	}
+	return errs
+}
+
+// Manifest returns the parsed manifest (shared; do not modify).
+func (r *Reader) Manifest() *Manifest { return r.manifest }
+
+// Names returns the section names, sorted.
+func (r *Reader) Names() []string {
+	out := make([]string, len(r.l.entries))
+	for i, e := range r.l.entries {
+		out[i] = e.Name
+	}
+	return out
+}
+
+// SectionInfo returns a section's codec and raw and stored sizes in bytes.
+func (r *Reader) SectionInfo(name string) (codec Codec, raw, stored int64, err error) {
+	i, ok := r.l.index[name]
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("pack: %s: section %q: %w", r.path, name, ErrNoSection)
+	}
+	e := r.l.entries[i]
+	return e.Codec, int64(e.Raw), int64(e.Stored), nil
+}
+
+// Section returns the raw bytes of the named section: a zero-copy view of
+// the map for CodecNone (read-only: writing to it faults), a new slice
+// for lz4 codecs. It does not check the CRC (Verify does).
+//
+// Errors: ErrNoSection; ErrFormat when lz4 data does not decode to the
+// recorded raw size.
+func (r *Reader) Section(name string) ([]byte, error) {
+	i, ok := r.l.index[name]
+	if !ok {
+		return nil, fmt.Errorf("pack: %s: section %q: %w", r.path, name, ErrNoSection)
+	}
+	return r.decode(r.l.entries[i])
+}
+
+func (r *Reader) decode(e entry) ([]byte, error) {
+	stored := r.mem[e.Offset : e.Offset+e.Stored : e.Offset+e.Stored]
+	if e.Codec == CodecNone {
+		return stored, nil
+	}
+	out := make([]byte, e.Raw)
+	n, err := lz4.UncompressBlock(stored, out)
+	if err != nil || uint64(n) != e.Raw {
+		return nil, fmt.Errorf("pack: %s: section %q: lz4 decoded %d of %d bytes (%v): %w", r.path, e.Name, n, e.Raw, err, ErrFormat)
+	}
+	if e.Codec == CodecLZ4Planes2 {
+		planes := out
+		out = make([]byte, e.Raw)
+		joinPlanes2(out, planes)
+	}
+	return out, nil
+}
+
+// Close unmaps the file.
+func (r *Reader) Close() error {
+	if r.mapped && r.mem != nil {
+		err := unix.Munmap(r.mem)
+		r.mem = nil
+		if err != nil {
+			return fmt.Errorf("pack: %s: %w", r.path, err)
+		}
+	}
+	return nil
+}
+
+// Problem is one failed check of Verify; Section is empty for whole-file
+// problems.
+type Problem struct {
+	Section string `json:"section,omitempty"`
+	Error   string `json:"error"`
+}
+
+// VerifyReport is Verify's result. OK is true when Problems is empty.
+type VerifyReport struct {
+	Path     string    `json:"path"`
+	OK       bool      `json:"ok"`
+	Sections int       `json:"sections"`
+	Tensors  int       `json:"tensors"`
+	Bytes    int64     `json:"file_bytes"`
+	SHA256   string    `json:"sha256"`
+	Problems []Problem `json:"problems"`
+}
+
+// Verify checks the artifact at path: everything Open checks, then every
+// section's CRC-32C and lz4 decoding, and the whole-file sha256. It
+// returns a report listing every problem and, when there is one, an error
+// naming the first (wrapping ErrChecksum, ErrMismatch or ErrFormat). A
+// file whose header, table or manifest cannot be parsed gives a nil
+// report and the error.
+func Verify(path string) (*VerifyReport, error) {
+	mem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	r, errs := parse(path, mem)
+	if r == nil {
+		return nil, errs[0]
+	}
+	rep := &VerifyReport{Path: path, Sections: len(r.l.entries), Tensors: len(r.manifest.Tensors), Bytes: int64(len(mem))}
+	var first error
+	add := func(sec string, err error) {
+		rep.Problems = append(rep.Problems, Problem{sec, err.Error()})
+		if first == nil {
+			first = err
+		}
+	}
+	for _, e := range errs {
+		add("", e)
+	}
+	for _, e := range r.l.entries {
+		if got := crc(mem[e.Offset : e.Offset+e.Stored]); got != e.CRC {
+			add(e.Name, fmt.Errorf("pack: %s: section %q: CRC-32C %08x, stored %08x: %w", path, e.Name, got, e.CRC, ErrChecksum))
+			continue
+		}
+		if _, err := r.decode(e); err != nil {
+			add(e.Name, err)
+		}
+	}
+	h := sha256.New()
+	h.Write(mem[:offSHA256])
+	h.Write(make([]byte, endSHA256-offSHA256))
+	h.Write(mem[endSHA256:])
+	sum := h.Sum(nil)
+	rep.SHA256 = hex.EncodeToString(sum)
+	if stored := hex.EncodeToString(r.l.sha[:]); stored != rep.SHA256 {
+		add("", fmt.Errorf("pack: %s: whole-file sha256 %s, stored %s: %w", path, rep.SHA256, stored, ErrChecksum))
+	}
+	rep.OK = len(rep.Problems) == 0
+	if rep.Problems == nil {
+		rep.Problems = []Problem{}
+	}
+	return rep, first
+}
