@@ -12,7 +12,7 @@ import (
 
 func newPackCmd(g *globalFlags) *cobra.Command {
 	var (
-		out, rot            string
+		out, rot           string
 		noCompress, asJSON bool
 	)
 	cmd := &cobra.Command{
