@@ -28,5 +28,6 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamDecode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzWordFinder$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(FUZZTIME) ./pack/
 
 ci: lint test fuzz
