@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
@@ -131,9 +133,5 @@ func f32Bytes(x []float32) []byte {
 }
 
 func sortTensors(ts []TensorEntry) {
-	for i := 1; i < len(ts); i++ {
-		for j := i; j > 0 && ts[j].Name < ts[j-1].Name; j-- {
-			ts[j], ts[j-1] = ts[j-1], ts[j]
-		}
-	}
+	slices.SortFunc(ts, func(a, b TensorEntry) int { return strings.Compare(a.Name, b.Name) })
 }

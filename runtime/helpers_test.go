@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -42,7 +43,7 @@ func synthCheckpoint(t testing.TB, config map[string]any, seed uint64, dtype saf
 		names = append(names, n)
 	}
 	// Deterministic order for the RNG.
-	sortStrings(names)
+	sort.Strings(names)
 	for _, n := range names {
 		shape := sh[n]
 		size := 1
@@ -94,14 +95,6 @@ func synthCheckpoint(t testing.TB, config map[string]any, seed uint64, dtype saf
 		}
 	}
 	return dir, d, w
-}
-
-func sortStrings(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }
 
 // loadDir opens dir's checkpoint and loads it on the CPU backend.
