@@ -234,6 +234,9 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 	if err := tmp.Sync(); err != nil {
 		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
 	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
+	}
 	if err := tmp.Close(); err != nil {
 		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
 	}

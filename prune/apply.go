@@ -253,7 +253,9 @@ func copySideFiles(src, dst string) error {
 	}
 	for _, e := range ents {
 		name := e.Name()
-		if name == "config.json" || name == "model.safetensors.index.json" || strings.HasPrefix(name, ".") ||
+		// Prose about the source model (README.md, SOURCE.md) would
+		// mislabel the pruned checkpoint: it is not copied.
+		if name == "config.json" || name == "model.safetensors.index.json" || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".md") ||
 			slices.ContainsFunc(weightExts, func(x string) bool { return strings.HasSuffix(name, x) }) {
 			continue
 		}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	"github.com/lmpack/lmpack/pack"
@@ -31,6 +33,17 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 			}
 			if err := checkOutput("-o", out, args[0], rot); err != nil {
 				return err
+			}
+			// Replacing an earlier artifact (a rerun) is fine; replacing any
+			// other existing file is refused, so a mistyped -o cannot destroy
+			// an unrelated file.
+			if f, err := os.Open(out); err == nil {
+				var magic [4]byte
+				_, rerr := io.ReadFull(f, magic[:])
+				f.Close()
+				if rerr != nil || string(magic[:]) != "LMPK" {
+					return fmt.Errorf("-o %s: exists and is not an lmpack artifact; refusing to overwrite it", out)
+				}
 			}
 			a, err := pack.FromCheckpoint(args[0], pack.FromOptions{KVRotations: rot, LmpackVersion: version})
 			if err != nil {

@@ -59,3 +59,23 @@ func TestPackBadInput(t *testing.T) {
 		t.Error("a failed pack left its output behind")
 	}
 }
+
+// TestPackRefusesUnrelatedOutput: -o over an existing file that is not an
+// artifact is refused (the file survives); over an earlier artifact it is
+// replaced (a rerun), with mode 0644.
+func TestPackRefusesUnrelatedOutput(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	other := filepath.Join(dir, "notes.txt")
+	os.WriteFile(other, []byte("keep me"), 0o644)
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", other), "not an lmpack artifact", "refusing to overwrite")
+	if b, _ := os.ReadFile(other); string(b) != "keep me" {
+		t.Fatal("the unrelated file was overwritten")
+	}
+	art := filepath.Join(dir, "m.lmpk")
+	wantOK(t, lmpack(t, nil, "pack", modelDir(t), "-o", art))
+	wantOK(t, lmpack(t, nil, "pack", modelDir(t), "-o", art))
+	if st, err := os.Stat(art); err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("artifact mode: %v %v", st.Mode(), err)
+	}
+}

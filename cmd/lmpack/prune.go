@@ -63,7 +63,7 @@ blocks (--calib optional). Blocks 0 and L-1 are never removed.`,
 	f.StringVar(&opt.Calib, "calib", "", "calibration file (lmpack calibrate)")
 	f.StringVarP(&opt.Out, "output", "o", "", "directory to create for the pruned checkpoint")
 	f.IntVar(&opt.Layers, "layers", 0, "number of decoder blocks to remove")
-	f.Float64Var(&opt.LayerRatio, "layer-ratio", 0, "fraction of decoder blocks to remove, in (0, 1)")
+	f.Float64Var(&opt.LayerRatio, "layer-ratio", 0, "fraction of decoder blocks to remove, in (0, 1): removes round(r·L) blocks, at least 1")
 	f.StringVar(&opt.Method, "layer-method", "lorp", "lorp, shortgpt or list:L1,L2,...")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
@@ -78,8 +78,12 @@ func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 	fmt.Fprintf(&b, "%-6s %11s %16s\n", "layer", "redundancy", "block_influence")
 	for _, l := range r.Removed {
 		red, bi := "-", "-"
-		if l.Redundancy != nil {
+		// A layer alone in its LoRP cluster has no redundancy (the plan
+		// stores −1 as a sentinel): print "-" (singleton).
+		if l.Redundancy != nil && *l.Redundancy >= -1+1e-12 {
 			red = fmt.Sprintf("%.4f", *l.Redundancy)
+		} else if l.Redundancy != nil {
+			red = "- (alone)"
 		}
 		if l.BlockInfluence != nil {
 			bi = fmt.Sprintf("%.4f", *l.BlockInfluence)
