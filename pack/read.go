@@ -20,6 +20,7 @@ type Reader struct {
 	mapped   bool
 	l        *layout
 	manifest *Manifest
+	used     consumption
 }
 
 // Open memory-maps the artifact at path and validates its header (magic,
