@@ -184,3 +184,14 @@ func (r *Reader) IsKVRotation(name string) bool {
 	}
 	return false
 }
+
+// TensorInfos returns every manifest tensor's name, dtype and row-major
+// shape, sorted by name (Begin and End are zero: sections have no offsets
+// in a safetensors sense). Quantized tensors report their stored dtype.
+func (r *Reader) TensorInfos() []safetensors.TensorInfo {
+	out := make([]safetensors.TensorInfo, len(r.manifest.Tensors))
+	for i, t := range r.manifest.Tensors {
+		out[i] = safetensors.TensorInfo{Name: t.Name, DType: safetensors.DType(t.DType), Shape: slices.Clone(t.Shape)}
+	}
+	return out
+}

@@ -65,7 +65,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if _, err := engine.ReadText(data); err != nil {
 				return err
 			}
-			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger})
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger, Artifacts: kv == nil})
 			if err != nil {
 				return err
 			}

@@ -11,15 +11,10 @@ func newInspectCmd(g *globalFlags) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "inspect MODEL",
-		Short: "Print a checkpoint's architecture, parameter count, bytes by dtype and per-layer shapes",
+		Short: "Print a checkpoint's or artifact's architecture, parameter count, bytes by dtype and per-layer shapes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, d, ck, err := engine.OpenCheckpoint(cmd.Context(), args[0], engine.HubOptions(g.logger))
-			if err != nil {
-				return err
-			}
-			defer ck.Close()
-			r, err := engine.Inspect(dir, d, ck)
+			r, err := engine.InspectModel(cmd.Context(), args[0], engine.HubOptions(g.logger))
 			if err != nil {
 				return err
 			}

@@ -34,7 +34,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			opt.StopAtEOS = !noStop
-			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger})
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger, Artifacts: true})
 			if err != nil {
 				return err
 			}

@@ -33,16 +33,24 @@ type Options struct {
 	Hub *hub.Options
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
+	// Artifacts accepts an lmpack artifact (.lmpk, see IsArtifact) as
+	// MODEL; the Engine then has Artifact set and Checkpoint nil. Callers
+	// that need the checkpoint leave it false and get an error naming the
+	// artifact.
+	Artifacts bool
 }
 
-// Engine is an opened model: its description, checkpoint, tokenizer and
-// the loaded runtime model.
+// Engine is an opened model: its description, checkpoint (or artifact),
+// tokenizer and the loaded runtime model. Dir is the checkpoint directory
+// or the artifact's path.
 type Engine struct {
 	Dir        string
 	Desc       *arch.Description
 	Checkpoint *safetensors.Checkpoint
-	Tokenizer  *tokenizer.Tokenizer
-	Model      runtime.Model
+	// Artifact is set, and Checkpoint nil, when MODEL was an artifact.
+	Artifact  Artifact
+	Tokenizer *tokenizer.Tokenizer
+	Model     runtime.Model
 }
 
 // Resolve turns a MODEL argument into a local directory, downloading a hub
@@ -52,6 +60,9 @@ func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) 
 	if st, err := os.Stat(model); err == nil && st.IsDir() {
 		return model, nil
 	} else if err == nil {
+		if IsArtifact(model) {
+			return "", fmt.Errorf("engine: MODEL %q is an lmpack artifact; this command needs a checkpoint directory (run, eval without --kv, and inspect accept artifacts)", model)
+		}
 		return "", fmt.Errorf("engine: MODEL %q is a file; want a model directory or a Hugging Face id", model)
 	}
 	// A path whose parent exists locally (./x, /x, dir/x with dir present)
@@ -102,7 +113,15 @@ func OpenCheckpoint(ctx context.Context, model string, h *hub.Options) (string, 
 
 // Open resolves model, reads its config, tokenizer and weights, and loads
 // it on the CPU backend. Errors name the file and what was wrong.
+//
+// With opt.Artifacts and an artifact as model, it loads the manifest's
+// model, the embedded tokenizer and the tensors (CRC-checked as they are
+// read), and fails when the artifact carries KV rotations
+// (ErrKVRotationsUnused) or a manifest tensor the model does not use.
 func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
+	if opt.Artifacts && IsArtifact(model) {
+		return openArtifactEngine(ctx, model, opt)
+	}
 	h := opt.Hub
 	if h == nil {
 		h = HubOptions(opt.Logger)
@@ -156,9 +175,12 @@ func checkUnused(dir string, d *arch.Description, ck *safetensors.Checkpoint) er
 	return nil
 }
 
-// Close releases the model and unmaps the checkpoint.
+// Close releases the model and unmaps the checkpoint or the artifact.
 func (e *Engine) Close() error {
 	e.Model.Close()
+	if e.Artifact != nil {
+		return e.Artifact.Close()
+	}
 	return e.Checkpoint.Close()
 }
 

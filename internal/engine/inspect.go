@@ -48,11 +48,30 @@ type InspectReport struct {
 	Layers        []LayerReport    `json:"layers"`
 	// Unused lists checkpoint tensors the description does not use.
 	Unused []string `json:"unused_tensors,omitempty"`
+	// KVRotationTensors counts an artifact's KV-cache rotation tensors
+	// (F32 [head_dim, head_dim]); they are not model parameters.
+	KVRotationTensors int `json:"kv_rotation_tensors,omitempty"`
 }
 
 // Inspect builds the report for a description and its checkpoint. Errors:
 // a tensor the description names is missing from the checkpoint.
 func Inspect(dir string, d *arch.Description, ck *safetensors.Checkpoint) (*InspectReport, error) {
+	var infos []safetensors.TensorInfo
+	files := map[string]string{}
+	for _, name := range ck.Names() {
+		info, file, err := ck.Info(name)
+		if err != nil {
+			return nil, err
+		}
+		infos = append(infos, info)
+		files[name] = file
+	}
+	return inspect(dir, d, infos, func(n string) string { return files[n] })
+}
+
+// inspect builds the report from tensor infos; fileOf names the file
+// holding a tensor, for messages.
+func inspect(dir string, d *arch.Description, infos []safetensors.TensorInfo, fileOf func(string) string) (*InspectReport, error) {
 	r := &InspectReport{Dir: dir, Architecture: d.Architecture, HiddenSize: d.HiddenSize, VocabSize: d.VocabSize,
 		NumLayers: len(d.Layers), RoPETheta: d.RoPE.Theta, TiedEmbedding: d.TieWordEmbeddings, BytesByDType: map[string]int64{}}
 	layerOf := map[string]int{}
@@ -76,11 +95,8 @@ func Inspect(dir string, d *arch.Description, ck *safetensors.Checkpoint) (*Insp
 		r.Layers = append(r.Layers, lr)
 	}
 	want := d.TensorShapes()
-	for _, name := range ck.Names() {
-		info, file, err := ck.Info(name)
-		if err != nil {
-			return nil, err
-		}
+	for _, info := range infos {
+		name, file := info.Name, fileOf(info.Name)
 		if ws, ok := want[name]; ok && !sameShape(info.Shape, ws) {
 			return nil, fmt.Errorf("engine: %s: tensor %q: shape %v, want %v from config.json", file, name, info.Shape, ws)
 		}
@@ -172,6 +188,9 @@ func (r *InspectReport) WriteText(out io.Writer) error {
 	}
 	for _, n := range r.Unused {
 		fmt.Fprintf(w, "unused tensor: %s\n", n)
+	}
+	if r.KVRotationTensors > 0 {
+		fmt.Fprintf(w, "kv rotations:  %d tensors\n", r.KVRotationTensors)
 	}
 	return w.Err
 }

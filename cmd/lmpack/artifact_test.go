@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/lmpack/lmpack/pack"
+)
+
+// packArtifact packs the stories260K checkpoint with the CLI.
+func packArtifact(t *testing.T, extra ...string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "m.lmpk")
+	wantOK(t, lmpack(t, nil, append([]string{"pack", modelDir(t), "-o", out}, extra...)...))
+	return out
+}
+
+// TestArtifactAsModel: eval, run and inspect on a packed stories260K give
+// what they give on the checkpoint: PPL 3.76833 over 8 windows of 512
+// (SOURCE.md), the same greedy text, 260,032 parameters.
+func TestArtifactAsModel(t *testing.T) {
+	t.Parallel()
+	for _, flags := range [][]string{nil, {"--no-compress"}} {
+		art := packArtifact(t, flags...)
+		r := lmpack(t, nil, "eval", art, "--data", valText(t), "--ctx", "512", "--max-windows", "8", "--json")
+		checkEval(t, r, 3.76833, 0.0005, 8, 512)
+		onCk := lmpack(t, nil, "run", modelDir(t), "--temperature", "0", "--max-tokens", "64")
+		onArt := lmpack(t, nil, "run", art, "--temperature", "0", "--max-tokens", "64")
+		wantOK(t, onCk)
+		wantOK(t, onArt)
+		if onArt.stdout != onCk.stdout || len(onArt.stdout) < 64 {
+			t.Errorf("greedy text %v\n  from the artifact: %q\nfrom the checkpoint: %q", flags, onArt.stdout, onCk.stdout)
+		}
+		r = lmpack(t, nil, "inspect", art)
+		wantOK(t, r)
+		m := regexp.MustCompile(`parameters:\s+(\d+) `).FindStringSubmatch(r.stdout)
+		if m == nil || m[1] != "260032" {
+			t.Errorf("inspect artifact: %v", r.stdout)
+		}
+		ck := lmpack(t, nil, "inspect", modelDir(t))
+		wantOK(t, ck)
+		// Same report apart from the model line.
+		strip := func(s string) string { return s[strings.Index(s, "\n"):] }
+		if strip(r.stdout) != strip(ck.stdout) {
+			t.Errorf("inspect differs:\nartifact:\n%s\ncheckpoint:\n%s", r.stdout, ck.stdout)
+		}
+	}
+}
+
+// forge writes an artifact of the stories260K checkpoint with edit
+// applied to it before writing.
+func forge(t *testing.T, edit func(a *pack.Artifact)) string {
+	t.Helper()
+	a, err := pack.FromCheckpoint(modelDir(t), pack.FromOptions{LmpackVersion: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	edit(a)
+	out := filepath.Join(t.TempDir(), "forged.lmpk")
+	if _, err := pack.Write(out, a, pack.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestArtifactUnconsumed: a manifest tensor the model does not use, and KV
+// rotations the runtime does not apply, make run and eval fail naming
+// them; a flipped byte in a tensor section is a checksum error.
+func TestArtifactUnconsumed(t *testing.T) {
+	t.Parallel()
+	eye := make([]byte, 8*8*4)
+	for i := 0; i < 8; i++ {
+		copy(eye[4*(9*i):], []byte{0, 0, 0x80, 0x3f}) // float32 1.0
+	}
+	extra := forge(t, func(a *pack.Artifact) {
+		a.Manifest.Tensors = append(a.Manifest.Tensors, pack.TensorEntry{Name: "zz.extra.weight", Section: "zz.extra.weight", DType: "F32", Shape: []int{8, 8}})
+		a.Sections = append(a.Sections, pack.Section{Name: "zz.extra.weight", ElemSize: 4, Data: eye})
+	})
+	wantError(t, lmpack(t, nil, "run", extra, "--max-tokens", "4"), "zz.extra.weight", "does not use")
+	wantError(t, lmpack(t, nil, "eval", extra, "--data", valText(t), "--ctx", "64", "--max-windows", "1"), "zz.extra.weight")
+
+	rot := forge(t, func(a *pack.Artifact) {
+		k, v := "kv/oscar.layers.0.r_k", "kv/oscar.layers.0.r_v"
+		a.Manifest.KV = &pack.KVScheme{Method: "oscar2", Rotations: []pack.KVRotations{{Layer: 0, K: k, V: v}}}
+		for _, n := range []string{k, v} {
+			a.Manifest.Tensors = append([]pack.TensorEntry{{Name: n, Section: n, DType: "F32", Shape: []int{8, 8}}}, a.Manifest.Tensors...)
+			a.Sections = append(a.Sections, pack.Section{Name: n, ElemSize: 4, Data: eye})
+		}
+	})
+	wantError(t, lmpack(t, nil, "run", rot, "--max-tokens", "4"), "OSCAR KV rotations, which run/eval do not apply yet")
+	r := lmpack(t, nil, "inspect", rot)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "kv rotations:  2 tensors") {
+		t.Errorf("inspect of an artifact with rotations:\n%s", r.stdout)
+	}
+
+	// A byte flipped inside a raw tensor section (lz4 sections are
+	// covered section by section in pack's TestTensorCorruptSection).
+	art := packArtifact(t, "--no-compress")
+	rd, err := pack.Open(art)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "model.layers.2.mlp.up_proj.weight"
+	sec, err := rd.Section(name)
+	sec = bytes.Clone(sec)
+	rd.Close()
+	if err != nil || len(sec) == 0 {
+		t.Fatalf("section %q: %v", name, err)
+	}
+	b, _ := os.ReadFile(art)
+	off := bytes.Index(b, sec)
+	if off < 0 {
+		t.Fatalf("section %q not found in the file", name)
+	}
+	b[off+len(sec)/2] ^= 0x20
+	bad := filepath.Join(t.TempDir(), "bad.lmpk")
+	os.WriteFile(bad, b, 0o644)
+	wantError(t, lmpack(t, nil, "run", bad, "--max-tokens", "4"), "checksum mismatch", name)
+}

@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/formats/tokenizer"
+	"github.com/lmpack/lmpack/internal/hub"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// ArtifactMagic is the first four bytes of an lmpack artifact (.lmpk,
+// docs/FORMAT.md).
+const ArtifactMagic = "LMPK"
+
+// Artifact is an opened packed model (.lmpk) as the engine needs it;
+// *pack.Reader implements it. (engine cannot import pack, which depends on
+// engine through calibrate and quantize/oscar, hence the interface and
+// ArtifactOpener.)
+type Artifact interface {
+	runtime.TensorSource
+	// Path is the artifact's path.
+	Path() string
+	// Description is the model the manifest describes, validated.
+	Description() (*arch.Description, error)
+	// File returns an embedded file (e.g. "tokenizer.json") by base name.
+	File(name string) ([]byte, error)
+	// TensorInfos lists the manifest tensors (name, dtype, shape).
+	TensorInfos() []safetensors.TensorInfo
+	// Unconsumed lists manifest tensors no Tensor call has returned.
+	Unconsumed() []string
+	// IsKVRotation reports whether a tensor is a KV-cache rotation.
+	IsKVRotation(name string) bool
+	// Close unmaps the artifact.
+	Close() error
+}
+
+// ArtifactOpener opens an artifact; cmd/lmpack sets it to pack.Open. While
+// it is nil, artifacts are refused with an error saying so.
+var ArtifactOpener func(path string) (Artifact, error)
+
+// IsArtifact reports whether path is a regular file starting with
+// ArtifactMagic. Unreadable paths are not artifacts (the caller's own
+// open reports why).
+func IsArtifact(path string) bool {
+	st, err := os.Stat(path)
+	if err != nil || !st.Mode().IsRegular() {
+		return false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(ArtifactMagic))
+	if _, err := io.ReadFull(f, b); err != nil {
+		return false
+	}
+	return string(b) == ArtifactMagic
+}
+
+// openArtifact opens path with ArtifactOpener and reads its description.
+func openArtifact(path string) (Artifact, *arch.Description, error) {
+	if ArtifactOpener == nil {
+		return nil, nil, fmt.Errorf("engine: MODEL %q is an lmpack artifact, and this program was built without artifact support", path)
+	}
+	a, err := ArtifactOpener(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := a.Description()
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, d, nil
+}
+
+// artifactTokenizer builds the tokenizer from the artifact's embedded
+// tokenizer.json and, when present, tokenizer_config.json (which sets
+// add_bos_token and the special tokens): tokenizer.Load reads both from a
+// directory, so they are written to a private temporary one.
+func artifactTokenizer(a Artifact) (*tokenizer.Tokenizer, error) {
+	tj, err := a.File("tokenizer.json")
+	if err != nil {
+		return nil, fmt.Errorf("engine: %s: the artifact embeds no usable tokenizer.json: %w", a.Path(), err)
+	}
+	cfg, cfgErr := a.File("tokenizer_config.json")
+	tmp, err := os.MkdirTemp("", "lmpack-tokenizer-")
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.WriteFile(filepath.Join(tmp, "tokenizer.json"), tj, 0o600); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if cfgErr == nil {
+		if err := os.WriteFile(filepath.Join(tmp, "tokenizer_config.json"), cfg, 0o600); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+	}
+	tok, err := tokenizer.Load(tmp)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %s: embedded %w", a.Path(), err)
+	}
+	return tok, nil
+}
+
+// ErrKVRotationsUnused: an artifact carries KV-cache rotations, which the
+// runtime does not apply yet; loading it anyway would silently run a
+// different model than the one packed.
+var ErrKVRotationsUnused = fmt.Errorf("artifact carries OSCAR KV rotations, which run/eval do not apply yet")
+
+// openArtifactEngine loads an artifact on the CPU backend and fails when
+// any manifest tensor went unconsumed (a tied lm_head stored explicitly
+// and RoPE inv_freq buffers excepted, as for checkpoints).
+func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine, error) {
+	a, d, err := openArtifact(path)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+	var rot []string
+	for _, t := range a.TensorInfos() {
+		if a.IsKVRotation(t.Name) {
+			rot = append(rot, t.Name)
+		}
+	}
+	if len(rot) > 0 {
+		return nil, fmt.Errorf("engine: %s: %w (%d rotation tensors, first %q); pack without --kv-rotations to run or evaluate it",
+			path, ErrKVRotationsUnused, len(rot), rot[0])
+	}
+	tok, err := artifactTokenizer(a)
+	if err != nil {
+		return nil, err
+	}
+	if tok.VocabSize() > d.VocabSize {
+		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", path, tok.VocabSize(), d.VocabSize)
+	}
+	t0 := time.Now()
+	m, err := runtime.NewCPU().Load(ctx, d, a, runtime.LoadOptions{Threads: opt.Threads})
+	if err != nil {
+		return nil, err
+	}
+	var extra []string
+	for _, n := range a.Unconsumed() {
+		if (n == d.LMHead && d.TieWordEmbeddings) || strings.HasSuffix(n, "rotary_emb.inv_freq") {
+			continue
+		}
+		extra = append(extra, n)
+	}
+	if len(extra) > 0 {
+		m.Close()
+		return nil, fmt.Errorf("engine: %s: the manifest lists %d tensors the model does not use (first %q); the manifest's model and its tensors disagree",
+			path, len(extra), extra[0])
+	}
+	if opt.Logger != nil {
+		opt.Logger.Info("model loaded", "artifact", path, "architecture", d.Architecture, "layers", len(d.Layers), "seconds", time.Since(t0).Seconds())
+	}
+	ok = true
+	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m}, nil
+}
+
+// InspectModel builds the inspect report for MODEL: an artifact (from its
+// manifest, reading no section) or a checkpoint directory or hub id
+// (OpenCheckpoint, then Inspect).
+func InspectModel(ctx context.Context, model string, h *hub.Options) (*InspectReport, error) {
+	if IsArtifact(model) {
+		a, d, err := openArtifact(model)
+		if err != nil {
+			return nil, err
+		}
+		defer a.Close()
+		var infos []safetensors.TensorInfo
+		kv := 0
+		for _, t := range a.TensorInfos() {
+			if a.IsKVRotation(t.Name) {
+				kv++
+				continue
+			}
+			infos = append(infos, t)
+		}
+		r, err := inspect(model, d, infos, func(string) string { return model })
+		if err != nil {
+			return nil, err
+		}
+		r.KVRotationTensors = kv
+		return r, nil
+	}
+	dir, d, ck, err := OpenCheckpoint(ctx, model, h)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	return Inspect(dir, d, ck)
+}
