@@ -100,6 +100,25 @@ func (o *jobj) integer(key string, def int) (int, error) {
 	return n, o.decode(key, &n, "an integer")
 }
 
+// each calls fn for every non-null element of the array at key, with the
+// element's path (path.key[i]) for error messages; it stops at the first
+// error.
+func (o *jobj) each(path, key string, fn func(at string, raw json.RawMessage) error) error {
+	arr, err := o.array(key)
+	if err != nil {
+		return err
+	}
+	for i, r := range arr {
+		if isNull(r) {
+			continue
+		}
+		if err := fn(fmt.Sprintf("%s.%s[%d]", path, key, i), r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (o *jobj) array(key string) ([]json.RawMessage, error) {
 	if !o.has(key) {
 		return nil, o.p.bad(o.field(key), "missing (want an array)")
@@ -483,22 +502,13 @@ func (p *parser) normalizer(path string, raw json.RawMessage) (normalizer, error
 	}
 	switch typ {
 	case "Sequence":
-		arr, err := o.array("normalizers")
-		if err != nil {
-			return nil, err
-		}
 		var seq seqNormalizer
-		for i, r := range arr {
-			if isNull(r) {
-				continue
-			}
-			n, err := p.normalizer(fmt.Sprintf("%s.normalizers[%d]", path, i), r)
-			if err != nil {
-				return nil, err
-			}
+		err := o.each(path, "normalizers", func(at string, r json.RawMessage) error {
+			n, err := p.normalizer(at, r)
 			seq = append(seq, n)
-		}
-		return seq, nil
+			return err
+		})
+		return seq, err
 	case "Prepend":
 		s, err := o.str("prepend")
 		return prependNormalizer{s}, err
@@ -562,22 +572,13 @@ func (p *parser) preTokenizer(path string, raw json.RawMessage) (preTokenizer, e
 	}
 	switch typ {
 	case "Sequence":
-		arr, err := o.array("pretokenizers")
-		if err != nil {
-			return nil, err
-		}
 		var seq seqPreTokenizer
-		for i, r := range arr {
-			if isNull(r) {
-				continue
-			}
-			pt, err := p.preTokenizer(fmt.Sprintf("%s.pretokenizers[%d]", path, i), r)
-			if err != nil {
-				return nil, err
-			}
+		err := o.each(path, "pretokenizers", func(at string, r json.RawMessage) error {
+			pt, err := p.preTokenizer(at, r)
 			seq = append(seq, pt)
-		}
-		return seq, nil
+			return err
+		})
+		return seq, err
 	case "Split":
 		if !o.has("pattern") {
 			return nil, p.bad(o.field("pattern"), "missing")
@@ -660,20 +661,14 @@ func (p *parser) postProcessor(path string, raw json.RawMessage, m *bpeModel) (p
 	case "ByteLevel":
 		return nil, nil, nil
 	case "Sequence":
-		arr, err := o.array("processors")
-		if err != nil {
-			return nil, nil, err
-		}
-		for i, r := range arr {
-			if isNull(r) {
-				continue
-			}
-			pre, suf, err := p.postProcessor(fmt.Sprintf("%s.processors[%d]", path, i), r, m)
-			if err != nil {
-				return nil, nil, err
-			}
+		err := o.each(path, "processors", func(at string, r json.RawMessage) error {
+			pre, suf, err := p.postProcessor(at, r, m)
 			prefix = append(append([]int{}, pre...), prefix...)
 			suffix = append(suffix, suf...)
+			return err
+		})
+		if err != nil {
+			return nil, nil, err
 		}
 		return prefix, suffix, nil
 	case "TemplateProcessing":
@@ -793,17 +788,12 @@ func (p *parser) decoder(path string, raw json.RawMessage, out []decStep) ([]dec
 	}
 	switch typ {
 	case "Sequence":
-		arr, err := o.array("decoders")
+		err := o.each(path, "decoders", func(at string, r json.RawMessage) (err error) {
+			out, err = p.decoder(at, r, out)
+			return err
+		})
 		if err != nil {
 			return nil, err
-		}
-		for i, r := range arr {
-			if isNull(r) {
-				continue
-			}
-			if out, err = p.decoder(fmt.Sprintf("%s.decoders[%d]", path, i), r, out); err != nil {
-				return nil, err
-			}
 		}
 		return out, nil
 	case "Replace":
