@@ -60,11 +60,18 @@ type familyOpts struct {
 	qkNorm      bool // Qwen3: RMSNorm over head_dim on q and k
 	tieDefault  bool // default of tie_word_embeddings
 	ropeDefault float64
+	// qwenWindow: the family has use_sliding_window (Qwen), default false;
+	// otherwise sliding_window applies to every layer (Mistral).
+	qwenWindow bool
 }
 
 // describeBase builds the common part of the description (everything but
 // the FFN of each layer, which the family adapter fills in).
 func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error) {
+	if f.qwenWindow {
+		off := false
+		c.UseSlidingWindow = &off
+	}
 	if err := json.Unmarshal(raw, c); err != nil {
 		return nil, jsonErr(err)
 	}
@@ -202,6 +209,15 @@ func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error)
 		l.FFNNorm = p + "post_attention_layernorm.weight"
 	}
 	return d, nil
+}
+
+// addDenseMLPs gives every layer of d a dense SwiGLU FFN named
+// model.layers.N.mlp.*, sized by layer_configs or intermediate_size.
+func addDenseMLPs(d *Description, c *baseConfig) *Description {
+	for i := range d.Layers {
+		d.Layers[i].MLP = denseMLP(fmt.Sprintf("model.layers.%d.mlp.", i), c.layerFFNSize(i, c.IntermediateSize))
+	}
+	return d
 }
 
 // denseMLP returns the Llama-style SwiGLU tensor names under prefix

@@ -1,7 +1,5 @@
 package arch
 
-import "fmt"
-
 // llama describes LlamaForCausalLM (Llama 2/3/3.1: GQA, optional
 // attention_bias, rope_scaling linear or llama3).
 type llama struct{}
@@ -16,8 +14,5 @@ func (*llama) Describe(raw []byte) (*Description, error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := range d.Layers {
-		d.Layers[i].MLP = denseMLP(fmt.Sprintf("model.layers.%d.mlp.", i), c.layerFFNSize(i, c.IntermediateSize))
-	}
-	return d, nil
+	return addDenseMLPs(d, &c), nil
 }

@@ -1,7 +1,5 @@
 package arch
 
-import "fmt"
-
 // mistral describes MistralForCausalLM: Llama layout with an optional
 // sliding_window applied to every layer.
 type mistral struct{}
@@ -16,8 +14,5 @@ func (*mistral) Describe(raw []byte) (*Description, error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := range d.Layers {
-		d.Layers[i].MLP = denseMLP(fmt.Sprintf("model.layers.%d.mlp.", i), c.layerFFNSize(i, c.IntermediateSize))
-	}
-	return d, nil
+	return addDenseMLPs(d, &c), nil
 }

@@ -71,9 +71,7 @@ func init() { Register("Qwen2MoeForCausalLM", func() Adapter { return &qwen2MoE{
 
 func (*qwen2MoE) Describe(raw []byte) (*Description, error) {
 	var c baseConfig
-	f := false
-	c.UseSlidingWindow = &f
-	d, err := describeBase(raw, &c, familyOpts{qkvBias: true, ropeDefault: 10000})
+	d, err := describeBase(raw, &c, familyOpts{qkvBias: true, ropeDefault: 10000, qwenWindow: true})
 	if err != nil {
 		return nil, err
 	}
@@ -93,9 +91,7 @@ func init() { Register("Qwen3MoeForCausalLM", func() Adapter { return &qwen3MoE{
 
 func (*qwen3MoE) Describe(raw []byte) (*Description, error) {
 	var c baseConfig
-	f := false
-	c.UseSlidingWindow = &f
-	d, err := describeBase(raw, &c, familyOpts{qkNorm: true, ropeDefault: 1000000})
+	d, err := describeBase(raw, &c, familyOpts{qkNorm: true, ropeDefault: 1000000, qwenWindow: true})
 	if err != nil {
 		return nil, err
 	}
