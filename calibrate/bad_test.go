@@ -165,6 +165,26 @@ func TestReadBad(t *testing.T) {
 			h.ModelFingerprint = strings.Repeat("f", 64)
 			writeRaw(t, p, rawTensors(c), h)
 		}, ErrModelMismatch, []string{strings.Repeat("f", 64), testFP}},
+		{"token outside the vocabulary", func(p string) {
+			h := validHeader()
+			h.Statistics = append(h.Statistics, StatTokens)
+			ids := make([]int, h.Tokens)
+			ids[7] = d.VocabSize
+			tt, err := tokensTensor(p, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeRaw(t, p, append(rawTensors(c), tt), h)
+		}, ErrBadStatistic, []string{`"calibration.tokens"`, "position 7", "outside the vocabulary"}},
+		{"token count differs from the header", func(p string) {
+			h := validHeader()
+			h.Statistics = append(h.Statistics, StatTokens)
+			tt, err := tokensTensor(p, make([]int, h.Tokens-1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeRaw(t, p, append(rawTensors(c), tt), h)
+		}, ErrBadStatistic, []string{`"calibration.tokens"`, "want I32 [100]"}},
 		{"statistic listed, no tensors", func(p string) { writeRaw(t, p, nil, validHeader()) }, ErrBadStatistic, []string{"0 layers, the model has 5"}},
 	}
 	for _, k := range cases {

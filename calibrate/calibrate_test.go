@@ -154,10 +154,16 @@ func TestRunMatchesDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !slices.Equal(c.TokenIDs, ids[:calibTokens]) {
+		t.Errorf("token ids in the file differ from the tokenized calibration text")
+	}
+	if w := c.CalibrationWindows(); len(w) != 4 || len(w[3]) != calibCtx || w[3][0] != ids[3*calibCtx] {
+		t.Errorf("CalibrationWindows: %d windows; want 4 of %d tokens", len(w), calibCtx)
+	}
 	sum := sha256.Sum256(text)
 	h := c.Header
 	if h.Kind != Kind || h.FormatVersion != 1 || h.ModelFingerprint != fp || h.DataFingerprint != hex.EncodeToString(sum[:]) ||
-		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar", "lorp"}) {
+		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar", "lorp", "tokens"}) {
 		t.Errorf("header %+v", h)
 	}
 	if len(c.OSCAR) != L {

@@ -93,6 +93,9 @@ type Calibration struct {
 	// inputs 0..L−1 and the final-norm input as state L); nil otherwise
 	// (files written before the statistic existed).
 	Similarity []float64
+	// TokenIDs, when Header.Statistics lists StatTokens, are the
+	// Header.Tokens calibration token ids (TokensTensor); nil otherwise.
+	TokenIDs []int
 }
 
 // SimilaritySide returns the side L+1 of c.Similarity, or 0 when absent.
@@ -196,6 +199,17 @@ func Write(path string, c *Calibration) error {
 		h.Statistics = append(h.Statistics, StatLoRP)
 		ts = append(ts, safetensors.WriteTensor{Name: SimilarityTensor, DType: safetensors.F64, Shape: []int{m, m}, Data: f64Bytes(c.Similarity)})
 	}
+	if c.TokenIDs != nil {
+		if len(c.TokenIDs) != h.Tokens {
+			return fmt.Errorf("calibrate: %s: tensor %q: %d ids, the header says %d tokens: %w", path, TokensTensor, len(c.TokenIDs), h.Tokens, ErrBadStatistic)
+		}
+		t, err := tokensTensor(path, c.TokenIDs)
+		if err != nil {
+			return err
+		}
+		h.Statistics = append(h.Statistics, StatTokens)
+		ts = append(ts, t)
+	}
 	js, err := json.Marshal(h)
 	if err != nil {
 		return fmt.Errorf("calibrate: %s: header: %w", path, err)
@@ -269,6 +283,15 @@ func Read(path string, want Expect) (*Calibration, error) {
 			L = len(want.Desc.Layers)
 		}
 		if c.Similarity, err = readSimilarity(f, path, L); err != nil {
+			return nil, err
+		}
+	}
+	if c.Has(StatTokens) {
+		vocab := 0
+		if want.Desc != nil {
+			vocab = want.Desc.VocabSize
+		}
+		if c.TokenIDs, err = readTokens(f, path, h.Tokens, vocab); err != nil {
 			return nil, err
 		}
 	}

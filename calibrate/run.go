@@ -124,6 +124,7 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		},
 		OSCAR:      layers,
 		Similarity: sim,
+		TokenIDs:   ids[:opt.Tokens],
 	}
 	if err := Write(opt.Out, c); err != nil {
 		return nil, err
