@@ -63,6 +63,10 @@ type cpuModel struct {
 	obsQKV    QKVObserver
 	obsRouter RouterObserver
 	obsFFN    FFNObserver
+	obsAttn   AttnOutputObserver
+
+	// groupMask[layer][kv] silences GQA groups (headmask.go); nil: none.
+	groupMask [][]bool
 }
 
 var _ Model = (*cpuModel)(nil)
@@ -238,6 +242,7 @@ func (m *cpuModel) SetObserver(o any) {
 	m.obsQKV, _ = o.(QKVObserver)
 	m.obsRouter, _ = o.(RouterObserver)
 	m.obsFFN, _ = o.(FFNObserver)
+	m.obsAttn, _ = o.(AttnOutputObserver)
 }
 
 // scratch holds the activations of one Forward call; it grows to the
@@ -455,6 +460,9 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 		t.direct = false
 	}
 	m.pool.Run(l.nh, t)
+	if m.groupMask != nil || m.obsAttn != nil {
+		m.attnOutputHook(li, l, pos, T)
+	}
 
 	att := s.att[:T*l.qdim]
 	out := s.out[:T*H]
