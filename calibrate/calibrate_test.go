@@ -124,10 +124,12 @@ func TestRunMatchesDirect(t *testing.T) {
 	L := len(e.Desc.Layers)
 	rec := &qkvRecorder{q: make([][]float32, L), k: make([][]float32, L), v: make([][]float32, L)}
 	blk := &blockRecorder{in: make([][]float32, L+1)}
+	att := &attnRecorder{att: make([][]float32, L)}
 	e.Model.SetObserver(struct {
 		*qkvRecorder
 		*blockRecorder
-	}{rec, blk})
+		*attnRecorder
+	}{rec, blk, att})
 	text, err := os.ReadFile(data)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +165,7 @@ func TestRunMatchesDirect(t *testing.T) {
 	sum := sha256.Sum256(text)
 	h := c.Header
 	if h.Kind != Kind || h.FormatVersion != 1 || h.ModelFingerprint != fp || h.DataFingerprint != hex.EncodeToString(sum[:]) ||
-		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar", "lorp", "tokens"}) {
+		h.Tokens != calibTokens || h.Ctx != calibCtx || h.LmpackVersion != "test-1" || !slices.Equal(h.Statistics, []string{"oscar", "lorp", "tokens", "heads"}) {
 		t.Errorf("header %+v", h)
 	}
 	if len(c.OSCAR) != L {
@@ -202,6 +204,32 @@ func TestRunMatchesDirect(t *testing.T) {
 		t.Errorf("similarity differs from the direct computation by %.3g", maxDiff)
 	}
 	t.Logf("similarity max diff %.2g; S[0][1] %.6f, S[3][4] %.6f, S[4][5] %.6f", maxDiff, direct[1], direct[3*(L+1)+4], direct[4*(L+1)+5])
+
+	// Head proxy: mean over tokens of each group's squared attention
+	// output, summed naively from the captured o_proj inputs.
+	if len(c.HeadProxy) != L {
+		t.Fatalf("head proxy for %d layers, want %d", len(c.HeadProxy), L)
+	}
+	for l := 0; l < L; l++ {
+		ly := e.Desc.Layers[l]
+		qd, w := ly.QDim(), ly.NumHeads/ly.NumKVHeads*ly.HeadDim
+		if len(att.att[l]) != calibTokens*qd || len(c.HeadProxy[l]) != ly.NumKVHeads {
+			t.Fatalf("layer %d: captured %d attention values, proxy has %d groups", l, len(att.att[l]), len(c.HeadProxy[l]))
+		}
+		for g := 0; g < ly.NumKVHeads; g++ {
+			var s float64
+			for i, v := range att.att[l] {
+				if (i%qd)/w == g {
+					s += float64(v) * float64(v)
+				}
+			}
+			want := s / calibTokens
+			if got := c.HeadProxy[l][g]; math.Abs(got-want) > 1e-9*want || !(want > 0) {
+				t.Errorf("layer %d group %d: head proxy %v, direct %v", l, g, got, want)
+			}
+		}
+	}
+	t.Logf("head proxy layer 0: %.5f", c.HeadProxy[0])
 
 	// Round trip: writing what was read gives the same bytes.
 	out2 := filepath.Join(t.TempDir(), "again.safetensors")
@@ -379,3 +407,9 @@ func directSimilarity(states [][]float32, H int) []float64 {
 	}
 	return S
 }
+
+// attnRecorder keeps every o_proj input the AttnOutput hook sees, per
+// layer, in call order.
+type attnRecorder struct{ att [][]float32 }
+
+func (r *attnRecorder) AttnOutput(l, pos, n int, att []float32) { r.att[l] = append(r.att[l], att...) }

@@ -19,7 +19,12 @@
 // plus the final-norm input (SimilarityTensor, for LoRP and ShortGPT depth
 // pruning, docs/METHODS.md §5), collected during the first pass (Collect).
 // Files written before "lorp" existed read back with Similarity nil.
-// Later stages (head importance, expert counts,
+// "tokens", the calibration token ids (StatTokens); "heads", a cheap
+// per-(layer, KV group) head-importance proxy, the mean squared norm of
+// each GQA group's attention output at the o_proj input (StatHeads,
+// CollectStats, also during the first pass). Putri's masked-perplexity
+// head score is iterative and is computed by lmpack prune from the token
+// ids. Later stages (expert counts,
 // Hessians) add a statistic name to Header.Statistics and their own tensor
 // prefix ("<statistic>.layers.N.<name>"); Read ignores statistics it does
 // not know, so old readers keep reading newer files of the same

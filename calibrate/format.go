@@ -96,6 +96,10 @@ type Calibration struct {
 	// TokenIDs, when Header.Statistics lists StatTokens, are the
 	// Header.Tokens calibration token ids (TokensTensor); nil otherwise.
 	TokenIDs []int
+	// HeadProxy, when Header.Statistics lists StatHeads, is the head
+	// proxy [L][num_key_value_heads of layer l] (float64, >= 0); nil
+	// otherwise.
+	HeadProxy [][]float64
 }
 
 // SimilaritySide returns the side L+1 of c.Similarity, or 0 when absent.
@@ -159,7 +163,9 @@ func Fingerprint(b []byte) string {
 
 // Write writes c to path as a calibration file, atomically
 // (safetensors.WriteFile): tensors OSCARTensorName(l, "c_q"|"c_s"), F64,
-// [d, d], SimilarityTensor F64 [L+1, L+1] when c.Similarity is set, and
+// [d, d], SimilarityTensor F64 [L+1, L+1] when c.Similarity is set,
+// HeadProxyTensorName(l) F64 [num_key_value_heads] when c.HeadProxy is set,
+// TokensTensor when c.TokenIDs is set, and
 // the Header as JSON under MetadataKey. Kind and FormatVersion
 // are filled in; Statistics is set from the statistics c holds. The output
 // is deterministic. Errors: a layer whose matrices are not [d, d] or hold
@@ -209,6 +215,14 @@ func Write(path string, c *Calibration) error {
 		}
 		h.Statistics = append(h.Statistics, StatTokens)
 		ts = append(ts, t)
+	}
+	if c.HeadProxy != nil {
+		ht, err := headTensors(path, c.HeadProxy)
+		if err != nil {
+			return err
+		}
+		h.Statistics = append(h.Statistics, StatHeads)
+		ts = append(ts, ht...)
 	}
 	js, err := json.Marshal(h)
 	if err != nil {
@@ -292,6 +306,11 @@ func Read(path string, want Expect) (*Calibration, error) {
 			vocab = want.Desc.VocabSize
 		}
 		if c.TokenIDs, err = readTokens(f, path, h.Tokens, vocab); err != nil {
+			return nil, err
+		}
+	}
+	if c.Has(StatHeads) {
+		if c.HeadProxy, err = readHeads(f, path, want.Desc); err != nil {
 			return nil, err
 		}
 	}

@@ -45,7 +45,7 @@ import (
 // an id out of range, ...), and non-finite statistics (the forward pass
 // overflowed), naming the layer.
 func CollectOSCAR(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int)) ([]OSCARLayer, error) {
-	layers, _, err := collect(ctx, m, windows, progress, false)
+	layers, _, err := collect(ctx, m, windows, progress, false, nil)
 	return layers, err
 }
 
@@ -58,10 +58,12 @@ func CollectOSCAR(ctx context.Context, m runtime.Model, windows [][]int, progres
 // the longest window (float32), independent of the number of windows.
 // Errors: those of CollectOSCAR, and depth errors (non-finite states).
 func Collect(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int)) ([]OSCARLayer, []float64, error) {
-	return collect(ctx, m, windows, progress, true)
+	return collect(ctx, m, windows, progress, true, nil)
 }
 
-func collect(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int), withSim bool) ([]OSCARLayer, []float64, error) {
+// collect runs both OSCAR passes; withSim adds the similarity and heads,
+// when not nil, the head proxy (both during pass 1).
+func collect(ctx context.Context, m runtime.Model, windows [][]int, progress func(done, total int), withSim bool, heads *headAcc) ([]OSCARLayer, []float64, error) {
 	d := m.Description()
 	T, longest := 0, 0
 	for i, w := range windows {
@@ -83,7 +85,9 @@ func collect(ctx context.Context, m runtime.Model, windows [][]int, progress fun
 		}
 	}
 	defer m.SetObserver(nil)
-	if sim != nil {
+	if heads != nil && sim != nil {
+		m.SetObserver(all3{acc, sim, heads})
+	} else if sim != nil {
 		m.SetObserver(both{acc, sim})
 	} else {
 		m.SetObserver(acc)

@@ -57,7 +57,7 @@ type Summary struct {
 // Run is `lmpack calibrate`: it opens the model on the CPU backend, reads
 // the data file and tokenizes it as one string with BOS prepended (as
 // `lmpack eval` does), splits the first opt.Tokens tokens into windows of
-// opt.Ctx tokens (Windows), collects the OSCAR and block-similarity statistics (Collect)
+// opt.Ctx tokens (Windows), collects the OSCAR, block-similarity and head-proxy statistics (CollectStats)
 // and writes the calibration file opt.Out (Write, atomic).
 //
 // Errors: invalid options; the output directory missing; the data file
@@ -109,7 +109,7 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	}
 	log.Info("calibrating", "model", e.Dir, "data", opt.Data, "tokens", opt.Tokens, "ctx", opt.Ctx, "windows", len(windows), "passes", 2)
 	t0 := time.Now()
-	layers, sim, err := Collect(ctx, e.Model, windows, opt.Progress)
+	st, err := CollectStats(ctx, e.Model, windows, opt.Progress)
 	if err != nil {
 		return nil, err
 	}
@@ -122,9 +122,10 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 			Ctx:              opt.Ctx,
 			LmpackVersion:    opt.Version,
 		},
-		OSCAR:      layers,
-		Similarity: sim,
+		OSCAR:      st.OSCAR,
+		Similarity: st.Similarity,
 		TokenIDs:   ids[:opt.Tokens],
+		HeadProxy:  st.HeadProxy,
 	}
 	if err := Write(opt.Out, c); err != nil {
 		return nil, err

@@ -30,7 +30,10 @@ the last window may be shorter). Statistics collected: the OSCAR key and
 value covariances C_Q and C_S per layer (two passes over the data), which
 "lmpack quantize kv" turns into KV-cache rotations; and the cosine
 similarity of every pair of block inputs (lorp.similarity), which
-"lmpack prune" uses to choose layers. Memory does not grow with --tokens.`,
+"lmpack prune" uses to choose layers; the mean squared attention output of
+every (layer, KV group) (heads.layers.N.proxy, the --head-method proxy
+score); and the token ids (calibration.tokens), which prune reruns for
+Putri's masked-perplexity head scores and FFN statistics. Memory does not grow with --tokens.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Data == "" {
