@@ -114,10 +114,20 @@ func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, o
 	}
 	slices.SortFunc(ts, func(a, b safetensors.WriteTensor) int { return strings.Compare(a.Name, b.Name) })
 
+	if err := writeDir(modelDir, out, ts, cfg); err != nil {
+		return before, after, err
+	}
+	return before, after, nil
+}
+
+// writeDir builds out in a temporary directory beside it (model.safetensors
+// from ts, config.json from cfg, modelDir's side files) and renames it into
+// place, so out appears complete or not at all.
+func writeDir(modelDir, out string, ts []safetensors.WriteTensor, cfg []byte) error {
 	parent := filepath.Dir(filepath.Clean(out))
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(out)+".tmp-")
 	if err != nil {
-		return before, after, fmt.Errorf("prune: output %s: %w", out, err)
+		return fmt.Errorf("prune: output %s: %w", out, err)
 	}
 	done := false
 	defer func() {
@@ -126,22 +136,22 @@ func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, o
 		}
 	}()
 	if err := safetensors.WriteFile(filepath.Join(tmp, "model.safetensors"), ts, map[string]string{"format": "pt"}); err != nil {
-		return before, after, fmt.Errorf("prune: %w", err)
+		return fmt.Errorf("prune: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o644); err != nil {
-		return before, after, fmt.Errorf("prune: %w", err)
+		return fmt.Errorf("prune: %w", err)
 	}
 	if err := copySideFiles(modelDir, tmp); err != nil {
-		return before, after, err
+		return err
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
-		return before, after, fmt.Errorf("prune: %w", err)
+		return fmt.Errorf("prune: %w", err)
 	}
 	if err := os.Rename(tmp, out); err != nil {
-		return before, after, fmt.Errorf("prune: output %s: %w", out, err)
+		return fmt.Errorf("prune: output %s: %w", out, err)
 	}
 	done = true
-	return before, after, nil
+	return nil
 }
 
 // checkOut refuses an out that is modelDir, inside it, or already exists.

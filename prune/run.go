@@ -34,6 +34,28 @@ type Options struct {
 	// Method is "lorp", "shortgpt" or "list:3,7" (the layers to remove;
 	// then Layers and LayerRatio must be 0 or agree with the list).
 	Method string
+
+	// Width pruning (Putri, docs/METHODS.md §6). It cannot be combined
+	// with layer removal in one run, and needs dense (non-MoE) models.
+
+	// HeadGroups is the number of GQA groups (one KV head and its query
+	// heads) to remove over all layers, or 0 to use HeadRatio (both 0: no
+	// head pruning). Every layer keeps at least one group (HeadBudget).
+	HeadGroups int
+	// HeadRatio in (0, 1): remove round(HeadRatio·total groups).
+	HeadRatio float64
+	// HeadMethod is HeadPutri (default when empty) or HeadProxy.
+	HeadMethod string
+	// HeadStep is the number of groups Putri removes per round (<= 0: 1).
+	HeadStep int
+	// FFNRatio in (0, 1) removes round(FFNRatio·F) intermediate nodes of
+	// every FFN (FFNKeepCount); 0: no FFN pruning.
+	FFNRatio float64
+	// NoRefit keeps the kept down_proj columns instead of the
+	// least-squares refit.
+	NoRefit bool
+	// Threads is the CPU worker count for the model runs; <= 0: all cores.
+	Threads int
 }
 
 // RemovedLayer is one removed block in a Report.
@@ -68,8 +90,22 @@ type Report struct {
 	// checkpoints (elements; data bytes in their stored dtype).
 	Before Sizes `json:"before"`
 	After  Sizes `json:"after"`
-	// Plan is the depth plan applied.
+	// Plan is the depth plan applied (nil for width pruning).
 	Plan *depth.Plan `json:"plan"`
+
+	// HeadMethod is HeadPutri or HeadProxy when head groups were removed.
+	HeadMethod string `json:"head_method,omitempty"`
+	// HeadBasePPL is the unmasked perplexity of the Putri scoring sequence.
+	HeadBasePPL float64 `json:"head_base_ppl,omitempty"`
+	// HeadsRemoved lists the removed groups by (layer, group).
+	HeadsRemoved []RemovedGroup `json:"heads_removed,omitempty"`
+	// FFN lists every layer's FFN size before and after (FFN pruning).
+	FFN []FFNLayer `json:"ffn,omitempty"`
+	// Refit tells whether down_proj was refit by least squares.
+	Refit bool `json:"refit,omitempty"`
+	// LayerSizes is each layer's shape after width pruning (the
+	// layer_configs written to config.json).
+	LayerSizes []LayerSize `json:"layer_sizes,omitempty"`
 }
 
 // LayerBudget turns Options.Layers / LayerRatio into a block count for an
@@ -119,12 +155,26 @@ func ParseList(spec string) ([]int, error) {
 // "lorp" statistic ("re-run lmpack calibrate"); calibrate.ErrModelMismatch
 // and other calibrate.Read errors; depth errors (ErrTooManyLayers,
 // ErrProtectedLayer, ErrLayerRange); ApplyDepth's errors.
+//
+// When opt asks for head groups or FFN units (HeadGroups, HeadRatio,
+// FFNRatio) Run does width pruning instead (see the package doc): the
+// report then has HeadsRemoved, FFN and LayerSizes, Method "none" and no
+// Plan. Extra errors: ErrOptions (depth and width together, an MoE model,
+// a head count that breaks GQA grouping, bad ratios or method);
+// ErrNoStatistic (no token ids, or no head proxy for proxy); runtime and
+// prune/width errors.
 func Run(ctx context.Context, opt Options) (*Report, error) {
 	dir, desc, ck, err := engine.OpenCheckpoint(ctx, opt.Model, nil)
 	if err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	defer ck.Close()
+	if opt.wantsWidth() {
+		if opt.wantsDepth() {
+			return nil, fmt.Errorf("%w: layer removal and head/FFN pruning in one run are not supported: remove layers first, calibrate the result, then prune heads or FFNs", ErrOptions)
+		}
+		return runWidth(ctx, opt, dir, desc, ck)
+	}
 	L := len(desc.Layers)
 	var list []int
 	isList := strings.HasPrefix(opt.Method, "list:")

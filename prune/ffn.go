@@ -1,0 +1,168 @@
+package prune
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/lmpack/lmpack/prune/width"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// RefitDamping is the damping of the least-squares down_proj refit,
+// relative to the mean diagonal of the kept nodes' H (width.RefitDown):
+// small, so that a refit keeping every node reproduces down_proj (within
+// 1e-6 on stories260K, see the tests), yet enough to keep the kept-node
+// system positive definite. Node scores use width.DefaultDamping.
+const RefitDamping = 1e-8
+
+// FFNLayer is one layer's FFN size in a Report.
+type FFNLayer struct {
+	Layer  int `json:"layer"`
+	Before int `json:"before"`
+	After  int `json:"after"`
+}
+
+// FFNKeepCount is the number of FFN nodes kept of F at ratio r in (0, 1):
+// F − round(r·F), at least 1. Errors: ErrOptions for r outside (0, 1).
+func FFNKeepCount(F int, r float64) (int, error) {
+	if !(r > 0 && r < 1) {
+		return 0, fmt.Errorf("%w: FFN ratio %v: want in (0, 1)", ErrOptions, r)
+	}
+	return max(1, F-int(math.Round(r*float64(F)))), nil
+}
+
+// ffnCapture is the FFNObserver collecting layer's down_proj input X and
+// output Y = X·Wᵀ into st; it cancels the forward pass after that layer
+// (later layers do not matter for layer's statistics).
+type ffnCapture struct {
+	layer  int
+	w      []float32 // down_proj [D, F]
+	d, f   int
+	st     *width.FFNStats
+	y      []float32
+	cancel context.CancelFunc
+	err    error
+}
+
+// FFNInput implements runtime.FFNObserver.
+func (c *ffnCapture) FFNInput(layer, pos, n int, x, h []float32) {
+	if layer != c.layer {
+		return
+	}
+	defer c.cancel()
+	if h == nil {
+		c.err = fmt.Errorf("prune: layer %d has no dense FFN", layer)
+		return
+	}
+	if cap(c.y) < n*c.d {
+		c.y = make([]float32, n*c.d)
+	}
+	y := c.y[:n*c.d]
+	for t := 0; t < n; t++ {
+		xr := h[t*c.f : (t+1)*c.f]
+		for r := 0; r < c.d; r++ {
+			wr := c.w[r*c.f : (r+1)*c.f]
+			var s float64
+			for i, v := range xr {
+				s += float64(v) * float64(wr[i])
+			}
+			y[t*c.d+r] = float32(s)
+		}
+	}
+	if err := c.st.Add(h[:n*c.f], y, n); err != nil && c.err == nil {
+		c.err = fmt.Errorf("prune: FFN statistics of layer %d: %w", layer, err)
+	}
+}
+
+// pruneFFN is Putri's sequential FFN stage (docs/METHODS.md §6): for each
+// layer l in order it loads the current state (heads and the FFNs of
+// layers < l already pruned) on the CPU runtime, runs the calibration
+// windows collecting H = XᵀX, XᵀY and the output energy at layer l's
+// down_proj input (width.FFNStats; the pass stops after layer l), keeps the
+// top-scoring nodes (width.SelectFFN), slices gate/up rows and replaces
+// down_proj by the least-squares refit on the kept nodes
+// (width.RefitDown, damping RefitDamping) or, with noRefit, by its kept
+// columns. It returns each layer's sizes.
+func pruneFFN(ctx context.Context, w *workState, windows [][]int, ratio float64, noRefit bool, threads int) ([]FFNLayer, error) {
+	longest := 0
+	for _, win := range windows {
+		longest = max(longest, len(win))
+	}
+	var out []FFNLayer
+	H := w.desc.HiddenSize
+	for l := range w.desc.Layers {
+		spec := w.desc.Layers[l].MLP
+		F := spec.IntermediateSize
+		keep, err := FFNKeepCount(F, ratio)
+		if err != nil {
+			return nil, err
+		}
+		down, shape, err := w.f32(spec.Down)
+		if err != nil {
+			return nil, err
+		}
+		if len(shape) != 2 || shape[0] != H || shape[1] != F {
+			return nil, fmt.Errorf("%w: tensor %q: shape %v, want [%d %d]", ErrConfig, spec.Down, shape, H, F)
+		}
+		st, err := width.NewFFNStats(F, H)
+		if err != nil {
+			return nil, err
+		}
+		m, err := runtime.NewCPU().Load(ctx, w.desc, w, runtime.LoadOptions{Threads: threads})
+		if err != nil {
+			return nil, fmt.Errorf("prune: loading the partly pruned model: %w", err)
+		}
+		cache := m.NewCache(longest)
+		logits := make([]float32, w.desc.VocabSize)
+		for _, win := range windows {
+			wctx, cancel := context.WithCancel(ctx)
+			capt := &ffnCapture{layer: l, w: down, d: H, f: F, st: st, cancel: cancel}
+			m.SetObserver(capt)
+			cache.Truncate(0)
+			err := m.Forward(wctx, win, cache, logits, false)
+			cancel()
+			if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() == nil) {
+				m.Close()
+				return nil, fmt.Errorf("prune: FFN statistics of layer %d: %w", l, err)
+			}
+			if capt.err != nil {
+				m.Close()
+				return nil, capt.err
+			}
+		}
+		m.Close()
+		kept, _, err := width.SelectFFN(st, down, keep)
+		if err != nil {
+			return nil, fmt.Errorf("prune: layer %d FFN: %w", l, err)
+		}
+		var nd []float32
+		if noRefit {
+			nd, err = width.SliceColumns(down, H, F, kept)
+		} else {
+			nd, err = width.RefitDown(st, kept, RefitDamping)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("prune: layer %d down_proj: %w", l, err)
+		}
+		w.set(spec.Down, []int{H, keep}, nd)
+		for _, name := range []string{spec.Gate, spec.Up} {
+			v, sh, err := w.f32(name)
+			if err != nil {
+				return nil, err
+			}
+			if len(sh) != 2 || sh[0] != F || sh[1] != H {
+				return nil, fmt.Errorf("%w: tensor %q: shape %v, want [%d %d]", ErrConfig, name, sh, F, H)
+			}
+			s, err := width.SliceRows(v, F, H, kept)
+			if err != nil {
+				return nil, err
+			}
+			w.set(name, []int{keep, H}, s)
+		}
+		spec.IntermediateSize = keep
+		out = append(out, FFNLayer{Layer: l, Before: F, After: keep})
+	}
+	return out, nil
+}

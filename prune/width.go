@@ -1,0 +1,209 @@
+package prune
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// LayerSize is one layer's shape after width pruning in a Report (and in
+// the output's config.json layer_configs).
+type LayerSize struct {
+	Layer             int `json:"layer"`
+	NumAttentionHeads int `json:"num_attention_heads"`
+	NumKeyValueHeads  int `json:"num_key_value_heads"`
+	IntermediateSize  int `json:"intermediate_size"`
+}
+
+// wantsWidth reports whether opt asks for head or FFN pruning.
+func (opt *Options) wantsWidth() bool {
+	return opt.HeadGroups != 0 || opt.HeadRatio != 0 || opt.FFNRatio != 0
+}
+
+// wantsDepth reports whether opt asks for layer removal.
+func (opt *Options) wantsDepth() bool {
+	return opt.Layers != 0 || opt.LayerRatio != 0 || strings.HasPrefix(opt.Method, "list:")
+}
+
+// runWidth is Run for head-group and FFN pruning (Putri): heads first
+// (scored on the unpruned model), then the FFNs layer by layer on the
+// head-pruned model; the result is written with layer_configs.
+func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Description, ck *safetensors.Checkpoint) (*Report, error) {
+	for l, ly := range desc.Layers {
+		if ly.MoE != nil {
+			return nil, fmt.Errorf("%w: layer %d is a mixture-of-experts layer: width pruning (heads, FFN units) supports dense models only; layer pruning (--layers) works on MoE models", ErrOptions, l)
+		}
+	}
+	if opt.Calib == "" {
+		return nil, fmt.Errorf("%w: head and FFN pruning need a calibration file (--calib)", ErrOptions)
+	}
+	if opt.FFNRatio != 0 && !(opt.FFNRatio > 0 && opt.FFNRatio < 1) {
+		return nil, fmt.Errorf("%w: FFN ratio %v: want in (0, 1)", ErrOptions, opt.FFNRatio)
+	}
+	wantHeads := opt.HeadGroups != 0 || opt.HeadRatio != 0
+	method := opt.HeadMethod
+	if method == "" {
+		method = HeadPutri
+	}
+	if wantHeads && method != HeadPutri && method != HeadProxy {
+		return nil, fmt.Errorf("%w: head method %q: want putri or proxy", ErrOptions, opt.HeadMethod)
+	}
+	total := 0
+	for _, ly := range desc.Layers {
+		total += ly.NumKVHeads
+	}
+	nGroups := 0
+	if wantHeads {
+		var err error
+		if nGroups, err = HeadBudget(opt.HeadGroups, opt.HeadRatio, total, len(desc.Layers)); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkOut(dir, opt.Out); err != nil {
+		return nil, err
+	}
+	fp, err := calibrate.ModelFingerprint(dir, ck)
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	c, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	windows := c.CalibrationWindows()
+	needTokens := opt.FFNRatio != 0 || (wantHeads && method == HeadPutri)
+	if needTokens && windows == nil {
+		return nil, fmt.Errorf("%w: calibration file %s lacks %s (needed to rerun the model): re-run lmpack calibrate", ErrNoStatistic, opt.Calib, calibrate.TokensTensor)
+	}
+	L := len(desc.Layers)
+	r := &Report{Model: dir, Out: opt.Out, Method: "none", LayersBefore: L, LayersAfter: L, Removed: []RemovedLayer{}}
+	w := newWorkState(desc, ck)
+	if wantHeads {
+		r.HeadMethod = method
+		var removed []RemovedGroup
+		if method == HeadProxy {
+			if !c.Has(calibrate.StatHeads) {
+				return nil, fmt.Errorf("%w: calibration file %s lacks %s: re-run lmpack calibrate", ErrNoStatistic, opt.Calib, calibrate.HeadProxyTensorName(0))
+			}
+			if removed, err = selectProxy(c.HeadProxy, nGroups); err != nil {
+				return nil, err
+			}
+		} else {
+			seq := windows[0]
+			if len(seq) < 2 {
+				return nil, fmt.Errorf("%w: the first calibration window has %d tokens; Putri's masked perplexity needs at least 2", ErrOptions, len(seq))
+			}
+			m, err := runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: opt.Threads})
+			if err != nil {
+				return nil, fmt.Errorf("prune: %w", err)
+			}
+			removed, r.HeadBasePPL, err = selectPutri(ctx, m, seq, nGroups, opt.HeadStep)
+			m.Close()
+			if err != nil {
+				return nil, err
+			}
+		}
+		if err := applyHeads(w, removed); err != nil {
+			return nil, err
+		}
+		slices.SortFunc(removed, func(a, b RemovedGroup) int {
+			if a.Layer != b.Layer {
+				return a.Layer - b.Layer
+			}
+			return a.Group - b.Group
+		})
+		r.HeadsRemoved = removed
+	}
+	if opt.FFNRatio != 0 {
+		if r.FFN, err = pruneFFN(ctx, w, windows, opt.FFNRatio, opt.NoRefit, opt.Threads); err != nil {
+			return nil, err
+		}
+		r.Refit = !opt.NoRefit
+	}
+	for l, ly := range w.desc.Layers {
+		r.LayerSizes = append(r.LayerSizes, LayerSize{Layer: l, NumAttentionHeads: ly.NumHeads, NumKeyValueHeads: ly.NumKVHeads, IntermediateSize: ly.MLP.IntermediateSize})
+	}
+	cfg, err := widthConfig(filepath.Join(dir, "config.json"), r.LayerSizes)
+	if err != nil {
+		return nil, err
+	}
+	var ts []safetensors.WriteTensor
+	for _, name := range ck.Names() {
+		t, err := ck.Tensor(name)
+		if err != nil {
+			return nil, fmt.Errorf("prune: %w", err)
+		}
+		r.Before.Params += int64(t.NumElements())
+		r.Before.Bytes += int64(len(t.Data))
+		wt := safetensors.WriteTensor{Name: name, DType: t.DType, Shape: t.Shape, Data: t.Data}
+		if nt, ok := w.changed[name]; ok {
+			v, _ := nt.Float32()
+			dt := t.DType
+			if dt != safetensors.F16 && dt != safetensors.BF16 {
+				dt = safetensors.F32
+			}
+			if wt, err = safetensors.FromFloat32As(name, dt, nt.Shape, v); err != nil {
+				return nil, fmt.Errorf("prune: %w", err)
+			}
+		}
+		r.After.Params += int64(numElements(wt.Shape))
+		r.After.Bytes += int64(len(wt.Data))
+		ts = append(ts, wt)
+	}
+	slices.SortFunc(ts, func(a, b safetensors.WriteTensor) int { return strings.Compare(a.Name, b.Name) })
+	if err := writeDir(dir, opt.Out, ts, cfg); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func numElements(shape []int) int {
+	n := 1
+	for _, s := range shape {
+		n *= s
+	}
+	return n
+}
+
+// widthConfig returns config.json with a "layer_configs" list (one object
+// per layer: num_attention_heads, num_key_value_heads, intermediate_size);
+// the stock fields are left as they were. Stock loaders ignore
+// layer_configs and so cannot load the checkpoint.
+func widthConfig(path string, sizes []LayerSize) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	var cfg map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&cfg); err != nil || cfg == nil {
+		return nil, fmt.Errorf("%w: %s: not a JSON object (%v)", ErrConfig, path, err)
+	}
+	target := cfg
+	if tc, ok := cfg["text_config"].(map[string]any); ok {
+		if _, has := cfg["num_hidden_layers"]; !has {
+			target = tc
+		}
+	}
+	lcs := make([]any, len(sizes))
+	for i, s := range sizes {
+		lcs[i] = map[string]any{"num_attention_heads": s.NumAttentionHeads, "num_key_value_heads": s.NumKeyValueHeads, "intermediate_size": s.IntermediateSize}
+	}
+	target["layer_configs"] = lcs
+	out, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
+	}
+	return append(out, '\n'), nil
+}

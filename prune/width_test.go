@@ -1,0 +1,372 @@
+package prune
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// calibStories calibrates stories260K on calib.txt (2048 tokens, windows
+// of 256) into a temp file.
+func calibStories(t *testing.T, model string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "calib.safetensors")
+	if _, err := calibrate.Run(context.Background(), calibrate.Options{Model: model, Data: shared.Path(t, "tinystories-valid", "calib.txt"),
+		Tokens: 2048, Ctx: 256, Out: out, Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func openModel(t *testing.T, dir string) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(context.Background(), dir, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// heldout returns heldout.txt's token ids for e.
+func heldout(t *testing.T, e *engine.Engine) []int {
+	t.Helper()
+	ids, err := e.EvalIDs(shared.Path(t, "tinystories-valid", "heldout.txt"), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// heldoutPPL is the perplexity of model dir on heldout.txt, ctx 512,
+// first 16 windows.
+func heldoutPPL(t *testing.T, dir string) float64 {
+	t.Helper()
+	e := openModel(t, dir)
+	r, err := e.EvalFile(context.Background(), shared.Path(t, "tinystories-valid", "heldout.txt"), engine.EvalOptions{Ctx: 512, MaxWindows: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Perplexity
+}
+
+func logitsOf(t *testing.T, m runtime.Model, ids []int) []float32 {
+	t.Helper()
+	V := m.Description().VocabSize
+	out := make([]float32, len(ids)*V)
+	if err := m.Forward(context.Background(), ids, m.NewCache(len(ids)), out, true); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestHeadPruneMatchesMasked is the heterogeneous-layer acceptance test: a
+// head-pruned stories260K (Putri, 6 of 20 groups) gives the logits of the
+// unpruned model run with the same KV groups masked, within 1e-5.
+func TestHeadPruneMatchesMasked(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, model)
+	out := filepath.Join(t.TempDir(), "heads")
+	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, HeadGroups: 6, HeadMethod: HeadPutri, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.HeadsRemoved) != 6 || r.HeadMethod != HeadPutri || !(r.HeadBasePPL > 1) || r.Plan != nil || r.LayersAfter != 5 {
+		t.Fatalf("report %+v", r)
+	}
+	t.Logf("Putri removed %+v (base PPL %.4f on the first calibration window)", r.HeadsRemoved, r.HeadBasePPL)
+	// Config and shapes.
+	d, err := arch.Load(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := map[int][]bool{}
+	for l := 0; l < 5; l++ {
+		gone[l] = make([]bool, 4)
+	}
+	for _, g := range r.HeadsRemoved {
+		if gone[g.Layer][g.Group] {
+			t.Fatalf("group %d/%d removed twice", g.Layer, g.Group)
+		}
+		gone[g.Layer][g.Group] = true
+	}
+	var removedParams int64
+	for l, ly := range d.Layers {
+		n := 0
+		for _, x := range gone[l] {
+			if !x {
+				n++
+			}
+		}
+		if n == 0 || ly.NumKVHeads != n || ly.NumHeads != 2*n || ly.MLP.IntermediateSize != 172 || r.LayerSizes[l].NumKeyValueHeads != n {
+			t.Errorf("layer %d: %d heads, %d KV heads, FFN %d; want %d KV groups kept", l, ly.NumHeads, ly.NumKVHeads, ly.MLP.IntermediateSize, n)
+		}
+		// q: 16 rows per group, k and v: 8, o: 16 columns; H = 64.
+		removedParams += int64(4-n) * (16 + 8 + 8 + 16) * 64
+	}
+	if r.Before.Params-r.After.Params != removedParams || r.Before.Bytes-r.After.Bytes != 4*removedParams {
+		t.Errorf("sizes %+v -> %+v: want %d fewer parameters", r.Before, r.After, removedParams)
+	}
+	// Logits vs the masked unpruned model.
+	full := openModel(t, model)
+	small := openModel(t, out)
+	mk := full.Model.(runtime.KVGroupMasker)
+	for l, m := range gone {
+		if err := mk.MaskKVGroups(l, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := heldout(t, full)[:200]
+	a, b := logitsOf(t, full.Model, ids), logitsOf(t, small.Model, ids)
+	var diff, scale float64
+	for i := range a {
+		diff = math.Max(diff, math.Abs(float64(a[i]-b[i])))
+		scale = math.Max(scale, math.Abs(float64(a[i])))
+	}
+	// Both runs are float32; o_proj sums over 64 columns (some zero) in one
+	// and fewer in the other, in a different order, so the bound is 1e-5
+	// relative to the largest logit (as in runtime's reference tests).
+	t.Logf("head-pruned vs masked unpruned: max abs logit diff %.3g over %d tokens, largest |logit| %.3g, relative %.3g", diff, len(ids), scale, diff/scale)
+	if diff > 1e-5*math.Max(1, scale) {
+		t.Errorf("max abs logit diff %.3g > 1e-5 × max(1, %.3g)", diff, scale)
+	}
+
+	// Putri's first pick: masking it alone gives the lowest perplexity of
+	// all 20 single-group masks on the first calibration window.
+	c, err := calibrate.Read(cal, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := c.CalibrationWindows()[0]
+	for l := 0; l < 5; l++ {
+		mk.MaskKVGroups(l, nil)
+	}
+	var first RemovedGroup
+	for _, g := range r.HeadsRemoved {
+		if g.Round == 0 {
+			first = g
+		}
+	}
+	best := math.Inf(1)
+	for l := 0; l < 5; l++ {
+		for g := 0; g < 4; g++ {
+			m := make([]bool, 4)
+			m[g] = true
+			mk.MaskKVGroups(l, m)
+			p, err := eval.Perplexity(context.Background(), full.Model, seq, eval.PerplexityOptions{Ctx: len(seq), MaxWindows: 1})
+			mk.MaskKVGroups(l, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			best = math.Min(best, p.Perplexity)
+			if l == first.Layer && g == first.Group && p.Perplexity != first.Score {
+				t.Errorf("round-0 group %d/%d: report score %v, masked perplexity %v", l, g, first.Score, p.Perplexity)
+			}
+		}
+	}
+	if first.Score != best {
+		t.Errorf("round-0 pick %+v, but the lowest single-group masked perplexity is %v", first, best)
+	}
+}
+
+// TestHeadProxy: the proxy method removes the lowest-proxy groups while
+// every layer keeps one, and the ratio form rounds.
+func TestHeadProxy(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, model)
+	c, err := calibrate.Read(cal, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "proxy")
+	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, HeadRatio: 0.5, HeadMethod: HeadProxy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.HeadsRemoved) != 10 {
+		t.Fatalf("head ratio 0.5 of 20 groups removed %d", len(r.HeadsRemoved))
+	}
+	left := []int{4, 4, 4, 4, 4}
+	isGone := map[[2]int]bool{}
+	for _, g := range r.HeadsRemoved {
+		left[g.Layer]--
+		isGone[[2]int{g.Layer, g.Group}] = true
+		if g.Score != c.HeadProxy[g.Layer][g.Group] {
+			t.Errorf("group %d/%d: score %v, proxy %v", g.Layer, g.Group, g.Score, c.HeadProxy[g.Layer][g.Group])
+		}
+	}
+	for _, g := range r.HeadsRemoved {
+		for l := 0; l < 5; l++ {
+			for k := 0; k < 4; k++ {
+				if !isGone[[2]int{l, k}] && c.HeadProxy[l][k] < g.Score && left[l] > 1 {
+					t.Errorf("kept group %d/%d (proxy %v, layer keeps %d) scores below removed %d/%d (%v)", l, k, c.HeadProxy[l][k], left[l], g.Layer, g.Group, g.Score)
+				}
+			}
+		}
+	}
+	t.Logf("proxy removed %d groups; groups left per layer %v", len(r.HeadsRemoved), left)
+	if p := heldoutPPL(t, out); !(p > 1) {
+		t.Errorf("pruned model perplexity %v", p)
+	}
+}
+
+// TestFFNRefit: 25% of every FFN removed, with and without the
+// least-squares down_proj refit; the refit gives the lower heldout
+// perplexity. A ratio that removes no node makes the refit reproduce
+// down_proj within 1e-6.
+func TestFFNRefit(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, model)
+	dir := t.TempDir()
+	ppl := map[bool]float64{}
+	for _, noRefit := range []bool{false, true} {
+		out := filepath.Join(dir, map[bool]string{false: "refit", true: "norefit"}[noRefit])
+		r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, FFNRatio: 0.25, NoRefit: noRefit, Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.FFN) != 5 || r.Refit == noRefit {
+			t.Fatalf("report FFN %+v refit %v", r.FFN, r.Refit)
+		}
+		for _, f := range r.FFN {
+			if f.Before != 172 || f.After != 129 {
+				t.Errorf("layer %d FFN %d -> %d, want 172 -> 129", f.Layer, f.Before, f.After)
+			}
+		}
+		d, err := arch.Load(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l, ly := range d.Layers {
+			if ly.MLP.IntermediateSize != 129 || ly.NumHeads != 8 || ly.NumKVHeads != 4 {
+				t.Errorf("layer %d config: %+v", l, ly)
+			}
+		}
+		if want := int64(5 * 43 * 3 * 64); r.Before.Params-r.After.Params != want {
+			t.Errorf("removed %d parameters, want %d", r.Before.Params-r.After.Params, want)
+		}
+		ppl[noRefit] = heldoutPPL(t, out)
+	}
+	base := heldoutPPL(t, model)
+	t.Logf("heldout.txt PPL (ctx 512, 16 windows): unpruned %.4f, FFN -25%% with refit %.4f, without refit %.4f", base, ppl[false], ppl[true])
+	if !(ppl[false] < ppl[true]) {
+		t.Errorf("refit PPL %.4f is not below no-refit PPL %.4f", ppl[false], ppl[true])
+	}
+
+	// Nothing pruned: round(0.001·172) = 0 nodes removed.
+	out := filepath.Join(dir, "keepall")
+	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, FFNRatio: 0.001, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, _ := safetensors.OpenDir(model)
+	defer orig.Close()
+	got, err := safetensors.OpenDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	var worst float64
+	for _, f := range r.FFN {
+		if f.After != 172 {
+			t.Fatalf("layer %d kept %d of 172", f.Layer, f.After)
+		}
+		for _, part := range []string{"down_proj", "gate_proj", "up_proj"} {
+			name := "model.layers." + string(rune('0'+f.Layer)) + ".mlp." + part + ".weight"
+			a, _ := orig.Tensor(name)
+			b, err := got.Tensor(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			av, _ := a.Float32()
+			bv, _ := b.Float32()
+			if !slices.Equal(a.Shape, b.Shape) {
+				t.Fatalf("%s: shape %v, want %v", name, b.Shape, a.Shape)
+			}
+			for i := range av {
+				d := math.Abs(float64(av[i] - bv[i]))
+				if part != "down_proj" && d != 0 {
+					t.Fatalf("%s changed", name)
+				}
+				worst = math.Max(worst, d)
+			}
+		}
+	}
+	t.Logf("refit keeping every node: max |W' - W| over the 5 down_proj = %.3g", worst)
+	if worst > 1e-6 {
+		t.Errorf("refit with nothing pruned changes down_proj by %.3g > 1e-6", worst)
+	}
+}
+
+// TestWidthBad: width requests that cannot be met fail clearly and write
+// nothing.
+func TestWidthBad(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, model)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	noTok := filepath.Join(dir, "old.safetensors")
+	c, err := calibrate.Read(cal, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.TokenIDs, c.HeadProxy = nil, nil
+	if err := calibrate.Write(noTok, c); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []struct {
+		opt  Options
+		want []string
+	}{
+		{Options{HeadGroups: 16}, []string{"breaks GQA grouping", "16 of 20", "at most 15"}},
+		{Options{HeadRatio: 0.9}, []string{"breaks GQA grouping", "18 of 20"}},
+		{Options{HeadGroups: 2, HeadRatio: 0.1}, []string{"not both"}},
+		{Options{HeadGroups: 2, HeadMethod: "magic"}, []string{`head method "magic"`}},
+		{Options{FFNRatio: 1}, []string{"FFN ratio 1: want in (0, 1)"}},
+		{Options{HeadGroups: 2, Layers: 1, Method: "lorp"}, []string{"in one run are not supported"}},
+		{Options{HeadGroups: 2, HeadMethod: HeadProxy, Calib: noTok}, []string{"lacks heads.layers.0.proxy", "re-run lmpack calibrate"}},
+		{Options{FFNRatio: 0.25, Calib: noTok}, []string{"lacks calibration.tokens"}},
+		{Options{HeadGroups: 2, Calib: "-"}, []string{"need a calibration file"}},
+	} {
+		o := k.opt
+		o.Model, o.Out = model, out
+		if o.Calib == "" {
+			o.Calib = cal
+		} else if o.Calib == "-" {
+			o.Calib = ""
+		}
+		_, err := Run(context.Background(), o)
+		if err == nil {
+			t.Errorf("%+v accepted", k.opt)
+			continue
+		}
+		for _, w := range k.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v: error %v: want %q", k.opt, err, w)
+			}
+		}
+	}
+	// MoE models: width pruning refused.
+	moe := shared.Path(t, "stories260K-moe-hf")
+	_, err = Run(context.Background(), Options{Model: moe, Out: out, FFNRatio: 0.25, Calib: cal})
+	if !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "mixture-of-experts") {
+		t.Errorf("MoE FFN pruning: %v", err)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Errorf("a failed run created %s", out)
+	}
+
+}
