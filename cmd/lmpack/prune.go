@@ -15,8 +15,8 @@ func newPruneCmd(g *globalFlags) *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "prune MODEL --calib CALIB -o OUT (--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7]",
-		Short: "Remove whole decoder blocks (LoRP, ShortGPT or a list) and write a smaller checkpoint",
+		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | [--head-groups N | --head-ratio r] [--head-method putri|proxy] [--ffn-ratio r] [--no-refit])",
+		Short: "Remove decoder blocks (LoRP, ShortGPT, a list) or attention head groups and FFN units (Putri) and write a smaller checkpoint",
 		Long: `prune removes decoder blocks from MODEL and writes OUT, a new Hugging Face
 checkpoint directory (model.safetensors with the kept blocks renumbered
 0..L'-1, config.json with num_hidden_layers updated, tokenizer files copied)
@@ -26,14 +26,59 @@ must not lie inside MODEL.
 --layer-method lorp (LoRP: spectral clusters of the block-input similarity)
 and shortgpt (lowest Block Influence) read the block similarity from the
 calibration file written by "lmpack calibrate"; list:3,7 removes the given
-blocks (--calib optional). Blocks 0 and L-1 are never removed.`,
+blocks (--calib optional). Blocks 0 and L-1 are never removed.
+
+Width pruning (Putri; dense models only, not together with --layers):
+--head-groups N / --head-ratio r remove GQA groups (one KV head and its
+query heads; every layer keeps at least one), scored by masked perplexity
+on the first calibration window (--head-method putri, --head-step groups
+per round) or by the calibration file's head proxy (--head-method proxy).
+--ffn-ratio r removes round(r*I) intermediate units of every FFN, layer by
+layer on the already-pruned earlier layers, refitting down_proj by least
+squares (--no-refit keeps the original columns). The result's config.json
+gets a "layer_configs" list of per-layer sizes that lmpack reads; stock
+Hugging Face loaders cannot load a width-pruned checkpoint.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Out == "" {
 				return fmt.Errorf("-o OUT is required (the directory to create)")
 			}
+			if err := checkThreads(opt.Threads); err != nil {
+				return err
+			}
+			fl := cmd.Flags()
+			isWidth := fl.Changed("head-groups") || fl.Changed("head-ratio") || fl.Changed("ffn-ratio")
 			isList := strings.HasPrefix(opt.Method, "list:")
-			if !isList {
+			switch {
+			case isWidth && (fl.Changed("layers") || fl.Changed("layer-ratio") || fl.Changed("layer-method")):
+				return fmt.Errorf("--layers/--layer-ratio/--layer-method and --head-groups/--head-ratio/--ffn-ratio cannot be combined in one run: remove layers first, calibrate the result, then prune heads or FFNs")
+			case isWidth:
+				if opt.Calib == "" {
+					return fmt.Errorf("--calib CALIB is required for head and FFN pruning")
+				}
+				if fl.Changed("head-groups") && fl.Changed("head-ratio") {
+					return fmt.Errorf("give at most one of --head-groups N and --head-ratio r")
+				}
+				if fl.Changed("head-groups") && opt.HeadGroups <= 0 {
+					return fmt.Errorf("--head-groups %d: want > 0", opt.HeadGroups)
+				}
+				if fl.Changed("head-ratio") && !(opt.HeadRatio > 0 && opt.HeadRatio < 1) {
+					return fmt.Errorf("--head-ratio %v: want in (0, 1)", opt.HeadRatio)
+				}
+				if fl.Changed("ffn-ratio") && !(opt.FFNRatio > 0 && opt.FFNRatio < 1) {
+					return fmt.Errorf("--ffn-ratio %v: want in (0, 1)", opt.FFNRatio)
+				}
+				if opt.HeadMethod != prune.HeadPutri && opt.HeadMethod != prune.HeadProxy {
+					return fmt.Errorf("--head-method %q: want putri or proxy", opt.HeadMethod)
+				}
+				if opt.HeadStep < 1 {
+					return fmt.Errorf("--head-step %d: want >= 1", opt.HeadStep)
+				}
+				opt.Method = ""
+			case fl.Changed("no-refit") || fl.Changed("head-method") || fl.Changed("head-step"):
+				return fmt.Errorf("--no-refit, --head-method and --head-step need --head-groups, --head-ratio or --ffn-ratio")
+			}
+			if !isList && !isWidth {
 				if opt.Calib == "" {
 					return fmt.Errorf("--calib CALIB is required for --layer-method %s", opt.Method)
 				}
@@ -52,7 +97,7 @@ blocks (--calib optional). Blocks 0 and L-1 are never removed.`,
 			if err != nil {
 				return err
 			}
-			g.logger.Info("pruned checkpoint written", "out", r.Out, "layers", r.LayersAfter)
+			g.logger.Info("pruned checkpoint written", "out", r.Out, "layers", r.LayersAfter, "head_groups_removed", len(r.HeadsRemoved))
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(r)
 			}
@@ -65,12 +110,22 @@ blocks (--calib optional). Blocks 0 and L-1 are never removed.`,
 	f.IntVar(&opt.Layers, "layers", 0, "number of decoder blocks to remove")
 	f.Float64Var(&opt.LayerRatio, "layer-ratio", 0, "fraction of decoder blocks to remove, in (0, 1): removes round(r·L) blocks, at least 1")
 	f.StringVar(&opt.Method, "layer-method", "lorp", "lorp, shortgpt or list:L1,L2,...")
+	f.IntVar(&opt.HeadGroups, "head-groups", 0, "number of GQA head groups (KV head + its query heads) to remove over all layers")
+	f.Float64Var(&opt.HeadRatio, "head-ratio", 0, "fraction of GQA head groups to remove, in (0, 1): round(r·groups), at least 1")
+	f.StringVar(&opt.HeadMethod, "head-method", prune.HeadPutri, "head group scores: putri (masked perplexity) or proxy (calibration head proxy)")
+	f.IntVar(&opt.HeadStep, "head-step", 1, "head groups removed per Putri round")
+	f.Float64Var(&opt.FFNRatio, "ffn-ratio", 0, "fraction of every FFN's intermediate units to remove, in (0, 1)")
+	f.BoolVar(&opt.NoRefit, "no-refit", false, "keep the original down_proj columns instead of the least-squares refit")
+	f.IntVar(&opt.Threads, "threads", 0, "worker threads for the model runs (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
 }
 
 func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 	var b strings.Builder
+	if r.Plan == nil && (r.HeadMethod != "" || r.FFN != nil) {
+		return writeWidthReport(cmd, r)
+	}
 	fmt.Fprintf(&b, "wrote %s: %d -> %d layers (method %s)\n", r.Out, r.LayersBefore, r.LayersAfter, r.Method)
 	if r.K > 0 {
 		fmt.Fprintf(&b, "RLS %.4f, K %d clusters, labels %v\n", r.RLS, r.K, r.Labels)
@@ -91,6 +146,43 @@ func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 		fmt.Fprintf(&b, "%-6d %11s %16s\n", l.Layer, red, bi)
 	}
 	fmt.Fprintf(&b, "kept layers %v\n", r.Kept)
+	fmt.Fprintf(&b, "parameters %d -> %d (%.1f%%), bytes %d -> %d\n", r.Before.Params, r.After.Params,
+		100*float64(r.After.Params)/float64(r.Before.Params), r.Before.Bytes, r.After.Bytes)
+	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
+	return err
+}
+
+func writeWidthReport(cmd *cobra.Command, r *prune.Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "wrote %s: %d layers, width-pruned (config.json layer_configs; stock loaders cannot load it)\n", r.Out, r.LayersAfter)
+	if r.HeadMethod != "" {
+		score := "proxy"
+		if r.HeadMethod == prune.HeadPutri {
+			score = "masked_ppl"
+			fmt.Fprintf(&b, "head groups removed: %d (method putri, unmasked PPL %.4f)\n", len(r.HeadsRemoved), r.HeadBasePPL)
+		} else {
+			fmt.Fprintf(&b, "head groups removed: %d (method proxy)\n", len(r.HeadsRemoved))
+		}
+		fmt.Fprintf(&b, "%-6s %6s %12s %6s\n", "layer", "group", score, "round")
+		for _, h := range r.HeadsRemoved {
+			fmt.Fprintf(&b, "%-6d %6d %12.5g %6d\n", h.Layer, h.Group, h.Score, h.Round)
+		}
+	}
+	if r.FFN != nil {
+		refit := "least-squares down_proj refit"
+		if !r.Refit {
+			refit = "no refit"
+		}
+		fmt.Fprintf(&b, "FFN sizes (%s):", refit)
+		for _, f := range r.FFN {
+			fmt.Fprintf(&b, " %d:%d->%d", f.Layer, f.Before, f.After)
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "%-6s %6s %8s %13s\n", "layer", "heads", "kv_heads", "intermediate")
+	for _, s := range r.LayerSizes {
+		fmt.Fprintf(&b, "%-6d %6d %8d %13d\n", s.Layer, s.NumAttentionHeads, s.NumKeyValueHeads, s.IntermediateSize)
+	}
 	fmt.Fprintf(&b, "parameters %d -> %d (%.1f%%), bytes %d -> %d\n", r.Before.Params, r.After.Params,
 		100*float64(r.After.Params)/float64(r.Before.Params), r.Before.Bytes, r.After.Bytes)
 	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())

@@ -152,6 +152,15 @@ func TestPruneDepth(t *testing.T) {
 		}
 		return n
 	}
+	// The ranks of the three eligible removals are 1, 2 and 3 (perplexities
+	// are distinct floats; equal ones would share a rank).
+	var ranks []int
+	for l := 1; l <= 3; l++ {
+		ranks = append(ranks, rank(l))
+	}
+	if slices.Sort(ranks); !slices.Equal(ranks, []int{1, 2, 3}) && ppl[1] != ppl[2] && ppl[2] != ppl[3] && ppl[1] != ppl[3] {
+		t.Errorf("ranks %v of distinct perplexities %v are not 1..3", ranks, ppl)
+	}
 	picks := map[string]int{}
 	for _, method := range []string{"lorp", "shortgpt"} {
 		o := filepath.Join(dir, method)
