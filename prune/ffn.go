@@ -8,6 +8,8 @@ import (
 
 	"github.com/lmpack/lmpack/prune/width"
 	"github.com/lmpack/lmpack/runtime"
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
 )
 
 // RefitDamping is the damping of the least-squares down_proj refit,
@@ -60,17 +62,11 @@ func (c *ffnCapture) FFNInput(layer, pos, n int, x, h []float32) {
 		c.y = make([]float32, n*c.d)
 	}
 	y := c.y[:n*c.d]
-	for t := 0; t < n; t++ {
-		xr := h[t*c.f : (t+1)*c.f]
-		for r := 0; r < c.d; r++ {
-			wr := c.w[r*c.f : (r+1)*c.f]
-			var s float64
-			for i, v := range xr {
-				s += float64(v) * float64(wr[i])
-			}
-			y[t*c.d+r] = float32(s)
-		}
-	}
+	// Y [n, D] = X [n, F] · Wᵀ, W [D, F] (float32 GEMM, as the runtime).
+	blas32.Gemm(blas.NoTrans, blas.Trans, 1,
+		blas32.General{Rows: n, Cols: c.f, Stride: c.f, Data: h[:n*c.f]},
+		blas32.General{Rows: c.d, Cols: c.f, Stride: c.f, Data: c.w},
+		0, blas32.General{Rows: n, Cols: c.d, Stride: c.d, Data: y})
 	if err := c.st.Add(h[:n*c.f], y, n); err != nil && c.err == nil {
 		c.err = fmt.Errorf("prune: FFN statistics of layer %d: %w", layer, err)
 	}
