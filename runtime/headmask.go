@@ -39,11 +39,11 @@ func (m *cpuModel) MaskKVGroups(layer int, masked []bool) error {
 	if masked != nil && len(masked) != l.nkv {
 		return fmt.Errorf("runtime: MaskKVGroups: layer %d: mask has %d entries, want num_key_value_heads %d", layer, len(masked), l.nkv)
 	}
-	any := false
+	set := false
 	for _, b := range masked {
-		any = any || b
+		set = set || b
 	}
-	if !any {
+	if !set {
 		if m.groupMask != nil {
 			m.groupMask[layer] = nil
 			empty := true
