@@ -167,4 +167,3 @@ func BenchmarkVerify(b *testing.B) {
 		})
 	}
 }
-
