@@ -282,3 +282,17 @@ func TestCompressGate(t *testing.T) {
 		t.Errorf("pruned artifact: %d layers, %d rotations; want 4", n, len(rd.Manifest().KV.Rotations))
 	}
 }
+
+// TestCompressRefusesModelDir: a work directory inside the model
+// directory is refused before any stage runs.
+func TestCompressRefusesModelDir(t *testing.T) {
+	o := testOptions(t, mustRecipe(t, smallRecipe), filepath.Join(t.TempDir(), "m.lmpk"), "")
+	o.WorkDir = filepath.Join(o.Model, "work")
+	_, err := Run(t.Context(), o)
+	if err == nil || !strings.Contains(err.Error(), "inside the model directory") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := os.Stat(o.WorkDir); !os.IsNotExist(err) {
+		t.Fatalf("work dir created inside the model directory")
+	}
+}

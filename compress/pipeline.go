@@ -219,6 +219,9 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if err := p.inputs(ctx); err != nil {
 		return nil, err
 	}
+	if err := p.checkPaths(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(p.opt.WorkDir, 0o755); err != nil {
 		return nil, fmt.Errorf("compress: work dir: %w", err)
 	}
@@ -316,6 +319,54 @@ func (p *pipeline) inputs(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkPaths refuses an output that is an input file and a work
+// directory or output inside the source model directory (inputs are never
+// modified).
+func (p *pipeline) checkPaths() error {
+	outSt, err := os.Stat(p.opt.Out)
+	for _, in := range []string{p.data, p.evalData} {
+		if in == "" || err != nil {
+			continue
+		}
+		if inSt, ierr := os.Stat(in); ierr == nil && os.SameFile(inSt, outSt) {
+			return fmt.Errorf("compress: output %s is the input %s; refusing to overwrite an input", p.opt.Out, in)
+		}
+	}
+	model, err := realAbs(p.srcDir)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	for _, x := range []struct{ what, path string }{{"work dir", p.opt.WorkDir}, {"output", filepath.Dir(p.opt.Out)}} {
+		a, err := realAbs(x.path)
+		if err != nil {
+			return fmt.Errorf("compress: %s: %w", x.what, err)
+		}
+		if a == model || strings.HasPrefix(a, model+string(filepath.Separator)) {
+			return fmt.Errorf("compress: %s %s is inside the model directory %s; write elsewhere (inputs are never modified)", x.what, x.path, p.srcDir)
+		}
+	}
+	return nil
+}
+
+// realAbs is the absolute path with symlinks resolved as far as the path
+// exists.
+func realAbs(p string) (string, error) {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	rest := ""
+	for d := a; ; d = filepath.Dir(d) {
+		if r, err := filepath.EvalSymlinks(d); err == nil {
+			return filepath.Join(r, rest), nil
+		}
+		if filepath.Dir(d) == d {
+			return a, nil
+		}
+		rest = filepath.Join(filepath.Base(d), rest)
+	}
 }
 
 func cmpOr(a, b string) string {
