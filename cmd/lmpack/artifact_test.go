@@ -182,3 +182,41 @@ func TestArtifactKVScheme(t *testing.T) {
 		t.Errorf("oscar2 perplexity equals the float32 cache's: the comparison cannot tell the caches apart")
 	}
 }
+
+// TestArtifactKVNoRotations: pack --kv-cache kivi2 --kv-window 4,64 (a
+// scheme without rotations) evaluates from the artifact to the perplexity
+// of eval --kv kivi2 --kv-window 4,64 on the checkpoint; bad --kv-cache
+// and --kv-window combinations are refused.
+func TestArtifactKVNoRotations(t *testing.T) {
+	t.Parallel()
+	art := packArtifact(t, "--kv-cache", "kivi2", "--kv-window", "4,64")
+	held := shared.Path(t, "tinystories-valid", "heldout.txt")
+	r := lmpack(t, nil, "eval", art, "--data", held, "--ctx", "256", "--max-windows", "2", "--json")
+	wantOK(t, r)
+	var got struct {
+		Perplexity float64 `json:"perplexity"`
+		KVCache    string  `json:"kv_cache"`
+	}
+	decodeOneJSON(t, r.stdout, &got)
+	r = lmpack(t, nil, "eval", modelDir(t), "--data", held, "--ctx", "256", "--max-windows", "2", "--kv", "kivi2", "--kv-window", "4,64", "--json")
+	wantOK(t, r)
+	var ref struct {
+		Rows []struct {
+			KV         string  `json:"kv"`
+			Perplexity float64 `json:"perplexity"`
+		} `json:"rows"`
+	}
+	decodeOneJSON(t, r.stdout, &ref)
+	if len(ref.Rows) != 2 || ref.Rows[1].KV != "kivi2+w4,64" {
+		t.Fatalf("eval --kv kivi2 --kv-window rows: %+v", ref.Rows)
+	}
+	want := ref.Rows[1].Perplexity
+	if got.KVCache != "kivi2" || math.Abs(got.Perplexity-want) > 1e-9*want || want == ref.Rows[0].Perplexity {
+		t.Errorf("artifact eval: kv %q perplexity %.12f, want kivi2 with windows %.12f (without windows %.12f)", got.KVCache, got.Perplexity, want, ref.Rows[0].Perplexity)
+	}
+	out := filepath.Join(t.TempDir(), "x.lmpk")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar2"), "needs a rotation file")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar7"), "unknown method", "oscar7")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-window", "4,64"), "--kv-window needs --kv-cache")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "int4", "--kv-window", "4"), "--kv-window \"4\"")
+}
