@@ -248,6 +248,19 @@ func TestCompressRecipeChange(t *testing.T) {
 			t.Errorf("rerun of the first recipe: stage %s recomputed", s.Name)
 		}
 	}
+	// A finished stage whose output file was deleted is recomputed (and
+	// the later stages reused, their keys being unchanged).
+	kv := rep.Stages[1]
+	if err := os.Remove(filepath.Join(work, "quantize-kv-"+kv.Key[:24], "rot.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Run(t.Context(), testOptions(t, mustRecipe(t, smallRecipe), out, work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cachedStages(rep), map[string]bool{"calibrate": true, "quantize-kv": false, "pack": true, "eval": true}; !mapsEqual(got, want) {
+		t.Errorf("after deleting the rotation file: cached %v, want %v", got, want)
+	}
 }
 
 // TestCompressGate: a ΔPPL or KL above the recipe's bound is ErrGate with

@@ -130,6 +130,20 @@ type outputs struct {
 	Artifact    string `json:"artifact,omitempty"`
 }
 
+// present reports whether every output file or directory exists in dir
+// (a finished stage whose files were deleted is recomputed).
+func (o outputs) present(dir string) bool {
+	for _, p := range []string{o.Model, o.Calib, o.KVRotations, o.Artifact} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // record is a stage's completion marker, done.json, written last.
 type record struct {
 	Stage   string          `json:"stage"`
@@ -428,7 +442,7 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	t0 := time.Now()
 	final := filepath.Join(p.work, s.name+"-"+key[:24])
 	log := p.opt.Logger
-	if rec, err := readRecord(final); err == nil && rec.Key == key && rec.Stage == s.name {
+	if rec, err := readRecord(final); err == nil && rec.Key == key && rec.Stage == s.name && rec.Outputs.present(final) {
 		p.st.apply(final, rec.Outputs)
 		if log != nil {
 			log.Info("stage cached", "stage", s.name, "key", key[:12], "dir", final)
