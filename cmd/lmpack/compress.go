@@ -122,7 +122,8 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
-// writeCompressTable prints the stages and the eval table.
+// writeCompressTable prints the stages, sizes, gate verdict and output,
+// then the eval table (perplexity, ΔPPL, KL, top-1 agreement, KV bits).
 func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-12s %-7s %9s\n", "stage", "cached", "seconds")
@@ -132,11 +133,6 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	z := r.Sizes
 	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/weight, lz4 saved %d bytes, kv cache %s\n",
 		z.SourceTensorBytes, z.ArtifactBytes, z.Ratio, z.SourceParams, z.Params, z.BitsPerWeight, z.LZ4SavedBytes, r.KVCache)
-	if e := r.Eval; e != nil {
-		fmt.Fprintf(&b, "%-10s %10s %10s %9s %9s %8s %8s\n", "model", "perplexity", "delta_ppl", "kl", "top1", "kv", "kv_bits")
-		fmt.Fprintf(&b, "%-10s %10.4f %10s %9s %9s %8s %8.2f\n", "source", e.SourcePerplexity, "", "", "", "fp32", 32.0)
-		fmt.Fprintf(&b, "%-10s %10.4f %+10.4f %9.5f %9.4f %8s %8.2f\n", "artifact", e.Perplexity, e.DeltaPPL, e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement)
-	}
 	if g := r.Gate; g != nil {
 		if g.Passed {
 			fmt.Fprintf(&b, "gate passed (max_delta_ppl %g, max_kl %g)\n", g.MaxDeltaPPL, g.MaxKL)
@@ -146,6 +142,11 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	}
 	if r.Written {
 		fmt.Fprintf(&b, "wrote %s: %d bytes, sha256 %s\n", r.Out, z.ArtifactBytes, r.SHA256)
+	}
+	if e := r.Eval; e != nil {
+		fmt.Fprintf(&b, "\n%-10s %10s %10s %9s %9s %8s %8s\n", "model", "perplexity", "delta_ppl", "kl", "top1", "kv", "kv_bits")
+		fmt.Fprintf(&b, "%-10s %10.4f %10s %9s %9s %8s %8.2f\n", "source", e.SourcePerplexity, "", "", "", "fp32", 32.0)
+		fmt.Fprintf(&b, "%-10s %10.4f %+10.4f %9.5f %9.4f %8s %8.2f\n", "artifact", e.Perplexity, e.DeltaPPL, e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement)
 	}
 	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
 	return err
