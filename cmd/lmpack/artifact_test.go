@@ -181,6 +181,13 @@ func TestArtifactKVScheme(t *testing.T) {
 	if ref.Rows[0].DeltaPPL == 0 {
 		t.Errorf("oscar2 perplexity equals the float32 cache's: the comparison cannot tell the caches apart")
 	}
+	// run generates from the artifact through its oscar2 cache (the
+	// logits are compared bit for bit in pack's TestArtifactKVCacheLogits).
+	r = lmpack(t, nil, "run", art, "--temperature", "0", "--max-tokens", "32")
+	wantOK(t, r)
+	if len(strings.TrimSpace(r.stdout)) < 32 || !strings.Contains(r.stderr, "kv_cache=oscar2") {
+		t.Errorf("run from the oscar2 artifact:\n%v", r)
+	}
 }
 
 // TestArtifactKVNoRotations: pack --kv-cache kivi2 --kv-window 4,64 (a
