@@ -74,7 +74,11 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 						last.finish()
 					}
 					b = &bar{}
-					b.report, b.finish = newProgress(cmd, g, stage, stage+" progress", "steps")
+					unit := "tokens" // calibrate and quantize-kv (which calibrates a pruned model)
+					if stage == "eval" {
+						unit = "windows"
+					}
+					b.report, b.finish = newProgress(cmd, g, stage, stage+" progress", unit)
 					bars[stage] = b
 					last = b
 				}
