@@ -13,7 +13,7 @@ import (
 // encoding.
 func FuzzManifest(f *testing.F) {
 	m := Manifest{FormatVersion: FormatVersion, Files: []FileEntry{}, Tensors: []TensorEntry{{Name: "a", Section: "a", DType: "F32", Shape: []int{8, 8}}},
-		KV: &KVScheme{Cache: "oscar2", Method: "oscar", Rotations: []KVRotations{{Layer: 0, K: "a", V: "a"}}, ClipK: []float64{0.9}, Sink: 4},
+		KV:    &KVScheme{Cache: "oscar2", Method: "oscar", Rotations: []KVRotations{{Layer: 0, K: "a", V: "a"}}, ClipK: []float64{0.9}, Sink: 4},
 		Model: Model{Layers: []Layer{{NumAttentionHeads: 1, NumKeyValueHeads: 1, HeadDim: 8}}}}
 	seed, _ := json.Marshal(m)
 	f.Add(seed)
