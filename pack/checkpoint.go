@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // EmbeddedFiles are the checkpoint files FromCheckpoint embeds when present
@@ -23,9 +24,20 @@ var EmbeddedFiles = []string{"config.json", "generation_config.json", "special_t
 
 // FromOptions control FromCheckpoint.
 type FromOptions struct {
-	// KVRotations is an OSCAR rotation file (lmpack quantize --kv ...);
-	// empty for none. It must match the model's fingerprint.
+	// KVRotations is an OSCAR rotation file (lmpack quantize kv); empty
+	// for none. It must match the model's fingerprint.
 	KVRotations string
+	// KVCache is the runtime/kvcache method run and eval build for the
+	// artifact (Manifest.KV.Cache); empty means "oscar2" when KVRotations
+	// is set and no KV scheme (float32 cache) otherwise.
+	KVCache string
+	// KVSink and KVRecent are the fp16 windows in tokens
+	// (kvcache.Options), recorded with KVCache.
+	KVSink, KVRecent int
+	// SourceModelFingerprint, when set, is recorded in the provenance
+	// instead of the fingerprint of modelDir (a pipeline packing a pruned
+	// copy records the model it started from).
+	SourceModelFingerprint string
 	// Recipe is stored in the provenance (valid JSON or nil).
 	Recipe json.RawMessage
 	// LmpackVersion is recorded in the provenance.
@@ -67,6 +79,9 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 	m.Files = []FileEntry{}
 	m.Tensors = []TensorEntry{}
 	m.Provenance = Provenance{SourceModelFingerprint: fp, LmpackVersion: opt.LmpackVersion}
+	if opt.SourceModelFingerprint != "" {
+		m.Provenance.SourceModelFingerprint = opt.SourceModelFingerprint
+	}
 	if len(opt.Recipe) > 0 {
 		var b bytes.Buffer
 		if err := json.Compact(&b, opt.Recipe); err != nil {
@@ -97,13 +112,42 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		m.Tensors = append(m.Tensors, TensorEntry{Name: name, Section: name, DType: string(t.DType), Shape: append([]int{}, t.Shape...)})
 		a.Sections = append(a.Sections, Section{Name: name, ElemSize: t.DType.Size(), Data: t.Data})
 	}
+	if opt.KVSink < 0 || opt.KVRecent < 0 {
+		return nil, fmt.Errorf("pack: kv windows sink %d, recent %d: want >= 0 tokens", opt.KVSink, opt.KVRecent)
+	}
+	cache := opt.KVCache
+	if cache == "" && opt.KVRotations != "" {
+		cache = "oscar2"
+	}
+	if cache == "" && (opt.KVSink != 0 || opt.KVRecent != 0) {
+		return nil, fmt.Errorf("pack: kv windows given without a kv cache method")
+	}
+	if cache != "" {
+		// The scheme must build for this model (unknown method, rotations
+		// missing or not applicable); checked again when loaded.
+		if !slices.Contains(kvcache.Methods(), cache) {
+			return nil, fmt.Errorf("pack: kv cache %q: %w (known: %s)", cache, kvcache.ErrUnknownMethod, strings.Join(kvcache.Methods(), ", "))
+		}
+		takesRot := cache == "oscar2" || cache == "oscar4"
+		if takesRot != (opt.KVRotations != "") {
+			if takesRot {
+				return nil, fmt.Errorf("pack: kv cache %s needs a rotation file (lmpack quantize kv)", cache)
+			}
+			return nil, fmt.Errorf("pack: kv cache %s does not use rotations; drop the rotation file %s", cache, opt.KVRotations)
+		}
+		m.KV = &KVScheme{Cache: cache, Sink: opt.KVSink, Recent: opt.KVRecent}
+	}
+	kvOpt := kvcache.Options{Sink: opt.KVSink, Recent: opt.KVRecent}
 	if opt.KVRotations != "" {
 		rot, h, err := oscar.ReadFile(opt.KVRotations, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
 		if err != nil {
 			return nil, fmt.Errorf("pack: %w", err)
 		}
-		kv := &KVScheme{Method: h.Method, ModelFingerprint: h.ModelFingerprint, CalibrationFingerprint: h.CalibrationFingerprint,
-			ClipK: rot.ClipK, ClipV: rot.ClipV}
+		kv := m.KV
+		kv.Method, kv.ModelFingerprint, kv.CalibrationFingerprint = h.Method, h.ModelFingerprint, h.CalibrationFingerprint
+		kv.ClipK, kv.ClipV = rot.ClipK, rot.ClipV
+		kr := kvcache.Rotations(*rot)
+		kvOpt.Rotations = &kr
 		m.Provenance.CalibrationFingerprint = h.CalibrationFingerprint
 		for i := range rot.K {
 			d := desc.Layers[i].HeadDim
@@ -117,7 +161,11 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 				a.Sections = append(a.Sections, Section{Name: x.name, ElemSize: 4, Data: f32Bytes(x.r)})
 			}
 		}
-		m.KV = kv
+	}
+	if m.KV != nil {
+		if _, err := kvcache.New(m.KV.Cache, kvcache.LayersOf(desc), 1, kvOpt); err != nil {
+			return nil, fmt.Errorf("pack: kv cache %s: %w", m.KV.Cache, err)
+		}
 	}
 	sortTensors(m.Tensors)
 	ok = true

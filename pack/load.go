@@ -1,12 +1,16 @@
 package pack
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // consumption tracks which manifest tensors a loader has read through
@@ -194,4 +198,73 @@ func (r *Reader) TensorInfos() []safetensors.TensorInfo {
 		out[i] = safetensors.TensorInfo{Name: t.Name, DType: safetensors.DType(t.DType), Shape: slices.Clone(t.Shape)}
 	}
 	return out
+}
+
+// KVCache returns the artifact's KV-cache scheme as the runtime builds it:
+// the runtime/kvcache method name (Manifest.KV.Cache; "" when the manifest
+// has no KV scheme, meaning the float32 cache) and its options, with
+// every rotation of the manifest read through Tensor (so each counts as
+// consumed) as F32 [head_dim, head_dim] row-major matrices, in layer
+// order, and the clip ratios and windows copied.
+//
+// Errors (ErrFormat, wrapped, naming the artifact and the layer or
+// tensor): a scheme without a cache method; rotations for a method that
+// does not take them (only oscar2 and oscar4 do, kvcache.Options) or none
+// for one that needs them; rotations out of layer order, or not one per
+// layer of the manifest model; clip ratios without rotations; a rotation
+// tensor that is not F32 [head_dim, head_dim] for its layer; and the
+// Tensor errors (a missing tensor, ErrChecksum).
+func (r *Reader) KVCache() (string, kvcache.Options, error) {
+	kv := r.manifest.KV
+	if kv == nil {
+		return "", kvcache.Options{}, nil
+	}
+	bad := func(format string, a ...any) (string, kvcache.Options, error) {
+		return "", kvcache.Options{}, fmt.Errorf("pack: %s: manifest kv: %s: %w", r.path, fmt.Sprintf(format, a...), ErrFormat)
+	}
+	if kv.Cache == "" {
+		return bad("no cache method (want one of %s)", strings.Join(kvcache.Methods(), ", "))
+	}
+	opt := kvcache.Options{Sink: kv.Sink, Recent: kv.Recent}
+	takesRot := kv.Cache == "oscar2" || kv.Cache == "oscar4"
+	switch {
+	case len(kv.Rotations) > 0 && !takesRot:
+		return bad("cache %q does not take rotations, yet the manifest lists %d (only oscar2 and oscar4 use them)", kv.Cache, len(kv.Rotations))
+	case len(kv.Rotations) == 0 && takesRot:
+		return bad("cache %q needs per-layer rotations; the manifest lists none", kv.Cache)
+	case len(kv.Rotations) == 0 && (len(kv.ClipK) > 0 || len(kv.ClipV) > 0):
+		return bad("clip ratios without rotations (cache %q would ignore them)", kv.Cache)
+	case len(kv.Rotations) == 0:
+		return kv.Cache, opt, nil
+	}
+	layers := r.manifest.Model.Layers
+	if len(kv.Rotations) != len(layers) {
+		return bad("%d rotation pairs for %d layers, want one per layer", len(kv.Rotations), len(layers))
+	}
+	rot := &kvcache.Rotations{ClipK: slices.Clone(kv.ClipK), ClipV: slices.Clone(kv.ClipV)}
+	for i, e := range kv.Rotations {
+		if e.Layer != i {
+			return bad("rotation entry %d is for layer %d, want layer %d (entries in layer order)", i, e.Layer, i)
+		}
+		d := layers[i].HeadDim
+		for _, side := range []struct {
+			name string
+			dst  *[][]float32
+		}{{e.K, &rot.K}, {e.V, &rot.V}} {
+			t, err := r.Tensor(side.name)
+			if err != nil {
+				return "", kvcache.Options{}, fmt.Errorf("%w (kv rotation of layer %d)", err, i)
+			}
+			if t.DType != safetensors.F32 || len(t.Shape) != 2 || t.Shape[0] != d || t.Shape[1] != d {
+				return bad("rotation %q of layer %d is %s %v, want F32 [%d %d] (head_dim %d)", side.name, i, t.DType, t.Shape, d, d, d)
+			}
+			m := make([]float32, d*d)
+			for j := range m {
+				m[j] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*j:]))
+			}
+			*side.dst = append(*side.dst, m)
+		}
+	}
+	opt.Rotations = rot
+	return kv.Cache, opt, nil
 }

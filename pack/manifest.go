@@ -115,19 +115,27 @@ type FileEntry struct {
 	Section string `json:"section"`
 }
 
-// KVScheme is the KV-cache quantization scheme. Rotations lists, per
-// layer, the sections of the key and value rotations (F32 [head_dim,
-// head_dim] row-major, applied as k·R). ClipK, ClipV are per-layer clip
-// ratios in (0, 1]. Windows, when set, are per-layer full-precision
-// windows in tokens.
+// KVScheme is the KV-cache quantization scheme the runtime builds for
+// the artifact (run and eval use it instead of a float32 cache).
+//
+// Cache is the runtime/kvcache method name ("oscar2", "oscar4", "kivi2",
+// "int2-naive", ...; kvcache.Methods). Method is the rotation method
+// ("oscar") when Rotations are present, else empty. Rotations lists, per
+// layer in order 0..L-1, the sections of the key and value rotations (F32
+// [head_dim, head_dim] row-major, applied as k·R); only oscar2 and oscar4
+// take them. ClipK, ClipV are per-layer clip ratios in (0, 1]. Sink and
+// Recent are the fp16 windows in tokens (kvcache.Options; 0 = none, or
+// the method's default residual).
 type KVScheme struct {
-	Method                 string        `json:"method"`
+	Cache                  string        `json:"cache"`
+	Method                 string        `json:"method,omitempty"`
 	ModelFingerprint       string        `json:"model_fingerprint,omitempty"`
 	CalibrationFingerprint string        `json:"calibration_fingerprint,omitempty"`
 	Rotations              []KVRotations `json:"rotations,omitempty"`
 	ClipK                  []float64     `json:"clip_k,omitempty"`
 	ClipV                  []float64     `json:"clip_v,omitempty"`
-	Windows                []int         `json:"windows,omitempty"`
+	Sink                   int           `json:"sink,omitempty"`
+	Recent                 int           `json:"recent,omitempty"`
 }
 
 // KVRotations names one layer's rotation sections.

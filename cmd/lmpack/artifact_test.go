@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/pack"
 )
 
@@ -84,15 +86,28 @@ func TestArtifactUnconsumed(t *testing.T) {
 	wantError(t, lmpack(t, nil, "run", extra, "--max-tokens", "4"), "zz.extra.weight", "does not use")
 	wantError(t, lmpack(t, nil, "eval", extra, "--data", valText(t), "--ctx", "64", "--max-windows", "1"), "zz.extra.weight")
 
+	// One rotation pair for a 5-layer model, and a scheme naming no cache
+	// method: both refused, naming the problem.
 	rot := forge(t, func(a *pack.Artifact) {
 		k, v := "kv/oscar.layers.0.r_k", "kv/oscar.layers.0.r_v"
-		a.Manifest.KV = &pack.KVScheme{Method: "oscar2", Rotations: []pack.KVRotations{{Layer: 0, K: k, V: v}}}
+		a.Manifest.KV = &pack.KVScheme{Cache: "oscar2", Method: "oscar", Rotations: []pack.KVRotations{{Layer: 0, K: k, V: v}}}
 		for _, n := range []string{k, v} {
 			a.Manifest.Tensors = append([]pack.TensorEntry{{Name: n, Section: n, DType: "F32", Shape: []int{8, 8}}}, a.Manifest.Tensors...)
 			a.Sections = append(a.Sections, pack.Section{Name: n, ElemSize: 4, Data: eye})
 		}
 	})
-	wantError(t, lmpack(t, nil, "run", rot, "--max-tokens", "4"), "OSCAR KV rotations, which run/eval do not apply yet")
+	wantError(t, lmpack(t, nil, "run", rot, "--max-tokens", "4"), "1 rotation pairs for 5 layers")
+	noCache := forge(t, func(a *pack.Artifact) { a.Manifest.KV = &pack.KVScheme{Method: "oscar"} })
+	wantError(t, lmpack(t, nil, "eval", noCache, "--data", valText(t), "--ctx", "64", "--max-windows", "1"), "manifest kv", "no cache method")
+	// A rotation-shaped tensor the KV scheme (kivi2, no rotations) does
+	// not name goes unconsumed.
+	stray := forge(t, func(a *pack.Artifact) {
+		a.Manifest.KV = &pack.KVScheme{Cache: "kivi2"}
+		n := "kv/oscar.layers.0.r_k"
+		a.Manifest.Tensors = append([]pack.TensorEntry{{Name: n, Section: n, DType: "F32", Shape: []int{8, 8}}}, a.Manifest.Tensors...)
+		a.Sections = append(a.Sections, pack.Section{Name: n, ElemSize: 4, Data: eye})
+	})
+	wantError(t, lmpack(t, nil, "run", stray, "--max-tokens", "4"), "kv/oscar.layers.0.r_k", "does not use")
 	r := lmpack(t, nil, "inspect", rot)
 	wantOK(t, r)
 	if !strings.Contains(r.stdout, "kv rotations:  2 tensors") {
@@ -122,4 +137,93 @@ func TestArtifactUnconsumed(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.lmpk")
 	os.WriteFile(bad, b, 0o644)
 	wantError(t, lmpack(t, nil, "run", bad, "--max-tokens", "4"), "checksum mismatch", name)
+}
+
+// TestArtifactKVScheme: stories260K packed with oscar2 rotations (lmpack
+// calibrate, quantize kv, pack --kv-rotations) evaluates from the
+// artifact to the perplexity "eval --kv oscar2 --kv-rotations ROT" gives
+// on the checkpoint (same cache, same rotations; the two sum the NLL in a
+// different order, hence 1e-9), which differs from the float32 cache's.
+func TestArtifactKVScheme(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	calib, rot := filepath.Join(dir, "calib.st"), filepath.Join(dir, "rot.st")
+	data := shared.Path(t, "tinystories-valid", "calib.txt")
+	wantOK(t, lmpack(t, nil, "calibrate", modelDir(t), "--data", data, "--tokens", "2048", "--ctx", "256", "-o", calib))
+	wantOK(t, lmpack(t, nil, "quantize", "kv", modelDir(t), "--calib", calib, "-o", rot))
+	art := packArtifact(t, "--kv-rotations", rot)
+	held := shared.Path(t, "tinystories-valid", "heldout.txt")
+	r := lmpack(t, nil, "eval", art, "--data", held, "--ctx", "256", "--max-windows", "4", "--json")
+	wantOK(t, r)
+	var got struct {
+		Perplexity float64 `json:"perplexity"`
+		KVCache    string  `json:"kv_cache"`
+	}
+	decodeOneJSON(t, r.stdout, &got)
+	r = lmpack(t, nil, "eval", modelDir(t), "--data", held, "--ctx", "256", "--max-windows", "4", "--kv", "oscar2", "--kv-rotations", rot, "--json")
+	wantOK(t, r)
+	var ref struct {
+		Rows []struct {
+			KV         string  `json:"kv"`
+			Perplexity float64 `json:"perplexity"`
+			DeltaPPL   float64 `json:"delta_ppl"`
+		} `json:"rows"`
+	}
+	decodeOneJSON(t, r.stdout, &ref)
+	if len(ref.Rows) != 1 || ref.Rows[0].KV != "oscar2" {
+		t.Fatalf("eval --kv oscar2 rows: %+v", ref.Rows)
+	}
+	want := ref.Rows[0].Perplexity
+	t.Logf("artifact (kv %s) perplexity %.6f, checkpoint --kv oscar2 %.6f (delta vs fp32 %+.4f)", got.KVCache, got.Perplexity, want, ref.Rows[0].DeltaPPL)
+	if got.KVCache != "oscar2" || math.Abs(got.Perplexity-want) > 1e-9*want {
+		t.Errorf("artifact eval: kv %q perplexity %.12f, want oscar2 %.12f", got.KVCache, got.Perplexity, want)
+	}
+	if ref.Rows[0].DeltaPPL == 0 {
+		t.Errorf("oscar2 perplexity equals the float32 cache's: the comparison cannot tell the caches apart")
+	}
+	// run generates from the artifact through its oscar2 cache (the
+	// logits are compared bit for bit in pack's TestArtifactKVCacheLogits).
+	r = lmpack(t, nil, "run", art, "--temperature", "0", "--max-tokens", "32")
+	wantOK(t, r)
+	if len(strings.TrimSpace(r.stdout)) < 32 || !strings.Contains(r.stderr, "kv_cache=oscar2") {
+		t.Errorf("run from the oscar2 artifact:\n%v", r)
+	}
+}
+
+// TestArtifactKVNoRotations: pack --kv-cache kivi2 --kv-window 4,64 (a
+// scheme without rotations) evaluates from the artifact to the perplexity
+// of eval --kv kivi2 --kv-window 4,64 on the checkpoint; bad --kv-cache
+// and --kv-window combinations are refused.
+func TestArtifactKVNoRotations(t *testing.T) {
+	t.Parallel()
+	art := packArtifact(t, "--kv-cache", "kivi2", "--kv-window", "4,64")
+	held := shared.Path(t, "tinystories-valid", "heldout.txt")
+	r := lmpack(t, nil, "eval", art, "--data", held, "--ctx", "256", "--max-windows", "2", "--json")
+	wantOK(t, r)
+	var got struct {
+		Perplexity float64 `json:"perplexity"`
+		KVCache    string  `json:"kv_cache"`
+	}
+	decodeOneJSON(t, r.stdout, &got)
+	r = lmpack(t, nil, "eval", modelDir(t), "--data", held, "--ctx", "256", "--max-windows", "2", "--kv", "kivi2", "--kv-window", "4,64", "--json")
+	wantOK(t, r)
+	var ref struct {
+		Rows []struct {
+			KV         string  `json:"kv"`
+			Perplexity float64 `json:"perplexity"`
+		} `json:"rows"`
+	}
+	decodeOneJSON(t, r.stdout, &ref)
+	if len(ref.Rows) != 2 || ref.Rows[1].KV != "kivi2+w4,64" {
+		t.Fatalf("eval --kv kivi2 --kv-window rows: %+v", ref.Rows)
+	}
+	want := ref.Rows[1].Perplexity
+	if got.KVCache != "kivi2" || math.Abs(got.Perplexity-want) > 1e-9*want || want == ref.Rows[0].Perplexity {
+		t.Errorf("artifact eval: kv %q perplexity %.12f, want kivi2 with windows %.12f (without windows %.12f)", got.KVCache, got.Perplexity, want, ref.Rows[0].Perplexity)
+	}
+	out := filepath.Join(t.TempDir(), "x.lmpk")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar2"), "needs a rotation file")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar7"), "unknown method", "oscar7")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-window", "4,64"), "--kv-window needs --kv-cache")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "int4", "--kv-window", "4"), "--kv-window \"4\"")
 }

@@ -103,10 +103,11 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			}
 			if asJSON {
 				out := struct {
-					Model string `json:"model"`
-					Data  string `json:"data"`
+					Model   string `json:"model"`
+					Data    string `json:"data"`
+					KVCache string `json:"kv_cache,omitempty"`
 					*resultNoWindows
-				}{e.Dir, data, &resultNoWindows{r.Perplexity, r.NLL, r.TokensScored, r.Windows, r.Ctx, r.Seconds, r.TokensPerSecond}}
+				}{e.Dir, data, e.KVCache, &resultNoWindows{r.Perplexity, r.NLL, r.TokensScored, r.Windows, r.Ctx, r.Seconds, r.TokensPerSecond}}
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				return enc.Encode(out)
 			}

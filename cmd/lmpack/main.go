@@ -21,8 +21,8 @@ func main() {
 	os.Exit(run())
 }
 
-// run executes the CLI and returns the exit status: 0, 1 on error, or
-// 128+signal (130 SIGINT, 143 SIGTERM) when interrupted. A second signal
+// run executes the CLI and returns the exit status: 0, 1 on error, 3 when
+// compress's eval gate fails, or 128+signal (130 SIGINT, 143 SIGTERM) when interrupted. A second signal
 // kills the process at once.
 func run() int {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -46,6 +46,10 @@ func run() int {
 		return 0
 	}
 	code, msg := 1, err.Error()
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
 	if s := syscall.Signal(got.Load()); s != 0 && errors.Is(err, context.Canceled) {
 		code, msg = 128+int(s), "interrupted ("+s.String()+")"
 	}

@@ -14,16 +14,18 @@ import (
 
 func newPackCmd(g *globalFlags) *cobra.Command {
 	var (
-		out, rot           string
+		out, rot, kvCache  string
+		kvWin              string
 		noCompress, asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "pack INPUT -o FILE.lmpk [--kv-rotations ROT] [--no-compress]",
+		Use:   "pack INPUT -o FILE.lmpk [--kv-rotations ROT] [--kv-cache METHOD] [--kv-window SINK,RECENT] [--no-compress]",
 		Short: "Pack a checkpoint directory into one verified .lmpk artifact",
 		Long: `pack writes INPUT (a local checkpoint directory) as one .lmpk artifact
 (docs/FORMAT.md): every tensor in a 64-byte aligned section, the config and
-tokenizer files, the KV rotations of --kv-rotations, and a JSON manifest with
-the model description and provenance. Sections are lz4-compressed (bf16/f16
+tokenizer files, the KV-cache scheme (--kv-cache, with the rotations of
+--kv-rotations for oscar2/oscar4: run and eval then use that cache), and a
+JSON manifest with the model description and provenance. Sections are lz4-compressed (bf16/f16
 also as byte planes) only where that saves at least 10%; --no-compress
 stores all raw. The file is written atomically; INPUT is never modified.`,
 		Args: cobra.ExactArgs(1),
@@ -45,7 +47,16 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 					return fmt.Errorf("-o %s: exists and is not an lmpack artifact; refusing to overwrite it", out)
 				}
 			}
-			a, err := pack.FromCheckpoint(args[0], pack.FromOptions{KVRotations: rot, LmpackVersion: version})
+			var sink, recent int
+			if kvWin != "" {
+				if n, err := fmt.Sscanf(kvWin, "%d,%d", &sink, &recent); n != 2 || err != nil || sink < 0 || recent < 0 || fmt.Sprintf("%d,%d", sink, recent) != kvWin {
+					return fmt.Errorf("--kv-window %q: want SINK,RECENT (two non-negative token counts, e.g. 64,256)", kvWin)
+				}
+				if kvCache == "" && rot == "" {
+					return fmt.Errorf("--kv-window needs --kv-cache METHOD")
+				}
+			}
+			a, err := pack.FromCheckpoint(args[0], pack.FromOptions{KVRotations: rot, KVCache: kvCache, KVSink: sink, KVRecent: recent, LmpackVersion: version})
 			if err != nil {
 				return err
 			}
@@ -70,7 +81,9 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&out, "output", "o", "", "artifact file to write (.lmpk)")
-	f.StringVar(&rot, "kv-rotations", "", "OSCAR KV rotation file to embed")
+	f.StringVar(&rot, "kv-rotations", "", "OSCAR KV rotation file to embed (lmpack quantize kv)")
+	f.StringVar(&kvCache, "kv-cache", "", "KV cache method run and eval use for the artifact (default oscar2 with --kv-rotations, else float32)")
+	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: fp16 windows of the KV cache in tokens")
 	f.BoolVar(&noCompress, "no-compress", false, "store every section raw")
 	f.BoolVar(&asJSON, "json", false, "print the statistics as one JSON object")
 	return cmd

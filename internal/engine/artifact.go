@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/hub"
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // ArtifactMagic is the first four bytes of an lmpack artifact (.lmpk,
@@ -38,6 +40,10 @@ type Artifact interface {
 	Unconsumed() []string
 	// IsKVRotation reports whether a tensor is a KV-cache rotation.
 	IsKVRotation(name string) bool
+	// KVCache returns the artifact's KV-cache scheme: a runtime/kvcache
+	// method name ("" for the float32 cache) and its options, reading
+	// (consuming) every rotation tensor the scheme names.
+	KVCache() (string, kvcache.Options, error)
 	// Close unmaps the artifact.
 	Close() error
 }
@@ -113,14 +119,32 @@ func artifactTokenizer(a Artifact) (*tokenizer.Tokenizer, error) {
 	return tok, nil
 }
 
-// ErrKVRotationsUnused: an artifact carries KV-cache rotations, which the
-// runtime does not apply yet; loading it anyway would silently run a
-// different model than the one packed.
-var ErrKVRotationsUnused = fmt.Errorf("artifact carries OSCAR KV rotations, which run/eval do not apply yet")
+// kvModel is a loaded model whose NewCache builds the artifact's KV-cache
+// scheme (runtime/kvcache) instead of the float32 cache.
+type kvModel struct {
+	runtime.Model
+	method string
+	layers []kvcache.Layer
+	opt    kvcache.Options
+}
 
-// openArtifactEngine loads an artifact on the CPU backend and fails when
-// any manifest tensor went unconsumed (a tied lm_head stored explicitly
-// and RoPE inv_freq buffers excepted, as for checkpoints).
+// NewCache implements runtime.Model. The scheme was built once for a
+// 1-token cache when the artifact was opened, so only a capacity < 1 (a
+// caller's bug) can fail here.
+func (m *kvModel) NewCache(capacity int) runtime.KVCache {
+	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
+	if err != nil {
+		panic(fmt.Sprintf("engine: kv cache %s for %d tokens: %v", m.method, capacity, err))
+	}
+	return c
+}
+
+// openArtifactEngine loads an artifact on the CPU backend with the
+// manifest's KV-cache scheme (Model.NewCache then builds that cache, with
+// the stored rotations, clip ratios and windows) and fails when the
+// scheme does not build for the model or any manifest tensor, rotations
+// included, went unconsumed (a tied lm_head stored explicitly and RoPE
+// inv_freq buffers excepted, as for checkpoints).
 func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine, error) {
 	a, d, err := openArtifact(path)
 	if err != nil {
@@ -132,15 +156,15 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 			a.Close()
 		}
 	}()
-	var rot []string
-	for _, t := range a.TensorInfos() {
-		if a.IsKVRotation(t.Name) {
-			rot = append(rot, t.Name)
-		}
+	kvMethod, kvOpt, err := a.KVCache()
+	if err != nil {
+		return nil, err
 	}
-	if len(rot) > 0 {
-		return nil, fmt.Errorf("engine: %s: %w (%d rotation tensors, first %q); pack without --kv-rotations to run or evaluate it",
-			path, ErrKVRotationsUnused, len(rot), rot[0])
+	kvLayers := kvcache.LayersOf(d)
+	if kvMethod != "" {
+		if _, err := kvcache.New(kvMethod, kvLayers, 1, kvOpt); err != nil {
+			return nil, fmt.Errorf("engine: %s: manifest kv cache %s: %w", path, kvMethod, err)
+		}
 	}
 	tok, err := artifactTokenizer(a)
 	if err != nil {
@@ -153,6 +177,9 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 	m, err := runtime.NewCPU().Load(ctx, d, a, runtime.LoadOptions{Threads: opt.Threads})
 	if err != nil {
 		return nil, err
+	}
+	if kvMethod != "" {
+		m = &kvModel{Model: m, method: kvMethod, layers: kvLayers, opt: kvOpt}
 	}
 	var extra []string
 	for _, n := range a.Unconsumed() {
@@ -167,10 +194,10 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 			path, len(extra), extra[0])
 	}
 	if opt.Logger != nil {
-		opt.Logger.Info("model loaded", "artifact", path, "architecture", d.Architecture, "layers", len(d.Layers), "seconds", time.Since(t0).Seconds())
+		opt.Logger.Info("model loaded", "artifact", path, "architecture", d.Architecture, "layers", len(d.Layers), "kv_cache", cmp.Or(kvMethod, "fp32"), "seconds", time.Since(t0).Seconds())
 	}
 	ok = true
-	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m}, nil
+	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m, KVCache: kvMethod}, nil
 }
 
 // InspectModel builds the inspect report for MODEL: an artifact (from its

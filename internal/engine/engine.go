@@ -50,7 +50,12 @@ type Engine struct {
 	// Artifact is set, and Checkpoint nil, when MODEL was an artifact.
 	Artifact  Artifact
 	Tokenizer *tokenizer.Tokenizer
-	Model     runtime.Model
+	// Model is the loaded model. For an artifact with a KV scheme its
+	// NewCache returns that scheme's cache (KVCache names it).
+	Model runtime.Model
+	// KVCache is the runtime/kvcache method of an artifact's KV scheme;
+	// empty for the float32 cache.
+	KVCache string
 }
 
 // Resolve turns a MODEL argument into a local directory, downloading a hub
@@ -116,8 +121,9 @@ func OpenCheckpoint(ctx context.Context, model string, h *hub.Options) (string, 
 //
 // With opt.Artifacts and an artifact as model, it loads the manifest's
 // model, the embedded tokenizer and the tensors (CRC-checked as they are
-// read), and fails when the artifact carries KV rotations
-// (ErrKVRotationsUnused) or a manifest tensor the model does not use.
+// read) with the manifest's KV-cache scheme, and fails when that scheme
+// does not build or a manifest tensor (a KV rotation included) goes
+// unused.
 func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 	if opt.Artifacts && IsArtifact(model) {
 		return openArtifactEngine(ctx, model, opt)

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/lmpack/lmpack/compress"
+	"github.com/spf13/cobra"
+)
+
+func newCompressCmd(g *globalFlags) *cobra.Command {
+	var (
+		opt        compress.Options
+		recipePath string
+		asJSON     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "compress MODEL --recipe RECIPE.yaml -o OUT.lmpk [--work-dir DIR] [--data FILE] [--eval-data FILE] [--json]",
+		Short: "Run a compression recipe (calibrate, prune, quantize KV, pack, eval) and write one artifact",
+		Long: `compress runs the stages of RECIPE.yaml over MODEL: calibrate, prune (layers),
+quantize (KV cache), pack and eval, and writes OUT.lmpk when the eval gate
+passes (ΔPPL and KL within the recipe's max_delta_ppl and max_kl). A failed
+gate exits with status 3 and writes no OUT.
+
+Stage outputs are cached in --work-dir (default OUT.lmpk.work) under keys
+that fingerprint the model, the data files, the lmpack version and the
+recipe up to that stage: an interrupted run resumes at the stage it was in,
+and a changed recipe section recomputes that stage and the later ones only.
+Data paths in the recipe are relative to the recipe file; --data and
+--eval-data override them. MODEL and the data files are never modified.
+Prints the eval table, or with --json the full report (sizes, bits per
+weight, KV bits, PPL and KL deltas, seconds per stage).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if recipePath == "" {
+				return fmt.Errorf("--recipe RECIPE.yaml is required")
+			}
+			if opt.Out == "" {
+				return fmt.Errorf("-o OUT.lmpk is required")
+			}
+			if err := checkOutput("-o", opt.Out, args[0], recipePath, opt.Data, opt.EvalData); err != nil {
+				return err
+			}
+			if f, err := os.Open(opt.Out); err == nil {
+				var magic [4]byte
+				_, rerr := io.ReadFull(f, magic[:])
+				f.Close()
+				if rerr != nil || string(magic[:]) != "LMPK" {
+					return fmt.Errorf("-o %s: exists and is not an lmpack artifact; refusing to overwrite it", opt.Out)
+				}
+			}
+			if err := checkThreads(opt.Threads); err != nil {
+				return err
+			}
+			r, err := compress.LoadRecipe(recipePath)
+			if err != nil {
+				return err
+			}
+			opt.Model, opt.Recipe, opt.RecipePath, opt.Version, opt.Logger = args[0], r, recipePath, version, g.logger
+			type bar struct {
+				report func(done, total int)
+				finish func()
+			}
+			bars := map[string]*bar{}
+			var last *bar
+			opt.Progress = func(stage string, done, total int) {
+				b := bars[stage]
+				if b == nil {
+					if last != nil {
+						last.finish()
+					}
+					b = &bar{}
+					unit := "tokens" // calibrate and quantize-kv (which calibrates a pruned model)
+					if stage == "eval" {
+						unit = "windows"
+					}
+					b.report, b.finish = newProgress(cmd, g, stage, stage+" progress", unit)
+					bars[stage] = b
+					last = b
+				}
+				b.report(done, total)
+			}
+			rep, err := compress.Run(cmd.Context(), opt)
+			if last != nil {
+				last.finish()
+			}
+			if rep != nil {
+				if asJSON {
+					if jerr := json.NewEncoder(cmd.OutOrStdout()).Encode(rep); jerr != nil {
+						return errors.Join(err, jerr)
+					}
+				} else if werr := writeCompressTable(cmd, rep); werr != nil {
+					return errors.Join(err, werr)
+				}
+			}
+			if errors.Is(err, compress.ErrGate) {
+				return &exitError{code: exitGate, err: err}
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&recipePath, "recipe", "", "recipe file (YAML; see recipes/)")
+	f.StringVarP(&opt.Out, "output", "o", "", "artifact file to write (.lmpk)")
+	f.StringVar(&opt.WorkDir, "work-dir", "", "stage cache directory (default OUT.work)")
+	f.StringVar(&opt.Data, "data", "", "calibration text file (overrides calibrate.data)")
+	f.StringVar(&opt.EvalData, "eval-data", "", "evaluation text file (overrides eval.data)")
+	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
+	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
+	return cmd
+}
+
+// exitGate is the exit status of a failed eval gate (compress.ErrGate).
+const exitGate = 3
+
+// exitError carries a specific exit status out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// writeCompressTable prints the stages, sizes, gate verdict and output,
+// then the eval table (perplexity, ΔPPL, KL, top-1 agreement, KV bits).
+func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-12s %-7s %9s\n", "stage", "cached", "seconds")
+	for _, s := range r.Stages {
+		fmt.Fprintf(&b, "%-12s %-7v %9.2f\n", s.Name, s.Cached, s.Seconds)
+	}
+	z := r.Sizes
+	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/weight, lz4 saved %d bytes, kv cache %s\n",
+		z.SourceTensorBytes, z.ArtifactBytes, z.Ratio, z.SourceParams, z.Params, z.BitsPerWeight, z.LZ4SavedBytes, r.KVCache)
+	if g := r.Gate; g != nil {
+		if g.Passed {
+			fmt.Fprintf(&b, "gate passed (max_delta_ppl %g, max_kl %g)\n", g.MaxDeltaPPL, g.MaxKL)
+		} else {
+			fmt.Fprintf(&b, "gate FAILED: %s\n", strings.Join(g.Failures, "; "))
+		}
+	}
+	if r.Written {
+		fmt.Fprintf(&b, "wrote %s: %d bytes, sha256 %s\n", r.Out, z.ArtifactBytes, r.SHA256)
+	}
+	if e := r.Eval; e != nil {
+		fmt.Fprintf(&b, "\n%-10s %10s %10s %9s %9s %8s %8s\n", "model", "perplexity", "delta_ppl", "kl", "top1", "kv", "kv_bits")
+		fmt.Fprintf(&b, "%-10s %10.4f %10s %9s %9s %8s %8.2f\n", "source", e.SourcePerplexity, "", "", "", "fp32", 32.0)
+		fmt.Fprintf(&b, "%-10s %10.4f %+10.4f %9.5f %9.4f %8s %8.2f\n", "artifact", e.Perplexity, e.DeltaPPL, e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement)
+	}
+	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
+	return err
+}

@@ -1,0 +1,311 @@
+package compress
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/pack"
+)
+
+// smallRecipe is a fast oscar2 recipe for stories260K: 1024 calibration
+// tokens, 2 eval windows of 256 tokens.
+const smallRecipe = `name: small
+calibrate:
+  tokens: 1024
+  ctx: 256
+quantize:
+  kv:
+    cache: oscar2
+    sink: 8
+    recent: 32
+pack:
+  lz4: true
+eval:
+  ctx: 256
+  max_windows: 2
+  max_delta_ppl: 100
+  max_kl: 10
+`
+
+func mustRecipe(t *testing.T, src string) *Recipe {
+	t.Helper()
+	r, err := ParseRecipe("test.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func testOptions(t *testing.T, r *Recipe, out, work string) Options {
+	return Options{Model: shared.Path(t, "stories260K-hf"), Recipe: r, Out: out, WorkDir: work,
+		Data: shared.Path(t, "tinystories-valid", "calib.txt"), EvalData: shared.Path(t, "tinystories-valid", "heldout.txt"),
+		Threads: 1, Version: "test"}
+}
+
+// cachedStages maps stage name to its Cached flag.
+func cachedStages(rep *Report) map[string]bool {
+	m := map[string]bool{}
+	for _, s := range rep.Stages {
+		m[s.Name] = s.Cached
+	}
+	return m
+}
+
+// hashTree returns the sha256 of every regular file under the paths.
+func hashTree(t *testing.T, paths ...string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, root := range paths {
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			s := sha256.Sum256(b)
+			out[p] = hex.EncodeToString(s[:])
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// TestCompressResumeDeterminism: a run killed mid-calibrate and then
+// mid-eval (a context cancelled from the progress hook, which leaves the
+// stage's temporary directory behind as a kill would) resumes: each rerun
+// reuses the finished stages and recomputes the interrupted one, and the
+// final artifact is byte-identical to an uninterrupted run's and to a
+// second uninterrupted run's (determinism). The model, data files are
+// never modified. The artifact verifies and records the oscar2 scheme.
+func TestCompressResumeDeterminism(t *testing.T) {
+	dir := t.TempDir()
+	r := mustRecipe(t, smallRecipe)
+	model := shared.Path(t, "stories260K-hf")
+	inputs := []string{model, shared.Path(t, "tinystories-valid")}
+	before := hashTree(t, inputs...)
+
+	outA := filepath.Join(dir, "a.lmpk")
+	repA, err := Run(t.Context(), testOptions(t, r, outA, filepath.Join(dir, "workA")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !repA.Written || repA.Gate == nil || !repA.Gate.Passed || repA.KVCache != "oscar2" || repA.Eval.KVCache != "oscar2" {
+		t.Fatalf("report A: %+v", repA)
+	}
+	for _, s := range repA.Stages {
+		if s.Cached {
+			t.Errorf("fresh run: stage %s cached", s.Name)
+		}
+	}
+
+	outB := filepath.Join(dir, "b.lmpk")
+	workB := filepath.Join(dir, "workB")
+	interrupt := func(stage string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		o := testOptions(t, r, outB, workB)
+		hit := false
+		o.Progress = func(s string, done, total int) {
+			if s == stage && done < total && !hit {
+				hit = true
+				cancel()
+			}
+		}
+		_, err := Run(ctx, o)
+		if !errors.Is(err, context.Canceled) || !hit {
+			t.Fatalf("interrupted in %s: err %v, hook hit %v", stage, err, hit)
+		}
+		if tmp, _ := filepath.Glob(filepath.Join(workB, ".tmp-"+stage+"-*")); len(tmp) != 1 {
+			t.Fatalf("after the interrupt in %s: temporary dirs %v, want one", stage, tmp)
+		}
+		if _, err := os.Stat(outB); !os.IsNotExist(err) {
+			t.Fatalf("output written by an interrupted run: %v", err)
+		}
+	}
+	interrupt("calibrate")
+	interrupt("eval")
+	repB, err := Run(t.Context(), testOptions(t, r, outB, workB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"calibrate": true, "quantize-kv": true, "pack": true, "eval": false}
+	if got := cachedStages(repB); !mapsEqual(got, want) {
+		t.Errorf("resumed run cached stages %v, want %v", got, want)
+	}
+	if tmp, _ := filepath.Glob(filepath.Join(workB, ".tmp-*")); len(tmp) != 0 {
+		t.Errorf("temporary dirs left after the resumed run: %v", tmp)
+	}
+
+	outC := filepath.Join(dir, "c.lmpk")
+	if _, err := Run(t.Context(), testOptions(t, r, outC, filepath.Join(dir, "workC"))); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(outA)
+	b, _ := os.ReadFile(outB)
+	c, _ := os.ReadFile(outC)
+	if len(a) == 0 || !bytes.Equal(a, b) || !bytes.Equal(a, c) {
+		t.Fatalf("artifacts differ: uninterrupted %d bytes, resumed %d (equal %v), second run %d (equal %v)",
+			len(a), len(b), bytes.Equal(a, b), len(c), bytes.Equal(a, c))
+	}
+	if *repA.Eval != *repB.Eval {
+		t.Errorf("eval differs: %+v vs %+v", *repA.Eval, *repB.Eval)
+	}
+	if after := hashTree(t, inputs...); !mapsEqual(before, after) {
+		t.Errorf("input files changed")
+	}
+	vr, err := pack.Verify(outA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vr.SHA256 != repA.SHA256 || vr.Bytes != repA.Sizes.ArtifactBytes {
+		t.Errorf("report sha256 %s, %d bytes; verify %s, %d", repA.SHA256, repA.Sizes.ArtifactBytes, vr.SHA256, vr.Bytes)
+	}
+	rd, err := pack.Open(outA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	m := rd.Manifest()
+	if m.KV == nil || m.KV.Cache != "oscar2" || m.KV.Sink != 8 || m.KV.Recent != 32 || len(m.KV.Rotations) != 5 {
+		t.Errorf("manifest kv %+v", m.KV)
+	}
+	if m.Provenance.SourceModelFingerprint != repA.ModelFingerprint || !strings.Contains(string(m.Provenance.Recipe), `"cache":"oscar2"`) ||
+		strings.Contains(string(m.Provenance.Recipe), "max_windows") {
+		t.Errorf("provenance %+v", m.Provenance)
+	}
+	z := repA.Sizes
+	t.Logf("sizes %+v; eval %+v", z, *repA.Eval)
+	if z.SourceParams != 292800 || z.Params != 292800 || z.BitsPerWeight != 32 || z.LZ4SavedBytes <= 0 || z.ArtifactBytes != int64(len(a)) {
+		t.Errorf("sizes %+v", z)
+	}
+	if e := repA.Eval; e.Windows != 2 || e.TokensScored != 510 || !(e.KL > 0) || !(e.DeltaPPL != 0) || !(e.KVBitsPerElement > 2 && e.KVBitsPerElement < 32) {
+		t.Errorf("eval %+v", *e)
+	}
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestCompressRecipeChange: changing one recipe section recomputes that
+// stage and the later ones only; a gate threshold recomputes nothing.
+func TestCompressRecipeChange(t *testing.T) {
+	dir := t.TempDir()
+	work := filepath.Join(dir, "work")
+	out := filepath.Join(dir, "m.lmpk")
+	if _, err := Run(t.Context(), testOptions(t, mustRecipe(t, smallRecipe), out, work)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, from, to string
+		want           map[string]bool
+	}{
+		{"eval windows", "max_windows: 2", "max_windows: 1", map[string]bool{"calibrate": true, "quantize-kv": true, "pack": true, "eval": false}},
+		{"gate only", "max_kl: 10", "max_kl: 20", map[string]bool{"calibrate": true, "quantize-kv": true, "pack": true, "eval": true}},
+		{"kv window", "recent: 32", "recent: 16", map[string]bool{"calibrate": true, "quantize-kv": false, "pack": false, "eval": false}},
+		{"lz4", "lz4: true", "lz4: false", map[string]bool{"calibrate": true, "quantize-kv": true, "pack": false, "eval": false}},
+		{"calibration", "tokens: 1024", "tokens: 768", map[string]bool{"calibrate": false, "quantize-kv": false, "pack": false, "eval": false}},
+	} {
+		src := strings.Replace(smallRecipe, c.from, c.to, 1)
+		rep, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, work))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := cachedStages(rep); !mapsEqual(got, c.want) {
+			t.Errorf("%s: cached %v, want %v", c.name, got, c.want)
+		}
+	}
+	// The original recipe is still fully cached.
+	rep, err := Run(t.Context(), testOptions(t, mustRecipe(t, smallRecipe), out, work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Stages {
+		if !s.Cached {
+			t.Errorf("rerun of the first recipe: stage %s recomputed", s.Name)
+		}
+	}
+	// A finished stage whose output file was deleted is recomputed (and
+	// the later stages reused, their keys being unchanged).
+	kv := rep.Stages[1]
+	if err := os.Remove(filepath.Join(work, "quantize-kv-"+kv.Key[:24], "rot.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Run(t.Context(), testOptions(t, mustRecipe(t, smallRecipe), out, work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cachedStages(rep), map[string]bool{"calibrate": true, "quantize-kv": false, "pack": true, "eval": true}; !mapsEqual(got, want) {
+		t.Errorf("after deleting the rotation file: cached %v, want %v", got, want)
+	}
+}
+
+// TestCompressGate: a ΔPPL or KL above the recipe's bound is ErrGate with
+// the report (gate failures named) and no output file; the prune recipe
+// yields a 4-layer artifact with fewer parameters.
+func TestCompressGate(t *testing.T) {
+	dir := t.TempDir()
+	src := strings.Replace(smallRecipe, "max_kl: 10", "max_kl: 0.0001", 1)
+	src = strings.Replace(src, "max_delta_ppl: 100", "max_delta_ppl: 10000", 1)
+	src = strings.Replace(src, "quantize:", "prune:\n  layers: 1\nquantize:", 1)
+	out := filepath.Join(dir, "m.lmpk")
+	rep, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, filepath.Join(dir, "work")))
+	if !errors.Is(err, ErrGate) || rep == nil || rep.Gate.Passed || rep.Written || len(rep.Gate.Failures) != 1 ||
+		!strings.Contains(rep.Gate.Failures[0], "exceeds max_kl 0.0001") {
+		if rep != nil {
+			t.Fatalf("err %v, gate %+v, written %v", err, rep.Gate, rep.Written)
+		}
+		t.Fatalf("err %v, no report", err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("output written despite the failed gate: %v", err)
+	}
+	if rep.Sizes.Params >= rep.Sizes.SourceParams || rep.Sizes.ArtifactBytes >= rep.Sizes.SourceTensorBytes {
+		t.Errorf("pruned sizes %+v", rep.Sizes)
+	}
+	rd, err := pack.Open(filepath.Join(dir, "work", "pack-"+rep.Stages[3].Key[:24], "model.lmpk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	if n := len(rd.Manifest().Model.Layers); n != 4 || len(rd.Manifest().KV.Rotations) != 4 {
+		t.Errorf("pruned artifact: %d layers, %d rotations; want 4", n, len(rd.Manifest().KV.Rotations))
+	}
+}
+
+// TestCompressRefusesModelDir: a work directory inside the model
+// directory is refused before any stage runs.
+func TestCompressRefusesModelDir(t *testing.T) {
+	o := testOptions(t, mustRecipe(t, smallRecipe), filepath.Join(t.TempDir(), "m.lmpk"), "")
+	o.WorkDir = filepath.Join(o.Model, "work")
+	_, err := Run(t.Context(), o)
+	if err == nil || !strings.Contains(err.Error(), "inside the model directory") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := os.Stat(o.WorkDir); !os.IsNotExist(err) {
+		t.Fatalf("work dir created inside the model directory")
+	}
+}

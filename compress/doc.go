@@ -1,0 +1,19 @@
+// Package compress is the `lmpack compress` batch job: one recipe (YAML)
+// drives the stages calibrate → prune → quantize (KV) → pack → eval over a
+// checkpoint and yields one verified .lmpk artifact and a JSON report.
+//
+// Each stage writes its outputs into a work directory, in a private
+// temporary directory renamed into place only after its completion marker
+// (done.json) is written, under a cache key that fingerprints the source
+// model (calibrate.ModelFingerprint), the data files (sha256), the lmpack
+// version and the recipe up to and including that stage. A rerun reuses
+// every finished stage whose key is unchanged: a killed job resumes at the
+// stage it was in, and a changed recipe section recomputes that stage and
+// the later ones only.
+//
+// The stages call the packages that do the work (calibrate, prune,
+// quantize/oscar, pack, eval); this package only plans, caches and
+// reports. Adding a stage means one recipe section, one entry in
+// Pipeline.stages and its run function. It is not a scheduler: stages run
+// one after the other in this process.
+package compress

@@ -1,0 +1,284 @@
+package compress
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/prune/depth"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+	"gopkg.in/yaml.v3"
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrRecipe: the recipe does not parse, has an unknown key or an
+	// invalid value (wrapped, naming the file, the line when known, and
+	// the key).
+	ErrRecipe = errors.New("compress: bad recipe")
+	// ErrStageUnavailable: the recipe asks for a stage this lmpack cannot
+	// run yet (weight quantization).
+	ErrStageUnavailable = errors.New("compress: stage not available")
+	// ErrGate: the eval stage measured a ΔPPL or KL above the recipe's
+	// threshold; the artifact is not written to the output path.
+	ErrGate = errors.New("compress: eval gate failed")
+)
+
+// Recipe is a compress recipe (YAML, strict: unknown keys are ErrRecipe).
+// A nil section disables its stage; pack always runs.
+type Recipe struct {
+	// Name labels the recipe in logs and the report.
+	Name      string          `yaml:"name" json:"name,omitempty"`
+	Calibrate *CalibrateStage `yaml:"calibrate" json:"calibrate,omitempty"`
+	Prune     *PruneStage     `yaml:"prune" json:"prune,omitempty"`
+	Quantize  *QuantizeStage  `yaml:"quantize" json:"quantize,omitempty"`
+	Pack      PackStage       `yaml:"pack" json:"pack"`
+	Eval      *EvalStage      `yaml:"eval" json:"eval,omitempty"`
+}
+
+// CalibrateStage configures calibrate.Run: the first Tokens tokens of the
+// UTF-8 text file Data (relative to the recipe's directory; Options.Data
+// overrides it) in windows of Ctx tokens.
+type CalibrateStage struct {
+	Data   string `yaml:"data" json:"-"`
+	Tokens int    `yaml:"tokens" json:"tokens"`
+	Ctx    int    `yaml:"ctx" json:"ctx"`
+}
+
+// PruneStage configures prune.Run (depth pruning): remove Layers blocks,
+// or round(LayerRatio·L), chosen by Method ("lorp", "shortgpt",
+// "list:3,7"; default lorp).
+type PruneStage struct {
+	Layers     int     `yaml:"layers" json:"layers,omitempty"`
+	LayerRatio float64 `yaml:"layer_ratio" json:"layer_ratio,omitempty"`
+	Method     string  `yaml:"method" json:"method"`
+}
+
+// QuantizeStage holds the quantization stages. Weights is reserved: any
+// content is ErrStageUnavailable until weight quantization lands here.
+type QuantizeStage struct {
+	KV      *KVStage  `yaml:"kv" json:"kv,omitempty"`
+	Weights yaml.Node `yaml:"weights" json:"-"`
+}
+
+// KVStage configures the KV cache the artifact carries: Cache is a
+// runtime/kvcache method (kvcache.Methods); oscar2 and oscar4 get OSCAR
+// rotations computed from calibration (oscar.QuantizeKV with ClipK,
+// ClipV, default 0.96 and 0.92). Sink and Recent are fp16 windows in
+// tokens (0: none, or the method's default residual).
+type KVStage struct {
+	Cache  string  `yaml:"cache" json:"cache"`
+	ClipK  float64 `yaml:"clip_k" json:"clip_k,omitempty"`
+	ClipV  float64 `yaml:"clip_v" json:"clip_v,omitempty"`
+	Sink   int     `yaml:"sink" json:"sink,omitempty"`
+	Recent int     `yaml:"recent" json:"recent,omitempty"`
+}
+
+// PackStage configures pack.Write: LZ4 (default true) compresses sections
+// where that saves at least 10%.
+type PackStage struct {
+	LZ4 *bool `yaml:"lz4" json:"lz4"`
+}
+
+// EvalStage configures the final comparison of the artifact against the
+// source model on the UTF-8 text file Data (relative to the recipe's
+// directory; Options.EvalData overrides it): MaxWindows windows (0: all)
+// of Ctx tokens. MaxDeltaPPL (perplexity points) and MaxKL (nats per
+// token, KL(source ‖ artifact)) are the gate; 0 disables a bound.
+type EvalStage struct {
+	Data        string  `yaml:"data" json:"-"`
+	Ctx         int     `yaml:"ctx" json:"ctx"`
+	MaxWindows  int     `yaml:"max_windows" json:"max_windows,omitempty"`
+	MaxDeltaPPL float64 `yaml:"max_delta_ppl" json:"-"`
+	MaxKL       float64 `yaml:"max_kl" json:"-"`
+}
+
+// maxRecipeBytes bounds a recipe file.
+const maxRecipeBytes = 1 << 20
+
+// LoadRecipe reads and validates the recipe file path (ParseRecipe);
+// relative data paths are resolved against the file's directory.
+//
+// Errors: the file unreadable (naming it); ParseRecipe's.
+func LoadRecipe(path string) (*Recipe, error) {
+	b, err := fsx.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRecipe, err)
+	}
+	r, err := ParseRecipe(path, b)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Dir(path)
+	for _, p := range []*string{r.dataPtr(), r.evalDataPtr()} {
+		if p != nil && *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+	return r, nil
+}
+
+func (r *Recipe) dataPtr() *string {
+	if r.Calibrate == nil {
+		return nil
+	}
+	return &r.Calibrate.Data
+}
+
+func (r *Recipe) evalDataPtr() *string {
+	if r.Eval == nil {
+		return nil
+	}
+	return &r.Eval.Data
+}
+
+var fieldNotFound = regexp.MustCompile(`^line (\d+): field (\S+) not found in type compress\.(\w+)$`)
+
+// sectionOf names the recipe section a Go type decodes.
+var sectionOf = map[string]string{
+	"Recipe": "the top level", "CalibrateStage": "calibrate", "PruneStage": "prune",
+	"QuantizeStage": "quantize", "KVStage": "quantize.kv", "PackStage": "pack", "EvalStage": "eval",
+}
+
+// ParseRecipe decodes one YAML document strictly (every key must be a
+// Recipe field; names are snake_case) and validates it; name labels
+// errors. Defaults: prune.method lorp, quantize.kv clip_k 0.96 and clip_v
+// 0.92 for oscar caches, pack.lz4 true.
+//
+// Errors: ErrRecipe naming the file, line and key ("line 4: unknown key
+// \"tokenz\" in calibrate"), or the field and what was expected;
+// ErrStageUnavailable for quantize.weights.
+func ParseRecipe(name string, b []byte) (*Recipe, error) {
+	if len(b) > maxRecipeBytes {
+		return nil, fmt.Errorf("%w: %s: %d bytes, want at most %d", ErrRecipe, name, len(b), maxRecipeBytes)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var r Recipe
+	if err := dec.Decode(&r); err != nil {
+		if err == io.EOF {
+			return nil, fmt.Errorf("%w: %s: empty recipe", ErrRecipe, name)
+		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			var msgs []string
+			for _, e := range te.Errors {
+				if m := fieldNotFound.FindStringSubmatch(e); m != nil {
+					e = fmt.Sprintf("line %s: unknown key %q in %s", m[1], m[2], sectionOf[m[3]])
+				}
+				msgs = append(msgs, e)
+			}
+			return nil, fmt.Errorf("%w: %s: %s", ErrRecipe, name, strings.Join(msgs, "; "))
+		}
+		return nil, fmt.Errorf("%w: %s: %v", ErrRecipe, name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err != io.EOF {
+		return nil, fmt.Errorf("%w: %s: more than one YAML document", ErrRecipe, name)
+	}
+	if err := r.validate(name); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// validate checks values and fills defaults.
+func (r *Recipe) validate(name string) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrRecipe, name, fmt.Sprintf(format, a...))
+	}
+	if q := r.Quantize; q != nil && q.Weights.Kind != 0 {
+		return fmt.Errorf("%w: %s: line %d: quantize.weights: weight quantization is not available in compress yet (only quantize.kv is); remove the section or use a recipe without it",
+			ErrStageUnavailable, name, q.Weights.Line)
+	}
+	if c := r.Calibrate; c != nil {
+		if c.Tokens <= 0 {
+			return bad("calibrate.tokens %d: want > 0", c.Tokens)
+		}
+		if c.Ctx < 2 {
+			return bad("calibrate.ctx %d: want >= 2", c.Ctx)
+		}
+		if c.Tokens < c.Ctx {
+			return bad("calibrate.tokens %d: want at least one window of calibrate.ctx %d tokens", c.Tokens, c.Ctx)
+		}
+	}
+	if p := r.Prune; p != nil {
+		if p.Method == "" {
+			p.Method = depth.MethodLoRP
+		}
+		isList := strings.HasPrefix(p.Method, "list:")
+		switch {
+		case !isList && p.Method != depth.MethodLoRP && p.Method != depth.MethodShortGPT:
+			return bad("prune.method %q: want lorp, shortgpt or list:L1,L2,...", p.Method)
+		case !isList && (p.Layers != 0) == (p.LayerRatio != 0):
+			return bad("prune: give exactly one of layers and layer_ratio")
+		case p.Layers < 0:
+			return bad("prune.layers %d: want > 0", p.Layers)
+		case p.LayerRatio != 0 && !(p.LayerRatio > 0 && p.LayerRatio < 1):
+			return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
+		case !isList && r.Calibrate == nil:
+			return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
+		}
+	}
+	if q := r.Quantize; q != nil && q.KV != nil {
+		kv := q.KV
+		if !slices.Contains(kvcache.Methods(), kv.Cache) {
+			return bad("quantize.kv.cache %q: want one of %s", kv.Cache, strings.Join(kvcache.Methods(), ", "))
+		}
+		if kv.Sink < 0 || kv.Recent < 0 {
+			return bad("quantize.kv sink %d, recent %d: want >= 0 tokens", kv.Sink, kv.Recent)
+		}
+		if rotates(kv.Cache) {
+			if r.Calibrate == nil {
+				return bad("quantize.kv.cache %s needs a calibrate section (OSCAR rotations are computed from calibration statistics)", kv.Cache)
+			}
+			if kv.ClipK == 0 {
+				kv.ClipK = 0.96
+			}
+			if kv.ClipV == 0 {
+				kv.ClipV = 0.92
+			}
+			if !(kv.ClipK > 0 && kv.ClipK <= 1) || !(kv.ClipV > 0 && kv.ClipV <= 1) {
+				return bad("quantize.kv clip_k %v, clip_v %v: want ratios in (0, 1]", kv.ClipK, kv.ClipV)
+			}
+		} else if kv.ClipK != 0 || kv.ClipV != 0 {
+			return bad("quantize.kv clip_k/clip_v: cache %s takes no rotations, so no clipping ratios", kv.Cache)
+		}
+	}
+	if r.Pack.LZ4 == nil {
+		t := true
+		r.Pack.LZ4 = &t
+	}
+	if e := r.Eval; e != nil {
+		switch {
+		case e.Ctx < 2:
+			return bad("eval.ctx %d: want >= 2", e.Ctx)
+		case e.MaxWindows < 0:
+			return bad("eval.max_windows %d: want >= 0 (0: all)", e.MaxWindows)
+		case !(e.MaxDeltaPPL >= 0) || !(e.MaxKL >= 0):
+			return bad("eval max_delta_ppl %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPL, e.MaxKL)
+		}
+	}
+	return nil
+}
+
+// rotates reports whether a kvcache method takes OSCAR rotations.
+func rotates(cache string) bool { return cache == "oscar2" || cache == "oscar4" }
+
+// section returns the canonical JSON of v (a recipe section, data paths
+// and gate thresholds excluded by their json:"-" tags): the part of a
+// stage's cache key the recipe contributes.
+func section(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("compress: recipe section %T does not marshal: %v", v, err))
+	}
+	return b
+}

@@ -1,0 +1,155 @@
+package compress
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const goodRecipe = `name: t
+calibrate:
+  data: calib.txt
+  tokens: 1024
+  ctx: 256
+quantize:
+  kv:
+    cache: oscar2
+pack:
+  lz4: true
+eval:
+  data: heldout.txt
+  ctx: 256
+  max_windows: 2
+  max_delta_ppl: 100
+`
+
+// TestRecipeUnknownKey: an unknown key anywhere is ErrRecipe naming the
+// key, its line and its section.
+func TestRecipeUnknownKey(t *testing.T) {
+	for _, c := range []struct {
+		name, from, to, want string
+	}{
+		{"top", "name: t\n", "name: t\nstages: 3\n", `line 2: unknown key "stages" in the top level`},
+		{"calibrate", "  tokens: 1024\n", "  tokenz: 1024\n", `line 4: unknown key "tokenz" in calibrate`},
+		{"kv", "    cache: oscar2\n", "    cache: oscar2\n    bits: 2\n", `line 9: unknown key "bits" in quantize.kv`},
+		{"eval", "  max_windows: 2\n", "  max_window: 2\n", `line 14: unknown key "max_window" in eval`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := strings.Replace(goodRecipe, c.from, c.to, 1)
+			_, err := ParseRecipe("r.yaml", []byte(src))
+			if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "r.yaml") {
+				t.Fatalf("got %v, want ErrRecipe containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestRecipeValues: invalid values and the unavailable weights stage are
+// refused naming the field; defaults are filled in.
+func TestRecipeValues(t *testing.T) {
+	r, err := ParseRecipe("r.yaml", []byte(goodRecipe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv := r.Quantize.KV; kv.ClipK != 0.96 || kv.ClipV != 0.92 || !*r.Pack.LZ4 || r.Eval.MaxDeltaPPL != 100 {
+		t.Errorf("defaults: kv %+v lz4 %v eval %+v", *kv, *r.Pack.LZ4, *r.Eval)
+	}
+	for _, c := range []struct {
+		name, from, to, want string
+		is                   error
+	}{
+		{"tokens", "tokens: 1024", "tokens: 0", "calibrate.tokens 0", ErrRecipe},
+		{"ctx", "  ctx: 256\nquantize", "  ctx: 1\nquantize", "calibrate.ctx 1", ErrRecipe},
+		{"cache", "cache: oscar2", "cache: oscar9", `quantize.kv.cache "oscar9"`, ErrRecipe},
+		{"clip", "cache: oscar2", "cache: oscar2\n    clip_k: 1.5", "clip_k 1.5", ErrRecipe},
+		{"clip without rotation", "cache: oscar2", "cache: kivi2\n    clip_k: 0.9", "takes no rotations", ErrRecipe},
+		{"no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\n", "", "needs a calibrate section", ErrRecipe},
+		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "exactly one of layers and layer_ratio", ErrRecipe},
+		{"prune method", "quantize:", "prune:\n  layers: 1\n  method: random\nquantize:", `prune.method "random"`, ErrRecipe},
+		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 0\n  max_windows", "eval.ctx 0", ErrRecipe},
+		{"gate", "max_delta_ppl: 100", "max_delta_ppl: -1", "max_delta_ppl -1", ErrRecipe},
+		{"weights", "quantize:\n", "quantize:\n  weights:\n    bits: 4\n", "line 8: quantize.weights", ErrStageUnavailable},
+		{"two documents", "name: t\n", "name: t\n---\nname: u\n", "more than one YAML document", ErrRecipe},
+		{"syntax", "name: t\n", "name: [t\n", "r.yaml", ErrRecipe},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := strings.Replace(goodRecipe, c.from, c.to, 1)
+			if src == goodRecipe {
+				t.Fatalf("edit %q not applied", c.from)
+			}
+			_, err := ParseRecipe("r.yaml", []byte(src))
+			if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want %v containing %q", err, c.is, c.want)
+			}
+		})
+	}
+	if _, err := ParseRecipe("r.yaml", nil); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "empty recipe") {
+		t.Errorf("empty recipe: %v", err)
+	}
+}
+
+// TestExampleRecipes: the repository's recipes load; the weight recipes
+// are refused with ErrStageUnavailable until that stage lands. Data paths
+// resolve against the recipe's directory.
+func TestExampleRecipes(t *testing.T) {
+	for _, c := range []struct {
+		file   string
+		stages []string
+		is     error
+	}{
+		{"kv-int2.yaml", []string{"calibrate", "quantize-kv", "pack", "eval"}, nil},
+		{"prune-kv-int2.yaml", []string{"calibrate", "prune", "quantize-kv", "pack", "eval"}, nil},
+		{"w4-kv-int2.yaml", nil, ErrStageUnavailable},
+		{"moe-mixed.yaml", nil, ErrStageUnavailable},
+	} {
+		path := filepath.Join("..", "recipes", c.file)
+		r, err := LoadRecipe(path)
+		if c.is != nil {
+			if !errors.Is(err, c.is) || !strings.Contains(err.Error(), "quantize.weights") {
+				t.Errorf("%s: got %v, want %v", c.file, err, c.is)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.file, err)
+			continue
+		}
+		p := &pipeline{r: r}
+		var names []string
+		for _, s := range p.stages() {
+			names = append(names, s.name)
+		}
+		if strings.Join(names, ",") != strings.Join(c.stages, ",") {
+			t.Errorf("%s: stages %v, want %v", c.file, names, c.stages)
+		}
+		if want := filepath.Join("..", "recipes", "../../shared/data/tinystories-valid/calib.txt"); r.Calibrate.Data != want {
+			t.Errorf("%s: calibrate.data %q, want %q", c.file, r.Calibrate.Data, want)
+		}
+	}
+}
+
+// FuzzParseRecipe: arbitrary bytes never panic, and a recipe that parses
+// is valid and re-parses from its canonical sections.
+func FuzzParseRecipe(f *testing.F) {
+	f.Add([]byte(goodRecipe))
+	f.Add([]byte("prune:\n  method: list:1\n"))
+	f.Add([]byte("quantize:\n  weights: {bits: 4}\n"))
+	f.Add([]byte("{}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRecipe("fuzz.yaml", b)
+		if err != nil {
+			if !errors.Is(err, ErrRecipe) && !errors.Is(err, ErrStageUnavailable) {
+				t.Fatalf("error not ErrRecipe: %v", err)
+			}
+			return
+		}
+		if r.Pack.LZ4 == nil {
+			t.Fatalf("lz4 default not set")
+		}
+		p := &pipeline{r: r}
+		if len(p.stages()) == 0 {
+			t.Fatalf("no stages")
+		}
+	})
+}

@@ -1,0 +1,115 @@
+package pack
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+// rotationFile calibrates stories260K on 1024 tokens of calib.txt and
+// writes its OSCAR rotation file into dir.
+func rotationFile(t *testing.T, model, dir string) string {
+	t.Helper()
+	calib := filepath.Join(dir, "calib.safetensors")
+	if _, err := calibrate.Run(t.Context(), calibrate.Options{Model: model, Data: shared.Path(t, "tinystories-valid", "calib.txt"),
+		Tokens: 1024, Ctx: 256, Out: calib, Threads: 1, Version: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	rot := filepath.Join(dir, "rot.safetensors")
+	if _, err := oscar.QuantizeKV(t.Context(), oscar.KVOptions{Model: model, Calib: calib, Method: oscar.Method,
+		ClipK: oscar.DefaultClipK, ClipV: oscar.DefaultClipV, Out: rot, Version: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	return rot
+}
+
+// TestArtifactKVCacheLogits: a stories260K artifact packed with oscar2
+// rotations and windows loads with that KV cache, and its logits over 96
+// tokens equal bit for bit those of the checkpoint run with
+// kvcache.New("oscar2") and the rotation file; they differ from the
+// float32 cache's (so the scheme is really applied). Every rotation is
+// consumed.
+func TestArtifactKVCacheLogits(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	dir := t.TempDir()
+	rotPath := rotationFile(t, model, dir)
+	a, err := FromCheckpoint(model, FromOptions{KVRotations: rotPath, KVSink: 4, KVRecent: 16, LmpackVersion: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "m.lmpk")
+	_, err = Write(out, a, WriteOptions{})
+	a.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ea, err := engine.Open(t.Context(), out, engine.Options{Threads: 1, Artifacts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ea.Close()
+	if ea.KVCache != "oscar2" {
+		t.Fatalf("engine KVCache %q, want oscar2", ea.KVCache)
+	}
+	for _, n := range ea.Artifact.Unconsumed() {
+		if n != "lm_head.weight" || !ea.Desc.TieWordEmbeddings {
+			t.Fatalf("tensor %q unconsumed after load", n)
+		}
+	}
+	ec, err := engine.Open(t.Context(), model, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	fp, err := calibrate.ModelFingerprint(model, ec.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot, _, err := oscar.ReadFile(rotPath, calibrate.Expect{ModelFingerprint: fp, Desc: ec.Desc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kr := kvcache.Rotations(*rot)
+	const n = 96
+	ids, err := ec.EvalIDs(shared.Path(t, "tinystories-valid", "heldout.txt"), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = ids[:n]
+	V := ec.Desc.VocabSize
+	want := make([]float32, n*V)
+	c, err := kvcache.New("oscar2", kvcache.LayersOf(ec.Desc), n, kvcache.Options{Rotations: &kr, Sink: 4, Recent: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ec.Model.Forward(t.Context(), ids, c, want, true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, n*V)
+	if err := ea.Model.Forward(t.Context(), ids, ea.Model.NewCache(n), got, true); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("logit %d (position %d): artifact %v, checkpoint+oscar2 %v", i, i/V, got[i], want[i])
+		}
+	}
+	f32 := make([]float32, n*V)
+	if err := ec.Model.Forward(t.Context(), ids, ec.Model.NewCache(n), f32, true); err != nil {
+		t.Fatal(err)
+	}
+	diff := 0
+	for i := range f32 {
+		if f32[i] != got[i] {
+			diff++
+		}
+	}
+	if diff < n*V/2 {
+		t.Errorf("only %d of %d logits differ from the float32 cache's: the oscar2 scheme seems not applied", diff, n*V)
+	}
+}
