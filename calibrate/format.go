@@ -96,6 +96,9 @@ type Calibration struct {
 	// TokenIDs, when Header.Statistics lists StatTokens, are the
 	// Header.Tokens calibration token ids (TokensTensor); nil otherwise.
 	TokenIDs []int
+	// Experts, when Header.Statistics lists StatExperts, holds one entry
+	// per MoE layer, in layer order (see ExpertLayer); nil otherwise.
+	Experts []ExpertLayer
 }
 
 // SimilaritySide returns the side L+1 of c.Similarity, or 0 when absent.
@@ -159,7 +162,8 @@ func Fingerprint(b []byte) string {
 
 // Write writes c to path as a calibration file, atomically
 // (safetensors.WriteFile): tensors OSCARTensorName(l, "c_q"|"c_s"), F64,
-// [d, d], SimilarityTensor F64 [L+1, L+1] when c.Similarity is set, and
+// [d, d], SimilarityTensor F64 [L+1, L+1] when c.Similarity is set, the
+// StatExperts tensors (ExpertTensorName) when c.Experts is set, and
 // the Header as JSON under MetadataKey. Kind and FormatVersion
 // are filled in; Statistics is set from the statistics c holds. The output
 // is deterministic. Errors: a layer whose matrices are not [d, d] or hold
@@ -209,6 +213,14 @@ func Write(path string, c *Calibration) error {
 		}
 		h.Statistics = append(h.Statistics, StatTokens)
 		ts = append(ts, t)
+	}
+	if c.Experts != nil {
+		et, err := expertTensors(path, c.Experts, h.Tokens)
+		if err != nil {
+			return err
+		}
+		h.Statistics = append(h.Statistics, StatExperts)
+		ts = append(ts, et...)
 	}
 	js, err := json.Marshal(h)
 	if err != nil {
@@ -292,6 +304,11 @@ func Read(path string, want Expect) (*Calibration, error) {
 			vocab = want.Desc.VocabSize
 		}
 		if c.TokenIDs, err = readTokens(f, path, h.Tokens, vocab); err != nil {
+			return nil, err
+		}
+	}
+	if c.Has(StatExperts) {
+		if c.Experts, err = readExperts(f, path, want.Desc, h.Tokens); err != nil {
 			return nil, err
 		}
 	}
