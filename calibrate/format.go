@@ -250,7 +250,10 @@ type Expect struct {
 // (StatOSCAR) every layer's tensors present, F64, [d, d] with d the layer's
 // head_dim from want.Desc (or square and equal in c_q and c_s when Desc is
 // nil), and finite; for StatLoRP, SimilarityTensor F64 [L+1, L+1] (L from
-// want.Desc, any square side >= 2 when Desc is nil) and finite. Statistics it does not know are listed in the Header
+// want.Desc, any square side >= 2 when Desc is nil) and finite; for
+// StatExperts, exactly the model's MoE layers (when Desc is set), I64
+// counts in [0, tokens] and finite F64 Hessians of the model's shapes.
+// Statistics it does not know are listed in the Header
 // and otherwise ignored.
 //
 // Errors (wrapped, naming path and the field or tensor): safetensors
