@@ -90,3 +90,28 @@ func Binarize(w []float32, rows, cols, group int) ([]float32, error) {
 	}
 	return out, nil
 }
+
+// FakeQuantize returns a copy of x whose gate, up and down_proj are
+// quantized at bits with q and dequantized back to float32 (for measuring
+// an allocation's quality through a float checkpoint). Errors: those of
+// q, naming the projection and width.
+func FakeQuantize(x *Expert, bits int, q Quantizer) (Expert, error) {
+	H := 0
+	if x.Inter > 0 {
+		H = len(x.Gate) / x.Inter
+	}
+	out := Expert{Inter: x.Inter}
+	for _, t := range []struct {
+		name       string
+		w          []float32
+		rows, cols int
+		dst        *[]float32
+	}{{"gate_proj", x.Gate, x.Inter, H, &out.Gate}, {"up_proj", x.Up, x.Inter, H, &out.Up}, {"down_proj", x.Down, H, x.Inter, &out.Down}} {
+		v, err := q(t.w, t.rows, t.cols, bits)
+		if err != nil {
+			return Expert{}, fmt.Errorf("gemq: %s at %d bits: %w", t.name, bits, err)
+		}
+		*t.dst = v
+	}
+	return out, nil
+}
