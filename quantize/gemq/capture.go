@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/lmpack/lmpack/formats/arch"
-	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/runtime"
 )
 
@@ -112,10 +111,11 @@ type Expert struct {
 // Params returns the number of weights of the expert, 3·H·I.
 func (e *Expert) Params() int64 { return int64(len(e.Gate) + len(e.Up) + len(e.Down)) }
 
-// LoadExperts reads the experts of MoE layer layer of d from ck. Errors:
+// LoadExperts reads the experts of MoE layer layer of d from src (e.g. a
+// *safetensors.Checkpoint). Errors:
 // a layer that is not MoE, a tensor missing, of the wrong shape or not
 // convertible to float32 (naming it).
-func LoadExperts(ck *safetensors.Checkpoint, d *arch.Description, layer int) ([]Expert, error) {
+func LoadExperts(src runtime.TensorSource, d *arch.Description, layer int) ([]Expert, error) {
 	if layer < 0 || layer >= len(d.Layers) || d.Layers[layer].MoE == nil {
 		return nil, fmt.Errorf("gemq: layer %d is not an MoE layer of the model", layer)
 	}
@@ -129,7 +129,7 @@ func LoadExperts(ck *safetensors.Checkpoint, d *arch.Description, layer int) ([]
 			rows, cols int
 			dst        *[]float32
 		}{{m.Gate, I, H, &x.Gate}, {m.Up, I, H, &x.Up}, {m.Down, H, I, &x.Down}} {
-			tt, err := ck.Tensor(t.name)
+			tt, err := src.Tensor(t.name)
 			if err != nil {
 				return nil, fmt.Errorf("gemq: %w", err)
 			}

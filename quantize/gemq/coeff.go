@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/lmpack/lmpack/calibrate"
-	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/runtime"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas64"
@@ -31,6 +30,16 @@ import (
 // token, weighted by the full softmax probability, so experts the router
 // rarely picks still get coefficients from data; it measures sensitivity
 // under softened routing, not the model's exact output.
+//
+//	WeightKL:     c[l,e,b] = (1/N) Σ_t KL(P_t ‖ Q_t^(l,e,b))
+//
+// is the "KL divergence of the final logits" fallback of METHODS §4: P_t
+// is the float model's next-token distribution at calibration position t
+// and Q_t that of the model with only expert e of layer l quantized at b
+// bits (nats). It accounts for how an error propagates through the later
+// layers, as the gradient weighting does, at the cost of one forward pass
+// over the calibration windows per (layer, expert, width); it suits small
+// models (see Compute).
 type Weighting string
 
 const (
@@ -38,6 +47,9 @@ const (
 	WeightRouted Weighting = "routed"
 	// WeightSoft weights every token by the expert's softmax probability.
 	WeightSoft Weighting = "soft"
+	// WeightKL measures the KL divergence of the final next-token
+	// distributions (Compute only).
+	WeightKL Weighting = "kl"
 )
 
 // DefaultBits are the widths GEMQ considers: 1, 2, 3 and 4 bits.
@@ -51,8 +63,12 @@ type Options struct {
 	// Bits are the candidate widths, increasing, each 1 to 8; nil means
 	// DefaultBits.
 	Bits []int
-	// Weighting is WeightRouted (the default when empty) or WeightSoft.
+	// Weighting is WeightRouted (the default when empty), WeightSoft or
+	// WeightKL (Compute only).
 	Weighting Weighting
+	// Threads is the worker count of the model copies WeightKL loads;
+	// <= 0 means all cores.
+	Threads int
 	// Quantizer quantizes one weight matrix; nil means RTN(0) (per output
 	// channel, asymmetric min-max, METHODS §4 step 2).
 	Quantizer Quantizer
@@ -84,9 +100,9 @@ func (o *Options) defaults() error {
 	switch o.Weighting {
 	case "":
 		o.Weighting = WeightRouted
-	case WeightRouted, WeightSoft:
+	case WeightRouted, WeightSoft, WeightKL:
 	default:
-		return fmt.Errorf("gemq: weighting %q: want %q or %q", o.Weighting, WeightRouted, WeightSoft)
+		return fmt.Errorf("gemq: weighting %q: want %q, %q or %q", o.Weighting, WeightRouted, WeightSoft, WeightKL)
 	}
 	if o.Quantizer == nil {
 		o.Quantizer = RTN(0)
@@ -155,6 +171,9 @@ type Coefficients struct {
 func LayerCoefficients(in *LayerInput, experts []Expert, opt Options) (*LayerCoeffs, []string, error) {
 	if err := opt.defaults(); err != nil {
 		return nil, nil, err
+	}
+	if opt.Weighting == WeightKL {
+		return nil, nil, fmt.Errorf("gemq: layer %d: the %q weighting needs the whole model (Compute), not one layer's capture", in.Layer, WeightKL)
 	}
 	H, E, K, N := in.Hidden, in.NumExperts, in.TopK, in.N
 	if H <= 0 || E <= 0 || K <= 0 || K > E || N <= 0 || len(in.X) != N*H || len(in.Logits) != N*E || len(in.Selected) != N*K {
@@ -304,11 +323,19 @@ func expertForward(X []float64, n, H, I int, gate, up, down []float32) []float64
 // it captures the block inputs of as many layers per forward pass as
 // opt.MaxCaptureBytes allows (Capture), loads those layers' experts from ck
 // (LoadExperts) and calls LayerCoefficients, releasing each layer before
-// the next pass. Errors: a model without MoE layers, invalid options, and
-// the errors of Capture, LoadExperts and LayerCoefficients.
-func Compute(ctx context.Context, m runtime.Model, ck *safetensors.Checkpoint, windows [][]int, opt Options) (*Coefficients, error) {
+// the next pass. With WeightKL it instead loads, on the CPU backend, one
+// copy of the model per (layer, expert, width) from src with that expert
+// fake-quantized, and compares final distributions (L·E·|Bits| forward
+// passes; memory 8·N·vocab bytes of reference log-probabilities). src is
+// the model's tensors (e.g. the *safetensors.Checkpoint m was loaded
+// from). Errors: a model without MoE layers, invalid options, and the
+// errors of Capture, LoadExperts, LayerCoefficients and model loading.
+func Compute(ctx context.Context, m runtime.Model, src runtime.TensorSource, windows [][]int, opt Options) (*Coefficients, error) {
 	if err := opt.defaults(); err != nil {
 		return nil, err
+	}
+	if opt.Weighting == WeightKL {
+		return computeKL(ctx, m, src, windows, opt)
 	}
 	d := m.Description()
 	var layers []int
@@ -337,7 +364,7 @@ func Compute(ctx context.Context, m runtime.Model, ck *safetensors.Checkpoint, w
 			return nil, err
 		}
 		for i := range ins {
-			ex, err := LoadExperts(ck, d, ins[i].Layer)
+			ex, err := LoadExperts(src, d, ins[i].Layer)
 			if err != nil {
 				return nil, err
 			}

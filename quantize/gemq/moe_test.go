@@ -20,8 +20,8 @@ import (
 // writeFakeQuant writes a float32 copy of the model in src (every file
 // but the weights copied as is) to a new directory under t.TempDir(),
 // with the experts of each allocated layer replaced by their RTN
-// fake-quantized weights at the allocated widths, and returns the
-// directory.
+// fake-quantized weights at the allocated widths (0: kept in float), and
+// returns the directory.
 func writeFakeQuant(t *testing.T, e *engine.Engine, a *Allocation) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -48,6 +48,9 @@ func writeFakeQuant(t *testing.T, e *engine.Engine, a *Allocation) string {
 			t.Fatal(err)
 		}
 		for k := range ex {
+			if a.Bits[li][k] == 0 { // keep this expert in float
+				continue
+			}
 			q, err := FakeQuantize(&ex[k], a.Bits[li][k], RTN(0))
 			if err != nil {
 				t.Fatal(err)
