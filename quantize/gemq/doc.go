@@ -23,9 +23,14 @@
 // gradient of the LM loss with respect to the layer output (METHODS §4
 // step 1); the runtime has no backward pass, so that weight is replaced by
 // 1 (the forward-only fallback of METHODS §4, as in MC-MoE). Weighting
-// chooses how the router enters: the exact block perturbation under the
-// model's own top-k routing (WeightRouted, the default) or every token
-// weighted by the expert's full softmax probability (WeightSoft).
+// chooses the measurement: the exact block perturbation under the model's
+// own top-k routing (WeightRouted, the default; cheap, one capture), every
+// token weighted by the expert's full softmax probability (WeightSoft), or
+// the KL divergence of the final next-token distributions (WeightKL, the
+// other fallback METHODS §4 names; one forward pass per (layer, expert,
+// width), for small models). On stories260K-moe-hf the KL coefficients
+// track perplexity far better than the block-output ones, which ignore how
+// an error grows through the later layers (see TestStories260KMoE).
 //
 // Not for: packing quantized weights or writing checkpoints (the weights
 // CLI does that from the returned Allocation), or collecting Hessians

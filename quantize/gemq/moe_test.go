@@ -117,7 +117,8 @@ func uniform(c *Coefficients, b int) *Allocation {
 }
 
 // TestStories260KMoE is the acceptance run on stories260K-moe-hf: GEMQ
-// coefficients from 2048 calibration tokens (calib.txt, ctx 512), the
+// coefficients from 2048 calibration tokens (calib.txt, ctx 512) with the
+// routed weighting and from the first 1024 with the KL weighting, the
 // allocation under 1.5/2.0/2.5/3.0 bits per expert weight (without the
 // per-layer rule; with it where feasible), and the held-out perplexity of
 // each allocation (experts RTN per channel at the allocated widths,
@@ -178,7 +179,7 @@ func TestStories260KMoE(t *testing.T) {
 	if p := evalPPL(t, writeFakeQuant(t, e, &Allocation{}), heldout); p != base.Perplexity {
 		t.Fatalf("float round trip of the checkpoint: PPL %v, the model's %v", p, base.Perplexity)
 	}
-	lines := []string{fmt.Sprintf("%-22s %6s %7s %12s %9s  %s", "allocation", "bits", "stored", "pred. error", "PPL", "experts at 1/2/3/4 bits"), fmt.Sprintf("%-22s %6s %7s %12s %9.4f", "float", "32", "-", "-", base.Perplexity)}
+	lines := []string{fmt.Sprintf("%-31s %6s %7s %12s %9s  %s", "allocation", "bits", "stored", "pred. error", "PPL", "experts at 1/2/3/4 bits"), fmt.Sprintf("%-31s %6s %7s %12s %9.4f", "float", "32", "-", "-", base.Perplexity)}
 	row := func(name string, a *Allocation) float64 {
 		p := evalPPL(t, writeFakeQuant(t, e, a), heldout)
 		if math.IsNaN(p) || math.IsInf(p, 0) || p <= 1 {
@@ -190,36 +191,42 @@ func TestStories260KMoE(t *testing.T) {
 				w[b]++
 			}
 		}
-		lines = append(lines, fmt.Sprintf("%-22s %6.3f %7.3f %12.4e %9.4f  %d/%d/%d/%d", name, a.BitsPerWeight, a.BitsPerWeightStored, a.PredictedError, p, w[1], w[2], w[3], w[4]))
+		lines = append(lines, fmt.Sprintf("%-31s %6.3f %7.3f %12.4e %9.4f  %d/%d/%d/%d", name, a.BitsPerWeight, a.BitsPerWeightStored, a.PredictedError, p, w[1], w[2], w[3], w[4]))
 		return p
 	}
-	prevErr := math.Inf(1)
-	for _, budget := range []float64{1.5, 2.0, 2.5, 3.0} {
-		a, err := Allocate(coef, budget, AllocOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkAllocation(t, coef, a, budget, false)
-		if a.PredictedError > prevErr {
-			t.Errorf("budget %v: predicted error %v above that of a smaller budget %v", budget, a.PredictedError, prevErr)
-		}
-		prevErr = a.PredictedError
-		row(fmt.Sprintf("gemq %.1f", budget), a)
-		ar, err := Allocate(coef, budget, AllocOptions{Rule: true})
-		if budget < 2.25 {
-			if !errors.Is(err, alloc.ErrInfeasible) {
-				t.Errorf("budget %v with the rule: %v, want ErrInfeasible (the rule needs 9/4 bits)", budget, err)
+	kl, err := Compute(ctx, e.Model, e.Checkpoint, windows[:2], Options{Weighting: WeightKL, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cw := range []*Coefficients{coef, kl} {
+		prevErr := math.Inf(1)
+		for _, budget := range []float64{1.5, 2.0, 2.5, 3.0} {
+			a, err := Allocate(cw, budget, AllocOptions{})
+			if err != nil {
+				t.Fatal(err)
 			}
-			continue
+			checkAllocation(t, cw, a, budget, false)
+			if a.PredictedError > prevErr {
+				t.Errorf("%s budget %v: predicted error %v above that of a smaller budget %v", cw.Weighting, budget, a.PredictedError, prevErr)
+			}
+			prevErr = a.PredictedError
+			row(fmt.Sprintf("gemq-%s %.1f", cw.Weighting, budget), a)
+			ar, err := Allocate(cw, budget, AllocOptions{Rule: true})
+			if budget < 2.25 {
+				if !errors.Is(err, alloc.ErrInfeasible) {
+					t.Errorf("budget %v with the rule: %v, want ErrInfeasible (the rule needs 9/4 bits)", budget, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkAllocation(t, cw, ar, budget, true)
+			if ar.PredictedError < a.PredictedError*(1-1e-12) {
+				t.Errorf("budget %v: the rule lowered the optimum %v to %v", budget, a.PredictedError, ar.PredictedError)
+			}
+			row(fmt.Sprintf("gemq-%s %.1f + rule", cw.Weighting, budget), ar)
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkAllocation(t, coef, ar, budget, true)
-		if ar.PredictedError < a.PredictedError*(1-1e-12) {
-			t.Errorf("budget %v: the rule lowered the optimum %v to %v", budget, a.PredictedError, ar.PredictedError)
-		}
-		row(fmt.Sprintf("gemq %.1f + rule", budget), ar)
 	}
 	for _, b := range []int{2, 3} {
 		row(fmt.Sprintf("uniform RTN %d", b), uniform(coef, b))
@@ -271,6 +278,6 @@ func TestStories260KMoE(t *testing.T) {
 	if !never || len(a.Warnings) != 2 {
 		t.Errorf("forced unrouted expert: warnings %q", a.Warnings)
 	}
-	row("gemq 2.0, L2E3 unrouted", a)
+	row("gemq-routed 2.0, L2E3 unrouted", a)
 	t.Logf("stories260K-moe-hf, heldout.txt (first %d windows), ctx 512 (bits = code bits per expert weight; stored adds per-channel fp16 scale and zero):\n%s", evalWindows, strings.Join(lines, "\n"))
 }
