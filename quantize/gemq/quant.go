@@ -115,3 +115,48 @@ func FakeQuantize(x *Expert, bits int, q Quantizer) (Expert, error) {
 	}
 	return out, nil
 }
+
+// GPTQExpert returns a copy of x quantized at bits with GPTQ (METHODS §4
+// step 4 and §7; weights.QuantizeGPTQ, asymmetric, groups of group input
+// columns, 0 per output channel, default damping) and dequantized back to
+// float32: gate_proj and up_proj with the input Hessian hIn [H, H],
+// down_proj with hDown [I, I], both float64 row-major (e.g.
+// calibrate.ExpertLayer.Hessians, whose fallback for sparse experts is the
+// layer's pooled Hessian and the identity). At 1 bit, which GPTQ in the
+// weights package does not offer, every projection is binarized
+// (Binarize). Errors: those of weights.NewHessianFromMatrix and
+// weights.QuantizeGPTQ, naming the projection and width.
+func GPTQExpert(x *Expert, bits, group int, hIn, hDown []float64) (Expert, error) {
+	if bits == 1 {
+		return FakeQuantize(x, 1, RTN(group))
+	}
+	H := 0
+	if x.Inter > 0 {
+		H = len(x.Gate) / x.Inter
+	}
+	hi, err := weights.NewHessianFromMatrix(H, hIn)
+	if err != nil {
+		return Expert{}, fmt.Errorf("gemq: gate/up_proj input Hessian: %w", err)
+	}
+	hd, err := weights.NewHessianFromMatrix(x.Inter, hDown)
+	if err != nil {
+		return Expert{}, fmt.Errorf("gemq: down_proj input Hessian: %w", err)
+	}
+	out := Expert{Inter: x.Inter}
+	for _, t := range []struct {
+		name       string
+		w          []float32
+		rows, cols int
+		h          *weights.Hessian
+		dst        *[]float32
+	}{{"gate_proj", x.Gate, x.Inter, H, hi, &out.Gate}, {"up_proj", x.Up, x.Inter, H, hi, &out.Up}, {"down_proj", x.Down, H, x.Inter, hd, &out.Down}} {
+		q, err := weights.QuantizeGPTQ(t.w, t.rows, t.cols, t.h, weights.GPTQOptions{Options: weights.Options{Bits: bits, GroupSize: group}})
+		if err != nil {
+			return Expert{}, fmt.Errorf("gemq: %s at %d bits: %w", t.name, bits, err)
+		}
+		v := make([]float32, t.rows*t.cols)
+		q.Dequantize(v)
+		*t.dst = v
+	}
+	return out, nil
+}
