@@ -23,6 +23,12 @@ import (
 // fake-quantized weights at the allocated widths (0: kept in float), and
 // returns the directory.
 func writeFakeQuant(t *testing.T, e *engine.Engine, a *Allocation) string {
+	return writeQuant(t, e, a, func(_, _ int, x *Expert, b int) (Expert, error) { return FakeQuantize(x, b, RTN(0)) })
+}
+
+// writeQuant is writeFakeQuant with the quantizer q(layer, expert,
+// weights, bits).
+func writeQuant(t *testing.T, e *engine.Engine, a *Allocation, q func(l, k int, x *Expert, b int) (Expert, error)) string {
 	t.Helper()
 	dir := t.TempDir()
 	ents, err := os.ReadDir(e.Dir)
@@ -51,7 +57,7 @@ func writeFakeQuant(t *testing.T, e *engine.Engine, a *Allocation) string {
 			if a.Bits[li][k] == 0 { // keep this expert in float
 				continue
 			}
-			q, err := FakeQuantize(&ex[k], a.Bits[li][k], RTN(0))
+			q, err := q(l, k, &ex[k], a.Bits[li][k])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,10 +83,10 @@ func writeFakeQuant(t *testing.T, e *engine.Engine, a *Allocation) string {
 	return dir
 }
 
-// evalWindows bounds the held-out evaluation to its first 100 windows of
-// 512 tokens (51,200 of the file's 198,779 scored tokens) to keep the test
-// near a minute; 0 evaluates the whole file.
-const evalWindows = 100
+// evalWindows bounds the held-out evaluation to its first 50 windows of
+// 512 tokens (25,600 of the file's 198,779 scored tokens) to keep the
+// test's 19 evaluations near a minute; 0 evaluates the whole file.
+const evalWindows = 50
 
 func evalPPL(t *testing.T, dir, heldout string) float64 {
 	t.Helper()
@@ -123,7 +129,8 @@ func uniform(c *Coefficients, b int) *Allocation {
 // per-layer rule; with it where feasible), and the held-out perplexity of
 // each allocation (experts RTN per channel at the allocated widths,
 // dequantized into a float checkpoint, heldout.txt at ctx 512, its first
-// evalWindows windows). It
+// evalWindows windows; for the KL allocations also GPTQ with the expert
+// Hessians of calibrate.CollectExperts). It
 // asserts only what must hold: budgets met, widths in {1..4}, the rule
 // met and infeasible below 9/4 bits (4 experts: 4+3+1+1), predicted error
 // not increasing with the budget (exact DP), perplexities finite, and the
@@ -132,7 +139,7 @@ func uniform(c *Coefficients, b int) *Allocation {
 // the model still evaluates to a finite perplexity. The table is logged.
 func TestStories260KMoE(t *testing.T) {
 	if testing.Short() {
-		t.Skip("evaluates ten checkpoints on heldout.txt")
+		t.Skip("evaluates 19 checkpoints on heldout.txt")
 	}
 	ctx := context.Background()
 	e, err := engine.Open(ctx, shared.Path(t, "stories260K-moe-hf"), engine.Options{Threads: 1})
@@ -180,8 +187,8 @@ func TestStories260KMoE(t *testing.T) {
 		t.Fatalf("float round trip of the checkpoint: PPL %v, the model's %v", p, base.Perplexity)
 	}
 	lines := []string{fmt.Sprintf("%-31s %6s %7s %12s %9s  %s", "allocation", "bits", "stored", "pred. error", "PPL", "experts at 1/2/3/4 bits"), fmt.Sprintf("%-31s %6s %7s %12s %9.4f", "float", "32", "-", "-", base.Perplexity)}
-	row := func(name string, a *Allocation) float64 {
-		p := evalPPL(t, writeFakeQuant(t, e, a), heldout)
+	rowQ := func(name string, a *Allocation, dir string) float64 {
+		p := evalPPL(t, dir, heldout)
 		if math.IsNaN(p) || math.IsInf(p, 0) || p <= 1 {
 			t.Errorf("%s: PPL %v", name, p)
 		}
@@ -193,6 +200,19 @@ func TestStories260KMoE(t *testing.T) {
 		}
 		lines = append(lines, fmt.Sprintf("%-31s %6.3f %7.3f %12.4e %9.4f  %d/%d/%d/%d", name, a.BitsPerWeight, a.BitsPerWeightStored, a.PredictedError, p, w[1], w[2], w[3], w[4]))
 		return p
+	}
+	row := func(name string, a *Allocation) float64 { return rowQ(name, a, writeFakeQuant(t, e, a)) }
+	// Expert Hessians for GPTQ from the same calibration windows.
+	stats, err := calibrate.CollectExperts(ctx, e.Model, e.Desc, e.Checkpoint, windows, calibrate.ExpertOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gptq := func(l, k int, x *Expert, b int) (Expert, error) {
+		hin, hdown, fb := stats[l].Hessians(k, 0)
+		if fb {
+			t.Logf("layer %d expert %d: Hessian fallback", l, k)
+		}
+		return GPTQExpert(x, b, 0, hin, hdown)
 	}
 	kl, err := Compute(ctx, e.Model, e.Checkpoint, windows[:2], Options{Weighting: WeightKL, Threads: 1})
 	if err != nil {
@@ -211,6 +231,9 @@ func TestStories260KMoE(t *testing.T) {
 			}
 			prevErr = a.PredictedError
 			row(fmt.Sprintf("gemq-%s %.1f", cw.Weighting, budget), a)
+			if cw.Weighting == WeightKL {
+				rowQ(fmt.Sprintf("gemq-%s %.1f GPTQ", cw.Weighting, budget), a, writeQuant(t, e, a, gptq))
+			}
 			ar, err := Allocate(cw, budget, AllocOptions{Rule: true})
 			if budget < 2.25 {
 				if !errors.Is(err, alloc.ErrInfeasible) {
