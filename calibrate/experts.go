@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -45,6 +46,10 @@ type ExpertOptions struct {
 	// MinTokens is the threshold of the sparse-expert report
 	// (ExpertLayer.Sparse); 0 means DefaultMinExpertTokens.
 	MinTokens int
+	// Layers, when not nil, restricts the statistics to these decoder
+	// layers (each must be MoE), so that a caller can bound memory by
+	// collecting a few layers per pass; nil means every MoE layer.
+	Layers []int
 }
 
 // ExpertStat is one expert's statistics. Hessians are float64 row-major
@@ -142,7 +147,8 @@ func ExpertTensorName(layer, expert int, stat string) string {
 
 // CollectExperts runs m over the windows (each from position 0 in a fresh
 // cache) and returns the StatExperts statistics of every MoE layer of d
-// (in layer order; nil, nil when d has no MoE layer). ck supplies the
+// (in layer order; only opt.Layers when set; nil, nil when d has no MoE
+// layer). ck supplies the
 // experts' gate_proj and up_proj weights (d's tensor names), used to
 // compute each expert's down_proj input h = silu(W_gate x) ⊙ (W_up x) in
 // float64 for the tokens it accumulates: the tokens routed to it, or with
@@ -153,12 +159,13 @@ func ExpertTensorName(layer, expert int, stat string) string {
 // independent of the number of windows. progress, when not nil, is called
 // after each window with the tokens forwarded so far and the total.
 //
-// Errors: no windows or an empty window; a weight missing or not [I, H]
+// Errors: no windows or an empty window; an opt.Layers entry that is not
+// an MoE layer; a weight missing or not [I, H]
 // in ck (naming the tensor); Forward errors; an observer that saw a number
 // of tokens other than the windows' total; non-finite statistics
 // (ErrBadStatistic naming layer and expert).
 func CollectExperts(ctx context.Context, m runtime.Model, d *arch.Description, ck *safetensors.Checkpoint, windows [][]int, opt ExpertOptions, progress func(done, total int)) ([]ExpertLayer, error) {
-	acc, err := newExpertsAcc(d, ck, opt.AllExperts)
+	acc, err := newExpertsAcc(d, ck, opt.AllExperts, opt.Layers)
 	if err != nil || acc == nil {
 		return nil, err
 	}
@@ -220,12 +227,17 @@ type expertAcc struct {
 	hin, hdown  []float64 // upper triangles of the sums
 }
 
-func newExpertsAcc(d *arch.Description, ck *safetensors.Checkpoint, all bool) (*expertsAcc, error) {
+func newExpertsAcc(d *arch.Description, ck *safetensors.Checkpoint, all bool, only []int) (*expertsAcc, error) {
 	a := &expertsAcc{all: all, byL: map[int]*expertLayerAcc{}, xLayer: -1}
 	H := d.HiddenSize
+	for _, l := range only {
+		if l < 0 || l >= len(d.Layers) || d.Layers[l].MoE == nil {
+			return nil, fmt.Errorf("calibrate: expert statistics: layer %d is not an MoE layer of the model (%d layers)", l, len(d.Layers))
+		}
+	}
 	for li := range d.Layers {
 		mo := d.Layers[li].MoE
-		if mo == nil {
+		if mo == nil || (only != nil && !slices.Contains(only, li)) {
 			continue
 		}
 		la := &expertLayerAcc{layer: li, H: H, E: mo.NumExperts, K: mo.TopK, pooled: make([]float64, H*H)}

@@ -137,6 +137,16 @@ func TestCollectExperts(t *testing.T) {
 	if len(routed) != len(d.Layers) || len(all) != len(d.Layers) {
 		t.Fatalf("%d and %d expert layers, want %d", len(routed), len(all), len(d.Layers))
 	}
+	some, err := CollectExperts(ctx, e.Model, d, e.Checkpoint, windows, ExpertOptions{Layers: []int{3, 1}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(some) != 2 || some[0].Layer != 1 || some[1].Layer != 3 || relErr(some[1].Experts[2].HDown, routed[3].Experts[2].HDown) != 0 {
+		t.Errorf("Layers {3, 1}: %d layers, want layers 1 and 3 equal to the full collection", len(some))
+	}
+	if _, err := CollectExperts(ctx, e.Model, d, e.Checkpoint, windows, ExpertOptions{Layers: []int{5}}, nil); err == nil || !strings.Contains(err.Error(), "layer 5 is not an MoE layer") {
+		t.Errorf("Layers {5}: %v", err)
+	}
 	et := &engineT{H: d.HiddenSize, ck: e.Checkpoint}
 	for li, l := range routed {
 		mo := d.Layers[li].MoE
@@ -222,7 +232,7 @@ func TestExpertFallback(t *testing.T) {
 	e := openEngine(t, "stories260K-moe-hf")
 	d := e.Desc
 	for _, all := range []bool{false, true} {
-		acc, err := newExpertsAcc(d, e.Checkpoint, all)
+		acc, err := newExpertsAcc(d, e.Checkpoint, all, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
