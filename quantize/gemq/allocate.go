@@ -3,7 +3,10 @@ package gemq
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/lmpack/lmpack/quantize/alloc"
 )
@@ -190,4 +193,37 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 	a.BitsPerWeight = float64(a.CostBits) / float64(a.Params)
 	a.BitsPerWeightStored = float64(stored) / float64(a.Params)
 	return a, nil
+}
+
+// WriteText writes a human-readable report of a: the budget and solver,
+// code and stored bits per weight, the predicted error with its lower
+// bound and gap, the number of experts per width, one line per layer with
+// each expert's width, and the warnings. Errors: those of w.
+func (a *Allocation) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "GEMQ allocation: budget %.4g bits per expert weight (%d bits), solver %s\n", a.Budget, a.BudgetBits, a.Method)
+	fmt.Fprintf(&b, "  %d weights: %.4f code bits per weight, %.4f stored (with fp16 scales and zero-points)\n", a.Params, a.BitsPerWeight, a.BitsPerWeightStored)
+	fmt.Fprintf(&b, "  predicted error %.6g (lower bound %.6g, gap %.3g)\n", a.PredictedError, a.LowerBound, a.Gap)
+	ws := make([]int, 0, len(a.Widths))
+	for k := range a.Widths {
+		ws = append(ws, k)
+	}
+	slices.Sort(ws)
+	b.WriteString("  experts per width:")
+	for _, k := range ws {
+		fmt.Fprintf(&b, " %d bits: %d;", k, a.Widths[k])
+	}
+	b.WriteString("\n  layer  bits per expert\n")
+	for i, l := range a.Layers {
+		fmt.Fprintf(&b, "  %5d ", l)
+		for _, x := range a.Bits[i] {
+			fmt.Fprintf(&b, " %d", x)
+		}
+		b.WriteString("\n")
+	}
+	for _, s := range a.Warnings {
+		fmt.Fprintf(&b, "warning: %s\n", s)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }

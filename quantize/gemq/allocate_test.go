@@ -1,7 +1,9 @@
 package gemq
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -219,5 +221,35 @@ func TestAllocateOptions(t *testing.T) {
 		if _, err := Allocate(x.c, x.budget, x.opt); err == nil || !strings.Contains(err.Error(), x.want) {
 			t.Errorf("budget %v %+v: %v; want %q", x.budget, x.opt, err, x.want)
 		}
+	}
+}
+
+// TestWriteText: the report names the budget, solver, widths per layer
+// and the warnings; the JSON form round-trips.
+func TestWriteText(t *testing.T) {
+	c := synthCoeffs(3, 2, 3)
+	c.Layers[1].Experts[2].Routed = 0
+	a, err := Allocate(c, 2.5, AllocOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := a.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	row := fmt.Sprintf("      2  %d %d %d\n", a.Bits[1][0], a.Bits[1][1], a.Bits[1][2])
+	for _, want := range []string{"budget 2.5 bits per expert weight", "solver dp", "gap 0", row, "warning: layer 2 expert 2: never routed"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	js, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Allocation
+	if err := json.Unmarshal(js, &back); err != nil || back.PredictedError != a.PredictedError || back.Bits[1][2] != a.Bits[1][2] || back.Widths[4] != a.Widths[4] {
+		t.Errorf("JSON round trip: %v\n%s", err, js)
 	}
 }
