@@ -100,6 +100,9 @@ type Calibration struct {
 	// proxy [L][num_key_value_heads of layer l] (float64, >= 0); nil
 	// otherwise.
 	HeadProxy [][]float64
+	// Experts, when Header.Statistics lists StatExperts, holds one entry
+	// per MoE layer, in layer order (see ExpertLayer); nil otherwise.
+	Experts []ExpertLayer
 }
 
 // SimilaritySide returns the side L+1 of c.Similarity, or 0 when absent.
@@ -165,7 +168,8 @@ func Fingerprint(b []byte) string {
 // (safetensors.WriteFile): tensors OSCARTensorName(l, "c_q"|"c_s"), F64,
 // [d, d], SimilarityTensor F64 [L+1, L+1] when c.Similarity is set,
 // HeadProxyTensorName(l) F64 [num_key_value_heads] when c.HeadProxy is set,
-// TokensTensor when c.TokenIDs is set, and
+// TokensTensor when c.TokenIDs is set, the StatExperts tensors
+// (ExpertTensorName) when c.Experts is set, and
 // the Header as JSON under MetadataKey. Kind and FormatVersion
 // are filled in; Statistics is set from the statistics c holds. The output
 // is deterministic. Errors: a layer whose matrices are not [d, d] or hold
@@ -224,6 +228,14 @@ func Write(path string, c *Calibration) error {
 		h.Statistics = append(h.Statistics, StatHeads)
 		ts = append(ts, ht...)
 	}
+	if c.Experts != nil {
+		et, err := expertTensors(path, c.Experts, h.Tokens)
+		if err != nil {
+			return err
+		}
+		h.Statistics = append(h.Statistics, StatExperts)
+		ts = append(ts, et...)
+	}
 	js, err := json.Marshal(h)
 	if err != nil {
 		return fmt.Errorf("calibrate: %s: header: %w", path, err)
@@ -252,7 +264,10 @@ type Expect struct {
 // (StatOSCAR) every layer's tensors present, F64, [d, d] with d the layer's
 // head_dim from want.Desc (or square and equal in c_q and c_s when Desc is
 // nil), and finite; for StatLoRP, SimilarityTensor F64 [L+1, L+1] (L from
-// want.Desc, any square side >= 2 when Desc is nil) and finite. Statistics it does not know are listed in the Header
+// want.Desc, any square side >= 2 when Desc is nil) and finite; for
+// StatExperts, exactly the model's MoE layers (when Desc is set), I64
+// counts in [0, tokens] and finite F64 Hessians of the model's shapes.
+// Statistics it does not know are listed in the Header
 // and otherwise ignored.
 //
 // Errors (wrapped, naming path and the field or tensor): safetensors
@@ -311,6 +326,11 @@ func Read(path string, want Expect) (*Calibration, error) {
 	}
 	if c.Has(StatHeads) {
 		if c.HeadProxy, err = readHeads(f, path, want.Desc); err != nil {
+			return nil, err
+		}
+	}
+	if c.Has(StatExperts) {
+		if c.Experts, err = readExperts(f, path, want.Desc, h.Tokens); err != nil {
 			return nil, err
 		}
 	}

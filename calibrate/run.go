@@ -33,6 +33,12 @@ type Options struct {
 	Progress func(done, total int)
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
+	// AllExperts (MoE models): every token is accumulated into every
+	// expert's Hessians, for statistics only (ExpertOptions.AllExperts).
+	AllExperts bool
+	// MinExpertTokens is the sparse-expert report threshold in routed
+	// tokens (ExpertOptions.MinTokens); 0 means DefaultMinExpertTokens.
+	MinExpertTokens int
 }
 
 // Summary reports a finished Run.
@@ -52,12 +58,22 @@ type Summary struct {
 	// TokensPerSecond is calibration tokens per second: Tokens / Seconds
 	// (each token is forwarded twice).
 	TokensPerSecond float64 `json:"tokens_per_second"`
+	// ExpertLayers is the number of MoE layers with expert statistics
+	// (StatExperts; 0 for a dense model).
+	ExpertLayers int `json:"expert_layers,omitempty"`
+	// SparseExperts lists the experts routed fewer than MinExpertTokens
+	// tokens; their Hessians fall back as ExpertLayer.Hessians documents
+	// (not with AllExperts, where every expert sees every token).
+	SparseExperts []SparseExpert `json:"sparse_experts,omitempty"`
 }
 
 // Run is `lmpack calibrate`: it opens the model on the CPU backend, reads
 // the data file and tokenizes it as one string with BOS prepended (as
 // `lmpack eval` does), splits the first opt.Tokens tokens into windows of
-// opt.Ctx tokens (Windows), collects the OSCAR, block-similarity and head-proxy statistics (CollectStats)
+// opt.Ctx tokens (Windows), collects the OSCAR, block-similarity and
+// head-proxy statistics (CollectStats), for an MoE model also the expert
+// statistics (CollectExperts, a third pass; sparse experts are logged as
+// warnings and listed in the Summary),
 // and writes the calibration file opt.Out (Write, atomic).
 //
 // Errors: invalid options; the output directory missing; the data file
@@ -109,9 +125,40 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	}
 	log.Info("calibrating", "model", e.Dir, "data", opt.Data, "tokens", opt.Tokens, "ctx", opt.Ctx, "windows", len(windows), "passes", 2)
 	t0 := time.Now()
-	st, err := CollectStats(ctx, e.Model, windows, opt.Progress)
+	moe := false
+	for _, l := range e.Desc.Layers {
+		moe = moe || l.MoE != nil
+	}
+	progress := opt.Progress
+	if moe && progress != nil {
+		// Three passes: OSCAR (2) and the expert statistics.
+		progress = func(done, _ int) { opt.Progress(done, 3*opt.Tokens) }
+	}
+	st, err := CollectStats(ctx, e.Model, windows, progress)
 	if err != nil {
 		return nil, err
+	}
+	var experts []ExpertLayer
+	var sparse []SparseExpert
+	if moe {
+		var ep func(done, total int)
+		if opt.Progress != nil {
+			ep = func(done, _ int) { opt.Progress(2*opt.Tokens+done, 3*opt.Tokens) }
+		}
+		experts, err = CollectExperts(ctx, e.Model, e.Desc, e.Checkpoint, windows, ExpertOptions{AllExperts: opt.AllExperts, MinTokens: opt.MinExpertTokens}, ep)
+		if err != nil {
+			return nil, err
+		}
+		for i := range experts {
+			sparse = append(sparse, experts[i].Sparse(opt.MinExpertTokens)...)
+		}
+		for _, s := range sparse {
+			fb := "its Hessians fall back to the layer's pooled input Hessian (gate/up) and the identity (down)"
+			if opt.AllExperts {
+				fb = "--calibrate-all-experts gave it every token's statistics"
+			}
+			log.Warn("sparse expert", "layer", s.Layer, "expert", s.Expert, "routed_tokens", s.Routed, "fallback", fb)
+		}
 	}
 	secs := time.Since(t0).Seconds()
 	c := &Calibration{
@@ -126,12 +173,14 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		Similarity: st.Similarity,
 		TokenIDs:   ids[:opt.Tokens],
 		HeadProxy:  st.HeadProxy,
+		Experts:    experts,
 	}
 	if err := Write(opt.Out, c); err != nil {
 		return nil, err
 	}
 	s := &Summary{Path: opt.Out, ModelFingerprint: fp, DataFingerprint: c.Header.DataFingerprint,
-		Tokens: opt.Tokens, Windows: len(windows), Ctx: opt.Ctx, Seconds: secs, TokensPerSecond: float64(opt.Tokens) / secs}
+		Tokens: opt.Tokens, Windows: len(windows), Ctx: opt.Ctx, Seconds: secs, TokensPerSecond: float64(opt.Tokens) / secs,
+		ExpertLayers: len(experts), SparseExperts: sparse}
 	log.Info("calibration written", "path", opt.Out, "seconds", secs, "tokens_per_second", s.TokensPerSecond)
 	return s, nil
 }

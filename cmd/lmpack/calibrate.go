@@ -57,6 +57,9 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
+			if opt.MinExpertTokens < 1 {
+				return fmt.Errorf("--min-expert-tokens %d: want >= 1", opt.MinExpertTokens)
+			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			var finish func()
 			opt.Progress, finish = newProgress(cmd, g, "calibrate (2 passes)", "calibrate progress", "tokens")
@@ -68,9 +71,22 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(s)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tokens in %d windows of %d, %.1f tokens/s (2 passes)\n",
-				s.Path, s.Tokens, s.Windows, s.Ctx, s.TokensPerSecond)
-			return err
+			if _, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tokens in %d windows of %d, %.1f tokens/s\n",
+				s.Path, s.Tokens, s.Windows, s.Ctx, s.TokensPerSecond); err != nil {
+				return err
+			}
+			if s.ExpertLayers > 0 {
+				if _, err = fmt.Fprintf(cmd.OutOrStdout(), "expert statistics for %d MoE layers; %d experts routed fewer than %d tokens\n",
+					s.ExpertLayers, len(s.SparseExperts), opt.MinExpertTokens); err != nil {
+					return err
+				}
+				for _, x := range s.SparseExperts {
+					if _, err = fmt.Fprintf(cmd.OutOrStdout(), "  layer %d expert %d: %d tokens\n", x.Layer, x.Expert, x.Routed); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -79,6 +95,8 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
+	f.BoolVar(&opt.AllExperts, "calibrate-all-experts", false, "MoE: add every token to every expert's Hessians (statistics only)")
+	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", calibrate.DefaultMinExpertTokens, "MoE: report experts routed fewer tokens than this")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

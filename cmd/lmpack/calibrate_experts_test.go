@@ -1,0 +1,57 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/internal/shared"
+)
+
+// TestCalibrateExperts: `lmpack calibrate` on the MoE model writes the
+// expert statistics; with --calibrate-all-experts every expert's Hessians
+// come from every token while the routing counts stay those of the
+// model's own routing; --min-expert-tokens reports experts below it.
+func TestCalibrateExperts(t *testing.T) {
+	moe := shared.Path(t, "stories260K-moe-hf")
+	dir := t.TempDir()
+	routed, all := filepath.Join(dir, "r.safetensors"), filepath.Join(dir, "a.safetensors")
+	r := lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--tokens", "256", "--ctx", "128", "--threads", "1", "-o", routed)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "expert statistics for 5 MoE layers") {
+		t.Errorf("stdout lacks the expert report:\n%s", r.stdout)
+	}
+	// Every expert is below 1000 tokens of 256: all 20 reported.
+	r = lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--tokens", "256", "--ctx", "128", "--threads", "1",
+		"--calibrate-all-experts", "--min-expert-tokens", "1000", "-o", all)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "20 experts routed fewer than 1000 tokens") || !strings.Contains(r.stdout, "layer 4 expert 3:") {
+		t.Errorf("stdout lacks the sparse-expert report:\n%s", r.stdout)
+	}
+	a, err := calibrate.Read(routed, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := calibrate.Read(all, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Experts) != 5 || len(b.Experts) != 5 {
+		t.Fatalf("%d and %d expert layers, want 5", len(a.Experts), len(b.Experts))
+	}
+	for l := range a.Experts {
+		var sum int64
+		for e, s := range a.Experts[l].Experts {
+			sb := b.Experts[l].Experts[e]
+			sum += s.Routed
+			if s.Samples != s.Routed || sb.Routed != s.Routed || sb.Samples != 256 {
+				t.Errorf("layer %d expert %d: routed %d/%d samples %d/%d; want equal routing, all-experts samples 256", l, e, s.Routed, sb.Routed, s.Samples, sb.Samples)
+			}
+		}
+		if sum != 512 {
+			t.Errorf("layer %d: %d routed tokens, want 256·top-2 = 512", l, sum)
+		}
+	}
+	wantError(t, lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--min-expert-tokens", "0", "-o", filepath.Join(dir, "x")), "--min-expert-tokens 0: want >= 1")
+}
