@@ -1,0 +1,34 @@
+// Package wquant is the weight-quantization pipeline behind `lmpack
+// quantize weights`: it runs a dense model's calibration tokens through
+// the model one decoder block at a time, quantizes each block's Linear
+// weights with RTN or GPTQ (package quantize/weights; METHODS.md §7), and
+// writes a quantized checkpoint directory (docs/QUANT.md) that the runtime
+// executes. With a bits-per-weight target it first measures every tensor's
+// output error under every (bits, group) option and picks one option per
+// tensor by exact dynamic programming (package quantize/alloc), the
+// exllamav2 idea solved exactly.
+//
+// Sequential, layer by layer (GPTQ paper §4 "sequential"): the calibration
+// windows' hidden states X_l (float32 [tokens, hidden]) are kept; block l
+// is loaded alone as a one-layer runtime model (the embedding replaced by
+// a 1-row stub), X_l is pushed through it once with observers accumulating
+// the four input Hessians (q/k/v share the post-input_layernorm input;
+// o_proj; gate/up share the post-attention-norm input; down_proj), the
+// block's seven weights are quantized, the block is reloaded with the
+// dequantized weights and X_l is pushed through it again to give X_{l+1}.
+// So the inputs of block l come from the already quantized blocks < l,
+// and only one block's weights and Hessians are in memory at a time
+// (plus the hidden states: 4·tokens·hidden bytes). Within a block the
+// Hessians come from the full-precision block (not "true-sequential").
+// Each block's tensors are written to their own safetensors shard as soon
+// as the block is done.
+//
+// Predicted error of a tensor quantized to Ŵ: the mean over calibration
+// tokens of ‖(W − Ŵ)x‖², i.e. ½·tr(ΔW H ΔWᵀ) with H = (2/N)Σxxᵀ. The
+// allocator sums these over tensors (they are not weighted by their effect
+// on the loss).
+//
+// Not for: MoE models (expert Hessians and GEMQ allocation are another
+// stage; Options.PerTensor already takes per-tensor options for them), or
+// quantized matmul at run time (the runtime dequantizes at load).
+package wquant
