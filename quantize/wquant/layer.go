@@ -43,8 +43,8 @@ type Target struct {
 	// Kind is "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj" or "down_proj".
 	Kind string `json:"kind"`
 	// Rows, Cols: the weight's shape [out_features, in_features].
-	Rows int `json:"rows"`
-	Cols int `json:"cols"`
+	Rows  int `json:"rows"`
+	Cols  int `json:"cols"`
 	input int
 }
 
