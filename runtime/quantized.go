@@ -65,7 +65,7 @@ func ReadQuantized(src TensorSource, name string, tq arch.TensorQuant) (*weights
 		t, err := src.Tensor(n)
 		if err != nil {
 			if errors.Is(err, safetensors.ErrMissingTensor) {
-				return nil, fmt.Errorf("runtime: %w: quantized weight %q: tensor %q is missing: %w", ErrBadWeights, name, n, err)
+				return nil, fmt.Errorf("runtime: %w: quantized weight %q: tensor %q is missing (%v)", ErrBadWeights, name, n, err)
 			}
 			return nil, fmt.Errorf("runtime: quantized weight %q: tensor %q: %w", name, n, err)
 		}
