@@ -57,6 +57,10 @@ type Options struct {
 	// Choices are the allocator's candidate options; nil means
 	// DefaultChoices.
 	Choices []Choice
+	// MeasureTokens is how many calibration tokens (whole windows, at
+	// least one) the allocator's error measurement runs; 0 means
+	// DefaultMeasureTokens.
+	MeasureTokens int
 	// PerTensor overrides the options of named weights (bits, group,
 	// symmetric), after the allocation. A hook for later stages (MoE
 	// expert widths); the CLI does not set it.
@@ -71,6 +75,9 @@ type Options struct {
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
 }
+
+// DefaultMeasureTokens is the allocator's default measurement size.
+const DefaultMeasureTokens = 2048
 
 // Choice is one allocator option: a code width and a group size (0 =
 // per-channel).
@@ -139,7 +146,9 @@ type Report struct {
 	// CalibTokens is the number of calibration tokens used.
 	CalibTokens int `json:"calib_tokens"`
 	// Allocation is the allocator's plan (TargetBPW only): the chosen
-	// option per tensor, in Tensors order.
+	// option per tensor, in Tensors order; its errors are relative
+	// block-output errors (Σ‖y − ŷ‖²/Σ‖y‖² of the block with only that
+	// tensor quantized), not TensorReport.Error.
 	Allocation *alloc.Plan     `json:"allocation,omitempty"`
 	Layers     []LayerReport   `json:"layers"`
 	Tensors    []TensorReport  `json:"tensors"`
