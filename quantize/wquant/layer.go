@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"math"
 
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas64"
+
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/weights"
@@ -157,27 +160,28 @@ func pushHidden(ctx context.Context, m runtime.Model, xs [][]float32, hidden int
 }
 
 // outputError returns the mean over calibration tokens of ‖(W − Ŵ)x‖²
-// and of ‖Wx‖², both ½·Σ_r d_r H d_rᵀ with H = (2/N)Σxxᵀ ([cols, cols]).
+// and of ‖Wx‖², both ½·Σ_r d_r H d_rᵀ with H = (2/N)Σxxᵀ ([cols, cols]
+// float64), computed as ½·Σ (D∘(D·H)) with one BLAS product for D = W − Ŵ
+// and one for W.
 func outputError(w, wq []float32, rows, cols int, H []float64) (errv, energy float64) {
-	d := make([]float64, cols)
-	o := make([]float64, cols)
-	for r := 0; r < rows; r++ {
-		for j := 0; j < cols; j++ {
-			o[j] = float64(w[r*cols+j])
-			d[j] = o[j] - float64(wq[r*cols+j])
-		}
-		for i := 0; i < cols; i++ {
-			hi := H[i*cols : (i+1)*cols]
-			var sd, so float64
-			for j, h := range hi {
-				sd += h * d[j]
-				so += h * o[j]
-			}
-			errv += d[i] * sd
-			energy += o[i] * so
-		}
+	D := make([]float64, rows*cols)
+	O := make([]float64, rows*cols)
+	for i := range D {
+		O[i] = float64(w[i])
+		D[i] = O[i] - float64(wq[i])
 	}
-	return errv / 2, energy / 2
+	P := make([]float64, rows*cols)
+	h := blas64.General{Rows: cols, Cols: cols, Stride: cols, Data: H}
+	quad := func(A []float64) float64 {
+		blas64.Gemm(blas.NoTrans, blas.NoTrans, 1, blas64.General{Rows: rows, Cols: cols, Stride: cols, Data: A}, h, 0,
+			blas64.General{Rows: rows, Cols: cols, Stride: cols, Data: P})
+		s := 0.0
+		for i, a := range A {
+			s += a * P[i]
+		}
+		return s / 2
+	}
+	return quad(D), quad(O)
 }
 
 // quantizeOne quantizes w ([rows, cols]) with method ("rtn" or "gptq")
