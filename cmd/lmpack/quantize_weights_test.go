@@ -53,6 +53,12 @@ func TestQuantizeWeights(t *testing.T) {
 		t.Errorf("eval of the 4-bit checkpoint: %v %v", err, e.Perplexity)
 	}
 	wantOK(t, lmpack(t, nil, "run", q4, "--prompt", "Once upon a time", "--max-tokens", "8", "--threads", "1"))
+	// inspect counts the quantized weights' parameters on their qweights.
+	in := lmpack(t, nil, "inspect", q4)
+	wantOK(t, in)
+	if !strings.Contains(in.stdout, "parameters:    260032") || !strings.Contains(in.stdout, "model.layers.0.mlp.up_proj.perm") {
+		t.Errorf("inspect of the quantized checkpoint:\n%s", in.stdout)
+	}
 
 	a3 := filepath.Join(dir, "a3")
 	r = lmpack(t, nil, "quantize", "weights", model, "--calib", cal, "-o", a3, "--target-bpw", "3", "--method", "rtn", "--threads", "1", "--json")
