@@ -164,6 +164,7 @@ programming, minimizing the summed error within X bits per weight
 	f.IntVar(&opt.GroupSize, "group", 128, "group size: 32, 64, 128 or 0 (per output channel)")
 	f.BoolVar(&opt.Symmetric, "sym", false, "symmetric grid (no zero-points)")
 	f.BoolVar(&opt.ActOrder, "act-order", false, "GPTQ: quantize columns by decreasing Hessian diagonal")
+	f.BoolVar(&opt.TrueSequential, "true-sequential", false, "Hessians of o_proj, gate/up and down_proj on the block with the weights before them already quantized (4 passes per block)")
 	f.Float64Var(&opt.TargetBPW, "target-bpw", 0, "choose bits and group per tensor for this many bits per weight (scales and zero-points counted)")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")

@@ -19,7 +19,12 @@
 // So the inputs of block l come from the already quantized blocks < l,
 // and only one block's weights and Hessians are in memory at a time
 // (plus the hidden states: 4·tokens·hidden bytes). Within a block the
-// Hessians come from the full-precision block (not "true-sequential").
+// Hessians come from the full-precision block, unless
+// Options.TrueSequential (then o_proj's from the block with quantized
+// q/k/v, and so on: four passes per block). On stories260K at 3-bit g64
+// true-sequential gave heldout perplexity 11.42 against 11.91 (32
+// windows), at 2-bit g64 607.6 against 595.7: it is an option, off by
+// default.
 // Each block's tensors are written to their own safetensors shard as soon
 // as the block is done.
 //

@@ -47,6 +47,11 @@ type Options struct {
 	Symmetric bool
 	// ActOrder (GPTQ only) quantizes columns by decreasing Hessian diagonal.
 	ActOrder bool
+	// TrueSequential collects each input's Hessian on the block with the
+	// weights before it quantized (q/k/v, then o_proj, then gate/up, then
+	// down_proj: four Hessian passes per block instead of one), as the GPTQ
+	// reference's --true-sequential does.
+	TrueSequential bool
 	// Damp is GPTQ's relative damping (0: 0.01).
 	Damp float64
 	// TargetBPW > 0 chooses (bits, group) per tensor from Choices so that
@@ -361,7 +366,13 @@ func (p *pipeline) weight(t Target) ([]float32, error) {
 // layerHessians runs xs through block l (weights from the checkpoint)
 // with the Hessian observers. When advance, xs becomes the block's output.
 func (p *pipeline) layerHessians(ctx context.Context, l int, xs [][]float32, advance bool) (*hessians, error) {
-	m, err := loadLayer(ctx, p.d, l, p.ck, nil, nil, p.opt.Threads)
+	return p.layerHessiansWith(ctx, l, xs, advance, nil, nil)
+}
+
+// layerHessiansWith is layerHessians with weights repl (shapes) replacing
+// the checkpoint's.
+func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32, advance bool, repl map[string][]float32, shapes map[string][]int) (*hessians, error) {
+	m, err := loadLayer(ctx, p.d, l, p.ck, repl, shapes, p.opt.Threads)
 	if err != nil {
 		return nil, err
 	}
@@ -395,55 +406,65 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 	weightMap := map[string]string{}
 	var totalSize int64
 	qcfg := &arch.Quantization{Format: arch.QuantFormat, Version: arch.QuantVersion, Method: p.opt.Method, Tensors: map[string]arch.TensorQuant{}}
-	ti := 0
+	// Stages of a block: one Hessian pass for all inputs, or with
+	// TrueSequential one per input, each on the block with the weights
+	// quantized in the earlier stages.
+	stages := [][]int{{inAttn, inO, inFFN, inDown}}
+	if p.opt.TrueSequential {
+		stages = [][]int{{inAttn}, {inO}, {inFFN}, {inDown}}
+	}
 	for l := 0; l < L; l++ {
 		lt := time.Now()
-		hs, err := p.layerHessians(ctx, l, xs, false)
-		if err != nil {
-			return err
-		}
 		repl := map[string][]float32{}
 		shapes := map[string][]int{}
 		var files []safetensors.WriteTensor
 		quantized := map[string]bool{}
 		lr := LayerReport{Layer: l}
 		var lbits, lparams int64
-		for ; ti < len(p.targets) && p.targets[ti].Layer == l; ti++ {
-			t, sp := p.targets[ti], specs[ti]
-			w, err := p.weight(t)
+		for _, stage := range stages {
+			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes)
 			if err != nil {
 				return err
 			}
-			h := hs.h[t.input]
-			q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, p.opt.ActOrder, p.opt.Damp, h)
-			if err != nil {
-				return err
+			for ti := range p.targets {
+				if p.targets[ti].Layer != l || !slices.Contains(stage, p.targets[ti].input) {
+					continue
+				}
+				t, sp := p.targets[ti], specs[ti]
+				w, err := p.weight(t)
+				if err != nil {
+					return err
+				}
+				h := hs.h[t.input]
+				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, p.opt.ActOrder, p.opt.Damp, h)
+				if err != nil {
+					return err
+				}
+				e, energy := outputError(w, dq, t.Rows, t.Cols, h.Matrix())
+				repl[t.Name], shapes[t.Name] = dq, []int{t.Rows, t.Cols}
+				files = append(files, storageTensors(t.Name, q)...)
+				quantized[t.Name] = true
+				tq := arch.TensorQuant{Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil}
+				qcfg.Tensors[t.Name] = tq
+				bits := StorageBits(t.Rows, t.Cols, q.Bits, q.GroupSize, q.Symmetric, q.Perm != nil)
+				info, _, _ := p.ck.Info(t.Name)
+				before := int64(t.Rows*t.Cols) * int64(info.DType.Size())
+				tr := TensorReport{Target: t, Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil,
+					GroupFallback: sp.fallback, BitsPerWeight: float64(bits) / float64(t.Rows*t.Cols),
+					BytesBefore: before, BytesAfter: bits / 8, Error: e}
+				if energy > 0 {
+					tr.RelError = e / energy
+				}
+				rep.Tensors = append(rep.Tensors, tr)
+				rep.Params += int64(t.Rows * t.Cols)
+				rep.QuantBytesBefore += before
+				rep.QuantBytesAfter += bits / 8
+				rep.PredictedError += e
+				lbits += bits
+				lparams += int64(t.Rows * t.Cols)
+				lr.Error += e
 			}
-			e, energy := outputError(w, dq, t.Rows, t.Cols, h.Matrix())
-			repl[t.Name], shapes[t.Name] = dq, []int{t.Rows, t.Cols}
-			files = append(files, storageTensors(t.Name, q)...)
-			quantized[t.Name] = true
-			tq := arch.TensorQuant{Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil}
-			qcfg.Tensors[t.Name] = tq
-			bits := StorageBits(t.Rows, t.Cols, q.Bits, q.GroupSize, q.Symmetric, q.Perm != nil)
-			info, _, _ := p.ck.Info(t.Name)
-			before := int64(t.Rows*t.Cols) * int64(info.DType.Size())
-			tr := TensorReport{Target: t, Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil,
-				GroupFallback: sp.fallback, BitsPerWeight: float64(bits) / float64(t.Rows*t.Cols),
-				BytesBefore: before, BytesAfter: bits / 8, Error: e}
-			if energy > 0 {
-				tr.RelError = e / energy
-			}
-			rep.Tensors = append(rep.Tensors, tr)
-			rep.Params += int64(t.Rows * t.Cols)
-			rep.QuantBytesBefore += before
-			rep.QuantBytesAfter += bits / 8
-			rep.PredictedError += e
-			lbits += bits
-			lparams += int64(t.Rows * t.Cols)
-			lr.Error += e
 		}
-		hs = nil
 		// Unquantized tensors of the block (norms, biases) are copied.
 		for _, n := range byLayer[l] {
 			if quantized[n] {

@@ -251,3 +251,45 @@ func TestRunBadInput(t *testing.T) {
 		t.Errorf("temp dirs left behind: %v", ents)
 	}
 }
+
+// TrueSequential changes only what its staging changes: q/k/v see the same
+// Hessian (the block's input) either way, so their codes are identical;
+// o_proj's Hessian comes from the block with quantized q/k/v, so its codes
+// differ.
+func TestTrueSequential(t *testing.T) {
+	calib := calibFile(t)
+	dirs := [2]string{}
+	for i, ts := range []bool{false, true} {
+		dirs[i] = filepath.Join(t.TempDir(), "q")
+		if _, err := Run(context.Background(), Options{Model: model260K(t), Calib: calib, Out: dirs[i], Method: MethodGPTQ, Bits: 3, GroupSize: 64,
+			TrueSequential: ts, Threads: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := safetensors.OpenDir(dirs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := safetensors.OpenDir(dirs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	same := func(name string) bool {
+		x, err1 := a.Tensor(name)
+		y, err2 := b.Tensor(name)
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		return string(x.Data) == string(y.Data)
+	}
+	for _, n := range []string{"q_proj", "k_proj", "v_proj"} {
+		if !same("model.layers.0.self_attn." + n + ".qweight") {
+			t.Errorf("layer 0 %s codes differ with TrueSequential", n)
+		}
+	}
+	if same("model.layers.0.self_attn.o_proj.qweight") || same("model.layers.0.mlp.down_proj.qweight") {
+		t.Error("layer 0 o_proj / down_proj codes identical with and without TrueSequential")
+	}
+}
