@@ -31,6 +31,23 @@ func (p *pipeline) allocate(ctx context.Context) (*alloc.Plan, []spec, error) {
 	if choices == nil {
 		choices = DefaultChoices()
 	}
+	// Infeasible targets fail before the measurement pass.
+	var minBits, params0 int64
+	for _, t := range p.targets {
+		best := int64(-1)
+		for _, c := range choices {
+			g := effectiveGroup(c.GroupSize, t.Cols)
+			perm := p.opt.ActOrder && g > 0 && g < t.Cols
+			if b := StorageBits(t.Rows, t.Cols, c.Bits, g, p.opt.Symmetric, perm); best < 0 || b < best {
+				best = b
+			}
+		}
+		minBits += best
+		params0 += int64(t.Rows * t.Cols)
+	}
+	if lo := float64(minBits) / float64(params0); p.opt.TargetBPW < lo {
+		return nil, nil, fmt.Errorf("%w: target %g bits per weight is below the smallest the choices allow, %.4f (scales and zero-points counted)", ErrOptions, p.opt.TargetBPW, lo)
+	}
 	all, err := p.hidden()
 	if err != nil {
 		return nil, nil, err

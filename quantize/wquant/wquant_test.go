@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
@@ -221,6 +222,22 @@ func TestRunBadInput(t *testing.T) {
 	if err := os.Mkdir(exists, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// A calibration file of another model, and one without token ids.
+	other := filepath.Join(t.TempDir(), "moe.safetensors")
+	if _, err := calibrate.Run(context.Background(), calibrate.Options{Model: shared.Path(t, "stories260K-moe-hf"), Data: shared.Path(t, "tinystories-valid", "calib.txt"),
+		Tokens: 256, Ctx: 128, Out: other, Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := calibrate.Read(calib, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Header.Statistics = slices.DeleteFunc(slices.Clone(c.Header.Statistics), func(s string) bool { return s == calibrate.StatTokens })
+	c.TokenIDs = nil
+	noTokens := filepath.Join(t.TempDir(), "notokens.safetensors")
+	if err := calibrate.Write(noTokens, c); err != nil {
+		t.Fatal(err)
+	}
 	ok := Options{Model: model, Calib: calib, Out: filepath.Join(tmp, "q"), Method: MethodRTN, Bits: 4, GroupSize: 32, Threads: 1}
 	for _, tc := range []struct {
 		name string
@@ -236,7 +253,9 @@ func TestRunBadInput(t *testing.T) {
 		{"out exists", func(o *Options) { o.Out = exists }, ErrOutput, "already exists"},
 		{"out in model", func(o *Options) { o.Out = filepath.Join(model, "q") }, ErrOutput, "inside"},
 		{"moe", func(o *Options) { o.Model = shared.Path(t, "stories260K-moe-hf") }, ErrUnsupported, "mixture of experts"},
-		{"budget too small", func(o *Options) { o.Bits, o.TargetBPW = 0, 1.0 }, nil, "infeasible"},
+		{"budget too small", func(o *Options) { o.Bits, o.TargetBPW = 0, 2.0 }, ErrOptions, "below the smallest the choices allow, 2.4237"},
+		{"other model's calibration", func(o *Options) { o.Calib = other }, calibrate.ErrModelMismatch, "another model"},
+		{"no token ids", func(o *Options) { o.Calib = noTokens }, ErrCalibration, "no calibration token ids"},
 	} {
 		o := ok
 		tc.mod(&o)
