@@ -379,15 +379,20 @@ func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32,
 	defer m.Close()
 	hs := newHessians(&p.d.Layers[l], p.d.HiddenSize)
 	m.SetObserver(hs)
-	run := xs
-	if !advance {
-		run = make([][]float32, len(xs))
-		for i, x := range xs {
-			run[i] = slices.Clone(x)
+	if advance {
+		if err := pushHidden(ctx, m, xs, p.d.HiddenSize); err != nil {
+			return nil, err
 		}
+		return hs, hs.err
 	}
-	if err := pushHidden(ctx, m, run, p.d.HiddenSize); err != nil {
-		return nil, err
+	// One window at a time through a scratch copy: the hidden states are
+	// not duplicated.
+	var buf []float32
+	for _, x := range xs {
+		buf = append(buf[:0], x...)
+		if err := pushHidden(ctx, m, [][]float32{buf}, p.d.HiddenSize); err != nil {
+			return nil, err
+		}
 	}
 	return hs, hs.err
 }
