@@ -59,11 +59,12 @@ type cpuModel struct {
 	s         scratch
 	attn      attnTask
 
-	obsBlock  BlockObserver
-	obsQKV    QKVObserver
-	obsRouter RouterObserver
-	obsFFN    FFNObserver
-	obsAttn   AttnOutputObserver
+	obsBlock   BlockObserver
+	obsQKV     QKVObserver
+	obsRouter  RouterObserver
+	obsFFN     FFNObserver
+	obsAttn    AttnObserver
+	obsAttnOut AttnOutputObserver
 
 	// groupMask[layer][kv] silences GQA groups (headmask.go); nil: none.
 	groupMask [][]bool
@@ -79,6 +80,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 	}
 	H, V := d.HiddenSize, d.VocabSize
 	m := &cpuModel{d: d}
+	src = withQuant(d, src) // quantized weights are dequantized (quantized.go)
 	var err error
 	if m.embed, err = loadF32(src, d.Embedding, V, H); err != nil {
 		return nil, err
@@ -242,7 +244,8 @@ func (m *cpuModel) SetObserver(o any) {
 	m.obsQKV, _ = o.(QKVObserver)
 	m.obsRouter, _ = o.(RouterObserver)
 	m.obsFFN, _ = o.(FFNObserver)
-	m.obsAttn, _ = o.(AttnOutputObserver)
+	m.obsAttn, _ = o.(AttnObserver)
+	m.obsAttnOut, _ = o.(AttnOutputObserver)
 }
 
 // scratch holds the activations of one Forward call; it grows to the
@@ -408,6 +411,9 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 	for i := 0; i < T; i++ {
 		kernels.RMSNorm(xn[i*H:(i+1)*H], x[i*H:(i+1)*H], l.attnNorm, eps)
 	}
+	if m.obsAttn != nil {
+		m.obsAttn.AttnInput(li, pos, T, xn)
+	}
 	qkv := s.qkv[:T*l.qkvdim]
 	m.pool.MatMulNT(T, l.qkvdim, H, xn, H, l.wqkv, H, qkv, l.qkvdim)
 	k, v := s.k[:T*l.kvdim], s.v[:T*l.kvdim]
@@ -460,11 +466,14 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 		t.direct = false
 	}
 	m.pool.Run(l.nh, t)
-	if m.groupMask != nil || m.obsAttn != nil {
+	if m.groupMask != nil || m.obsAttnOut != nil {
 		m.attnOutputHook(li, l, pos, T)
 	}
 
 	att := s.att[:T*l.qdim]
+	if m.obsAttn != nil {
+		m.obsAttn.OProjInput(li, pos, T, att)
+	}
 	out := s.out[:T*H]
 	m.pool.MatMulNT(T, H, l.qdim, att, l.qdim, l.wo, l.qdim, out, H)
 	for i := range x {

@@ -21,4 +21,9 @@
 //
 // The package does not parse files: weights come from a TensorSource
 // (a safetensors checkpoint today) and the description from formats/arch.
+// Weights listed in the description's quantization block (docs/QUANT.md)
+// are read as packed codes with fp16 scales (ReadQuantized) and
+// dequantized to float32 once, at load: no quantized matmul kernel yet.
+// HiddenForwarder runs the blocks on given hidden states (sequential
+// compression stages load one block at a time).
 package runtime

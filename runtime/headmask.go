@@ -82,7 +82,7 @@ func (m *cpuModel) attnOutputHook(li int, l *cpuLayer, pos, T int) {
 			}
 		}
 	}
-	if m.obsAttn != nil {
-		m.obsAttn.AttnOutput(li, pos, T, att)
+	if m.obsAttnOut != nil {
+		m.obsAttnOut.AttnOutput(li, pos, T, att)
 	}
 }

@@ -32,3 +32,12 @@ type RouterObserver interface {
 type FFNObserver interface {
 	FFNInput(layer, pos, n int, x, h []float32)
 }
+
+// AttnObserver sees the attention half's Linear inputs: the q/k/v input
+// (after input_layernorm), x: [n, hidden], and the o_proj input (the
+// concatenated head outputs), a: [n, num_heads*head_dim]. Weight
+// quantization (GPTQ) accumulates its Hessians from them.
+type AttnObserver interface {
+	AttnInput(layer, pos, n int, x []float32)
+	OProjInput(layer, pos, n int, a []float32)
+}

@@ -3,17 +3,19 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/spf13/cobra"
 )
 
 func newQuantizeCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "quantize",
-		Short: "Compute quantization transforms from a calibration file",
+		Short: "Quantize weights, or compute KV-cache transforms, from a calibration file",
 	}
-	cmd.AddCommand(newQuantizeKVCmd(g))
+	cmd.AddCommand(newQuantizeKVCmd(g), newQuantizeWeightsCmd(g))
 	return cmd
 }
 
@@ -70,4 +72,125 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 	f.StringVarP(&opt.Out, "output", "o", "", "rotation file to write")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+func newQuantizeWeightsCmd(g *globalFlags) *cobra.Command {
+	var (
+		opt    wquant.Options
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "weights MODEL --calib CALIB -o OUT (--bits B [--group G] | --target-bpw X) [--method rtn|gptq] [--sym] [--act-order]",
+		Short: "Quantize a dense model's Linear weights (RTN or GPTQ, 2-8 bits, or an exact bits-per-weight allocation)",
+		Long: `weights quantizes the q/k/v/o and gate/up/down weights of every decoder block
+of MODEL and writes OUT, a new checkpoint directory (docs/QUANT.md): one
+safetensors shard per block with packed codes, fp16 scales and fp16
+zero-points, config.json with an lmpack_quantization block, tokenizer files
+copied. run and eval execute it (weights are dequantized at load).
+Embeddings, norms and lm_head stay float. MODEL is never modified; OUT must
+not exist and must not lie inside MODEL.
+
+The calibration tokens of CALIB ("lmpack calibrate" on the same MODEL) are
+run block by block: each block's inputs come from the already quantized
+blocks before it. --method gptq uses the blocks' input Hessians (damp 0.01,
+optional --act-order); rtn rounds to nearest. --bits B with --group G
+(32, 64, 128, or 0 per-channel; a group that does not divide a tensor's
+columns falls back to per-channel) applies to every tensor; --target-bpw X
+instead measures every tensor's output error under bits {2,3,4,8} x groups
+{32,64,128,per-channel} and picks one option per tensor, by exact dynamic
+programming, minimizing the summed error within X bits per weight
+(counting scales and zero-points).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opt.Calib == "" {
+				return fmt.Errorf("--calib CALIB is required (from lmpack calibrate, with token ids)")
+			}
+			if opt.Out == "" {
+				return fmt.Errorf("-o OUT is required (the directory to create)")
+			}
+			if err := checkThreads(opt.Threads); err != nil {
+				return err
+			}
+			bitsSet, bpwSet := cmd.Flags().Changed("bits"), cmd.Flags().Changed("target-bpw")
+			switch {
+			case bitsSet && bpwSet:
+				return fmt.Errorf("give one of --bits B and --target-bpw X, not both")
+			case bpwSet:
+				opt.Bits = 0
+				if !(opt.TargetBPW > 0) {
+					return fmt.Errorf("--target-bpw %v: want > 0 bits per weight", opt.TargetBPW)
+				}
+				if cmd.Flags().Changed("group") {
+					return fmt.Errorf("--group is chosen per tensor with --target-bpw; drop it")
+				}
+			default:
+				switch opt.Bits {
+				case 2, 3, 4, 8:
+				default:
+					return fmt.Errorf("--bits %d: want 2, 3, 4 or 8", opt.Bits)
+				}
+			}
+			switch opt.GroupSize {
+			case 0, 32, 64, 128:
+			default:
+				return fmt.Errorf("--group %d: want 32, 64, 128 or 0 (per-channel)", opt.GroupSize)
+			}
+			opt.Method = strings.ToLower(opt.Method)
+			if opt.Method != wquant.MethodRTN && opt.Method != wquant.MethodGPTQ {
+				return fmt.Errorf("--method %q: want rtn or gptq", opt.Method)
+			}
+			if opt.ActOrder && opt.Method != wquant.MethodGPTQ {
+				return fmt.Errorf("--act-order needs --method gptq")
+			}
+			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
+			report, finish := newProgress(cmd, g, "quantizing", "quantizing weights", "layers")
+			opt.Progress = report
+			r, err := wquant.Run(cmd.Context(), opt)
+			finish()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(r)
+			}
+			return writeWeightsReport(cmd, r)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opt.Calib, "calib", "", "calibration file from lmpack calibrate (same MODEL)")
+	f.StringVarP(&opt.Out, "output", "o", "", "directory to create for the quantized checkpoint")
+	f.StringVar(&opt.Method, "method", wquant.MethodGPTQ, "rtn or gptq")
+	f.IntVar(&opt.Bits, "bits", 4, "code width: 2, 3, 4 or 8")
+	f.IntVar(&opt.GroupSize, "group", 128, "group size: 32, 64, 128 or 0 (per output channel)")
+	f.BoolVar(&opt.Symmetric, "sym", false, "symmetric grid (no zero-points)")
+	f.BoolVar(&opt.ActOrder, "act-order", false, "GPTQ: quantize columns by decreasing Hessian diagonal")
+	f.BoolVar(&opt.TrueSequential, "true-sequential", false, "Hessians of o_proj, gate/up and down_proj on the block with the weights before them already quantized (4 passes per block)")
+	f.Float64Var(&opt.TargetBPW, "target-bpw", 0, "choose bits and group per tensor for this many bits per weight (scales and zero-points counted)")
+	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
+	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
+	return cmd
+}
+
+func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "wrote %s: method %s, %d weights at %.4f bits per weight (scales and zero-points counted)", r.Out, r.Method, r.Params, r.BitsPerWeight)
+	if r.TargetBPW > 0 {
+		fmt.Fprintf(&b, ", target %g", r.TargetBPW)
+	}
+	fmt.Fprintf(&b, "\npredicted error %.6g (sum over tensors of mean ||(W-Q)x||^2 on %d calibration tokens)\n", r.PredictedError, r.CalibTokens)
+	fmt.Fprintf(&b, "%-6s %8s %12s\n", "layer", "bpw", "error")
+	for _, l := range r.Layers {
+		fmt.Fprintf(&b, "%-6d %8.4f %12.6g\n", l.Layer, l.BitsPerWeight, l.Error)
+	}
+	fmt.Fprintf(&b, "%-48s %4s %6s %8s %12s %10s\n", "tensor", "bits", "group", "bpw", "error", "rel_error")
+	for _, t := range r.Tensors {
+		g := fmt.Sprint(t.GroupSize)
+		if t.GroupSize == t.Cols {
+			g = "chan"
+		}
+		fmt.Fprintf(&b, "%-48s %4d %6s %8.4f %12.6g %10.3g\n", t.Name, t.Bits, g, t.BitsPerWeight, t.Error, t.RelError)
+	}
+	fmt.Fprintf(&b, "quantized tensors %d -> %d bytes; checkpoint %d -> %d bytes\n", r.QuantBytesBefore, r.QuantBytesAfter, r.BytesBefore, r.BytesAfter)
+	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
+	return err
 }

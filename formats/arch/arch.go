@@ -46,6 +46,10 @@ type Description struct {
 	// Layers describes each decoder block; heterogeneous layers (after
 	// pruning) differ in head counts and FFN sizes.
 	Layers []Layer
+	// Quant is config.json's lmpack_quantization block (docs/QUANT.md):
+	// the weights stored as packed codes with fp16 scales. nil for a plain
+	// floating-point checkpoint.
+	Quant *Quantization
 }
 
 // RoPE is the rotary position embedding. Theta is rope_theta; Scaling is nil
@@ -249,7 +253,8 @@ func Supported() []string {
 // Parse reads config.json's bytes and returns the validated Description.
 // Errors: invalid JSON; no architectures; an unregistered architecture
 // (wraps ErrUnsupportedArch and lists the supported ones); a field out of
-// range.
+// range; a malformed lmpack_quantization block (wraps ErrQuant, naming the
+// tensor).
 func Parse(configJSON []byte) (*Description, error) {
 	var head struct {
 		Architectures []string `json:"architectures"`
@@ -279,6 +284,9 @@ func Parse(configJSON []byte) (*Description, error) {
 		d.ModelType = head.ModelType
 	}
 	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Quant, err = parseQuant(configJSON, d); err != nil {
 		return nil, err
 	}
 	return d, nil

@@ -9,6 +9,13 @@
 // by role. The runtime, calibration, pruning and quantization read only the
 // Description; none of them parse config.json themselves.
 //
+// A quantized checkpoint written by `lmpack quantize weights` carries an
+// lmpack_quantization block (docs/QUANT.md) that Parse reads into
+// Description.Quant for every architecture: per weight its bits, group
+// size, symmetry and permutation. StorageShapes lists the tensors such a
+// checkpoint stores (NAME.qweight, NAME.scales, ... instead of
+// NAME.weight); QuantStorage gives one weight's.
+//
 // The package does no tensor I/O and no math: it is for describing a model,
 // not for loading or running it.
 package arch

@@ -166,7 +166,7 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 // running such a model would silently give wrong results. A tied lm_head
 // stored explicitly and RoPE inv_freq buffers are not counted.
 func checkUnused(dir string, d *arch.Description, ck *safetensors.Checkpoint) error {
-	want := d.TensorShapes()
+	want := d.StorageShapes() // quantized weights: their qweight/scales/... tensors
 	var extra []string
 	for _, n := range ck.Names() {
 		if _, ok := want[n]; ok || (n == d.LMHead && d.TieWordEmbeddings) || strings.HasSuffix(n, "rotary_emb.inv_freq") {

@@ -94,7 +94,27 @@ func inspect(dir string, d *arch.Description, infos []safetensors.TensorInfo, fi
 		}
 		r.Layers = append(r.Layers, lr)
 	}
-	want := d.TensorShapes()
+	// A quantized weight (docs/QUANT.md) is stored as NAME.qweight,
+	// NAME.scales, ...: they take its place, and its rows×cols parameters
+	// are counted on the qweight.
+	qparams := map[string]int64{}
+	if d.Quant != nil {
+		logical := d.TensorShapes()
+		for n, q := range d.Quant.Tensors {
+			sh, ok := logical[n]
+			li, ok2 := layerOf[n]
+			if !ok || !ok2 || len(sh) != 2 {
+				continue
+			}
+			delete(layerOf, n)
+			for sn := range arch.QuantStorage(n, sh[0], sh[1], q) {
+				layerOf[sn] = li
+				qparams[sn] = 0
+			}
+			qparams[arch.QuantPrefix(n)+arch.SuffixQWeight] = int64(sh[0]) * int64(sh[1])
+		}
+	}
+	want := d.StorageShapes()
 	for _, info := range infos {
 		name, file := info.Name, fileOf(info.Name)
 		if ws, ok := want[name]; ok && !sameShape(info.Shape, ws) {
@@ -107,6 +127,9 @@ func inspect(dir string, d *arch.Description, infos []safetensors.TensorInfo, fi
 		b := n * int64(info.DType.Size())
 		r.BytesByDType[string(info.DType)] += b
 		r.TotalBytes += b
+		if p, ok := qparams[name]; ok {
+			n = p
+		}
 		ts := TensorShape{Name: name, DType: string(info.DType), Shape: info.Shape}
 		li, ok := layerOf[name]
 		switch {

@@ -13,7 +13,9 @@
 // column permutation. BitsPerWeight counts codes, scales, zero-points and
 // the permutation (4-bit, group 128, asymmetric: 4.25).
 //
-// Not for: reading or writing checkpoints, running calibration, choosing
-// bit widths (see quantize/alloc), or computing with quantized weights.
+// Not for: reading or writing checkpoints (quantize/wquant writes
+// Quantized values as the docs/QUANT.md checkpoint format, the runtime reads
+// them back), running calibration, choosing bit widths (see quantize/alloc),
+// or computing with quantized weights.
 // Everything here works on slices and small structs; one layer at a time.
 package weights

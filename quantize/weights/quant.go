@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	goruntime "runtime"
+	"sync"
 )
 
 // Sentinel errors; returned errors wrap one of these (test with errors.Is).
@@ -153,12 +155,18 @@ type grid struct {
 // [0, maxq]. The scale is rounded up to float16 so that every value lies
 // within half a step of the grid: |w − ŵ| ≤ s/2.
 func findGrid(vals func(func(float64)), bits int, sym bool) (grid, error) {
-	maxq := float64(int(1)<<uint(bits) - 1)
 	lo, hi := 0.0, 0.0
 	vals(func(v float64) {
 		lo = math.Min(lo, v)
 		hi = math.Max(hi, v)
 	})
+	return gridFromRange(lo, hi, bits, sym)
+}
+
+// gridFromRange is findGrid for a group whose minimum and maximum are lo
+// and hi (lo ≤ 0 ≤ hi).
+func gridFromRange(lo, hi float64, bits int, sym bool) (grid, error) {
+	maxq := float64(int(1)<<uint(bits) - 1)
 	var raw float64
 	if sym {
 		a := math.Max(-lo, hi)
@@ -228,25 +236,55 @@ func QuantizeRTN(w []float32, rows, cols int, opt Options) (*Quantized, error) {
 		return nil, err
 	}
 	q := newQuantized(rows, cols, group, opt)
+	// Rows are independent: split them over GOMAXPROCS goroutines.
+	workers := min(goruntime.GOMAXPROCS(0), max(1, rows*cols/(1<<16)), rows)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for k := 0; k < workers; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			errs[k] = q.rtnRows(w, k*rows/workers, (k+1)*rows/workers, opt)
+		}(k)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+// rtnRows quantizes rows [r0, r1) of w into q.
+func (q *Quantized) rtnRows(w []float32, r0, r1 int, opt Options) error {
+	cols, group := q.Cols, q.GroupSize
 	rb := RowBytes(cols, opt.Bits)
-	for r := 0; r < rows; r++ {
+	for r := r0; r < r1; r++ {
 		wr := w[r*cols : (r+1)*cols]
 		row := q.Codes[r*rb : (r+1)*rb]
 		for g := 0; g < cols/group; g++ {
 			seg := wr[g*group : (g+1)*group]
-			gr, err := findGrid(func(f func(float64)) {
-				for _, v := range seg {
-					f(float64(v))
-				}
-			}, opt.Bits, opt.Symmetric)
+			var lo, hi float32
+			for _, v := range seg {
+				lo = min(lo, v)
+				hi = max(hi, v)
+			}
+			gr, err := gridFromRange(float64(lo), float64(hi), opt.Bits, opt.Symmetric)
 			if err != nil {
-				return nil, fmt.Errorf("weights: row %d group %d: %w", r, g, err)
+				return fmt.Errorf("weights: row %d group %d: %w", r, g, err)
 			}
 			q.setGrid(r, g, gr)
 			for j, v := range seg {
-				putCode(row, g*group+j, opt.Bits, gr.code(float64(v)))
+				c := math.RoundToEven(float64(v)/gr.s) + gr.z // as grid.code
+				if c < 0 {
+					c = 0
+				} else if c > gr.maxq {
+					c = gr.maxq
+				}
+				putCode(row, g*group+j, opt.Bits, uint8(c))
 			}
 		}
 	}
-	return q, nil
+	return nil
 }

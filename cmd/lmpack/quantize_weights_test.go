@@ -1,0 +1,99 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestQuantizeWeights runs `lmpack quantize weights` on stories260K (GPTQ
+// 4-bit g32 with act-order, text report; the allocator at 3.0 bpw, JSON
+// report), runs eval and run on the outputs, and checks bad flags.
+func TestQuantizeWeights(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	model := modelDir(t)
+	cal := filepath.Join(dir, "calib.safetensors")
+	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", calibText(t), "--tokens", "2048", "--ctx", "256", "--threads", "1", "-o", cal))
+
+	q4 := filepath.Join(dir, "q4")
+	r := lmpack(t, nil, "quantize", "weights", model, "--calib", cal, "-o", q4, "--method", "gptq", "--bits", "4", "--group", "32", "--act-order", "--threads", "1")
+	wantOK(t, r)
+	// down_proj (172 columns) falls back to per-channel.
+	for _, want := range []string{"wrote " + q4 + ": method gptq, 226560 weights at ", "model.layers.4.mlp.down_proj.weight", " chan ", "quantized tensors 906240 -> "} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if !strings.Contains(r.stderr, "quantizing weights") || !strings.Contains(r.stderr, "layers_done=5") {
+		t.Errorf("no progress lines:\n%s", r.stderr)
+	}
+	var cfg struct {
+		Q struct {
+			Tensors map[string]struct {
+				Bits      int
+				GroupSize int `json:"group_size"`
+				Perm      bool
+			}
+		} `json:"lmpack_quantization"`
+	}
+	b, _ := os.ReadFile(filepath.Join(q4, "config.json"))
+	if err := json.Unmarshal(b, &cfg); err != nil || len(cfg.Q.Tensors) != 35 || !cfg.Q.Tensors["model.layers.0.mlp.up_proj.weight"].Perm ||
+		cfg.Q.Tensors["model.layers.0.mlp.down_proj.weight"].Perm || cfg.Q.Tensors["model.layers.0.mlp.down_proj.weight"].GroupSize != 172 {
+		t.Errorf("config.json block: %v %+v", err, cfg.Q)
+	}
+	ev := lmpack(t, nil, "eval", q4, "--data", valText(t), "--ctx", "256", "--max-windows", "4", "--threads", "1", "--json")
+	wantOK(t, ev)
+	var e struct {
+		Perplexity float64 `json:"perplexity"`
+	}
+	if err := json.Unmarshal([]byte(ev.stdout), &e); err != nil || !(e.Perplexity > 1 && e.Perplexity < 20) {
+		t.Errorf("eval of the 4-bit checkpoint: %v %v", err, e.Perplexity)
+	}
+	wantOK(t, lmpack(t, nil, "run", q4, "--prompt", "Once upon a time", "--max-tokens", "8", "--threads", "1"))
+	// inspect counts the quantized weights' parameters on their qweights.
+	in := lmpack(t, nil, "inspect", q4)
+	wantOK(t, in)
+	if !strings.Contains(in.stdout, "parameters:    260032") || !strings.Contains(in.stdout, "model.layers.0.mlp.up_proj.perm") {
+		t.Errorf("inspect of the quantized checkpoint:\n%s", in.stdout)
+	}
+
+	a3 := filepath.Join(dir, "a3")
+	r = lmpack(t, nil, "quantize", "weights", model, "--calib", cal, "-o", a3, "--target-bpw", "3", "--method", "rtn", "--threads", "1", "--json")
+	wantOK(t, r)
+	var rep struct {
+		BPW        float64 `json:"bits_per_weight"`
+		Target     float64 `json:"target_bpw"`
+		Allocation struct {
+			Choice []int  `json:"choice"`
+			Method string `json:"method"`
+		} `json:"allocation"`
+		Tensors []struct {
+			Bits int `json:"bits"`
+		} `json:"tensors"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Target != 3 || rep.BPW > 3 || rep.BPW < 2.5 || len(rep.Allocation.Choice) != 35 || rep.Allocation.Method != "dp" || len(rep.Tensors) != 35 {
+		t.Errorf("allocator report: %v %+v", err, rep)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-o", filepath.Join(dir, "x")}, "--calib CALIB is required"},
+		{[]string{"--calib", cal}, "-o OUT is required"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--bits", "5"}, "--bits 5"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--group", "16"}, "--group 16"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "awq"}, `--method "awq"`},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--act-order"}, "--act-order needs --method gptq"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--bits", "4", "--target-bpw", "3"}, "not both"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--target-bpw", "-1"}, "--target-bpw -1"},
+		{[]string{"--calib", cal, "-o", q4}, "already exists"},
+		{[]string{"--calib", cal, "-o", filepath.Join(model, "q")}, "inside"},
+		{[]string{"--calib", filepath.Join(dir, "missing"), "-o", filepath.Join(dir, "x")}, "missing"},
+	} {
+		wantError(t, lmpack(t, nil, append([]string{"quantize", "weights", model}, tc.args...)...), tc.want)
+	}
+}

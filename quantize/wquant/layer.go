@@ -1,0 +1,236 @@
+package wquant
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas64"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/weights"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// Sentinel errors, wrapped with the flag, file or tensor.
+var (
+	// ErrOptions: an invalid option (method, bits, group, target).
+	ErrOptions = errors.New("wquant: invalid options")
+	// ErrUnsupported: a model this stage cannot quantize (MoE layers, an
+	// already quantized checkpoint).
+	ErrUnsupported = errors.New("wquant: unsupported model")
+	// ErrOutput: OUT is the model directory, lies inside it, or exists.
+	ErrOutput = errors.New("wquant: bad output directory")
+	// ErrCalibration: the calibration file holds no token ids.
+	ErrCalibration = errors.New("wquant: unusable calibration file")
+)
+
+// Input groups: tensors that share an input share its Hessian.
+const (
+	inAttn = iota // q, k, v: input_layernorm output [n, hidden]
+	inO           // o_proj: attention output [n, heads*head_dim]
+	inFFN         // gate, up: post_attention_layernorm output [n, hidden]
+	inDown        // down_proj: silu(gate)*up [n, intermediate]
+	numInputs
+)
+
+// Target is one Linear weight the pipeline quantizes.
+type Target struct {
+	// Name is the weight tensor name, e.g. "model.layers.0.mlp.down_proj.weight".
+	Name string `json:"name"`
+	// Layer is the decoder block index.
+	Layer int `json:"layer"`
+	// Kind is "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj" or "down_proj".
+	Kind string `json:"kind"`
+	// Rows, Cols: the weight's shape [out_features, in_features].
+	Rows  int `json:"rows"`
+	Cols  int `json:"cols"`
+	input int
+}
+
+// Targets lists the Linear weights of d's decoder blocks in block order,
+// each block q, k, v, o, gate, up, down. Embeddings, norms, biases and
+// lm_head are not targets (they stay float). Errors: ErrUnsupported for an
+// MoE layer or an already quantized description.
+func Targets(d *arch.Description) ([]Target, error) {
+	if d.Quant != nil {
+		return nil, fmt.Errorf("%w: the checkpoint is already quantized (config.json has %s)", ErrUnsupported, arch.QuantKey)
+	}
+	H := d.HiddenSize
+	var out []Target
+	for i := range d.Layers {
+		l := &d.Layers[i]
+		if l.MLP == nil {
+			return nil, fmt.Errorf("%w: layer %d is a mixture of experts; quantize weights handles dense models (MoE bit allocation is --moe-budget)", ErrUnsupported, i)
+		}
+		a, m := l.Attn, l.MLP
+		out = append(out,
+			Target{a.Q, i, "q_proj", l.QDim(), H, inAttn},
+			Target{a.K, i, "k_proj", l.KVDim(), H, inAttn},
+			Target{a.V, i, "v_proj", l.KVDim(), H, inAttn},
+			Target{a.O, i, "o_proj", H, l.QDim(), inO},
+			Target{m.Gate, i, "gate_proj", m.IntermediateSize, H, inFFN},
+			Target{m.Up, i, "up_proj", m.IntermediateSize, H, inFFN},
+			Target{m.Down, i, "down_proj", H, m.IntermediateSize, inDown},
+		)
+	}
+	return out, nil
+}
+
+// hessians accumulates the four input Hessians of one block from the
+// runtime's observer hooks (layer index 0 of a one-layer model).
+type hessians struct {
+	h   [numInputs]*weights.Hessian
+	err error
+}
+
+func newHessians(l *arch.Layer, hidden int) *hessians {
+	return &hessians{h: [numInputs]*weights.Hessian{
+		inAttn: weights.NewHessian(hidden),
+		inO:    weights.NewHessian(l.QDim()),
+		inFFN:  weights.NewHessian(hidden),
+		inDown: weights.NewHessian(l.MLP.IntermediateSize),
+	}}
+}
+
+func (h *hessians) add(i int, x []float32, n int) {
+	if h.err == nil {
+		if err := h.h[i].Add(x, n); err != nil {
+			h.err = fmt.Errorf("wquant: accumulating a Hessian: %w", err)
+		}
+	}
+}
+
+func (h *hessians) AttnInput(_, _, n int, x []float32)  { h.add(inAttn, x, n) }
+func (h *hessians) OProjInput(_, _, n int, a []float32) { h.add(inO, a, n) }
+func (h *hessians) FFNInput(_, _, n int, x, d []float32) {
+	h.add(inFFN, x, n)
+	if d != nil {
+		h.add(inDown, d, n)
+	}
+}
+
+// layerSource serves one block's tensors to a one-layer model: a zero
+// [1, hidden] embedding stub, float32 replacements (dequantized weights),
+// and everything else from the checkpoint.
+type layerSource struct {
+	base      runtime.TensorSource
+	embedding string
+	hidden    int
+	repl      map[string][]float32
+	shapes    map[string][]int
+}
+
+func (s *layerSource) Tensor(name string) (*safetensors.Tensor, error) {
+	if name == s.embedding {
+		return &safetensors.Tensor{Name: name, File: "(stub)", DType: safetensors.F32, Shape: []int{1, s.hidden}, Data: make([]byte, 4*s.hidden)}, nil
+	}
+	if w, ok := s.repl[name]; ok {
+		return &safetensors.Tensor{Name: name, File: "(dequantized)", DType: safetensors.F32, Shape: s.shapes[name], Data: safetensors.F32Bytes(w)}, nil
+	}
+	return s.base.Tensor(name)
+}
+
+// loadLayer loads block l of d alone as a one-layer runtime model whose
+// weights come from src (with repl overriding weights by name).
+func loadLayer(ctx context.Context, d *arch.Description, l int, src runtime.TensorSource, repl map[string][]float32, shapes map[string][]int, threads int) (runtime.Model, error) {
+	d1 := *d
+	d1.Layers = []arch.Layer{d.Layers[l]}
+	d1.VocabSize, d1.TieWordEmbeddings, d1.BOSTokenID, d1.EOSTokenIDs, d1.Quant = 1, true, -1, nil, nil
+	return runtime.NewCPU().Load(ctx, &d1, &layerSource{base: src, embedding: d.Embedding, hidden: d.HiddenSize, repl: repl, shapes: shapes},
+		runtime.LoadOptions{Threads: threads})
+}
+
+// pushHidden runs every window's hidden states through m in place.
+func pushHidden(ctx context.Context, m runtime.Model, xs [][]float32, hidden int) error {
+	hf, ok := m.(runtime.HiddenForwarder)
+	if !ok {
+		return fmt.Errorf("wquant: the runtime model cannot run hidden states")
+	}
+	for _, x := range xs {
+		T := len(x) / hidden
+		if err := hf.ForwardHidden(ctx, x, T, m.NewCache(T)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// outputError returns the mean over calibration tokens of ‖(W − Ŵ)x‖²
+// and of ‖Wx‖², both ½·Σ_r d_r H d_rᵀ with H = (2/N)Σxxᵀ ([cols, cols]
+// float64), computed as ½·Σ (D∘(D·H)) with one BLAS product for D = W − Ŵ
+// and one for W.
+func outputError(w, wq []float32, rows, cols int, H []float64) (errv, energy float64) {
+	D := make([]float64, rows*cols)
+	O := make([]float64, rows*cols)
+	for i := range D {
+		O[i] = float64(w[i])
+		D[i] = O[i] - float64(wq[i])
+	}
+	P := make([]float64, rows*cols)
+	h := blas64.General{Rows: cols, Cols: cols, Stride: cols, Data: H}
+	quad := func(A []float64) float64 {
+		blas64.Gemm(blas.NoTrans, blas.NoTrans, 1, blas64.General{Rows: rows, Cols: cols, Stride: cols, Data: A}, h, 0,
+			blas64.General{Rows: rows, Cols: cols, Stride: cols, Data: P})
+		s := 0.0
+		for i, a := range A {
+			s += a * P[i]
+		}
+		return s / 2
+	}
+	return quad(D), quad(O)
+}
+
+// quantizeOne quantizes w ([rows, cols]) with method ("rtn" or "gptq")
+// and options, returning the packed result and its dequantized matrix.
+func quantizeOne(w []float32, t Target, method string, o weights.Options, actOrder bool, damp float64, h *weights.Hessian) (*weights.Quantized, []float32, error) {
+	var q *weights.Quantized
+	var err error
+	if method == MethodGPTQ {
+		q, err = weights.QuantizeGPTQ(w, t.Rows, t.Cols, h, weights.GPTQOptions{Options: o, Damp: damp, ActOrder: actOrder})
+	} else {
+		q, err = weights.QuantizeRTN(w, t.Rows, t.Cols, o)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("wquant: tensor %q (%d bits, group %d): %w", t.Name, o.Bits, o.GroupSize, err)
+	}
+	dq := make([]float32, t.Rows*t.Cols)
+	q.Dequantize(dq)
+	return q, dq, nil
+}
+
+// effectiveGroup returns the group size used for a tensor of cols
+// columns: group when it divides cols, else 0 (per-channel).
+func effectiveGroup(group, cols int) int {
+	if group > 0 && cols%group != 0 {
+		return 0
+	}
+	return group
+}
+
+// StorageBits returns the bits a [rows, cols] weight takes in the
+// quantized checkpoint format (docs/QUANT.md): packed codes
+// rows·ceil(cols·bits/8)·8, an fp16 scale per group, an fp16 zero-point
+// per group unless symmetric, and 32 bits per column when it has a
+// permutation. group ≤ 0 means per-channel (one group per row).
+func StorageBits(rows, cols, bits, group int, symmetric, perm bool) int64 {
+	g := group
+	if g <= 0 || g > cols {
+		g = cols
+	}
+	groups := int64(rows) * int64((cols+g-1)/g)
+	b := int64(rows) * int64(weights.RowBytes(cols, bits)) * 8
+	b += 16 * groups
+	if !symmetric {
+		b += 16 * groups
+	}
+	if perm {
+		b += 32 * int64(cols)
+	}
+	return b
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

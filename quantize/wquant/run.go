@@ -1,0 +1,689 @@
+package wquant
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/quantize/alloc"
+	"github.com/lmpack/lmpack/quantize/weights"
+)
+
+// Methods.
+const (
+	MethodRTN  = "rtn"
+	MethodGPTQ = "gptq"
+)
+
+// Options configures Run. Exactly one of Bits (> 0) and TargetBPW (> 0)
+// selects the widths.
+type Options struct {
+	// Model is a model directory or hub id; Calib a calibration file of
+	// that model holding its token ids (lmpack calibrate); Out the
+	// directory to create (must not exist, nor lie inside Model).
+	Model, Calib, Out string
+	// Method is MethodRTN or MethodGPTQ.
+	Method string
+	// Bits (2, 3, 4, 8) and GroupSize (32, 64, 128, 0 = per-channel) for
+	// every tensor. A tensor whose columns the group does not divide falls
+	// back to per-channel (reported as group_fallback).
+	Bits, GroupSize int
+	// Symmetric selects the symmetric grid (no stored zero-points).
+	Symmetric bool
+	// ActOrder (GPTQ only) quantizes columns by decreasing Hessian diagonal.
+	ActOrder bool
+	// TrueSequential collects each input's Hessian on the block with the
+	// weights before it quantized (q/k/v, then o_proj, then gate/up, then
+	// down_proj: four Hessian passes per block instead of one), as the GPTQ
+	// reference's --true-sequential does.
+	TrueSequential bool
+	// Damp is GPTQ's relative damping (0: 0.01).
+	Damp float64
+	// TargetBPW > 0 chooses (bits, group) per tensor from Choices so that
+	// the quantized tensors take at most TargetBPW bits per weight
+	// (StorageBits: codes, scales, zero-points) with the least summed
+	// predicted error (exact DP, alloc.SolveDP).
+	TargetBPW float64
+	// Choices are the allocator's candidate options; nil means
+	// DefaultChoices.
+	Choices []Choice
+	// MeasureTokens is how many calibration tokens (whole windows, at
+	// least one) the allocator's error measurement runs; 0 means
+	// DefaultMeasureTokens.
+	MeasureTokens int
+	// PerTensor overrides the options of named weights (bits, group,
+	// symmetric), after the allocation. A hook for later stages (MoE
+	// expert widths); the CLI does not set it.
+	PerTensor map[string]weights.Options
+	// Threads is the CPU worker count (≤ 0: all cores).
+	Threads int
+	// Version is the lmpack version recorded in the report.
+	Version string
+	// Progress, when not nil, is called after each block with (blocks
+	// done, total); the allocator's measurement pass counts as L more.
+	Progress func(done, total int)
+	// Logger receives progress lines; nil discards them.
+	Logger *slog.Logger
+}
+
+// DefaultMeasureTokens is the allocator's default measurement size.
+const DefaultMeasureTokens = 2048
+
+// Choice is one allocator option: a code width and a group size (0 =
+// per-channel).
+type Choice struct {
+	Bits      int `json:"bits"`
+	GroupSize int `json:"group_size"`
+}
+
+// DefaultChoices are bits {2, 3, 4, 8} × group {32, 64, 128, per-channel}.
+func DefaultChoices() []Choice {
+	var c []Choice
+	for _, b := range []int{2, 3, 4, 8} {
+		for _, g := range []int{32, 64, 128, 0} {
+			c = append(c, Choice{b, g})
+		}
+	}
+	return c
+}
+
+// TensorReport is one quantized weight in the Report.
+type TensorReport struct {
+	Target
+	Bits      int  `json:"bits"`
+	GroupSize int  `json:"group_size"` // effective; = cols for per-channel
+	Symmetric bool `json:"symmetric"`
+	Perm      bool `json:"perm"`
+	// GroupFallback: the requested group did not divide cols, so the
+	// tensor is per-channel.
+	GroupFallback bool `json:"group_fallback,omitempty"`
+	// BitsPerWeight counts codes, scales, zero-points and the permutation.
+	BitsPerWeight float64 `json:"bits_per_weight"`
+	// BytesBefore (stored dtype) and BytesAfter (quantized storage).
+	BytesBefore int64 `json:"bytes_before"`
+	BytesAfter  int64 `json:"bytes_after"`
+	// Error is the mean over calibration tokens of ‖(W − Ŵ)x‖² for the
+	// tensor's actual inputs x; RelError divides it by the mean ‖Wx‖².
+	Error    float64 `json:"error"`
+	RelError float64 `json:"rel_error"`
+}
+
+// LayerReport sums a block's tensors.
+type LayerReport struct {
+	Layer         int     `json:"layer"`
+	BitsPerWeight float64 `json:"bits_per_weight"`
+	Error         float64 `json:"error"`
+	Seconds       float64 `json:"seconds"`
+}
+
+// Report describes a finished Run.
+type Report struct {
+	Out       string  `json:"out"`
+	Method    string  `json:"method"`
+	TargetBPW float64 `json:"target_bpw,omitempty"`
+	// Params is the number of quantized weights; BitsPerWeight their
+	// storage bits per weight (codes, scales, zero-points, permutations).
+	Params        int64   `json:"params"`
+	BitsPerWeight float64 `json:"bits_per_weight"`
+	// PredictedError is Σ TensorReport.Error.
+	PredictedError float64 `json:"predicted_error"`
+	// QuantBytesBefore/After: the quantized tensors before (stored dtype)
+	// and after; BytesBefore/After: all tensor data of the checkpoint.
+	QuantBytesBefore int64 `json:"quant_bytes_before"`
+	QuantBytesAfter  int64 `json:"quant_bytes_after"`
+	BytesBefore      int64 `json:"bytes_before"`
+	BytesAfter       int64 `json:"bytes_after"`
+	// CalibTokens is the number of calibration tokens used.
+	CalibTokens int `json:"calib_tokens"`
+	// Allocation is the allocator's plan (TargetBPW only): the chosen
+	// option per tensor, in Tensors order; its errors are relative
+	// block-output errors (Σ‖y − ŷ‖²/Σ‖y‖² of the block with only that
+	// tensor quantized), not TensorReport.Error.
+	Allocation *alloc.Plan     `json:"allocation,omitempty"`
+	Layers     []LayerReport   `json:"layers"`
+	Tensors    []TensorReport  `json:"tensors"`
+	Seconds    float64         `json:"seconds"`
+	Version    string          `json:"lmpack_version,omitempty"`
+	Config     json.RawMessage `json:"quantization"`
+}
+
+// spec is the resolved quantization of one target.
+type spec struct {
+	o        weights.Options
+	fallback bool
+}
+
+// validate checks the Options that do not need the model.
+func (opt *Options) validate() error {
+	if opt.Method != MethodRTN && opt.Method != MethodGPTQ {
+		return fmt.Errorf("%w: method %q, want rtn or gptq", ErrOptions, opt.Method)
+	}
+	if opt.ActOrder && opt.Method != MethodGPTQ {
+		return fmt.Errorf("%w: act-order needs method gptq", ErrOptions)
+	}
+	if (opt.Bits > 0) == (opt.TargetBPW > 0) {
+		return fmt.Errorf("%w: give exactly one of bits and a target bits per weight", ErrOptions)
+	}
+	if opt.Bits > 0 && !slices.Contains([]int{2, 3, 4, 8}, opt.Bits) {
+		return fmt.Errorf("%w: bits %d, want 2, 3, 4 or 8", ErrOptions, opt.Bits)
+	}
+	if !slices.Contains([]int{0, 32, 64, 128}, opt.GroupSize) {
+		return fmt.Errorf("%w: group %d, want 32, 64, 128 or 0 (per-channel)", ErrOptions, opt.GroupSize)
+	}
+	if opt.TargetBPW < 0 || !finite(opt.TargetBPW) {
+		return fmt.Errorf("%w: target bits per weight %v, want > 0", ErrOptions, opt.TargetBPW)
+	}
+	if opt.Damp < 0 || !finite(opt.Damp) {
+		return fmt.Errorf("%w: damp %v, want ≥ 0", ErrOptions, opt.Damp)
+	}
+	for _, c := range opt.Choices {
+		if !slices.Contains([]int{2, 3, 4, 8}, c.Bits) || !slices.Contains([]int{0, 32, 64, 128}, c.GroupSize) {
+			return fmt.Errorf("%w: allocator choice %d bits group %d", ErrOptions, c.Bits, c.GroupSize)
+		}
+	}
+	return nil
+}
+
+// Run quantizes opt.Model's decoder-block weights with the calibration
+// tokens of opt.Calib and writes the quantized checkpoint to opt.Out (a
+// temporary directory beside it, renamed at the end). See the package doc
+// for the pipeline and docs/QUANT.md for the output.
+//
+// Errors: ErrOptions; ErrOutput; ErrUnsupported (MoE, already quantized);
+// ErrCalibration (no token ids); calibrate.ErrModelMismatch (a calibration
+// file of another model); quantizer errors naming the tensor; I/O errors
+// naming the file.
+func Run(ctx context.Context, opt Options) (*Report, error) {
+	t0 := time.Now()
+	if err := opt.validate(); err != nil {
+		return nil, err
+	}
+	dir, d, ck, err := engine.OpenCheckpoint(ctx, opt.Model, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	if err := checkOut(dir, opt.Out); err != nil {
+		return nil, err
+	}
+	targets, err := Targets(d)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := calibrate.ModelFingerprint(dir, ck)
+	if err != nil {
+		return nil, err
+	}
+	cal, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: d})
+	if err != nil {
+		return nil, err
+	}
+	wins := cal.CalibrationWindows()
+	if len(wins) == 0 {
+		return nil, fmt.Errorf("%w: %s holds no calibration token ids (written by an older lmpack calibrate; calibrate again)", ErrCalibration, opt.Calib)
+	}
+	p := &pipeline{opt: opt, d: d, ck: ck, targets: targets, wins: wins}
+	if opt.Logger == nil {
+		p.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	} else {
+		p.log = opt.Logger
+	}
+	L := len(d.Layers)
+	p.total = L
+	if opt.TargetBPW > 0 {
+		p.total = 2 * L
+	}
+	specs := make([]spec, len(targets))
+	rep := &Report{Method: opt.Method, TargetBPW: opt.TargetBPW, Version: opt.Version, Out: opt.Out}
+	for _, w := range wins {
+		rep.CalibTokens += len(w)
+	}
+	if opt.TargetBPW > 0 {
+		plan, sp, err := p.allocate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rep.Allocation = plan
+		specs = sp
+	} else {
+		for i, t := range targets {
+			g := effectiveGroup(opt.GroupSize, t.Cols)
+			specs[i] = spec{o: weights.Options{Bits: opt.Bits, GroupSize: g, Symmetric: opt.Symmetric}, fallback: g != opt.GroupSize}
+		}
+	}
+	for i, t := range targets {
+		if o, ok := opt.PerTensor[t.Name]; ok {
+			g := effectiveGroup(o.GroupSize, t.Cols)
+			specs[i] = spec{o: weights.Options{Bits: o.Bits, GroupSize: g, Symmetric: o.Symmetric}, fallback: g != o.GroupSize}
+		}
+	}
+
+	parent := filepath.Dir(filepath.Clean(opt.Out))
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(opt.Out)+".tmp-")
+	if err != nil {
+		return nil, fmt.Errorf("wquant: output %s: %w", opt.Out, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := p.quantize(ctx, specs, tmp, rep); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("wquant: %w", err)
+	}
+	if err := os.Rename(tmp, opt.Out); err != nil {
+		return nil, fmt.Errorf("wquant: output %s: %w", opt.Out, err)
+	}
+	done = true
+	rep.Seconds = time.Since(t0).Seconds()
+	return rep, nil
+}
+
+// pipeline is the state of one Run.
+type pipeline struct {
+	opt     Options
+	d       *arch.Description
+	ck      *safetensors.Checkpoint
+	targets []Target
+	wins    [][]int
+	log     *slog.Logger
+	done    int
+	total   int
+}
+
+func (p *pipeline) progress() {
+	p.done++
+	if p.opt.Progress != nil {
+		p.opt.Progress(p.done, p.total)
+	}
+}
+
+// hidden returns the embedding rows of every window: [T_w, hidden] each.
+func (p *pipeline) hidden() ([][]float32, error) {
+	H := p.d.HiddenSize
+	t, err := p.ck.Tensor(p.d.Embedding)
+	if err != nil {
+		return nil, fmt.Errorf("wquant: %w", err)
+	}
+	if !slices.Equal(t.Shape, []int{p.d.VocabSize, H}) {
+		return nil, fmt.Errorf("wquant: %s: tensor %q: shape %v, want [%d, %d]", t.File, p.d.Embedding, t.Shape, p.d.VocabSize, H)
+	}
+	emb, err := t.Float32()
+	if err != nil {
+		return nil, fmt.Errorf("wquant: %s: tensor %q: %w", t.File, p.d.Embedding, err)
+	}
+	xs := make([][]float32, len(p.wins))
+	for i, w := range p.wins {
+		x := make([]float32, len(w)*H)
+		for j, id := range w {
+			copy(x[j*H:(j+1)*H], emb[id*H:(id+1)*H])
+		}
+		xs[i] = x
+	}
+	return xs, nil
+}
+
+// weight loads target t as float32 [rows, cols].
+func (p *pipeline) weight(t Target) ([]float32, error) {
+	tt, err := p.ck.Tensor(t.Name)
+	if err != nil {
+		return nil, fmt.Errorf("wquant: %w", err)
+	}
+	if !slices.Equal(tt.Shape, []int{t.Rows, t.Cols}) {
+		return nil, fmt.Errorf("wquant: %s: tensor %q: shape %v, want [%d, %d]", tt.File, t.Name, tt.Shape, t.Rows, t.Cols)
+	}
+	w, err := tt.Float32()
+	if err != nil {
+		return nil, fmt.Errorf("wquant: %s: tensor %q: %w", tt.File, t.Name, err)
+	}
+	for i, v := range w {
+		if !finite(float64(v)) {
+			return nil, fmt.Errorf("wquant: %s: tensor %q: element [%d, %d] is %v", tt.File, t.Name, i/t.Cols, i%t.Cols, v)
+		}
+	}
+	return w, nil
+}
+
+// layerHessians runs xs through block l (weights from the checkpoint)
+// with the Hessian observers. When advance, xs becomes the block's output.
+func (p *pipeline) layerHessians(ctx context.Context, l int, xs [][]float32, advance bool) (*hessians, error) {
+	return p.layerHessiansWith(ctx, l, xs, advance, nil, nil)
+}
+
+// layerHessiansWith is layerHessians with weights repl (shapes) replacing
+// the checkpoint's.
+func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32, advance bool, repl map[string][]float32, shapes map[string][]int) (*hessians, error) {
+	m, err := loadLayer(ctx, p.d, l, p.ck, repl, shapes, p.opt.Threads)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	hs := newHessians(&p.d.Layers[l], p.d.HiddenSize)
+	m.SetObserver(hs)
+	if advance {
+		if err := pushHidden(ctx, m, xs, p.d.HiddenSize); err != nil {
+			return nil, err
+		}
+		return hs, hs.err
+	}
+	// One window at a time through a scratch copy: the hidden states are
+	// not duplicated.
+	var buf []float32
+	for _, x := range xs {
+		buf = append(buf[:0], x...)
+		if err := pushHidden(ctx, m, [][]float32{buf}, p.d.HiddenSize); err != nil {
+			return nil, err
+		}
+	}
+	return hs, hs.err
+}
+
+// quantize is the main pass: block by block, Hessians on the quantized
+// prefix's hidden states, quantization, the block's shard, the next
+// block's input through the dequantized block.
+func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *Report) error {
+	xs, err := p.hidden()
+	if err != nil {
+		return err
+	}
+	L := len(p.d.Layers)
+	shard := func(i int) string { return fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, L+1) }
+	byLayer := layerTensors(p.ck.Names())
+	weightMap := map[string]string{}
+	var totalSize int64
+	qcfg := &arch.Quantization{Format: arch.QuantFormat, Version: arch.QuantVersion, Method: p.opt.Method, Tensors: map[string]arch.TensorQuant{}}
+	// Stages of a block: one Hessian pass for all inputs, or with
+	// TrueSequential one per input, each on the block with the weights
+	// quantized in the earlier stages.
+	stages := [][]int{{inAttn, inO, inFFN, inDown}}
+	if p.opt.TrueSequential {
+		stages = [][]int{{inAttn}, {inO}, {inFFN}, {inDown}}
+	}
+	for l := 0; l < L; l++ {
+		lt := time.Now()
+		repl := map[string][]float32{}
+		shapes := map[string][]int{}
+		var files []safetensors.WriteTensor
+		quantized := map[string]bool{}
+		lr := LayerReport{Layer: l}
+		var lbits, lparams int64
+		for _, stage := range stages {
+			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes)
+			if err != nil {
+				return err
+			}
+			for ti := range p.targets {
+				if p.targets[ti].Layer != l || !slices.Contains(stage, p.targets[ti].input) {
+					continue
+				}
+				t, sp := p.targets[ti], specs[ti]
+				w, err := p.weight(t)
+				if err != nil {
+					return err
+				}
+				h := hs.h[t.input]
+				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, p.opt.ActOrder, p.opt.Damp, h)
+				if err != nil {
+					return err
+				}
+				e, energy := outputError(w, dq, t.Rows, t.Cols, h.Matrix())
+				repl[t.Name], shapes[t.Name] = dq, []int{t.Rows, t.Cols}
+				files = append(files, storageTensors(t.Name, q)...)
+				quantized[t.Name] = true
+				tq := arch.TensorQuant{Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil}
+				qcfg.Tensors[t.Name] = tq
+				bits := StorageBits(t.Rows, t.Cols, q.Bits, q.GroupSize, q.Symmetric, q.Perm != nil)
+				info, _, _ := p.ck.Info(t.Name)
+				before := int64(t.Rows*t.Cols) * int64(info.DType.Size())
+				tr := TensorReport{Target: t, Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil,
+					GroupFallback: sp.fallback, BitsPerWeight: float64(bits) / float64(t.Rows*t.Cols),
+					BytesBefore: before, BytesAfter: bits / 8, Error: e}
+				if energy > 0 {
+					tr.RelError = e / energy
+				}
+				rep.Tensors = append(rep.Tensors, tr)
+				rep.Params += int64(t.Rows * t.Cols)
+				rep.QuantBytesBefore += before
+				rep.QuantBytesAfter += bits / 8
+				rep.PredictedError += e
+				lbits += bits
+				lparams += int64(t.Rows * t.Cols)
+				lr.Error += e
+			}
+		}
+		// Unquantized tensors of the block (norms, biases) are copied.
+		for _, n := range byLayer[l] {
+			if quantized[n] {
+				continue
+			}
+			t, err := p.ck.Tensor(n)
+			if err != nil {
+				return fmt.Errorf("wquant: %w", err)
+			}
+			files = append(files, safetensors.WriteTensor{Name: n, DType: t.DType, Shape: t.Shape, Data: t.Data})
+		}
+		size, err := writeShard(filepath.Join(tmp, shard(l)), files, weightMap)
+		if err != nil {
+			return err
+		}
+		totalSize += size
+		m, err := loadLayer(ctx, p.d, l, p.ck, repl, shapes, p.opt.Threads)
+		if err != nil {
+			return err
+		}
+		err = pushHidden(ctx, m, xs, p.d.HiddenSize)
+		m.Close()
+		if err != nil {
+			return err
+		}
+		lr.BitsPerWeight = float64(lbits) / float64(lparams)
+		lr.Seconds = time.Since(lt).Seconds()
+		rep.Layers = append(rep.Layers, lr)
+		p.log.Info("layer quantized", "layer", l, "bits_per_weight", lr.BitsPerWeight, "error", lr.Error, "seconds", lr.Seconds)
+		p.progress()
+	}
+	// Everything outside the blocks (embedding, final norm, lm_head).
+	var rest []safetensors.WriteTensor
+	for _, n := range byLayer[-1] {
+		t, err := p.ck.Tensor(n)
+		if err != nil {
+			return fmt.Errorf("wquant: %w", err)
+		}
+		rest = append(rest, safetensors.WriteTensor{Name: n, DType: t.DType, Shape: t.Shape, Data: t.Data})
+	}
+	size, err := writeShard(filepath.Join(tmp, shard(L)), rest, weightMap)
+	if err != nil {
+		return err
+	}
+	totalSize += size
+	if err := safetensors.WriteIndex(filepath.Join(tmp, "model.safetensors.index.json"), totalSize, weightMap); err != nil {
+		return fmt.Errorf("wquant: %w", err)
+	}
+	for _, n := range p.ck.Names() {
+		info, _, _ := p.ck.Info(n)
+		rep.BytesBefore += int64(info.NumElements()) * int64(info.DType.Size())
+	}
+	rep.BytesAfter = totalSize
+	rep.BitsPerWeight = float64(8*rep.QuantBytesAfter) / float64(rep.Params)
+	cfg, err := quantConfig(filepath.Join(p.ck.Dir(), "config.json"), qcfg)
+	if err != nil {
+		return err
+	}
+	raw, _ := json.Marshal(qcfg)
+	rep.Config = raw
+	if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o644); err != nil {
+		return fmt.Errorf("wquant: %w", err)
+	}
+	return copySideFiles(p.ck.Dir(), tmp)
+}
+
+// storageTensors returns the docs/QUANT.md tensors of a quantized weight.
+func storageTensors(name string, q *weights.Quantized) []safetensors.WriteTensor {
+	p := arch.QuantPrefix(name)
+	ng := q.Cols / q.GroupSize
+	u16 := func(v []uint16) []byte {
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], x)
+		}
+		return b
+	}
+	out := []safetensors.WriteTensor{
+		{Name: p + arch.SuffixQWeight, DType: safetensors.U8, Shape: []int{q.Rows, weights.RowBytes(q.Cols, q.Bits)}, Data: q.Codes},
+		{Name: p + arch.SuffixScales, DType: safetensors.F16, Shape: []int{q.Rows, ng}, Data: u16(q.Scales)},
+	}
+	if !q.Symmetric {
+		out = append(out, safetensors.WriteTensor{Name: p + arch.SuffixQZeros, DType: safetensors.F16, Shape: []int{q.Rows, ng}, Data: u16(q.Zeros)})
+	}
+	if q.Perm != nil {
+		b := make([]byte, 4*len(q.Perm))
+		for i, v := range q.Perm {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
+		}
+		out = append(out, safetensors.WriteTensor{Name: p + arch.SuffixPerm, DType: safetensors.I32, Shape: []int{q.Cols}, Data: b})
+	}
+	return out
+}
+
+// writeShard writes one shard (tensors sorted by name), records its
+// tensors in weightMap and returns its tensor data bytes.
+func writeShard(path string, ts []safetensors.WriteTensor, weightMap map[string]string) (int64, error) {
+	slices.SortFunc(ts, func(a, b safetensors.WriteTensor) int { return strings.Compare(a.Name, b.Name) })
+	var size int64
+	for _, t := range ts {
+		weightMap[t.Name] = filepath.Base(path)
+		size += int64(len(t.Data))
+	}
+	if err := safetensors.WriteFile(path, ts, map[string]string{"format": "pt"}); err != nil {
+		return 0, fmt.Errorf("wquant: %w", err)
+	}
+	return size, nil
+}
+
+var layerRE = regexp.MustCompile(`(^|\.)layers\.(\d+)\.`)
+
+// layerTensors groups tensor names by decoder block (-1: outside blocks).
+func layerTensors(names []string) map[int][]string {
+	out := map[int][]string{}
+	for _, n := range names {
+		l := -1
+		if m := layerRE.FindStringSubmatch(n); m != nil {
+			if v, err := strconv.Atoi(m[2]); err == nil {
+				l = v
+			}
+		}
+		out[l] = append(out[l], n)
+	}
+	return out
+}
+
+// quantConfig returns config.json with the lmpack_quantization block set.
+func quantConfig(path string, q *arch.Quantization) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("wquant: %w", err)
+	}
+	var cfg map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&cfg); err != nil || cfg == nil {
+		return nil, fmt.Errorf("wquant: %s: not a JSON object (%v)", path, err)
+	}
+	cfg[arch.QuantKey] = q
+	out, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("wquant: %s: %w", path, err)
+	}
+	return append(out, '\n'), nil
+}
+
+// weightExts are weight files that must not be copied next to the
+// quantized shards.
+var weightExts = []string{".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}
+
+// copySideFiles copies src's regular files other than weights, the shard
+// index, config.json and .md prose (the model card describes the float
+// model) — the tokenizer, generation config, ... — into dst.
+func copySideFiles(src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("wquant: %w", err)
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if !e.Type().IsRegular() || n == "config.json" || strings.HasSuffix(n, ".index.json") || strings.HasSuffix(n, ".md") || slices.Contains(weightExts, filepath.Ext(n)) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, n))
+		if err != nil {
+			return fmt.Errorf("wquant: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, n), b, 0o644); err != nil {
+			return fmt.Errorf("wquant: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkOut refuses an out that is modelDir, lies inside it, or exists.
+func checkOut(modelDir, out string) error {
+	if out == "" {
+		return fmt.Errorf("%w: no output directory", ErrOutput)
+	}
+	md, err := realAbs(modelDir)
+	if err != nil {
+		return fmt.Errorf("wquant: model %s: %w", modelDir, err)
+	}
+	od, err := realAbs(out)
+	if err != nil {
+		return fmt.Errorf("wquant: output %s: %w", out, err)
+	}
+	if rel, err := filepath.Rel(md, od); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
+		return fmt.Errorf("%w: %s is the model directory %s or inside it; write the quantized checkpoint elsewhere (the input is never modified)", ErrOutput, out, modelDir)
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return fmt.Errorf("%w: %s already exists; remove it or choose another path", ErrOutput, out)
+	}
+	if st, err := os.Stat(filepath.Dir(od)); err != nil || !st.IsDir() {
+		return fmt.Errorf("%w: %s: parent directory %s does not exist", ErrOutput, out, filepath.Dir(od))
+	}
+	return nil
+}
+
+// realAbs returns the absolute path of p with symlinks resolved in its
+// longest existing prefix.
+func realAbs(p string) (string, error) {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	rest := ""
+	for cur := a; ; cur = filepath.Dir(cur) {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(r, rest), nil
+		}
+		if filepath.Dir(cur) == cur {
+			return a, nil
+		}
+		rest = filepath.Join(filepath.Base(cur), rest)
+	}
+}
