@@ -185,6 +185,16 @@ func TestReadBad(t *testing.T) {
 			}
 			writeRaw(t, p, append(rawTensors(c), tt), h)
 		}, ErrBadStatistic, []string{`"calibration.tokens"`, "want I32 [100]"}},
+		{"similarity above 1", func(p string) {
+			h := validHeader()
+			h.Statistics = append(h.Statistics, StatLoRP)
+			S := make([]float64, 36)
+			for i := range 6 {
+				S[i*6+i] = 1
+			}
+			S[1*6+2], S[2*6+1] = 5, 5
+			writeRaw(t, p, append(rawTensors(c), safetensors.WriteTensor{Name: SimilarityTensor, DType: safetensors.F64, Shape: []int{6, 6}, Data: f64Bytes(S)}), h)
+		}, ErrBadStatistic, []string{`"lorp.similarity"`, "element (1, 2) is 5", "outside [-1, 1]"}},
 		{"statistic listed, no tensors", func(p string) { writeRaw(t, p, nil, validHeader()) }, ErrBadStatistic, []string{"0 layers, the model has 5"}},
 	}
 	for _, k := range cases {

@@ -359,6 +359,7 @@ func TestRunOptions(t *testing.T) {
 		{"out is dir", func(o *Options) { o.Out = tmp }, "is a directory"},
 		{"data missing", func(o *Options) { o.Data = filepath.Join(tmp, "missing.txt") }, "missing.txt"},
 		{"data short", func(o *Options) { o.Data = short }, "fewer than the 64 requested"},
+		{"out is another file", func(o *Options) { o.Out = short }, "is not an lmpack calibration file; refusing to overwrite"},
 	} {
 		o := ok
 		c.mod(&o)
@@ -369,6 +370,16 @@ func TestRunOptions(t *testing.T) {
 	}
 	if _, err := os.Stat(ok.Out); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a failed run left %s behind", ok.Out)
+	}
+	if b, _ := os.ReadFile(short); string(b) != "Once upon a time." {
+		t.Errorf("a refused output was overwritten")
+	}
+	// An earlier calibration file is replaced.
+	if _, err := Run(context.Background(), ok); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(context.Background(), ok); err != nil {
+		t.Errorf("rerun onto an existing calibration file: %v", err)
 	}
 }
 

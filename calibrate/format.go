@@ -390,7 +390,7 @@ func readSquare(f *safetensors.File, path, name string, d int) ([]float64, int, 
 		d = t.Shape[0]
 	}
 	if len(t.Shape) != 2 || t.Shape[0] != d || t.Shape[1] != d {
-		return nil, 0, fmt.Errorf("calibrate: %s: tensor %q: shape %v, want [%d %d] (head_dim × head_dim): %w", path, name, t.Shape, d, d, ErrBadStatistic)
+		return nil, 0, fmt.Errorf("calibrate: %s: tensor %q: shape %v, want [%d %d]: %w", path, name, t.Shape, d, d, ErrBadStatistic)
 	}
 	m := make([]float64, d*d)
 	for i := range m {

@@ -2,12 +2,14 @@ package calibrate
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 )
 
@@ -97,6 +99,9 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	}
 	if st, err := os.Stat(opt.Out); err == nil && st.IsDir() {
 		return nil, fmt.Errorf("calibrate: output %s is a directory; want a file path", opt.Out)
+	}
+	if st, err := os.Stat(opt.Out); err == nil && !st.IsDir() && !isCalibrationFile(opt.Out) {
+		return nil, fmt.Errorf("calibrate: output %s exists and is not an lmpack calibration file; refusing to overwrite it (remove it or choose another path)", opt.Out)
 	}
 	text, err := engine.ReadText(opt.Data)
 	if err != nil {
@@ -216,4 +221,18 @@ func Windows(ids []int, tokens, ctx int) ([][]int, error) {
 		w = append(w, ids[lo:min(lo+ctx, tokens)])
 	}
 	return w, nil
+}
+
+// isCalibrationFile reports whether path is a safetensors file whose
+// metadata names Kind (an earlier calibration output, safe to replace).
+func isCalibrationFile(path string) bool {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var h struct {
+		Kind string `json:"kind"`
+	}
+	return json.Unmarshal([]byte(f.Metadata()[MetadataKey]), &h) == nil && h.Kind == Kind
 }

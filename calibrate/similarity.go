@@ -2,6 +2,7 @@ package calibrate
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -83,6 +84,12 @@ func readSimilarity(f *safetensors.File, path string, layers int) ([]float64, er
 	}
 	if n < 2 {
 		return nil, fmt.Errorf("calibrate: %s: tensor %q: side %d, want L+1 >= 2: %w", path, SimilarityTensor, n, ErrBadStatistic)
+	}
+	// Mean cosine similarities lie in [−1, 1] (float64 sums: allow 1e-9).
+	for i, v := range m {
+		if math.Abs(v) > 1+1e-9 {
+			return nil, fmt.Errorf("calibrate: %s: tensor %q: element (%d, %d) is %v, outside [-1, 1] (not a cosine similarity): %w", path, SimilarityTensor, i/n, i%n, v, ErrBadStatistic)
+		}
 	}
 	return m, nil
 }

@@ -196,6 +196,45 @@ func TestBadRequests(t *testing.T) {
 	}
 }
 
+// TestConfigDisagrees: a config.json that disagrees with the weights is
+// refused before anything is written, even for list: (no calibration).
+func TestConfigDisagrees(t *testing.T) {
+	for _, c := range []struct{ from, to, want string }{
+		{`"num_hidden_layers": 5`, `"num_hidden_layers": 6`, `"model.layers.5.`},
+		{`"num_hidden_layers": 5`, `"num_hidden_layers": 4`, "config.json does not describe"},
+		{`"intermediate_size": 172`, `"intermediate_size": 160`, "config.json implies [64 160]"},
+	} {
+		model := copyModel(t)
+		cfg := filepath.Join(model, "config.json")
+		b, err := os.ReadFile(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(b, []byte(c.from)) {
+			t.Fatalf("config.json lacks %s", c.from)
+		}
+		if err := os.WriteFile(cfg, bytes.Replace(b, []byte(c.from), []byte(c.to), 1), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		_, err = Run(context.Background(), Options{Model: model, Method: "list:2", Out: out})
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), model) {
+			t.Errorf("%s: %v; want an error naming %s and %q", c.to, err, model, c.want)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("%s: output written", c.to)
+		}
+	}
+	// list: given with an agreeing ratio is accepted; a disagreeing one is not.
+	model := copyModel(t)
+	if _, err := Run(context.Background(), Options{Model: model, Method: "list:1", LayerRatio: 0.2, Out: filepath.Join(t.TempDir(), "o")}); err != nil {
+		t.Errorf("list:1 with ratio 0.2 (1 of 5): %v", err)
+	}
+	if _, err := Run(context.Background(), Options{Model: model, Method: "list:1", LayerRatio: 0.4, Out: filepath.Join(t.TempDir(), "o")}); !errors.Is(err, ErrOptions) {
+		t.Errorf("list:1 with ratio 0.4 (2 of 5): %v, want ErrOptions", err)
+	}
+}
+
 func TestLayerBudget(t *testing.T) {
 	for _, c := range []struct {
 		n    int

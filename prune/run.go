@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/prune/depth"
 )
@@ -54,6 +55,8 @@ type Options struct {
 	// NoRefit keeps the kept down_proj columns instead of the
 	// least-squares refit.
 	NoRefit bool
+	// keepAllFFN (tests) refits every FFN with all nodes kept.
+	keepAllFFN bool
 	// Threads is the CPU worker count for the model runs; <= 0: all cores.
 	Threads int
 }
@@ -169,6 +172,14 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	defer ck.Close()
+	// Never write a checkpoint the runtime cannot load: the config must
+	// agree with the weights and the tokenizer must load.
+	if err := engine.CheckCheckpoint(dir, desc, ck); err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	if _, err := tokenizer.Load(dir); err != nil {
+		return nil, fmt.Errorf("prune: %s: %w (the pruned checkpoint would have no usable tokenizer)", dir, err)
+	}
 	if opt.wantsWidth() {
 		if opt.wantsDepth() {
 			return nil, fmt.Errorf("%w: layer removal and head/FFN pruning in one run are not supported: remove layers first, calibrate the result, then prune heads or FFNs", ErrOptions)
@@ -182,8 +193,8 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		if list, err = ParseList(opt.Method); err != nil {
 			return nil, err
 		}
-		if opt.LayerRatio != 0 || (opt.Layers != 0 && opt.Layers != len(list)) {
-			return nil, fmt.Errorf("%w: method %q removes %d layers; drop the layer count or ratio", ErrOptions, opt.Method, len(list))
+		if n, berr := LayerBudget(opt.Layers, opt.LayerRatio, L); (opt.Layers != 0 || opt.LayerRatio != 0) && (berr != nil || n != len(list)) {
+			return nil, fmt.Errorf("%w: method %q removes %d layer(s), which disagrees with the layer count or ratio given; drop --layers/--layer-ratio", ErrOptions, opt.Method, len(list))
 		}
 	} else if opt.Method != depth.MethodLoRP && opt.Method != depth.MethodShortGPT {
 		return nil, fmt.Errorf("%w: method %q: want lorp, shortgpt or list:L1,L2,...", ErrOptions, opt.Method)

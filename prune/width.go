@@ -125,7 +125,7 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		r.HeadsRemoved = removed
 	}
 	if opt.FFNRatio != 0 {
-		if r.FFN, err = pruneFFN(ctx, w, windows, opt.FFNRatio, opt.NoRefit, opt.Threads); err != nil {
+		if r.FFN, err = pruneFFN(ctx, w, windows, opt.FFNRatio, opt.NoRefit, opt.keepAllFFN, opt.Threads); err != nil {
 			return nil, err
 		}
 		r.Refit = !opt.NoRefit

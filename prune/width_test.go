@@ -266,9 +266,9 @@ func TestFFNRefit(t *testing.T) {
 		t.Errorf("refit PPL %.4f is not below no-refit PPL %.4f", ppl[false], ppl[true])
 	}
 
-	// Nothing pruned: round(0.001·172) = 0 nodes removed.
+	// Nothing pruned: the refit with every node kept.
 	out := filepath.Join(dir, "keepall")
-	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, FFNRatio: 0.001, Threads: 1})
+	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, FFNRatio: 0.5, keepAllFFN: true, Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,14 +323,26 @@ func TestWidthBad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c2, err := calibrate.Read(cal, calibrate.Expect{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c.TokenIDs, c.HeadProxy = nil, nil
 	if err := calibrate.Write(noTok, c); err != nil {
+		t.Fatal(err)
+	}
+	few := filepath.Join(dir, "few.safetensors")
+	c.TokenIDs, c.Header.Tokens = c2.TokenIDs[:256], 256
+	if err := calibrate.Write(few, c); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []struct {
 		opt  Options
 		want []string
 	}{
+		{Options{FFNRatio: 0.001}, []string{"removes round(0.001·172) = 0 of the 172"}},
+		{Options{FFNRatio: 0.999}, []string{"removes all 172", "at most 171"}},
+		{Options{FFNRatio: 0.25, Calib: few}, []string{"holds 256 tokens", "needs at least 516", "--no-refit"}},
 		{Options{HeadGroups: 16}, []string{"breaks GQA grouping", "16 of 20", "at most 15"}},
 		{Options{HeadRatio: 0.9}, []string{"breaks GQA grouping", "18 of 20"}},
 		{Options{HeadGroups: 2, HeadRatio: 0.1}, []string{"not both"}},

@@ -74,22 +74,35 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 				if opt.HeadStep < 1 {
 					return fmt.Errorf("--head-step %d: want >= 1", opt.HeadStep)
 				}
+				headFlags := fl.Changed("head-groups") || fl.Changed("head-ratio")
+				if !headFlags && (fl.Changed("head-method") || fl.Changed("head-step")) {
+					return fmt.Errorf("--head-method and --head-step need --head-groups N or --head-ratio r")
+				}
+				if !fl.Changed("ffn-ratio") && fl.Changed("no-refit") {
+					return fmt.Errorf("--no-refit needs --ffn-ratio r")
+				}
 				opt.Method = ""
 			case fl.Changed("no-refit") || fl.Changed("head-method") || fl.Changed("head-step"):
 				return fmt.Errorf("--no-refit, --head-method and --head-step need --head-groups, --head-ratio or --ffn-ratio")
 			}
 			if !isList && !isWidth {
-				if opt.Calib == "" {
-					return fmt.Errorf("--calib CALIB is required for --layer-method %s", opt.Method)
-				}
-				if (opt.Layers != 0) == (opt.LayerRatio != 0) {
-					return fmt.Errorf("give exactly one of --layers N and --layer-ratio r")
+				if opt.Method != "lorp" && opt.Method != "shortgpt" {
+					return fmt.Errorf("--layer-method %q: want lorp, shortgpt or list:L1,L2,... (layer indices)", opt.Method)
 				}
 				if cmd.Flags().Changed("layers") && opt.Layers <= 0 {
 					return fmt.Errorf("--layers %d: want > 0", opt.Layers)
 				}
 				if cmd.Flags().Changed("layer-ratio") && !(opt.LayerRatio > 0 && opt.LayerRatio < 1) {
 					return fmt.Errorf("--layer-ratio %v: want in (0, 1)", opt.LayerRatio)
+				}
+				if (opt.Layers != 0) == (opt.LayerRatio != 0) {
+					if opt.Layers == 0 {
+						return fmt.Errorf("nothing to prune: give --layers N or --layer-ratio r (layer pruning), or --head-groups N, --head-ratio r or --ffn-ratio r (width pruning)")
+					}
+					return fmt.Errorf("give exactly one of --layers N and --layer-ratio r")
+				}
+				if opt.Calib == "" {
+					return fmt.Errorf("--calib CALIB is required for --layer-method %s", opt.Method)
 				}
 			}
 			opt.Model = args[0]

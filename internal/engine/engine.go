@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -159,6 +160,36 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 		opt.Logger.Info("model loaded", "dir", dir, "architecture", d.Architecture, "layers", len(d.Layers), "seconds", time.Since(t0).Seconds())
 	}
 	return &Engine{Dir: dir, Desc: d, Checkpoint: ck, Tokenizer: tok, Model: m}, nil
+}
+
+// CheckCheckpoint checks, without loading weights, that the checkpoint
+// in dir and its description d agree: every tensor d names
+// (StorageShapes: quantized weights by their storage tensors) is present
+// with that shape, and no tensor is left over (checkUnused). Commands
+// that rewrite checkpoints (prune) call it so that they never write a
+// checkpoint the runtime cannot load. Errors name dir, the tensor, its
+// shape and the expected one; safetensors.ErrMissingTensor is wrapped for
+// a missing tensor.
+func CheckCheckpoint(dir string, d *arch.Description, ck *safetensors.Checkpoint) error {
+	want := d.StorageShapes()
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		info, _, err := ck.Info(n)
+		if err != nil {
+			if n == d.LMHead && d.TieWordEmbeddings {
+				continue
+			}
+			return fmt.Errorf("engine: %s: config.json and the weights disagree: %w", dir, err)
+		}
+		if !slices.Equal(info.Shape, want[n]) {
+			return fmt.Errorf("engine: %s: config.json and the weights disagree: tensor %q has shape %v, config.json implies %v", dir, n, info.Shape, want[n])
+		}
+	}
+	return checkUnused(dir, d, ck)
 }
 
 // checkUnused fails when the checkpoint holds tensors config.json does not
