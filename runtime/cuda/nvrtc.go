@@ -124,7 +124,7 @@ func (e *CompileError) Error() string {
 
 // compileOptions are the NVRTC flags every kernel source is built with
 // (besides --gpu-architecture).
-var compileOptions = []string{"--std=c++14", "-default-device", "--use_fast_math=false", "-lineinfo"}
+var compileOptions = []string{"--std=c++14", "-default-device", "-lineinfo"}
 
 // Compile compiles CUDA C++ source (named name in messages) to PTX for
 // compute_<arch> (e.g. 80) and returns the NUL-free PTX text. Errors: a
