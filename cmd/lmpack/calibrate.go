@@ -16,6 +16,7 @@ func newCalibrateCmd(g *globalFlags) *cobra.Command {
 	var (
 		opt    calibrate.Options
 		asJSON bool
+		device string
 	)
 	cmd := &cobra.Command{
 		Use:   "calibrate MODEL --data FILE -o CALIB",
@@ -54,6 +55,14 @@ similarity of every pair of block inputs (lorp.similarity), which
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
+			if err := checkDevice(device); err != nil {
+				return err
+			}
+			// Calibration records activations through the CPU backend's
+			// observer hooks.
+			if _, err := cpuOnly(device, "calibrate", g.logger); err != nil {
+				return err
+			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			var finish func()
 			opt.Progress, finish = newProgress(cmd, g, "calibrate (2 passes)", "calibrate progress", "tokens")
@@ -75,6 +84,7 @@ similarity of every pair of block inputs (lorp.similarity), which
 	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
+	addDeviceFlag(f, &device)
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd

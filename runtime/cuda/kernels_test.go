@@ -51,7 +51,6 @@ func TestCompileKernels(t *testing.T) {
 	}
 }
 
-
 // TestCompileErrorLog checks a bad source fails with NVRTC's log.
 func TestCompileErrorLog(t *testing.T) {
 	nv := nvrtcForTest(t)

@@ -28,16 +28,16 @@ extern "C" __global__ void rmsnorm(float* out, const float* x, const float* w, i
   for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = s * xr[i] * w[i];
 }
 
-// rope rotates heads [heads, hd] of token t, stored at x + t·ld, for
-// position pos0 + t with pairs (i, i + hd/2) (rotate_half): a' = a·c − b·s,
+// rope rotates heads [heads, hd] of row r, stored at x + r·ld, for
+// position pos0 + r % T (rows are B sequences of T tokens) with pairs (i, i + hd/2) (rotate_half): a' = a·c − b·s,
 // b' = b·c + a·s, c and s from tables cosT, sinT [positions, hd/2]
-// (runtime's ropeTable, computed on the host in float64). Grid (T, heads),
-// block ≥ 1 (threads loop over hd/2).
-extern "C" __global__ void rope(float* x, int ld, int hd, int pos0, const float* cosT, const float* sinT) {
-  int t = blockIdx.x, h = blockIdx.y, half = hd / 2;
-  float* v = x + (i64)t * ld + (i64)h * hd;
-  const float* c = cosT + (i64)(pos0 + t) * half;
-  const float* s = sinT + (i64)(pos0 + t) * half;
+// (runtime's ropeTable, computed on the host in float64).
+// block ≥ 1 (threads loop over hd/2). Grid (B·T, heads).
+extern "C" __global__ void rope(float* x, int ld, int hd, int T, int pos0, const float* cosT, const float* sinT) {
+  int r = blockIdx.x, h = blockIdx.y, half = hd / 2;
+  float* v = x + (i64)r * ld + (i64)h * hd;
+  const float* c = cosT + (i64)(pos0 + r % T) * half;
+  const float* s = sinT + (i64)(pos0 + r % T) * half;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     float a = v[i], b = v[i + half];
     v[i] = a * c[i] - b * s[i];

@@ -72,8 +72,12 @@ extern "C" __global__ void kv_append(const float* kv, int ld, int koff, int voff
     if (j < hd) dst[j] = f2h(x);
     return;
   }
-  u16* rdst = (side ? ringV : ringK) + (((i64)b * nkv + h) * ring + p % ring) * hd;
-  if (j < hd) rdst[j] = f2h(x);
+  // A row that a later token of this launch overwrites (same slot) is
+  // skipped, so the slot's final content does not depend on block order.
+  if (p + ring >= pos0 + T) {
+    u16* rdst = (side ? ringV : ringK) + (((i64)b * nkv + h) * ring + p % ring) * hd;
+    if (j < hd) rdst[j] = f2h(x);
+  }
   u8* codes = side ? codesV : codesK;
   if (codes == 0) return;
   const float* R = side ? RV : RK;
