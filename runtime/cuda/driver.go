@@ -279,9 +279,9 @@ func (d *Device) CopyDtoD(dst, src DevPtr, n int64) error {
 	return d.Do(func() error { return d.drv.check("cuMemcpyDtoD", d.drv.memcpyDtoD(dst, src, uint64(n))) })
 }
 
-// Memset zeroes n bytes at p.
-func (d *Device) Memset(p DevPtr, n int64) error {
-	return d.Do(func() error { return d.drv.check("cuMemsetD8", d.drv.memsetD8(p, 0, uint64(n))) })
+// Memset sets n bytes at p to v.
+func (d *Device) Memset(p DevPtr, v byte, n int64) error {
+	return d.Do(func() error { return d.drv.check("cuMemsetD8", d.drv.memsetD8(p, v, uint64(n))) })
 }
 
 // Sync waits for all queued work (cuCtxSynchronize); kernel faults are
