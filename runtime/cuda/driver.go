@@ -336,6 +336,12 @@ type Dim struct{ X, Y, Z int }
 // uint32, float32, int64 or uint64 values, passed by value to the kernel
 // in order. Errors: unknown kernel, a bad argument type, a launch error.
 func (m *Module) Launch(name string, grid, block Dim, shmem int, args ...any) error {
+	return m.launch(false, name, grid, block, shmem, args...)
+}
+
+// launch is Launch; direct means the caller already runs on the driver
+// thread (inside Kernels.Batch).
+func (m *Module) launch(direct bool, name string, grid, block Dim, shmem int, args ...any) error {
 	f, ok := m.fns[name]
 	if !ok {
 		return fmt.Errorf("cuda: kernel %q not loaded", name)
@@ -379,15 +385,19 @@ func (m *Module) Launch(name string, grid, block Dim, shmem int, args ...any) er
 	if len(ptrs) > 0 {
 		pp = unsafe.Pointer(&ptrs[0])
 	}
-	return m.d.Do(func() error {
+	launch := func() error {
 		r := m.d.drv.launchKernel(f, uint32(grid.X), uint32(grid.Y), uint32(grid.Z), uint32(block.X), uint32(block.Y), uint32(block.Z), uint32(shmem), 0, pp, nil)
 		if err := m.d.drv.check("cuLaunchKernel("+name+")", r); err != nil {
-			return err
+			return fmt.Errorf("%w (grid %v, block %v)", err, grid, block)
 		}
 		runtime.KeepAlive(vals)
 		runtime.KeepAlive(ptrs)
 		return nil
-	})
+	}
+	if direct {
+		return launch()
+	}
+	return m.d.Do(launch)
 }
 
 // SetMaxDynamicShared allows kernel name up to n bytes of dynamic shared

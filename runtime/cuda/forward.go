@@ -135,12 +135,40 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	if err := Upload(dev, s.ids, id32); err != nil {
 		return err
 	}
+	nTok := pos + T
+	ws := c.windowStart(nTok)
+	xrow, xld, rows := s.x, H, R
+	xnrow := s.xn
+	if !allLogits {
+		// Each sequence's last token: rows (b·T + T−1), T·H floats apart.
+		xrow = s.x + DevPtr(4*(T-1)*H)
+		xnrow = s.xn + DevPtr(4*(T-1)*H)
+		xld, rows = T*H, B
+	}
+	// The ring slots of [pos, nTok) are overwritten even if the step is
+	// cancelled: record it before launching.
+	c.hi = max(c.hi, nTok)
+	// Every launch of the step runs in one hand-off to the driver thread.
+	err := k.Batch(func() error { return m.layersForward(ctx, c, B, T, R, pos, nTok, ws, xrow, xnrow, xld, rows) })
+	if err != nil {
+		return err
+	}
+	if err := Download(dev, logits[:rows*V], s.logits); err != nil {
+		return err
+	}
+	c.n += T
+	return nil
+}
+
+// layersForward launches the embedding, every layer and the lm_head
+// (inside Kernels.Batch: no other device calls here).
+func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos, nTok, ws int, xrow, xnrow DevPtr, xld, rows int) error {
+	d, s, k := m.d, &m.s, m.k
+	H, V := d.HiddenSize, d.VocabSize
 	if err := k.Launch("embed", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, m.embed.p, s.ids, H, b2i(m.embed.bf16)); err != nil {
 		return err
 	}
 	eps := float32(d.RMSNormEps)
-	nTok := pos + T
-	ws := c.windowStart(nTok)
 	for li := range m.layers {
 		if li > 0 {
 			if err := ctx.Err(); err != nil {
@@ -154,7 +182,7 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 		if err := k.Launch("rmsnorm", Dim{R, 1, 1}, Dim{256, 1, 1}, s.xn, s.x, l.attnNorm, H, 1, H, eps); err != nil {
 			return err
 		}
-		if err := m.matmul(s.qkv, l.qkv, s.xn, H, l.wqkv, R, 0); err != nil {
+		if err := m.matmulX(s.qkv, l.qkv, s.xn, H, l.wqkv, R, 0); err != nil {
 			return err
 		}
 		if l.bqkv != 0 {
@@ -183,7 +211,7 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 		if err := m.attention(l, L, c, R, T, pos, nTok, ws); err != nil {
 			return err
 		}
-		if err := m.matmul(s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
+		if err := m.matmulX(s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
 			return err
 		}
 		if l.bo != 0 {
@@ -197,40 +225,24 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 		}
 		if l.mlp != nil {
 			I := l.mlp.inter
-			if err := m.matmul(s.gu, 2*I, s.xn, H, l.mlp.gu, R, 0); err != nil {
+			if err := m.matmulX(s.gu, 2*I, s.xn, H, l.mlp.gu, R, 0); err != nil {
 				return err
 			}
 			if err := k.Launch("silu_mul", Dim{R, 1, 1}, Dim{256, 1, 1}, s.gu, I); err != nil {
 				return err
 			}
-			if err := m.matmulLd(s.x, H, s.gu, 2*I, l.mlp.down, R, 1); err != nil {
+			if err := m.matmulX(s.x, H, s.gu, 2*I, l.mlp.down, R, 1); err != nil {
 				return err
 			}
 		} else if err := m.moeFFN(l.moe, R); err != nil {
 			return err
 		}
 	}
-	c.hi = max(c.hi, nTok)
 	// Final norm and lm_head.
-	xrow, xld, rows := s.x, H, R
-	xnrow := s.xn
-	if !allLogits {
-		// Each sequence's last token: rows (b·T + T−1), T·H floats apart.
-		xrow = s.x + DevPtr(4*(T-1)*H)
-		xnrow = s.xn + DevPtr(4*(T-1)*H)
-		xld, rows = T*H, B
-	}
 	if err := k.Launch("rmsnorm", Dim{rows, 1, 1}, Dim{256, 1, 1}, xnrow, xrow, m.final, H, 1, xld, eps); err != nil {
 		return err
 	}
-	if err := m.matmulX(s.logits, V, xnrow, xld, m.lmHead, rows, 0); err != nil {
-		return err
-	}
-	if err := Download(dev, logits[:rows*V], s.logits); err != nil {
-		return err
-	}
-	c.n += T
-	return nil
+	return m.matmulX(s.logits, V, xnrow, xld, m.lmHead, rows, 0)
 }
 
 func b2i(b bool) int {
@@ -286,19 +298,9 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 	return nil
 }
 
-// matmul computes y[R, w.rows] (stride ldy) = x[R, w.cols] (stride
-// w.cols) · wᵀ, adding to y when beta = 1.
-func (m *Model) matmul(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
-	return m.matmulX(y, ldy, x, ldx, w, R, beta)
-}
-
-// matmulLd is matmul with an explicit x stride (same signature; kept for
-// readability at the call sites whose x rows are wider than w.cols).
-func (m *Model) matmulLd(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
-	return m.matmulX(y, ldy, x, ldx, w, R, beta)
-}
-
-// matmulX picks the GEMV kernel for R ≤ 8 rows, the tiled GEMM otherwise.
+// matmulX computes y[R, w.rows] (row stride ldy) = x[R, w.cols] (row
+// stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel for R ≤ 8
+// rows, the tiled GEMM otherwise.
 func (m *Model) matmulX(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
 	N, K := w.rows, w.cols
 	suffix := "_f16"
@@ -336,7 +338,7 @@ func (m *Model) attention(l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, n
 func (m *Model) moeFFN(e *moeW, R int) error {
 	s, k := &m.s, m.k
 	H, I, K := m.d.HiddenSize, e.inter, e.topK
-	if err := m.matmul(s.moeLogits, e.E, s.xn, H, e.router, R, 0); err != nil {
+	if err := m.matmulX(s.moeLogits, e.E, s.xn, H, e.router, R, 0); err != nil {
 		return err
 	}
 	if err := k.Launch("moe_route", Dim{(R + 31) / 32, 1, 1}, Dim{32, 1, 1}, s.moeSel, s.moeW, s.moeLogits, R, e.E, K, b2i(e.norm)); err != nil {

@@ -60,6 +60,8 @@ func Sources() []Source {
 type Kernels struct {
 	d   *Device
 	mod map[string]*Module
+	// direct is set inside Batch.
+	direct bool
 	// Arch is the compute_XX the PTX was generated for.
 	Arch int
 }
@@ -95,13 +97,25 @@ func LoadKernels(d *Device, cacheDir string) (*Kernels, error) {
 	return k, nil
 }
 
-// Launch runs kernel name (see Module.Launch).
+// Launch queues kernel name (see Module.Launch).
 func (k *Kernels) Launch(name string, grid, block Dim, args ...any) error {
 	m, ok := k.mod[name]
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %q in the embedded sources", name)
 	}
-	return m.Launch(name, grid, block, 0, args...)
+	return m.launch(k.direct, name, grid, block, 0, args...)
+}
+
+// Batch runs f on the driver thread: the Launch calls f makes go straight
+// to the driver instead of one thread hand-off each (a decode step makes
+// hundreds). f must not call other Device methods (Upload, Download,
+// Alloc, Sync, ...): they would wait for the thread f is running on.
+func (k *Kernels) Batch(f func() error) error {
+	return k.d.Do(func() error {
+		k.direct = true
+		defer func() { k.direct = false }()
+		return f()
+	})
 }
 
 // Close unloads the modules.
