@@ -19,8 +19,8 @@
 //
 // Library search order for NVRTC (see FindNVRTC): $LMPACK_NVRTC (a file
 // or a directory), $CUDA_HOME/lib64, the sonames libnvrtc.so.13, .so.12,
-// .so.11.2 through the dynamic loader, then the pip wheel locations
-// site-packages/nvidia/*/lib of the Python installations found on the
-// machine. The driver is libcuda.so.1 through the dynamic loader, then
-// $CUDA_HOME/lib64/stubs is deliberately not used (a stub has no device).
+// .so.11.2 through the dynamic loader, /usr/local/cuda/lib64, then the
+// pip wheel locations site-packages/nvidia/*/lib of the Python
+// installations found on the machine. The driver is libcuda.so.1 through
+// the dynamic loader (never a toolkit stub, which has no device).
 package cuda

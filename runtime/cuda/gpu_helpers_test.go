@@ -15,12 +15,16 @@ import (
 )
 
 // gpuOrSkip opens device 0 and the kernels, skipping the test with the
-// reason when there is no driver or device. NVRTC missing on a GPU
-// machine is a failure.
+// reason when there is no driver or device (failing instead when
+// LMPACK_REQUIRE_GPU=1, as scripts/gpu-check.sh sets). NVRTC missing on a
+// GPU machine is a failure.
 func gpuOrSkip(tb testing.TB) (*Device, *Kernels) {
 	tb.Helper()
 	d, err := OpenDevice(0)
 	if err != nil {
+		if os.Getenv("LMPACK_REQUIRE_GPU") == "1" {
+			tb.Fatalf("LMPACK_REQUIRE_GPU=1 but no CUDA GPU: %v", err)
+		}
 		tb.Skipf("no CUDA GPU: %v", err)
 	}
 	k, err := LoadKernels(d, tb.TempDir())

@@ -28,9 +28,10 @@ var nvrtcSonames = []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.
 // NVRTCCandidates returns the NVRTC paths FindNVRTC tries, in order:
 // $LMPACK_NVRTC (a file, or a directory searched for the sonames),
 // $CUDA_HOME/lib64/<soname>, the bare sonames (resolved by the dynamic
-// loader: LD_LIBRARY_PATH, ld.so.cache), then
-// <site-packages>/nvidia/*/lib/<soname> under the Python prefixes found in
-// /usr/lib, /usr/local/lib, $VIRTUAL_ENV/lib and ~/.local/lib.
+// loader: LD_LIBRARY_PATH, ld.so.cache), /usr/local/cuda/lib64, then
+// <site-packages>/nvidia/*/lib/<soname> (pip's nvidia-cuda-nvrtc wheels)
+// under $VIRTUAL_ENV/lib, ~/.local/lib, /usr/local/lib, /usr/lib,
+// /opt/conda/lib and /opt/*/.venv/lib.
 func NVRTCCandidates() []string {
 	var out []string
 	inDir := func(dir string) {
@@ -49,6 +50,7 @@ func NVRTCCandidates() []string {
 		inDir(filepath.Join(h, "lib64"))
 	}
 	out = append(out, nvrtcSonames...)
+	inDir("/usr/local/cuda/lib64")
 	for _, d := range wheelLibDirs() {
 		inDir(d)
 	}
@@ -66,6 +68,10 @@ func wheelLibDirs() []string {
 		roots = append(roots, filepath.Join(h, ".local", "lib"))
 	}
 	roots = append(roots, "/usr/local/lib", "/usr/lib", "/opt/conda/lib")
+	// Virtual environments under /opt (e.g. /opt/torch/.venv).
+	venvs, _ := filepath.Glob("/opt/*/.venv/lib")
+	sort.Strings(venvs)
+	roots = append(roots, venvs...)
 	var dirs []string
 	for _, r := range roots {
 		for _, sp := range []string{"site-packages", "dist-packages"} {

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA backend (issue 7), about 2–3 minutes on an H200
+# (5 at most): every kernel against the CPU code, stories260K (fp16 and
+# oscar2 KV) and its MoE variant against the CPU backend, then the
+# benchmarks: device copy bandwidth, the INT2 decode attention in GB/s
+# against it, and decode tokens/s with fp16 and oscar2 KV at 4k/16k/32k
+# context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
+#
+# Usage: scripts/gpu-check.sh            (or: make gpu-check)
+# Environment:
+#   GPU_CHECK_BIN       a test binary built beforehand with
+#                       `go test -c -o FILE ./runtime/cuda` (for a machine
+#                       without Go); default: build it now with go.
+#   LMPACK_SHARED_DATA  the shared data folder (default ../shared/data).
+#   LMPACK_NVRTC        the NVRTC library, if not found by the search order.
+#   GPU_CHECK_LOG       the log file (default: $OUT/gpu-check.log when $OUT
+#                       is set, else /tmp/gpu-check.log).
+#   BENCHTIME           go test -benchtime for the benchmarks (default 10x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+log=${GPU_CHECK_LOG:-${OUT:-/tmp}/gpu-check.log}
+: >"$log"
+say() { echo "$@" | tee -a "$log"; }
+
+bin=${GPU_CHECK_BIN:-}
+if [ -z "$bin" ]; then
+	bin=$(mktemp -d)/cuda.test
+	${GO:-go} test -c -o "$bin" ./runtime/cuda
+fi
+case "$bin" in /*) ;; *) bin="$root/$bin" ;; esac
+export LMPACK_REQUIRE_GPU=1
+export LMPACK_SHARED_DATA=${LMPACK_SHARED_DATA:-$(cd "$root/.." && pwd)/shared/data}
+
+if command -v nvidia-smi >/dev/null; then
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log" || true
+fi
+
+say "== parity tests"
+status=0
+# The test binary runs in the package directory, as go test does.
+(cd runtime/cuda && "$bin" -test.run '^(TestCompileKernels|TestGPU.*)$' -test.count=1 -test.v -test.timeout=150s) 2>&1 | tee -a "$log" || status=1
+
+say "== benchmarks"
+bench=$(mktemp)
+(cd runtime/cuda && "$bin" -test.run '^$' -test.bench '^(BenchmarkCopyBandwidth|BenchmarkAttnINT2|BenchmarkDecode)$' \
+	-test.benchtime="${BENCHTIME:-10x}" -test.timeout=200s) 2>&1 | tee -a "$log" | tee "$bench" || status=1
+
+say "== summary"
+# The attention kernel against the copy bandwidth (goal ≥ 80%).
+awk '/^BenchmarkAttnINT2\// { for (i = 2; i <= NF; i++) { if ($i == "GB/s") gb = $(i-1); if ($i == "%copy") pc = $(i-1); if ($i == "copyGB/s") cp = $(i-1) }
+	printf "INT2 decode attention %s: %s GB/s = %s%% of the %s GB/s copy bandwidth (goal >= 80)\n", $1, gb, pc, cp }' "$bench" | tee -a "$log"
+# oscar2 over fp16 decode speed at each context and batch (goal ≥ 3 at 32k).
+awk '/^BenchmarkDecode\// {
+	split($1, p, "/"); key = p[2] "/" p[3]; kv = p[4]; sub(/-[0-9]+$/, "", kv)
+	for (i = 1; i <= NF; i++) if ($i == "tokens/s") v = $(i-1)
+	tps[key, kv] = v; keys[key] = 1 }
+	END { for (k in keys) if (tps[k, "kv=fp16"] > 0) printf "decode %s: fp16 %.1f tokens/s, oscar2 %.1f tokens/s, speedup %.2fx%s\n", k, tps[k, "kv=fp16"], tps[k, "kv=oscar2"], tps[k, "kv=oscar2"] / tps[k, "kv=fp16"], (k ~ /ctx=32768/ ? " (goal >= 3)" : "") }' "$bench" | sort | tee -a "$log"
+grep -E '^--- (PASS|FAIL|SKIP)' "$log" | awk '{ n[$2]++ } END { for (k in n) printf "%s %d  ", k, n[k]; print "" }' | tee -a "$log"
+if [ "$status" -ne 0 ]; then
+	say "gpu-check: FAILED (log: $log)"
+	exit 1
+fi
+say "gpu-check: passed (log: $log)"
