@@ -50,10 +50,10 @@ func (s *scratchDev) grow(d *Device, p *DevPtr, n int64) error {
 }
 
 // attnSplit returns the split length (a multiple of 128 positions) and
-// count for nTok positions and base blocks per split, aiming at 4 blocks
-// per SM.
+// count for nTok positions and base blocks per split, aiming at 8 blocks
+// per SM (up to 16 of 128 threads fit).
 func (m *Model) attnSplit(nTok, base int) (splitLen, nsplit int) {
-	target := 4 * max(m.dev.SMs, 1)
+	target := 8 * max(m.dev.SMs, 1)
 	want := max(1, (target+base-1)/base)
 	tiles := (nTok + 127) / 128
 	want = min(want, tiles)
@@ -318,11 +318,19 @@ func (m *Model) matmulX(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int)
 func (m *Model) attention(l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
 	s := &m.s
 	group := l.nh / l.nkv
-	chunks := (group + 7) / 8
+	mg := 8 // q heads per block: the smallest of 1, 2, 4, 8 covering the group
+	for _, g := range []int{1, 2, 4} {
+		if group <= g {
+			mg = g
+			break
+		}
+	}
+	chunks := (group + mg - 1) / mg
 	splitLen, nsplit := m.attnSplit(nTok, l.nkv*chunks*R)
 	scale := float32(1 / math.Sqrt(float64(l.hd)))
 	rk, rv := L.rk, L.rv
-	if err := m.k.Launch("attn_split", Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1},
+	shmem := 4 * mg * (4*l.hd + 128)
+	if err := m.k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
 		s.partO, s.partML, s.qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,

@@ -18,11 +18,25 @@ type Source struct {
 	Name string
 	// Code is the full program text (common.cuh, then the file).
 	Code string
-	// Kernels are the extern "C" __global__ functions it defines.
+	// Kernels are the extern "C" __global__ functions it spells out
+	// (kernels made by macros, like attn_split_g8, appear only in the PTX:
+	// see ptxEntries).
 	Kernels []string
 }
 
-var kernelRE = regexp.MustCompile(`extern "C" __global__ void ([A-Za-z0-9_]+)\(`)
+var (
+	kernelRE = regexp.MustCompile(`extern "C" __global__ void ([A-Za-z0-9_]+)\(`)
+	entryRE  = regexp.MustCompile(`\.entry ([A-Za-z0-9_]+)\(`)
+)
+
+// ptxEntries returns the kernel entry points of PTX text, in order.
+func ptxEntries(ptx string) []string {
+	var out []string
+	for _, m := range entryRE.FindAllStringSubmatch(ptx, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
 
 // Sources returns every embedded kernel source, sorted by name.
 func Sources() []Source {
@@ -85,12 +99,13 @@ func LoadKernels(d *Device, cacheDir string) (*Kernels, error) {
 			k.Close()
 			return nil, err
 		}
-		m, err := d.LoadModule(ptx, s.Kernels)
+		names := ptxEntries(ptx)
+		m, err := d.LoadModule(ptx, names)
 		if err != nil {
 			k.Close()
 			return nil, fmt.Errorf("cuda: loading %s (compute_%d PTX from NVRTC %s) on %s: %w", s.Name, arch, nv.Version(), d.Name, err)
 		}
-		for _, n := range s.Kernels {
+		for _, n := range names {
 			k.mod[n] = m
 		}
 	}
@@ -99,11 +114,16 @@ func LoadKernels(d *Device, cacheDir string) (*Kernels, error) {
 
 // Launch queues kernel name (see Module.Launch).
 func (k *Kernels) Launch(name string, grid, block Dim, args ...any) error {
+	return k.LaunchShared(name, grid, block, 0, args...)
+}
+
+// LaunchShared is Launch with shmem bytes of dynamic shared memory.
+func (k *Kernels) LaunchShared(name string, grid, block Dim, shmem int, args ...any) error {
 	m, ok := k.mod[name]
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %q in the embedded sources", name)
 	}
-	return m.launch(k.direct, name, grid, block, 0, args...)
+	return m.launch(k.direct, name, grid, block, shmem, args...)
 }
 
 // Batch runs f on the driver thread: the Launch calls f makes go straight

@@ -3,6 +3,8 @@ package cuda
 import (
 	"errors"
 	"os"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,26 +34,41 @@ func TestCompileKernels(t *testing.T) {
 	if len(srcs) < 6 {
 		t.Fatalf("%d embedded sources, want at least 6", len(srcs))
 	}
+	var all []string
 	for _, arch := range []int{80, 90} {
 		for _, s := range srcs {
 			ptx, err := nv.Compile(s.Name, s.Code, arch)
 			if err != nil {
 				t.Fatalf("%v", err)
 			}
+			entries := ptxEntries(ptx)
 			for _, k := range s.Kernels {
-				if !strings.Contains(ptx, ".entry "+k+"(") {
+				if !slices.Contains(entries, k) {
 					t.Errorf("%s compute_%d: PTX lacks entry %s", s.Name, arch, k)
 				}
 			}
+			all = append(all, entries...)
 			if !strings.Contains(ptx, ".target sm_"+strconv.Itoa(arch)) {
 				t.Errorf("%s: PTX is not for sm_%d", s.Name, arch)
 			}
-			t.Logf("compute_%d %-16s %7d bytes PTX, kernels %s", arch, s.Name, len(ptx), strings.Join(s.Kernels, " "))
+			t.Logf("compute_%d %-16s %7d bytes PTX, kernels %s", arch, s.Name, len(ptx), strings.Join(entries, " "))
 		}
+		// Every kernel the Go side launches must be there.
+		for _, k := range launchedKernels {
+			if !slices.Contains(all, k) {
+				t.Errorf("compute_%d: no PTX entry %s (launched by the backend)", arch, k)
+			}
+		}
+		all = all[:0]
 	}
 }
 
 // TestCompileErrorLog checks a bad source fails with NVRTC's log.
+// launchedKernels are the kernel names the Go code launches.
+var launchedKernels = []string{"embed", "rmsnorm", "rope", "silu_mul", "add_bias", "gemv_f16", "gemv_bf16", "gemm_f16", "gemm_bf16",
+	"gemv_q", "kv_append", "attn_split_g1", "attn_split_g2", "attn_split_g4", "attn_split_g8", "attn_merge",
+	"moe_route", "moe_gemv", "moe_combine"}
+
 func TestCompileErrorLog(t *testing.T) {
 	nv := nvrtcForTest(t)
 	_, err := nv.Compile("bad.cu", `extern "C" __global__ void k(float* x) { x[0] = undefined_name; }`, 80)
@@ -91,5 +108,37 @@ func TestCompileCache(t *testing.T) {
 	}
 	if nv.CacheKey(src.Code, 80) == nv.CacheKey(src.Code, 90) || nv.CacheKey(src.Code, 80) == nv.CacheKey(src.Code+" ", 80) {
 		t.Errorf("cache key ignores the arch or the source")
+	}
+}
+
+// TestKernelsNoSpills compiles every source to sm_80 and sm_90 machine
+// code through NVRTC's ptxas and fails when a kernel spills registers or
+// uses a stack frame (a sign of local arrays indexed at run time); it
+// logs each kernel's registers and shared memory.
+func TestKernelsNoSpills(t *testing.T) {
+	nv := nvrtcForTest(t)
+	spillRE := regexp.MustCompile(`(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads`)
+	for _, arch := range []int{80, 90} {
+		for _, s := range Sources() {
+			log, err := nv.PtxasInfo(s.Name, s.Code, arch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			entry := ""
+			for _, l := range strings.Split(log, "\n") {
+				if i := strings.Index(l, "Compiling entry function '"); i >= 0 {
+					entry = strings.SplitN(l[i+len("Compiling entry function '"):], "'", 2)[0]
+				}
+				if m := spillRE.FindStringSubmatch(l); m != nil && (m[1] != "0" || m[2] != "0" || m[3] != "0") {
+					t.Errorf("sm_%d %s %s: %s", arch, s.Name, entry, strings.TrimSpace(l))
+				}
+				if strings.Contains(l, "Used ") {
+					t.Logf("sm_%d %-14s %-14s %s", arch, s.Name, entry, strings.TrimSpace(l[strings.Index(l, "Used "):]))
+				}
+			}
+			if entry == "" {
+				t.Errorf("sm_%d %s: no ptxas output in the log %q", arch, s.Name, log)
+			}
+		}
 	}
 }

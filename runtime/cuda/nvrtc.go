@@ -123,32 +123,20 @@ func (e *CompileError) Error() string {
 }
 
 // compileOptions are the NVRTC flags every kernel source is built with
-// (besides --gpu-architecture).
-var compileOptions = []string{"--std=c++14", "-default-device", "-lineinfo"}
+// (besides --gpu-architecture). No -lineinfo: with it NVRTC 11.8's
+// ptxas crashed (SIGSEGV) building attention.cu for sm_90.
+var compileOptions = []string{"--std=c++14", "-default-device"}
 
 // Compile compiles CUDA C++ source (named name in messages) to PTX for
 // compute_<arch> (e.g. 80) and returns the NUL-free PTX text. Errors: a
 // *CompileError with NVRTC's log, or NVRTC's error string.
 func (n *NVRTC) Compile(name, source string, arch int) (string, error) {
-	src := append([]byte(source), 0)
-	nm := append([]byte(name), 0)
-	var prog uintptr
-	if r := n.createProgram(&prog, &src[0], &nm[0], 0, nil, nil); r != 0 {
-		return "", fmt.Errorf("cuda: nvrtcCreateProgram(%s): %s", name, n.errorString(r))
+	opts := append([]string{fmt.Sprintf("--gpu-architecture=compute_%d", arch)}, compileOptions...)
+	prog, _, err := n.compile(name, source, opts)
+	if err != nil {
+		return "", err
 	}
 	defer n.destroyProgram(&prog)
-	opts := append([]string{fmt.Sprintf("--gpu-architecture=compute_%d", arch)}, compileOptions...)
-	cstrs := make([][]byte, len(opts))
-	ptrs := make([]uintptr, len(opts))
-	for i, o := range opts {
-		cstrs[i] = append([]byte(o), 0)
-		ptrs[i] = uintptr(unsafe.Pointer(&cstrs[i][0]))
-	}
-	r := n.compileProgram(prog, int32(len(opts)), unsafe.Pointer(&ptrs[0]))
-	runtime.KeepAlive(cstrs)
-	if r != 0 {
-		return "", &CompileError{Name: name, Arch: fmt.Sprintf("compute_%d", arch), Log: n.log(prog) + "\n(" + n.errorString(r) + ")"}
-	}
 	var sz uintptr
 	if r := n.getPTXSize(prog, &sz); r != 0 || sz == 0 {
 		return "", fmt.Errorf("cuda: nvrtcGetPTXSize(%s): %s", name, n.errorString(r))
@@ -158,6 +146,51 @@ func (n *NVRTC) Compile(name, source string, arch int) (string, error) {
 		return "", fmt.Errorf("cuda: nvrtcGetPTX(%s): %s", name, n.errorString(r))
 	}
 	return strings.TrimRight(string(ptx), "\x00"), nil
+}
+
+// compile runs NVRTC on source with opts and returns the program (to be
+// destroyed by the caller) and its log; on failure the program is
+// destroyed and the error is a *CompileError.
+func (n *NVRTC) compile(name, source string, opts []string) (uintptr, string, error) {
+	src := append([]byte(source), 0)
+	nm := append([]byte(name), 0)
+	var prog uintptr
+	if r := n.createProgram(&prog, &src[0], &nm[0], 0, nil, nil); r != 0 {
+		return 0, "", fmt.Errorf("cuda: nvrtcCreateProgram(%s): %s", name, n.errorString(r))
+	}
+	cstrs := make([][]byte, len(opts))
+	ptrs := make([]uintptr, len(opts))
+	for i, o := range opts {
+		cstrs[i] = append([]byte(o), 0)
+		ptrs[i] = uintptr(unsafe.Pointer(&cstrs[i][0]))
+	}
+	r := n.compileProgram(prog, int32(len(opts)), unsafe.Pointer(&ptrs[0]))
+	runtime.KeepAlive(cstrs)
+	log := n.log(prog)
+	if r != 0 {
+		n.destroyProgram(&prog)
+		arch := ""
+		for _, o := range opts {
+			if a, ok := strings.CutPrefix(o, "--gpu-architecture="); ok {
+				arch = a
+			}
+		}
+		return 0, "", &CompileError{Name: name, Arch: arch, Log: log + "\n(" + n.errorString(r) + ")"}
+	}
+	return prog, log, nil
+}
+
+// PtxasInfo compiles source to machine code for sm_<arch> with ptxas
+// verbose output and returns NVRTC's log (registers, shared memory,
+// spills per kernel). Errors: a *CompileError.
+func (n *NVRTC) PtxasInfo(name, source string, arch int) (string, error) {
+	opts := append([]string{fmt.Sprintf("--gpu-architecture=sm_%d", arch), "--ptxas-options=-v"}, compileOptions...)
+	prog, log, err := n.compile(name, source, opts)
+	if err != nil {
+		return "", err
+	}
+	n.destroyProgram(&prog)
+	return log, nil
 }
 
 func (n *NVRTC) log(prog uintptr) string {

@@ -13,38 +13,44 @@
 // summed in the rotated space and un-rotated once in attn_merge
 // (o = o_rot·R_Vᵀ + o_fp16).
 //
-// attn_split: one block per (split s, kv head g and a chunk of up to 8 of
-// its q heads, query (b, t)); the split covers positions
+// attn_split_g{1,2,4,8}: one block per (split s, kv head g and a chunk of
+// up to MG = 1, 2, 4 or 8 of its q heads, query (b, t)); the split covers
+// positions
 // [s·split_len, (s+1)·split_len). It keeps an online softmax (running max
 // m, sum l) over tiles of 128 positions and writes, per q head, m, l and
 // the unnormalized accumulators o_rot and o_fp to
 //   part_ml [(b·T + t)·nh + h][nsplit][2]  and
 //   part_o  [(b·T + t)·nh + h][nsplit][2][hd].
-// Grid (nsplit, nkv·chunks, B·T) with chunks = ⌈(nh/nkv)/8⌉, block 128.
+// Grid (nsplit, nkv·chunks, B·T) with chunks = ⌈(nh/nkv)/MG⌉, block 128,
+// dynamic shared memory 4·MG·(4·hd + 128) bytes.
 // q: sequence b's query t, head h at q + (b·T + t)·q_ld + h·hd (unscaled;
 // scale = 1/√hd is applied here). hd a multiple of 4, at most 256.
 #define AT 128
-#define MAXG 8
 #define MAXHD 256
 
-extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float* q, int q_ld,
-                                      const u16* sinkK, const u16* sinkV, int sink,
-                                      const u16* ringK, const u16* ringV, int ring,
-                                      const u8* codesK, const u8* codesV, const u16* parK, const u16* parV, int capQ,
-                                      const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart,
-                                      int window, int nsplit, int split_len, float scale) {
-  __shared__ float qf[MAXG][MAXHD];  // q·scale
-  __shared__ float qr[MAXG][MAXHD];  // (q·scale)·R_K
-  __shared__ float qsum[MAXG];       // Σ_j qr[g][j]
-  __shared__ float pw[MAXG][AT];     // scores, then softmax weights of the tile
-  __shared__ float m_s[MAXG], l_s[MAXG], alpha_s[MAXG];
-  __shared__ float red[MAXG][MAXHD * 2];
+// attn_split_body is attn_split for blocks of at most MG q heads (MG a
+// compile-time 1, 2, 4 or 8, so the accumulators stay in registers).
+// Dynamic shared memory: 4·MG·(4·hd + 128) bytes.
+template <int MG>
+__device__ void attn_split_body(float* part_o, float* part_ml, const float* q, int q_ld,
+                                const u16* sinkK, const u16* sinkV, int sink,
+                                const u16* ringK, const u16* ringV, int ring,
+                                const u8* codesK, const u8* codesV, const u16* parK, const u16* parV, int capQ,
+                                const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart,
+                                int window, int nsplit, int split_len, float scale) {
+  extern __shared__ float smem[];
+  float* qf = smem;             // [MG][hd] q·scale
+  float* qr = qf + MG * hd;     // [MG][hd] (q·scale)·R_K
+  float* pw = qr + MG * hd;     // [MG][AT] scores, then softmax weights of the tile
+  float* red = pw + MG * AT;    // [MG][2·hd] final reduction
+  __shared__ float qsum[MG];    // Σ_j qr[g][j]
+  __shared__ float m_s[MG], l_s[MG], alpha_s[MG];
 
   int s = blockIdx.x;
-  int group = nh / nkv, chunks = (group + MAXG - 1) / MAXG;
+  int group = nh / nkv, chunks = (group + MG - 1) / MG;
   int g = blockIdx.y / chunks, c = blockIdx.y % chunks;
-  int h0 = g * group + c * MAXG;
-  int G = min(MAXG, group - c * MAXG);
+  int h0 = g * group + c * MG;
+  int G = min(MG, group - c * MG);
   int bt = blockIdx.z, b = bt / T, t = bt % T;
   int tid = threadIdx.x;
   int pq = pos0 + t;
@@ -55,9 +61,9 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
   // Load q heads (scaled) and rotate them.
   for (int e = tid; e < G * hd; e += AT) {
     int gg = e / hd, j = e % hd;
-    qf[gg][j] = q[(i64)bt * q_ld + (i64)(h0 + gg) * hd + j] * scale;
+    qf[gg * hd + j] = q[(i64)bt * q_ld + (i64)(h0 + gg) * hd + j] * scale;
   }
-  if (tid < MAXG) {
+  if (tid < MG) {
     m_s[tid] = NEG_INF;
     l_s[tid] = 0.f;
   }
@@ -68,27 +74,27 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
       int gg = e / hd, j = e % hd;
       float a = 0.f;
       if (RK) {
-        for (int i = 0; i < hd; ++i) a += qf[gg][i] * RK[(i64)i * hd + j];
+        for (int i = 0; i < hd; ++i) a += qf[gg * hd + i] * RK[(i64)i * hd + j];
       } else {
-        a = qf[gg][j];
+        a = qf[gg * hd + j];
       }
-      qr[gg][j] = a;
+      qr[gg * hd + j] = a;
     }
     __syncthreads();
     if (tid < G) {
       float a = 0.f;
-      for (int j = 0; j < hd; ++j) a += qr[tid][j];
+      for (int j = 0; j < hd; ++j) a += qr[tid * hd + j];
       qsum[tid] = a;
     }
     __syncthreads();
   }
 
   // Per-thread value accumulators: channel group cg (4 channels), token
-  // lane tl of TS lanes.
+  // lane tl of TS lanes; threads past TS·hb stay idle in phase 2.
   int cg = tid % hb, tl = tid / hb, TS = AT / hb;
-  float aq[MAXG][4], af[MAXG][4];
+  float aq[MG][4], af[MG][4];
 #pragma unroll
-  for (int gg = 0; gg < MAXG; ++gg)
+  for (int gg = 0; gg < MG; ++gg)
 #pragma unroll
     for (int k = 0; k < 4; ++k) aq[gg][k] = af[gg][k] = 0.f;
 
@@ -96,29 +102,43 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
   for (int p0 = s0; p0 < s1; p0 += AT) {
     // Phase 1: the score of position p0 + tid for each q head.
     int p = p0 + tid;
-    float sc[MAXG];
+    float sc[MG];
 #pragma unroll
-    for (int gg = 0; gg < MAXG; ++gg) sc[gg] = NEG_INF;
+    for (int gg = 0; gg < MG; ++gg) sc[gg] = NEG_INF;
     if (p < s1) {
 #pragma unroll
-      for (int gg = 0; gg < MAXG; ++gg) sc[gg] = 0.f;
+      for (int gg = 0; gg < MG; ++gg) sc[gg] = 0.f;
       if (p >= sink && p < wstart) {
         const u8* cr = codesK + (head * capQ + (p - sink)) * hb;
         const u16* pr = parK + (head * capQ + (p - sink)) * 2;
         float ks = h2f(pr[0]), kz = h2f(pr[1]);
-        // Four code bytes (16 codes) per load when rows are 4-byte aligned.
-        int step = (hb & 3) == 0 ? 4 : 1;
-        for (int jb = 0; jb < hb; jb += step) {
-          u32 word = step == 4 ? *(const u32*)(cr + jb) : (u32)cr[jb];
-          for (int k = 0; k < 4 * step; ++k) {
-            float code = (float)((word >> (2 * k)) & 3u);
+        // Σ_j qr[j]·code_j, then scale·(that − zero·Σ_j qr[j]).
+        if ((hb & 3) == 0) {
+          // Rows are 4-byte aligned: 16 codes per load.
+          for (int jb = 0; jb < hb; jb += 4) {
+            u32 word = *(const u32*)(cr + jb);
 #pragma unroll
-            for (int gg = 0; gg < MAXG; ++gg)
-              if (gg < G) sc[gg] += qr[gg][jb * 4 + k] * code;
+            for (int k = 0; k < 16; ++k) {
+              float code = (float)((word >> (2 * k)) & 3u);
+#pragma unroll
+              for (int gg = 0; gg < MG; ++gg)
+                if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+            }
+          }
+        } else {
+          for (int jb = 0; jb < hb; ++jb) {
+            u32 byte = cr[jb];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              float code = (float)((byte >> (2 * k)) & 3u);
+#pragma unroll
+              for (int gg = 0; gg < MG; ++gg)
+                if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+            }
           }
         }
 #pragma unroll
-        for (int gg = 0; gg < MAXG; ++gg)
+        for (int gg = 0; gg < MG; ++gg)
           if (gg < G) sc[gg] = ks * (sc[gg] - kz * qsum[gg]);
       } else {
         const u16* kr = p < sink ? sinkK + (head * sink + p) * hd : ringK + (head * ring + p % ring) * hd;
@@ -128,25 +148,26 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
 #pragma unroll
           for (int k = 0; k < 4; ++k)
 #pragma unroll
-            for (int gg = 0; gg < MAXG; ++gg)
-              if (gg < G) sc[gg] += qf[gg][j + k] * k4[k];
+            for (int gg = 0; gg < MG; ++gg)
+              if (gg < G) sc[gg] += qf[gg * hd + j + k] * k4[k];
         }
       }
     }
 #pragma unroll
-    for (int gg = 0; gg < MAXG; ++gg) pw[gg][tid] = sc[gg];
+    for (int gg = 0; gg < MG; ++gg) pw[gg * AT + tid] = sc[gg];
     __syncthreads();
-    // Online softmax update: warp w handles heads w, w+4.
+    // Online softmax update: warp w handles heads w, w+4, ...
     int warp = tid >> 5, lane = tid & 31;
     for (int gg = warp; gg < G; gg += AT / 32) {
+      float* pg = pw + gg * AT;
       float mx = NEG_INF;
-      for (int i = lane; i < AT; i += 32) mx = fmaxf(mx, pw[gg][i]);
+      for (int i = lane; i < AT; i += 32) mx = fmaxf(mx, pg[i]);
       mx = warp_max(mx);
       float mold = m_s[gg], mnew = fmaxf(mold, mx);
       float sum = 0.f;
       for (int i = lane; i < AT; i += 32) {
-        float e = pw[gg][i] == NEG_INF ? 0.f : expf(pw[gg][i] - mnew);
-        pw[gg][i] = e;
+        float e = pg[i] == NEG_INF ? 0.f : expf(pg[i] - mnew);
+        pg[i] = e;
         sum += e;
       }
       sum = warp_sum(sum);
@@ -160,7 +181,7 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
     __syncthreads();
     // Phase 2: weighted values.
 #pragma unroll
-    for (int gg = 0; gg < MAXG; ++gg) {
+    for (int gg = 0; gg < MG; ++gg) {
       if (gg < G) {
         float al = alpha_s[gg];
 #pragma unroll
@@ -170,7 +191,7 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
         }
       }
     }
-    int pe = tl < TS ? min(AT, s1 - p0) : 0;  // threads past TS·hb idle
+    int pe = tl < TS ? min(AT, s1 - p0) : 0;
     for (int i = tl; i < pe; i += TS) {
       int pp = p0 + i;
       float v4[4];
@@ -190,9 +211,9 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
         v4[3] = h2f((u16)(v.y >> 16));
       }
 #pragma unroll
-      for (int gg = 0; gg < MAXG; ++gg) {
+      for (int gg = 0; gg < MG; ++gg) {
         if (gg < G) {
-          float w = pw[gg][i];
+          float w = pw[gg * AT + i];
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             if (isq) aq[gg][k] += w * v4[k];
@@ -205,17 +226,17 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
   }
 
   // Reduce the TS token lanes in order (deterministic), then write.
-  for (int e = tid; e < G * hd * 2; e += AT) red[e / (hd * 2)][e % (hd * 2)] = 0.f;
+  for (int e = tid; e < G * hd * 2; e += AT) red[e] = 0.f;
   __syncthreads();
   for (int r = 0; r < TS; ++r) {
     if (tl == r) {
 #pragma unroll
-      for (int gg = 0; gg < MAXG; ++gg) {
+      for (int gg = 0; gg < MG; ++gg) {
         if (gg < G) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            red[gg][cg * 4 + k] += aq[gg][k];
-            red[gg][hd + cg * 4 + k] += af[gg][k];
+            red[gg * 2 * hd + cg * 4 + k] += aq[gg][k];
+            red[gg * 2 * hd + hd + cg * 4 + k] += af[gg][k];
           }
         }
       }
@@ -225,7 +246,7 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
   for (int e = tid; e < G * hd * 2; e += AT) {
     int gg = e / (hd * 2), j = e % (hd * 2);
     i64 row = ((i64)bt * nh + h0 + gg) * nsplit + s;
-    part_o[row * 2 * hd + j] = red[gg][j];
+    part_o[row * 2 * hd + j] = red[e];
   }
   if (tid < G) {
     i64 row = ((i64)bt * nh + h0 + tid) * nsplit + s;
@@ -233,6 +254,20 @@ extern "C" __global__ void attn_split(float* part_o, float* part_ml, const float
     part_ml[row * 2 + 1] = l_s[tid];
   }
 }
+
+#define ATTN_SPLIT(MG)                                                                                              \
+  extern "C" __global__ void attn_split_g##MG(                                                                      \
+      float* part_o, float* part_ml, const float* q, int q_ld, const u16* sinkK, const u16* sinkV, int sink,        \
+      const u16* ringK, const u16* ringV, int ring, const u8* codesK, const u8* codesV, const u16* parK,            \
+      const u16* parV, int capQ, const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart, int window, \
+      int nsplit, int split_len, float scale) {                                                                     \
+    attn_split_body<MG>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV, parK,    \
+                        parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, window, nsplit, split_len, scale);           \
+  }
+ATTN_SPLIT(1)
+ATTN_SPLIT(2)
+ATTN_SPLIT(4)
+ATTN_SPLIT(8)
 
 // attn_merge combines the splits of head h of query bt: M = max m_s,
 // L = Σ l_s·e^(m_s−M), o = (Σ e^(m_s−M)·o_rot_s)·R_Vᵀ + Σ e^(m_s−M)·o_fp_s,
