@@ -9,8 +9,8 @@
 # Usage: scripts/gpu-check.sh            (or: make gpu-check)
 # Environment:
 #   GPU_CHECK_BIN       a test binary built beforehand with
-#                       `go test -c -o FILE ./runtime/cuda` (for a machine
-#                       without Go); default: build it now with go.
+#                       `CGO_ENABLED=0 go test -c -o FILE ./runtime/cuda`
+#                       (for a machine without Go); default: build it now.
 #   LMPACK_SHARED_DATA  the shared data folder (default ../shared/data).
 #   LMPACK_NVRTC        the NVRTC library, if not found by the search order.
 #   GPU_CHECK_LOG       the log file (default: $OUT/gpu-check.log when $OUT

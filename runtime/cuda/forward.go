@@ -107,6 +107,9 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	if pos+T > c.cap {
 		return fmt.Errorf("cuda: Forward: %d tokens at position %d exceed the KV cache capacity %d", T, pos, c.cap)
 	}
+	if R > 65535 {
+		return fmt.Errorf("cuda: Forward: %d token rows in one call, at most 65535 (a CUDA grid dimension)", R)
+	}
 	outRows := B
 	if allLogits {
 		outRows = R

@@ -123,9 +123,11 @@ func (e *CompileError) Error() string {
 }
 
 // compileOptions are the NVRTC flags every kernel source is built with
-// (besides --gpu-architecture). No -lineinfo: with it NVRTC 11.8's
-// ptxas crashed (SIGSEGV) building attention.cu for sm_90.
-var compileOptions = []string{"--std=c++14", "-default-device"}
+// (besides --gpu-architecture). The sources need only C++11, so the
+// dialect is left at each NVRTC's default (newer releases drop old
+// --std values). No -lineinfo: with it NVRTC 11.8's ptxas crashed
+// (SIGSEGV) building attention.cu for sm_90.
+var compileOptions = []string{"-default-device"}
 
 // Compile compiles CUDA C++ source (named name in messages) to PTX for
 // compute_<arch> (e.g. 80) and returns the NUL-free PTX text. Errors: a
