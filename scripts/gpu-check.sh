@@ -36,15 +36,23 @@ if command -v nvidia-smi >/dev/null; then
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log" || true
 fi
 
-say "== parity tests"
+# One process per test and benchmark: a kernel fault poisons the CUDA
+# context of its process only. The PTX cache is shared between them.
+export LMPACK_CUDA_CACHE=$(mktemp -d)
 status=0
 # The test binary runs in the package directory, as go test does.
-(cd runtime/cuda && "$bin" -test.run '^(TestCompileKernels|TestGPU.*)$' -test.count=1 -test.v -test.timeout=150s) 2>&1 | tee -a "$log" || status=1
+run() { (cd runtime/cuda && "$bin" "$@") 2>&1 | tee -a "$log"; }
+
+say "== parity tests"
+for t in $(cd runtime/cuda && "$bin" -test.list '^(TestCompileKernels|TestGPU.*)$'); do
+	run -test.run "^$t\$" -test.count=1 -test.v -test.timeout=120s || status=1
+done
 
 say "== benchmarks"
 bench=$(mktemp)
-(cd runtime/cuda && "$bin" -test.run '^$' -test.bench '^(BenchmarkCopyBandwidth|BenchmarkAttnINT2|BenchmarkDecode)$' \
-	-test.benchtime="${BENCHTIME:-10x}" -test.timeout=200s) 2>&1 | tee -a "$log" | tee "$bench" || status=1
+for b in BenchmarkCopyBandwidth BenchmarkAttnINT2 BenchmarkDecode; do
+	run -test.run '^$' -test.bench "^$b\$" -test.benchtime="${BENCHTIME:-10x}" -test.timeout=150s | tee -a "$bench" || status=1
+done
 
 say "== summary"
 # The attention kernel against the copy bandwidth (goal ≥ 80%).

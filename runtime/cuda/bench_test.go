@@ -69,7 +69,7 @@ func syntheticKVModel(b *testing.B) *Model {
 	b.Helper()
 	gpuOrSkip(b)
 	desc, src := syntheticModel(b, 32, 1024, 16, 8, 128, 1024, 1024, 5)
-	m, err := (Backend{CacheDir: b.TempDir()}).Load(context.Background(), desc, src, runtime.LoadOptions{})
+	m, err := (Backend{CacheDir: testCacheDir(b)}).Load(context.Background(), desc, src, runtime.LoadOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

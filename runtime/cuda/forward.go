@@ -202,10 +202,9 @@ func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos,
 				return err
 			}
 		}
-		if err := k.Launch("rope", Dim{R, l.nh, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
-			return err
-		}
-		if err := k.Launch("rope", Dim{R, l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, kptr, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
+		// q and k heads are adjacent in a qkv row (k head j is head nh+j):
+		// one launch rotates both.
+		if err := k.Launch("rope", Dim{R, l.nh + l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
 			return err
 		}
 		if err := c.append(li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {

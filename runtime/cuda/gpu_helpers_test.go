@@ -27,7 +27,11 @@ func gpuOrSkip(tb testing.TB) (*Device, *Kernels) {
 		}
 		tb.Skipf("no CUDA GPU: %v", err)
 	}
-	k, err := LoadKernels(d, tb.TempDir())
+	cache := os.Getenv("LMPACK_CUDA_CACHE") // shared by scripts/gpu-check.sh's runs
+	if cache == "" {
+		cache = tb.TempDir()
+	}
+	k, err := LoadKernels(d, cache)
 	if err != nil {
 		d.Close()
 		tb.Fatalf("loading kernels on %s: %v", d.Name, err)
@@ -230,4 +234,12 @@ func logitDiff(a, b []float32, v int) (maxAbs, meanAbs, agree float64) {
 		}
 	}
 	return maxAbs, s / float64(len(a)), float64(same) / float64(rows)
+}
+
+// testCacheDir is $LMPACK_CUDA_CACHE, else a temporary directory.
+func testCacheDir(tb testing.TB) string {
+	if d := os.Getenv("LMPACK_CUDA_CACHE"); d != "" {
+		return d
+	}
+	return tb.TempDir()
 }

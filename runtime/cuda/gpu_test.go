@@ -312,7 +312,7 @@ func loadStories(t *testing.T, dir string) (cpu, gpu runtime.Model, desc *arch.D
 	if cpu, err = runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if gpu, err = (Backend{CacheDir: t.TempDir()}).Load(ctx, desc, ck, runtime.LoadOptions{}); err != nil {
+	if gpu, err = (Backend{CacheDir: testCacheDir(t)}).Load(ctx, desc, ck, runtime.LoadOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -406,7 +406,7 @@ func TestGPULongContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cpu.Close()
-	g, err := (Backend{CacheDir: t.TempDir()}).Load(ctx, desc, src, runtime.LoadOptions{})
+	g, err := (Backend{CacheDir: testCacheDir(t)}).Load(ctx, desc, src, runtime.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
