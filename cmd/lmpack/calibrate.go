@@ -84,7 +84,7 @@ similarity of every pair of block inputs (lorp.similarity), which
 	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
-	addDeviceFlag(f, &device)
+	addDeviceFlag(cmd, &device)
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd

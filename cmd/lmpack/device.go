@@ -6,15 +6,15 @@ import (
 	"slices"
 
 	"github.com/lmpack/lmpack/internal/engine"
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 )
 
 // deviceUsage is the help text of --device.
 const deviceUsage = "backend: auto (CUDA GPU when its driver and NVRTC are present, else the CPU), cpu or cuda"
 
-// addDeviceFlag registers --device (default auto) on f.
-func addDeviceFlag(f *pflag.FlagSet, device *string) {
-	f.StringVar(device, "device", "auto", deviceUsage)
+// addDeviceFlag registers --device (default auto) on cmd.
+func addDeviceFlag(cmd *cobra.Command, device *string) {
+	cmd.Flags().StringVar(device, "device", "auto", deviceUsage)
 }
 
 // checkDevice validates --device.

@@ -132,7 +132,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.MaxWindows, "max-windows", 0, "stop after K windows (0: all)")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
-	addDeviceFlag(f, &device)
+	addDeviceFlag(cmd, &device)
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&kvList, "kv", "", "compare KV cache methods side by side, comma-separated: "+strings.Join(kvcache.Methods(), ","))
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")

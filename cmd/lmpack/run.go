@@ -71,7 +71,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 	f.Uint64Var(&opt.Seed, "seed", 1, "random seed for sampling")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&noStop, "ignore-eos", false, "keep generating past end-of-sequence tokens")
-	addDeviceFlag(f, &device)
+	addDeviceFlag(cmd, &device)
 	return cmd
 }
 
