@@ -7,6 +7,9 @@
 # context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
 #
 # Usage: scripts/gpu-check.sh            (or: make gpu-check)
+# On a machine without Go or ../shared (the lent device machine): run
+# scripts/gpu-bundle.sh first where Go is, carry .gpucheck/ along, and
+# this script uses .gpucheck/cuda.test and .gpucheck/data.
 # Environment:
 #   GPU_CHECK_BIN       a test binary built beforehand with
 #                       `CGO_ENABLED=0 go test -c -o FILE ./runtime/cuda`
@@ -24,13 +27,23 @@ log=${GPU_CHECK_LOG:-${OUT:-/tmp}/gpu-check.log}
 say() { echo "$@" | tee -a "$log"; }
 
 bin=${GPU_CHECK_BIN:-}
+if [ -z "$bin" ] && ! command -v "${GO:-go}" >/dev/null && [ -x .gpucheck/cuda.test ]; then
+	bin=.gpucheck/cuda.test # made by scripts/gpu-bundle.sh
+fi
 if [ -z "$bin" ]; then
 	bin=$(mktemp -d)/cuda.test
 	${GO:-go} test -c -o "$bin" ./runtime/cuda
 fi
 case "$bin" in /*) ;; *) bin="$root/$bin" ;; esac
 export LMPACK_REQUIRE_GPU=1
-export LMPACK_SHARED_DATA=${LMPACK_SHARED_DATA:-$(cd "$root/.." && pwd)/shared/data}
+if [ -z "${LMPACK_SHARED_DATA:-}" ]; then
+	if [ -d "$root/../shared/data" ]; then
+		LMPACK_SHARED_DATA=$(cd "$root/../shared/data" && pwd)
+	else
+		LMPACK_SHARED_DATA=$root/.gpucheck/data # made by scripts/gpu-bundle.sh
+	fi
+fi
+export LMPACK_SHARED_DATA
 
 if command -v nvidia-smi >/dev/null; then
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log" || true
