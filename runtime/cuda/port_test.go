@@ -1,7 +1,8 @@
 package cuda
 
 // A line-by-line Go port of kv_append, attn_split and attn_merge
-// (kernels/kvcache.cu, kernels/attention.cu), threads run one after the
+// (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q's decoding
+// (kernels/qgemv.cu), threads run one after the
 // other, checked against kvcache's oscar2 cache and a plain softmax
 // attention. It runs without a GPU and guards the kernels' layout and
 // split/merge arithmetic; it does not prove the CUDA code compiles to the
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
@@ -539,5 +541,80 @@ func TestKernelPortFP16(t *testing.T) {
 	}
 	if worst > 2e-5 {
 		t.Errorf("worst |Δ| %.3g, want ≤ 2e-5", worst)
+	}
+}
+
+// gemvQPort ports gemv_q's dequantization for one output row n: the
+// chunks of 8 codes read as `bits` little-endian bytes, then the tail
+// through get_code. It returns Ŵ[n, :] in storage order.
+func gemvQPort(codes []byte, scales, zeros []uint16, n, K, bits, group int) []float32 {
+	rb := (K*bits + 7) / 8
+	G := K / group
+	row := codes[n*rb:]
+	out := make([]float32, K)
+	zsym := float32(int(1) << (bits - 1))
+	mask := uint32(1)<<bits - 1
+	nc := K / 8
+	for c := 0; c < nc; c++ {
+		var w uint64
+		for i := 0; i < bits; i++ {
+			w |= uint64(row[c*bits+i]) << (8 * i)
+		}
+		j0 := c * 8
+		g := j0 / group
+		s := kvq.F16ToFloat32(scales[n*G+g])
+		z := zsym
+		if zeros != nil {
+			z = kvq.F16ToFloat32(zeros[n*G+g])
+		}
+		for i := 0; i < 8; i++ {
+			out[j0+i] = s * (float32(uint32(w>>(i*bits))&mask) - z)
+		}
+	}
+	for j := nc * 8; j < K; j++ {
+		p := j * bits
+		b, off := p>>3, p&7
+		w := uint32(row[b])
+		if off+bits > 8 && b+1 < rb {
+			w |= uint32(row[b+1]) << 8
+		}
+		g := j / group
+		s := kvq.F16ToFloat32(scales[n*G+g])
+		z := zsym
+		if zeros != nil {
+			z = kvq.F16ToFloat32(zeros[n*G+g])
+		}
+		out[j] = s * (float32(w>>off&mask) - z)
+	}
+	return out
+}
+
+// TestKernelPortQGemv: gemv_q's decoding of quantize/weights' packed rows
+// equals Quantized.Dequantize (storage order, no permutation) to float32
+// rounding, for 2, 3, 4 and 8 bits, groups 32 and 64 and per channel
+// with a K that is not a multiple of 8.
+func TestKernelPortQGemv(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	for _, bits := range []int{2, 3, 4, 8} {
+		for _, tc := range []struct{ K, group int }{{192, 32}, {192, 64}, {100, 0}, {96, 0}} {
+			for _, sym := range []bool{false, true} {
+				const N = 5
+				w := randVec(r, N*tc.K, 0.05)
+				q, err := weights.QuantizeRTN(w, N, tc.K, weights.Options{Bits: bits, GroupSize: tc.group, Symmetric: sym})
+				if err != nil {
+					t.Fatal(err)
+				}
+				deq := make([]float32, N*tc.K)
+				q.Dequantize(deq)
+				for n := 0; n < N; n++ {
+					got := gemvQPort(q.Codes, q.Scales, q.Zeros, n, tc.K, bits, q.GroupSize)
+					for j, v := range got {
+						if d := math.Abs(float64(v - deq[n*tc.K+j])); d > 1e-6*(1+math.Abs(float64(v))) {
+							t.Fatalf("bits %d K %d group %d sym %v: row %d col %d: %v, Dequantize %v", bits, tc.K, tc.group, sym, n, j, v, deq[n*tc.K+j])
+						}
+					}
+				}
+			}
+		}
 	}
 }
