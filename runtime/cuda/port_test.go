@@ -1,13 +1,13 @@
 package cuda
 
-// A line-by-line Go port of kv_append, attn_split and attn_merge
+// Line-by-line Go ports of kv_append, attn_split and attn_merge
 // (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q's decoding
-// (kernels/qgemv.cu), threads run one after the
-// other, checked against kvcache's oscar2 cache and a plain softmax
-// attention. It runs without a GPU and guards the kernels' layout and
-// split/merge arithmetic; it does not prove the CUDA code compiles to the
-// same thing (gpu_test.go does that on a GPU). Keep it in step with the
-// .cu files.
+// (kernels/qgemv.cu), threads run one after the other, checked against
+// kvcache's oscar2 cache, plain softmax attention and
+// weights.Quantized.Dequantize. They run without a GPU and guard the
+// kernels' layouts and split/merge arithmetic; they do not prove the CUDA
+// code compiles to the same thing (gpu_test.go checks that on a GPU).
+// Keep them in step with the .cu files.
 
 import (
 	"math"
