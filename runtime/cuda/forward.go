@@ -301,16 +301,17 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 }
 
 // matmulX computes y[R, w.rows] (row stride ldy) = x[R, w.cols] (row
-// stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel for R ≤ 8
-// rows, the tiled GEMM otherwise.
+// stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel (8 rows
+// per block) for R ≤ 16 rows (decode, batches up to 16), the tiled GEMM
+// otherwise.
 func (m *Model) matmulX(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
 	N, K := w.rows, w.cols
 	suffix := "_f16"
 	if w.bf16 {
 		suffix = "_bf16"
 	}
-	if R <= 8 {
-		return m.k.Launch("gemv"+suffix, Dim{(N + 3) / 4, (R + 3) / 4, 1}, Dim{128, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
+	if R <= 16 {
+		return m.k.Launch("gemv"+suffix, Dim{(N + 3) / 4, (R + 7) / 8, 1}, Dim{128, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
 	}
 	return m.k.Launch("gemm"+suffix, Dim{(N + 63) / 64, (R + 63) / 64, 1}, Dim{256, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
 }

@@ -101,14 +101,14 @@ func checkClose(t *testing.T, what string, got, want []float32, tol float64) {
 	}
 }
 
-// TestGPUGemm: gemv (M ≤ 8) and gemm against a float64 product of the
+// TestGPUGemm: gemv (M ≤ 16) and gemm against a float64 product of the
 // same binary16 / bfloat16 weights; tolerance 1e-5·Σ|x·w| per element
 // (float32 accumulation order).
 func TestGPUGemm(t *testing.T) {
 	d, k := gpuOrSkip(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, bf := range []bool{false, true} {
-		for _, sh := range [][3]int{{1, 100, 64}, {3, 130, 172}, {8, 64, 256}, {37, 100, 172}, {130, 70, 96}} {
+		for _, sh := range [][3]int{{1, 100, 64}, {3, 130, 172}, {8, 64, 256}, {13, 66, 128}, {16, 100, 172}, {37, 100, 172}, {130, 70, 96}} {
 			M, N, K := sh[0], sh[1], sh[2]
 			x := randVec(r, M*K, 1)
 			wf := randVec(r, N*K, 0.1)

@@ -4,18 +4,21 @@
 // beta = 0 overwrites it.
 
 // gemv: for small M (decode). One warp per output column n, 4 warps per
-// block; each block handles rows m0 = blockIdx.y·4 .. m0+3 of x. Grid
-// (ceil(N/4), ceil(M/4)), block 128. When K is a multiple of 8 the weight
+// block; each block handles rows m0 = blockIdx.y·8 .. m0+7 of x. Grid
+// (ceil(N/4), ceil(M/8)), block 128. When K is a multiple of 8 the weight
 // row is read 8 elements (16 bytes) at a time.
+#define GV_ROWS 8
 template <typename W>
 __device__ void gemv_body(float* y, int ldy, const float* x, int ldx, const u16* w, int M, int N, int K, int beta) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * 4 + warp;
-  int m0 = blockIdx.y * 4;
+  int m0 = blockIdx.y * GV_ROWS;
   if (n >= N) return;
-  int mc = min(4, M - m0);
+  int mc = min(GV_ROWS, M - m0);
   const u16* wr = w + (i64)n * K;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[GV_ROWS];
+#pragma unroll
+  for (int m = 0; m < GV_ROWS; ++m) acc[m] = 0.f;
   if ((K & 7) == 0) {
     for (int k = lane * 8; k < K; k += 32 * 8) {
       uint4 p = *(const uint4*)(wr + k);
@@ -25,7 +28,7 @@ __device__ void gemv_body(float* y, int ldy, const float* x, int ldx, const u16*
       wv[4] = W::ld((u16)(p.z & 0xffff)); wv[5] = W::ld((u16)(p.z >> 16));
       wv[6] = W::ld((u16)(p.w & 0xffff)); wv[7] = W::ld((u16)(p.w >> 16));
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
+      for (int m = 0; m < GV_ROWS; ++m) {
         if (m < mc) {
           const float* xr = x + (i64)(m0 + m) * ldx + k;
 #pragma unroll
@@ -37,12 +40,12 @@ __device__ void gemv_body(float* y, int ldy, const float* x, int ldx, const u16*
     for (int k = lane; k < K; k += 32) {
       float wv = W::ld(wr[k]);
 #pragma unroll
-      for (int m = 0; m < 4; ++m)
+      for (int m = 0; m < GV_ROWS; ++m)
         if (m < mc) acc[m] += wv * x[(i64)(m0 + m) * ldx + k];
     }
   }
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < GV_ROWS; ++m) {
     float s = warp_sum(acc[m]);
     if (lane == 0 && m < mc) {
       float* o = y + (i64)(m0 + m) * ldy + n;
