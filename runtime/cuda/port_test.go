@@ -232,7 +232,7 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							sc[gg] = neg
 						}
 						if p < s1 {
-							clear(sc)
+							clear(sc) // phase 1a (INT2) and 1b (fp16, a warp per position in the kernel)
 							if p >= c.sink && p < wstart {
 								qi := head*c.capQ + (p - c.sink)
 								cr := c.codesK[qi*hb:]

@@ -100,15 +100,17 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
 
   i64 head = (i64)b * nkv + g;  // (sequence, kv head) index
   for (int p0 = s0; p0 < s1; p0 += AT) {
-    // Phase 1: the score of position p0 + tid for each q head.
+    // Phase 1a: thread tid scores position p0 + tid when it is INT2 (a
+    // 4·hd/16-byte row per thread); fp16 and invisible positions get −∞
+    // here, fp16 ones are scored in phase 1b.
     int p = p0 + tid;
     float sc[MG];
 #pragma unroll
     for (int gg = 0; gg < MG; ++gg) sc[gg] = NEG_INF;
     if (p < s1) {
-#pragma unroll
-      for (int gg = 0; gg < MG; ++gg) sc[gg] = 0.f;
       if (p >= sink && p < wstart) {
+#pragma unroll
+        for (int gg = 0; gg < MG; ++gg) sc[gg] = 0.f;
         const u8* cr = codesK + (head * capQ + (p - sink)) * hb;
         const u16* pr = parK + (head * capQ + (p - sink)) * 2;
         float ks = h2f(pr[0]), kz = h2f(pr[1]);
@@ -140,24 +142,41 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
 #pragma unroll
         for (int gg = 0; gg < MG; ++gg)
           if (gg < G) sc[gg] = ks * (sc[gg] - kz * qsum[gg]);
-      } else {
-        const u16* kr = p < sink ? sinkK + (head * sink + p) * hd : ringK + (head * ring + p % ring) * hd;
-        for (int j = 0; j < hd; j += 4) {
-          uint2 v = *(const uint2*)(kr + j);
-          float k4[4] = {h2f((u16)(v.x & 0xffff)), h2f((u16)(v.x >> 16)), h2f((u16)(v.y & 0xffff)), h2f((u16)(v.y >> 16))};
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int gg = 0; gg < MG; ++gg)
-              if (gg < G) sc[gg] += qf[gg * hd + j + k] * k4[k];
-        }
       }
     }
 #pragma unroll
     for (int gg = 0; gg < MG; ++gg) pw[gg * AT + tid] = sc[gg];
     __syncthreads();
-    // Online softmax update: warp w handles heads w, w+4, ...
+    // Phase 1b: fp16 positions (sink and window), one warp per position and
+    // each lane 4 channels, so a warp reads a row in one coalesced sweep.
     int warp = tid >> 5, lane = tid & 31;
+    int nvis = min(AT, s1 - p0);
+    for (int i = warp; i < nvis; i += AT / 32) {
+      int pp = p0 + i;
+      if (pp >= sink && pp < wstart) continue;  // INT2: done in phase 1a
+      const u16* kr = pp < sink ? sinkK + (head * sink + pp) * hd : ringK + (head * ring + pp % ring) * hd;
+      float a[MG];
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg) a[gg] = 0.f;
+      for (int j = lane * 4; j < hd; j += 128) {
+        uint2 v = *(const uint2*)(kr + j);
+        float k4[4] = {h2f((u16)(v.x & 0xffff)), h2f((u16)(v.x >> 16)), h2f((u16)(v.y & 0xffff)), h2f((u16)(v.y >> 16))};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int gg = 0; gg < MG; ++gg)
+            if (gg < G) a[gg] += qf[gg * hd + j + k] * k4[k];
+      }
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg) {
+        if (gg < G) {
+          float sum = warp_sum(a[gg]);
+          if (lane == 0) pw[gg * AT + i] = sum;
+        }
+      }
+    }
+    __syncthreads();
+    // Online softmax update: warp w handles heads w, w+4, ...
     for (int gg = warp; gg < G; gg += AT / 32) {
       float* pg = pw + gg * AT;
       float mx = NEG_INF;
