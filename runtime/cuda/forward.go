@@ -332,7 +332,7 @@ func (m *Model) attention(l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, n
 	splitLen, nsplit := m.attnSplit(nTok, l.nkv*chunks*R)
 	scale := float32(1 / math.Sqrt(float64(l.hd)))
 	rk, rv := L.rk, L.rv
-	shmem := 4 * mg * (4*l.hd + 128)
+	shmem := 4 * mg * (4*l.hd + 256)
 	if err := m.k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
 		s.partO, s.partML, s.qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,

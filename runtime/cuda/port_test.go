@@ -194,7 +194,7 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 					gg, j := e/hd, e%hd
 					qf[gg*hd+j] = q[bt*qld+(h0+gg)*hd+j] * scale
 				}
-				ms, ls, alpha := make([]float32, MG), make([]float32, MG), make([]float32, MG)
+				ms, ls, alpha, us := make([]float32, MG), make([]float32, MG), make([]float32, MG), make([]float32, MG)
 				for i := range ms {
 					ms[i] = neg
 				}
@@ -224,6 +224,7 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 				}
 				head := b*nkv + g
 				pw := make([]float32, MG*AT)
+				ws := make([]float32, MG*AT)
 				for p0 := s0; p0 < s1; p0 += AT {
 					for tid := 0; tid < AT; tid++ {
 						p := p0 + tid
@@ -274,7 +275,8 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 						}
 						mold := ms[gg]
 						mnew := max(mold, mx)
-						var sum float32
+						var sum, usum float32
+						nvis := min(AT, s1-p0)
 						for i, v := range pg {
 							e := float32(0)
 							if v != neg {
@@ -282,12 +284,18 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							}
 							pg[i] = e
 							sum += e
+							if pp := p0 + i; i < nvis && pp >= c.sink && pp < wstart {
+								qi := head*c.capQ + (pp - c.sink)
+								es := e * kvq.F16ToFloat32(c.parV[qi*2])
+								ws[gg*AT+i] = es
+								usum += es * kvq.F16ToFloat32(c.parV[qi*2+1])
+							}
 						}
 						al := float32(0)
 						if mold != neg {
 							al = float32(math.Exp(float64(mold - mnew)))
 						}
-						alpha[gg], ls[gg], ms[gg] = al, ls[gg]*al+sum, mnew
+						alpha[gg], ls[gg], us[gg], ms[gg] = al, ls[gg]*al+sum, us[gg]*al+usum, mnew
 					}
 					for tid := 0; tid < AT; tid++ {
 						cg, tl := tid%hb, tid/hb
@@ -306,11 +314,9 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							var v4 [4]float32
 							isq := pp >= c.sink && pp < wstart
 							if isq {
-								qi := head*c.capQ + (pp - c.sink)
-								by := c.codesV[qi*hb+cg]
-								vs, vz := kvq.F16ToFloat32(c.parV[qi*2]), kvq.F16ToFloat32(c.parV[qi*2+1])
+								by := c.codesV[(head*c.capQ+(pp-c.sink))*hb+cg]
 								for k := range v4 {
-									v4[k] = (float32(by>>(2*k)&3) - vz) * vs
+									v4[k] = float32(by >> (2 * k) & 3)
 								}
 							} else {
 								var vr []uint16
@@ -324,12 +330,11 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 								}
 							}
 							for gg := 0; gg < G; gg++ {
-								w := pw[gg*AT+i]
 								for k := 0; k < 4; k++ {
 									if isq {
-										aq[tid][gg*4+k] += w * v4[k]
+										aq[tid][gg*4+k] += ws[gg*AT+i] * v4[k]
 									} else {
-										af[tid][gg*4+k] += w * v4[k]
+										af[tid][gg*4+k] += pw[gg*AT+i] * v4[k]
 									}
 								}
 							}
@@ -354,7 +359,11 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 				for e := 0; e < G*hd*2; e++ {
 					gg, j := e/(hd*2), e%(hd*2)
 					row := (bt*nh+h0+gg)*nsplit + s
-					partO[row*2*hd+j] = red[e]
+					if j < hd {
+						partO[row*2*hd+j] = red[e] - us[gg]
+					} else {
+						partO[row*2*hd+j] = red[e]
+					}
 				}
 				for gg := 0; gg < G; gg++ {
 					row := (bt*nh+h0+gg)*nsplit + s

@@ -22,7 +22,7 @@
 //   part_ml [(b·T + t)·nh + h][nsplit][2]  and
 //   part_o  [(b·T + t)·nh + h][nsplit][2][hd].
 // Grid (nsplit, nkv·chunks, B·T) with chunks = ⌈(nh/nkv)/MG⌉, block 128,
-// dynamic shared memory 4·MG·(4·hd + 128) bytes.
+// dynamic shared memory 4·MG·(4·hd + 256) bytes.
 // q: sequence b's query t, head h at q + (b·T + t)·q_ld + h·hd (unscaled;
 // scale = 1/√hd is applied here). hd a multiple of 4, at most 256.
 #define AT 128
@@ -30,7 +30,7 @@
 
 // attn_split_body is attn_split for blocks of at most MG q heads (MG a
 // compile-time 1, 2, 4 or 8, so the accumulators stay in registers).
-// Dynamic shared memory: 4·MG·(4·hd + 128) bytes.
+// Dynamic shared memory: 4·MG·(4·hd + 256) bytes.
 template <int MG>
 __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, int q_ld,
                                 const u16* sinkK, const u16* sinkV, int sink,
@@ -42,9 +42,11 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   float* qf = smem;             // [MG][hd] q·scale
   float* qr = qf + MG * hd;     // [MG][hd] (q·scale)·R_K
   float* pw = qr + MG * hd;     // [MG][AT] scores, then softmax weights of the tile
-  float* red = pw + MG * AT;    // [MG][2·hd] final reduction
+  float* ws = pw + MG * AT;     // [MG][AT] weight·scale of the tile's INT2 values
+  float* red = ws + MG * AT;    // [MG][2·hd] final reduction
   __shared__ float qsum[MG];    // Σ_j qr[g][j]
   __shared__ float m_s[MG], l_s[MG], alpha_s[MG];
+  __shared__ float u_s[MG];     // Σ weight·scale·zero of the INT2 values so far
 
   int s = blockIdx.x;
   int group = nh / nkv, chunks = (group + MG - 1) / MG;
@@ -66,6 +68,7 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   if (tid < MG) {
     m_s[tid] = NEG_INF;
     l_s[tid] = 0.f;
+    u_s[tid] = 0.f;
   }
   __syncthreads();
   bool quant = codesK != 0 && wstart > sink;
@@ -183,17 +186,28 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
       for (int i = lane; i < AT; i += 32) mx = fmaxf(mx, pg[i]);
       mx = warp_max(mx);
       float mold = m_s[gg], mnew = fmaxf(mold, mx);
-      float sum = 0.f;
+      float sum = 0.f, usum = 0.f;
       for (int i = lane; i < AT; i += 32) {
         float e = pg[i] == NEG_INF ? 0.f : expf(pg[i] - mnew);
         pg[i] = e;
         sum += e;
+        // INT2 values are summed in code space: Σ e·(c − z)·s =
+        // Σ (e·s)·c − Σ e·s·z, so phase 2 does one multiply-add per code.
+        int pp = p0 + i;
+        if (i < nvis && pp >= sink && pp < wstart) {
+          i64 qi = head * capQ + (pp - sink);
+          float es = e * h2f(parV[qi * 2]);
+          ws[gg * AT + i] = es;
+          usum += es * h2f(parV[qi * 2 + 1]);
+        }
       }
       sum = warp_sum(sum);
+      usum = warp_sum(usum);
       if (lane == 0) {
         float al = mold == NEG_INF ? 0.f : expf(mold - mnew);
         alpha_s[gg] = al;
         l_s[gg] = l_s[gg] * al + sum;
+        u_s[gg] = u_s[gg] * al + usum;
         m_s[gg] = mnew;
       }
     }
@@ -216,11 +230,10 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
       float v4[4];
       bool isq = pp >= sink && pp < wstart;
       if (isq) {
-        i64 qi = head * capQ + (pp - sink);
-        u32 byte = codesV[qi * hb + cg];
-        float vs = h2f(parV[qi * 2]), vz = h2f(parV[qi * 2 + 1]);
+        // Codes only: scale and zero are in ws and u_s.
+        u32 byte = codesV[(head * capQ + (pp - sink)) * hb + cg];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) v4[k] = ((float)((byte >> (2 * k)) & 3u) - vz) * vs;
+        for (int k = 0; k < 4; ++k) v4[k] = (float)((byte >> (2 * k)) & 3u);
       } else {
         const u16* vr = pp < sink ? sinkV + (head * sink + pp) * hd : ringV + (head * ring + pp % ring) * hd;
         uint2 v = *(const uint2*)(vr + cg * 4);
@@ -232,11 +245,14 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
 #pragma unroll
       for (int gg = 0; gg < MG; ++gg) {
         if (gg < G) {
-          float w = pw[gg * AT + i];
+          if (isq) {
+            float w = ws[gg * AT + i];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            if (isq) aq[gg][k] += w * v4[k];
-            else af[gg][k] += w * v4[k];
+            for (int k = 0; k < 4; ++k) aq[gg][k] += w * v4[k];
+          } else {
+            float w = pw[gg * AT + i];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) af[gg][k] += w * v4[k];
           }
         }
       }
@@ -265,7 +281,8 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   for (int e = tid; e < G * hd * 2; e += AT) {
     int gg = e / (hd * 2), j = e % (hd * 2);
     i64 row = ((i64)bt * nh + h0 + gg) * nsplit + s;
-    part_o[row * 2 * hd + j] = red[e];
+    // o_rot = Σ (e·s)·c − Σ e·s·z (the second term is the same for every channel).
+    part_o[row * 2 * hd + j] = j < hd ? red[e] - u_s[gg] : red[e];
   }
   if (tid < G) {
     i64 row = ((i64)bt * nh + h0 + tid) * nsplit + s;
