@@ -60,10 +60,3 @@ extern "C" __global__ void add_bias(float* x, const float* b, int n, int ld) {
   float* r = x + (i64)blockIdx.x * ld;
   for (int j = threadIdx.x; j < n; j += blockDim.x) r[j] += b[j];
 }
-
-// axpy_rows: y[t, :] += a[t]·x[t, :] for rows of n; grid (T).
-extern "C" __global__ void axpy_rows(float* y, const float* x, const float* a, int n) {
-  i64 o = (i64)blockIdx.x * n;
-  float s = a[blockIdx.x];
-  for (int j = threadIdx.x; j < n; j += blockDim.x) y[o + j] += s * x[o + j];
-}
