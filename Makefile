@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZTIME ?= 10s
 
-.PHONY: build test bench lint fuzz ci
+.PHONY: build test bench lint fuzz ci gpu-check
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/lmpack ./cmd/lmpack
@@ -31,3 +31,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(FUZZTIME) ./pack/
 
 ci: lint test fuzz
+
+# CUDA backend check on a machine with a GPU (parity tests and benchmarks,
+# under 5 minutes on an H200): see scripts/gpu-check.sh.
+gpu-check:
+	scripts/gpu-check.sh

@@ -16,6 +16,7 @@ func newCalibrateCmd(g *globalFlags) *cobra.Command {
 	var (
 		opt    calibrate.Options
 		asJSON bool
+		device string
 	)
 	cmd := &cobra.Command{
 		Use:   "calibrate MODEL --data FILE -o CALIB",
@@ -60,6 +61,14 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 			if opt.MinExpertTokens < 1 {
 				return fmt.Errorf("--min-expert-tokens %d: want >= 1", opt.MinExpertTokens)
 			}
+			if err := checkDevice(device); err != nil {
+				return err
+			}
+			// Calibration records activations through the CPU backend's
+			// observer hooks.
+			if _, err := cpuOnly(device, "calibrate", g.logger); err != nil {
+				return err
+			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			var finish func()
 			opt.Progress, finish = newProgress(cmd, g, "calibrate (2 passes)", "calibrate progress", "tokens")
@@ -94,6 +103,7 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
+	addDeviceFlag(cmd, &device)
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&opt.AllExperts, "calibrate-all-experts", false, "MoE: add every token to every expert's Hessians (statistics only)")
 	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", calibrate.DefaultMinExpertTokens, "MoE: report experts routed fewer tokens than this")

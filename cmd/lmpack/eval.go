@@ -21,6 +21,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 		opt     engine.EvalOptions
 		threads int
 		asJSON  bool
+		device  string
 		kvList  string
 		kvRot   string
 		kvWin   string
@@ -44,6 +45,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if err := checkThreads(threads); err != nil {
 				return err
 			}
+			if err := checkDevice(device); err != nil {
+				return err
+			}
 			var kv *kveval.Options
 			if kvList != "" {
 				o, err := parseKVFlags(kvList, kvRot, kvWin, plot)
@@ -65,7 +69,15 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if _, err := engine.ReadText(data); err != nil {
 				return err
 			}
-			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger, Artifacts: kv == nil})
+			if kv != nil {
+				// --kv compares the CPU runtime's KV caches.
+				d, err := cpuOnly(device, "eval --kv", g.logger)
+				if err != nil {
+					return err
+				}
+				device = d
+			}
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Device: device, Logger: g.logger, Artifacts: kv == nil})
 			if err != nil {
 				return err
 			}
@@ -121,6 +133,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.MaxWindows, "max-windows", 0, "stop after K windows (0: all)")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
+	addDeviceFlag(cmd, &device)
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&kvList, "kv", "", "compare KV cache methods side by side, comma-separated: "+strings.Join(kvcache.Methods(), ","))
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")

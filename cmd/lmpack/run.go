@@ -15,6 +15,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 		opt     engine.GenerateOptions
 		threads int
 		noStop  bool
+		device  string
 	)
 	cmd := &cobra.Command{
 		Use:   "run MODEL",
@@ -33,8 +34,11 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 			if err := checkThreads(threads); err != nil {
 				return err
 			}
+			if err := checkDevice(device); err != nil {
+				return err
+			}
 			opt.StopAtEOS = !noStop
-			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Logger: g.logger, Artifacts: true})
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Device: device, Logger: g.logger, Artifacts: true})
 			if err != nil {
 				return err
 			}
@@ -67,6 +71,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 	f.Uint64Var(&opt.Seed, "seed", 1, "random seed for sampling")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&noStop, "ignore-eos", false, "keep generating past end-of-sequence tokens")
+	addDeviceFlag(cmd, &device)
 	return cmd
 }
 

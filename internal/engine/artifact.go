@@ -174,7 +174,11 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", path, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
-	m, err := runtime.NewCPU().Load(ctx, d, a, runtime.LoadOptions{Threads: opt.Threads})
+	be, err := PickBackend(opt.Device, opt.Logger)
+	if err != nil {
+		return nil, err
+	}
+	m, err := be.Load(ctx, d, a, runtime.LoadOptions{Threads: opt.Threads})
 	if err != nil {
 		return nil, err
 	}

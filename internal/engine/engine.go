@@ -30,6 +30,9 @@ import (
 type Options struct {
 	// Threads is the CPU worker count; <= 0 means all cores.
 	Threads int
+	// Device selects the backend: "auto", "cpu" (also "") or "cuda" (see
+	// PickBackend).
+	Device string
 	// Hub configures resolution of hub ids; nil: HubOptions(Logger).
 	Hub *hub.Options
 	// Logger receives progress lines; nil discards them.
@@ -151,13 +154,18 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", dir, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
-	m, err := runtime.NewCPU().Load(ctx, d, ck, runtime.LoadOptions{Threads: opt.Threads})
+	be, err := PickBackend(opt.Device, opt.Logger)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	m, err := be.Load(ctx, d, ck, runtime.LoadOptions{Threads: opt.Threads})
 	if err != nil {
 		ck.Close()
 		return nil, err
 	}
 	if opt.Logger != nil {
-		opt.Logger.Info("model loaded", "dir", dir, "architecture", d.Architecture, "layers", len(d.Layers), "seconds", time.Since(t0).Seconds())
+		opt.Logger.Info("model loaded", "dir", dir, "architecture", d.Architecture, "layers", len(d.Layers), "device", be.Name(), "seconds", time.Since(t0).Seconds())
 	}
 	return &Engine{Dir: dir, Desc: d, Checkpoint: ck, Tokenizer: tok, Model: m}, nil
 }

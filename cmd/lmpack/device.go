@@ -1,0 +1,38 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/spf13/cobra"
+)
+
+// deviceUsage is the help text of --device.
+const deviceUsage = "backend: auto (CUDA GPU when its driver and NVRTC are present, else the CPU), cpu or cuda"
+
+// addDeviceFlag registers --device (default auto) on cmd.
+func addDeviceFlag(cmd *cobra.Command, device *string) {
+	cmd.Flags().StringVar(device, "device", "auto", deviceUsage)
+}
+
+// checkDevice validates --device.
+func checkDevice(device string) error {
+	if !slices.Contains(engine.Devices, device) {
+		return fmt.Errorf("--device %q: want auto, cpu or cuda", device)
+	}
+	return nil
+}
+
+// cpuOnly resolves --device for a command that needs the CPU backend
+// (what): cuda is an error, auto runs on the CPU with one log line.
+func cpuOnly(device, what string, logger *slog.Logger) (string, error) {
+	switch device {
+	case "cuda":
+		return "", fmt.Errorf("--device cuda: %s runs on the CPU backend only; use --device cpu", what)
+	case "auto":
+		logger.Info("running on the CPU", "device", "cpu", "reason", what+" runs on the CPU backend only")
+	}
+	return "cpu", nil
+}

@@ -1,0 +1,423 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// Backend is the CUDA runtime.Backend. The zero value uses device 0 and
+// the default PTX cache directory.
+type Backend struct {
+	// Ordinal is the CUDA device index.
+	Ordinal int
+	// CacheDir overrides the PTX cache directory ("" = default).
+	CacheDir string
+}
+
+// New returns the CUDA backend on device 0.
+func New() runtime.Backend { return Backend{} }
+
+// Name implements runtime.Backend.
+func (Backend) Name() string { return "cuda" }
+
+// Probe opens the driver and device ordinal and closes it again; it
+// returns nil when Load can run, else an error wrapping ErrNoDriver or
+// ErrNoDevice that names what was searched (for --device auto).
+func Probe(ordinal int) error {
+	d, err := OpenDevice(ordinal)
+	if err != nil {
+		return err
+	}
+	d.Close()
+	if _, err := LoadNVRTC(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ErrUnsupported is wrapped when a model uses a feature the CUDA backend
+// lacks (a head_dim over 256 or not a multiple of 4, a MoE shared
+// expert).
+var ErrUnsupported = errors.New("cuda: unsupported model")
+
+// dw is a device weight matrix [rows, cols], binary16 or bfloat16.
+type dw struct {
+	p          DevPtr
+	bf16       bool
+	rows, cols int
+}
+
+type mlpW struct {
+	gu, down dw // gu [2I, H] gate rows first, down [H, I]
+	inter    int
+}
+
+type moeW struct {
+	router   dw // [E, H]
+	gu, down dw // stacked: gu [E·2I, H], down [E·H, I]
+	inter, E int
+	topK     int
+	norm     bool
+}
+
+type layerW struct {
+	attnNorm, ffnNorm DevPtr // f32 [H]
+	wqkv, wo          dw
+	bqkv, bo          DevPtr // f32 or 0
+	qNorm, kNorm      DevPtr // f32 [hd] or 0
+	mlp               *mlpW
+	moe               *moeW
+	nh, nkv, hd       int
+	qdim, kvdim, qkv  int
+	window            int
+}
+
+// Model is a model loaded on the GPU (runtime.Model). Weights are stored
+// binary16 (bfloat16 for BF16 tensors and for tensors with |w| > 65504),
+// activations float32. Not safe for concurrent Forward calls.
+type Model struct {
+	d      *arch.Description
+	dev    *Device
+	k      *Kernels
+	embed  dw
+	lmHead dw
+	final  DevPtr
+	layers []layerW
+	allocs []DevPtr
+	rope   map[int]*ropeDev // by head_dim
+	s      scratchDev
+}
+
+var _ runtime.Model = (*Model)(nil)
+
+type ropeDev struct {
+	inv      []float64
+	cos, sin DevPtr
+	n        int // positions covered
+}
+
+// Load implements runtime.Backend: it opens the device, compiles or loads
+// the kernels, converts and uploads every tensor the description names
+// (checked like the CPU backend: errors wrap runtime.ErrBadWeights and
+// name the tensor), fusing q/k/v and gate/up. MoE layers with a shared
+// expert return ErrUnsupported.
+func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.TensorSource, opt runtime.LoadOptions) (runtime.Model, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	for i := range d.Layers {
+		l := &d.Layers[i]
+		if l.HeadDim%4 != 0 || l.HeadDim > maxHeadDim {
+			return nil, fmt.Errorf("%w: layer %d: head_dim %d, want a multiple of 4 up to %d", ErrUnsupported, i, l.HeadDim, maxHeadDim)
+		}
+		if l.MoE != nil && (l.MoE.Shared != nil || l.MoE.SharedGate != "") {
+			return nil, fmt.Errorf("%w: layer %d: MoE shared experts", ErrUnsupported, i)
+		}
+	}
+	dev, err := OpenDevice(b.Ordinal)
+	if err != nil {
+		return nil, err
+	}
+	k, err := LoadKernels(dev, b.CacheDir)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
+	if err := m.load(ctx, src); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+const maxHeadDim = 256
+
+func (m *Model) load(ctx context.Context, src runtime.TensorSource) error {
+	d := m.d
+	H, V := d.HiddenSize, d.VocabSize
+	var err error
+	if m.embed, err = m.weight(src, []string{d.Embedding}, []int{V}, H); err != nil {
+		return err
+	}
+	if m.final, err = m.vec(src, d.FinalNorm, H); err != nil {
+		return err
+	}
+	m.lmHead = m.embed
+	if !d.TieWordEmbeddings {
+		if m.lmHead, err = m.weight(src, []string{d.LMHead}, []int{V}, H); err != nil {
+			return err
+		}
+	}
+	m.layers = make([]layerW, len(d.Layers))
+	for i := range d.Layers {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		spec := &d.Layers[i]
+		l := &m.layers[i]
+		l.nh, l.nkv, l.hd, l.window = spec.NumHeads, spec.NumKVHeads, spec.HeadDim, spec.SlidingWindow
+		l.qdim, l.kvdim = spec.QDim(), spec.KVDim()
+		l.qkv = l.qdim + 2*l.kvdim
+		if m.rope[l.hd] == nil {
+			m.rope[l.hd] = &ropeDev{inv: runtime.InvFreq(d.RoPE, l.hd)}
+		}
+		a := spec.Attn
+		if l.attnNorm, err = m.vec(src, a.Norm, H); err != nil {
+			return err
+		}
+		if l.ffnNorm, err = m.vec(src, spec.FFNNorm, H); err != nil {
+			return err
+		}
+		if l.wqkv, err = m.weight(src, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}, H); err != nil {
+			return err
+		}
+		if a.QBias != "" || a.KBias != "" || a.VBias != "" {
+			bias := make([]float32, l.qkv)
+			off := 0
+			for j, nm := range []string{a.QBias, a.KBias, a.VBias} {
+				n := []int{l.qdim, l.kvdim, l.kvdim}[j]
+				if nm != "" {
+					v, err := loadF32(src, nm, n)
+					if err != nil {
+						return err
+					}
+					copy(bias[off:], v)
+				}
+				off += n
+			}
+			if l.bqkv, err = m.upload32(bias); err != nil {
+				return err
+			}
+		}
+		if l.wo, err = m.weight(src, []string{a.O}, []int{H}, l.qdim); err != nil {
+			return err
+		}
+		if a.OBias != "" {
+			if l.bo, err = m.vec(src, a.OBias, H); err != nil {
+				return err
+			}
+		}
+		if a.QNorm != "" {
+			if l.qNorm, err = m.vec(src, a.QNorm, l.hd); err != nil {
+				return err
+			}
+			if l.kNorm, err = m.vec(src, a.KNorm, l.hd); err != nil {
+				return err
+			}
+		}
+		if s := spec.MLP; s != nil {
+			l.mlp = &mlpW{inter: s.IntermediateSize}
+			if l.mlp.gu, err = m.weight(src, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize}, H); err != nil {
+				return err
+			}
+			if l.mlp.down, err = m.weight(src, []string{s.Down}, []int{H}, s.IntermediateSize); err != nil {
+				return err
+			}
+		}
+		if mo := spec.MoE; mo != nil {
+			e := &moeW{E: mo.NumExperts, topK: mo.TopK, norm: mo.NormTopKProb}
+			if e.router, err = m.weight(src, []string{mo.Router}, []int{mo.NumExperts}, H); err != nil {
+				return err
+			}
+			var gu, down []string
+			var guRows, downRows []int
+			for j := range mo.Experts {
+				x := &mo.Experts[j]
+				if j == 0 {
+					e.inter = x.IntermediateSize
+				} else if x.IntermediateSize != e.inter {
+					return fmt.Errorf("%w: layer %d: experts differ in intermediate_size", ErrUnsupported, i)
+				}
+				gu = append(gu, x.Gate, x.Up)
+				guRows = append(guRows, x.IntermediateSize, x.IntermediateSize)
+				down = append(down, x.Down)
+				downRows = append(downRows, H)
+			}
+			if e.gu, err = m.weight(src, gu, guRows, H); err != nil {
+				return err
+			}
+			if e.down, err = m.weight(src, down, downRows, e.inter); err != nil {
+				return err
+			}
+			l.moe = e
+		}
+	}
+	return nil
+}
+
+// loadF32 reads tensor name as float32, checking shape and finiteness
+// (the CPU backend's rules).
+func loadF32(src runtime.TensorSource, name string, want ...int) ([]float32, error) {
+	t, err := src.Tensor(name)
+	if err != nil {
+		if errors.Is(err, safetensors.ErrMissingTensor) {
+			return nil, fmt.Errorf("cuda: %w: tensor %q named by config.json is missing: %w", runtime.ErrBadWeights, name, err)
+		}
+		return nil, fmt.Errorf("cuda: tensor %q: %w", name, err)
+	}
+	if !slices.Equal(t.Shape, want) {
+		return nil, fmt.Errorf("cuda: %w: %s: tensor %q: shape %v, want %v", runtime.ErrBadWeights, t.File, name, t.Shape, want)
+	}
+	switch t.DType {
+	case safetensors.F32, safetensors.F16, safetensors.BF16, safetensors.F64, safetensors.F8E4M3, safetensors.F8E5M2:
+	default:
+		return nil, fmt.Errorf("cuda: %w: %s: tensor %q: dtype %s, want a float dtype", runtime.ErrBadWeights, t.File, name, t.DType)
+	}
+	v, err := t.Float32()
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %s: tensor %q: %w", t.File, name, err)
+	}
+	for i, x := range v {
+		if x-x != 0 {
+			return nil, fmt.Errorf("cuda: %w: %s: tensor %q: element %d is not finite (checked at load)", runtime.ErrBadWeights, t.File, name, i)
+		}
+	}
+	return v, nil
+}
+
+// weight loads tensors names[i] ([rows[i], cols] each), stacks them
+// row-wise and uploads them as binary16, or bfloat16 when any part is
+// BF16 or holds |w| > 65504.
+func (m *Model) weight(src runtime.TensorSource, names []string, rows []int, cols int) (dw, error) {
+	var all []float32
+	bf := false
+	total := 0
+	for i, n := range names {
+		v, err := loadF32(src, n, rows[i], cols)
+		if err != nil {
+			return dw{}, err
+		}
+		if t, err := src.Tensor(n); err == nil && t.DType == safetensors.BF16 {
+			bf = true
+		}
+		all = append(all, v...)
+		total += rows[i]
+	}
+	for _, x := range all {
+		if x > 65504 || x < -65504 {
+			bf = true
+			break
+		}
+	}
+	h := make([]uint16, len(all))
+	for i, x := range all {
+		if bf {
+			h[i] = bf16FromFloat32(x)
+		} else {
+			h[i] = kvq.F16FromFloat32(x)
+		}
+	}
+	p, err := m.dev.Alloc(int64(2 * len(h)))
+	if err != nil {
+		return dw{}, err
+	}
+	m.allocs = append(m.allocs, p)
+	if err := Upload(m.dev, p, h); err != nil {
+		return dw{}, err
+	}
+	return dw{p: p, bf16: bf, rows: total, cols: cols}, nil
+}
+
+// bf16FromFloat32 rounds f to bfloat16 bits (nearest even; NaN quiet).
+func bf16FromFloat32(f float32) uint16 {
+	b := math.Float32bits(f)
+	if f != f {
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+// vec loads a float32 vector [n] onto the device.
+func (m *Model) vec(src runtime.TensorSource, name string, n int) (DevPtr, error) {
+	v, err := loadF32(src, name, n)
+	if err != nil {
+		return 0, err
+	}
+	return m.upload32(v)
+}
+
+func (m *Model) upload32(v []float32) (DevPtr, error) {
+	p, err := m.dev.Alloc(int64(4 * len(v)))
+	if err != nil {
+		return 0, err
+	}
+	m.allocs = append(m.allocs, p)
+	return p, Upload(m.dev, p, v)
+}
+
+// Description implements runtime.Model.
+func (m *Model) Description() *arch.Description { return m.d }
+
+// SetObserver implements runtime.Model. The CUDA backend has no
+// calibration hooks: o must be nil (a non-nil observer is ignored and
+// calibration must use the CPU backend).
+func (m *Model) SetObserver(o any) {}
+
+// Close implements runtime.Model: it frees the device memory, the
+// kernels and the device thread.
+func (m *Model) Close() error {
+	if m.dev == nil {
+		return nil
+	}
+	for _, p := range m.allocs {
+		m.dev.Free(p)
+	}
+	m.s.free(m.dev)
+	for _, r := range m.rope {
+		m.dev.Free(r.cos)
+		m.dev.Free(r.sin)
+	}
+	if m.k != nil {
+		m.k.Close()
+	}
+	err := m.dev.Close()
+	m.dev = nil
+	return err
+}
+
+// ensureRope grows the cos/sin tables of every head_dim to n positions.
+func (m *Model) ensureRope(n int) error {
+	for hd, r := range m.rope {
+		if n <= r.n {
+			continue
+		}
+		half := hd / 2
+		cs := make([]float32, n*half)
+		sn := make([]float32, n*half)
+		for p := 0; p < n; p++ {
+			for i, inv := range r.inv {
+				a := float64(p) * inv
+				cs[p*half+i] = float32(math.Cos(a))
+				sn[p*half+i] = float32(math.Sin(a))
+			}
+		}
+		m.dev.Free(r.cos)
+		m.dev.Free(r.sin)
+		r.cos, r.sin, r.n = 0, 0, 0
+		var err error
+		if r.cos, err = m.dev.Alloc(int64(4 * len(cs))); err != nil {
+			return err
+		}
+		if r.sin, err = m.dev.Alloc(int64(4 * len(sn))); err != nil {
+			return err
+		}
+		if err := Upload(m.dev, r.cos, cs); err != nil {
+			return err
+		}
+		if err := Upload(m.dev, r.sin, sn); err != nil {
+			return err
+		}
+		r.n = n
+	}
+	return nil
+}

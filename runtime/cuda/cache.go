@@ -1,0 +1,323 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+// CacheOptions configure a device KV cache.
+type CacheOptions struct {
+	// Method is "fp16" (every token binary16) or "oscar2" (fp16 sink and
+	// recent window, INT2 rotated and clipped rows otherwise; kvcache's
+	// oscar2 method, METHODS §1).
+	Method string
+	// Sink and Recent are the fp16 windows of oscar2 in tokens (kvcache
+	// Options; OSCAR publishes 64 and 256).
+	Sink, Recent int
+	// Rotations are oscar2's per-layer rotations and clipping ratios.
+	Rotations *kvcache.Rotations
+	// Batch is the number of sequences (≥ 1; Model.Forward uses 1).
+	Batch int
+}
+
+// DeviceCache is a KV cache in GPU memory (layout in kernels/kvcache.cu):
+// binary16 rows, and for oscar2 INT2 codes with binary16 (scale, zero) per
+// (token, kv head) row. Every token past the sink is quantized when it is
+// appended and also kept in a binary16 ring of Recent+32 slots; attention
+// reads positions [max(sink, n−Recent), n) from the ring, which is the CPU
+// cache's window. It implements runtime.KVCache (Write and Read copy
+// through the host) but only Model.Forward of the model that made it
+// fills it on the device.
+type DeviceCache struct {
+	m                        *Model
+	method                   string
+	B, n, cap                int
+	sink, recent, ring, capQ int
+	hi                       int // highest position+1 ever written
+	layers                   []cacheLayer
+	allocs                   []DevPtr
+}
+
+type cacheLayer struct {
+	nkv, hd                    int
+	sinkK, sinkV, ringK, ringV DevPtr
+	codesK, codesV, parK, parV DevPtr
+	rk, rv                     DevPtr // rotations [hd, hd] f32, or 0
+	clipK, clipV               int    // k-th smallest |y| index, −1 = none
+	hostRK, hostRV             []float32
+}
+
+var _ runtime.KVCache = (*DeviceCache)(nil)
+
+// NewCache implements runtime.Model with an fp16 DeviceCache of one
+// sequence. It panics when device memory runs out (runtime.Model's
+// NewCache has no error); use NewDeviceCache to get the error.
+func (m *Model) NewCache(capacity int) runtime.KVCache {
+	c, err := m.NewDeviceCache(capacity, CacheOptions{Method: "fp16"})
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// NewDeviceCache returns an empty device cache of capacity tokens per
+// sequence. Errors: an unknown method, oscar2 without rotations or with
+// rotations of the wrong size (kvcache.ErrBadShape), device memory.
+func (m *Model) NewDeviceCache(capacity int, o CacheOptions) (*DeviceCache, error) {
+	if capacity < 1 {
+		return nil, fmt.Errorf("cuda: cache capacity %d, want ≥ 1", capacity)
+	}
+	B := max(o.Batch, 1)
+	c := &DeviceCache{m: m, method: o.Method, B: B, cap: capacity}
+	switch o.Method {
+	case "fp16":
+		c.ring = capacity
+	case "oscar2":
+		if o.Rotations == nil {
+			return nil, fmt.Errorf("%w: method \"oscar2\"", kvcache.ErrNoRotations)
+		}
+		if o.Sink < 0 || o.Recent < 0 {
+			return nil, fmt.Errorf("%w: Sink %d, Recent %d, want ≥ 0", kvcache.ErrBadShape, o.Sink, o.Recent)
+		}
+		c.sink = min(o.Sink, capacity)
+		c.recent = o.Recent
+		c.ring = max(1, min(c.recent+32, capacity))
+		c.capQ = capacity - c.sink
+	default:
+		return nil, fmt.Errorf("cuda: KV cache method %q: the CUDA backend supports fp16 and oscar2", o.Method)
+	}
+	if err := m.ensureRope(capacity); err != nil {
+		return nil, err
+	}
+	r := o.Rotations
+	if r != nil && o.Method == "oscar2" && (len(r.K) != len(m.layers) || len(r.V) != len(m.layers)) {
+		return nil, fmt.Errorf("%w: Rotations has %d K and %d V matrices, want %d", kvcache.ErrBadShape, len(r.K), len(r.V), len(m.layers))
+	}
+	alloc := func(n int64) (DevPtr, error) {
+		p, err := m.dev.Alloc(n)
+		if err == nil {
+			c.allocs = append(c.allocs, p)
+		}
+		return p, err
+	}
+	for i := range m.layers {
+		l := &m.layers[i]
+		L := cacheLayer{nkv: l.nkv, hd: l.hd, clipK: -1, clipV: -1}
+		rows := int64(B) * int64(l.nkv)
+		var err error
+		for _, p := range []*DevPtr{&L.ringK, &L.ringV} {
+			if *p, err = alloc(2 * rows * int64(c.ring) * int64(l.hd)); err != nil {
+				c.Free()
+				return nil, err
+			}
+		}
+		if o.Method == "oscar2" {
+			d := l.hd
+			if len(r.K[i]) != d*d || len(r.V[i]) != d*d {
+				c.Free()
+				return nil, fmt.Errorf("%w: layer %d: rotation sizes %d and %d, want head_dim² = %d", kvcache.ErrBadShape, i, len(r.K[i]), len(r.V[i]), d*d)
+			}
+			for _, p := range []*DevPtr{&L.sinkK, &L.sinkV} {
+				if *p, err = alloc(2 * rows * int64(max(c.sink, 1)) * int64(d)); err != nil {
+					c.Free()
+					return nil, err
+				}
+			}
+			for _, p := range []*DevPtr{&L.codesK, &L.codesV} {
+				if *p, err = alloc(rows * int64(max(c.capQ, 1)) * int64(d/4)); err != nil {
+					c.Free()
+					return nil, err
+				}
+			}
+			for _, p := range []*DevPtr{&L.parK, &L.parV} {
+				if *p, err = alloc(4 * rows * int64(max(c.capQ, 1))); err != nil {
+					c.Free()
+					return nil, err
+				}
+			}
+			L.hostRK, L.hostRV = r.K[i], r.V[i]
+			for _, x := range []struct {
+				p *DevPtr
+				v []float32
+			}{{&L.rk, r.K[i]}, {&L.rv, r.V[i]}} {
+				if *x.p, err = alloc(int64(4 * len(x.v))); err != nil {
+					c.Free()
+					return nil, err
+				}
+				if err := Upload(m.dev, *x.p, x.v); err != nil {
+					c.Free()
+					return nil, err
+				}
+			}
+			if r.ClipK != nil {
+				L.clipK = clipIndex(r.ClipK[i], d)
+			}
+			if r.ClipV != nil {
+				L.clipV = clipIndex(r.ClipV[i], d)
+			}
+		}
+		c.layers = append(c.layers, L)
+	}
+	return c, nil
+}
+
+// clipIndex is kvq.Clip's τ index ⌊ratio·n⌋ clamped to [0, n−1], or −1
+// (no clipping) for ratios ≥ 1 or ≤ 0 (the CPU cache clips only for
+// 0 < ratio < 1).
+func clipIndex(ratio float64, n int) int {
+	if !(ratio > 0 && ratio < 1) {
+		return -1
+	}
+	return min(int(math.Floor(ratio*float64(n))), n-1)
+}
+
+// Free releases the cache's device memory.
+func (c *DeviceCache) Free() {
+	for _, p := range c.allocs {
+		c.m.dev.Free(p)
+	}
+	c.allocs = nil
+}
+
+// Len implements runtime.KVCache.
+func (c *DeviceCache) Len() int { return c.n }
+
+// Cap implements runtime.KVCache.
+func (c *DeviceCache) Cap() int { return c.cap }
+
+// Commit implements runtime.KVCache.
+func (c *DeviceCache) Commit(n int) { c.n += n }
+
+// Truncate implements runtime.KVCache.
+func (c *DeviceCache) Truncate(n int) { c.n = max(0, min(c.n, n)) }
+
+// windowStart is the first position read from the ring for a cache of n
+// tokens: max(sink, n − Recent, hi − ring) for oscar2 (rows older than
+// hi − ring may have been overwritten), 0 for fp16.
+func (c *DeviceCache) windowStart(n int) int {
+	if c.method != "oscar2" {
+		return 0
+	}
+	return max(c.sink, n-c.recent, c.hi-c.ring)
+}
+
+// Bytes implements runtime.KVCache: binary16 rows (sink and window) at 2
+// bytes per element, INT2 rows at hd/4 bytes plus 4 bytes of parameters,
+// for the Len() stored tokens of every sequence (the ring's copies of
+// quantized tokens and unused capacity are not counted).
+func (c *DeviceCache) Bytes() int64 {
+	var s int64
+	ws := c.windowStart(c.n)
+	for _, L := range c.layers {
+		rows := int64(c.B) * int64(L.nkv)
+		if c.method == "fp16" {
+			s += rows * int64(c.n) * int64(L.hd) * 4
+			continue
+		}
+		fp := int64(min(c.n, c.sink) + max(0, c.n-ws))
+		q := int64(max(0, ws-c.sink))
+		s += rows * (fp*int64(L.hd)*4 + q*2*int64(L.hd/4+4))
+	}
+	return s
+}
+
+// Write implements runtime.KVCache for sequence 0: k, v [n, kvDim]
+// float32 rows are uploaded and appended (quantized for oscar2) by the
+// kv_append kernel. It panics on a device error (KVCache.Write has no
+// error) or when pos+n passes the capacity.
+func (c *DeviceCache) Write(layer, pos, n int, k, v []float32) {
+	if pos+n > c.cap || pos < 0 {
+		panic(fmt.Sprintf("cuda: DeviceCache.Write: positions [%d,%d) outside capacity %d", pos, pos+n, c.cap))
+	}
+	L := &c.layers[layer]
+	kvDim := L.nkv * L.hd
+	buf := make([]float32, 2*n*kvDim)
+	for t := 0; t < n; t++ {
+		copy(buf[t*2*kvDim:], k[t*kvDim:(t+1)*kvDim])
+		copy(buf[t*2*kvDim+kvDim:], v[t*kvDim:(t+1)*kvDim])
+	}
+	p, err := c.m.dev.Alloc(int64(4 * len(buf)))
+	if err != nil {
+		panic(err)
+	}
+	defer c.m.dev.Free(p)
+	if err := Upload(c.m.dev, p, buf); err != nil {
+		panic(err)
+	}
+	if err := c.append(layer, p, 2*kvDim, 0, kvDim, pos, n, 1); err != nil {
+		panic(err)
+	}
+	c.hi = max(c.hi, pos+n)
+}
+
+// append launches kv_append for T tokens of B sequences whose rows are at
+// rows (ld floats apart, keys at koff, values at voff).
+func (c *DeviceCache) append(layer int, rows DevPtr, ld, koff, voff, pos, T, B int) error {
+	L := &c.layers[layer]
+	return c.m.k.Launch("kv_append", Dim{T, L.nkv, 2 * B}, Dim{roundUp(L.hd, 32), 1, 1},
+		rows, ld, koff, voff, T, pos, L.nkv, L.hd,
+		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
+		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
+		L.rk, L.rv, L.clipK, L.clipV)
+}
+
+// Read implements runtime.KVCache for sequence 0: tokens [0, n) of layer
+// and kv head h, dequantized and un-rotated on the host. It panics on a
+// device error.
+func (c *DeviceCache) Read(layer, h, n int, k, v []float32) {
+	L := &c.layers[layer]
+	hd := L.hd
+	dev := c.m.dev
+	ws := c.windowStart(n)
+	row16 := func(base DevPtr, slots, slot int, dst []float32) {
+		b := make([]uint16, hd)
+		if err := Download(dev, b, base+DevPtr(2*((h*slots+slot)*hd))); err != nil {
+			panic(err)
+		}
+		kvq.DecodeF16(dst, b)
+	}
+	for p := 0; p < n; p++ {
+		kd, vd := k[p*hd:(p+1)*hd], v[p*hd:(p+1)*hd]
+		switch {
+		case p < c.sink:
+			row16(L.sinkK, c.sink, p, kd)
+			row16(L.sinkV, c.sink, p, vd)
+		case p < ws:
+			qi := h*c.capQ + p - c.sink
+			for s, x := range []struct {
+				codes, par DevPtr
+				r          []float32
+				dst        []float32
+			}{{L.codesK, L.parK, L.hostRK, kd}, {L.codesV, L.parV, L.hostRV, vd}} {
+				_ = s
+				cb := make([]byte, hd/4)
+				pr := make([]uint16, 2)
+				if err := Download(dev, cb, x.codes+DevPtr(qi*(hd/4))); err != nil {
+					panic(err)
+				}
+				if err := Download(dev, pr, x.par+DevPtr(4*qi)); err != nil {
+					panic(err)
+				}
+				rot := make([]float32, hd)
+				kvq.DecodeAsym(rot, cb, 2, kvq.F16ToFloat32(pr[0]), kvq.F16ToFloat32(pr[1]))
+				// x = x_rot·Rᵀ: x[j] = Σ_i x_rot[i]·R[j, i].
+				for j := 0; j < hd; j++ {
+					var a float32
+					for i := 0; i < hd; i++ {
+						a += rot[i] * x.r[j*hd+i]
+					}
+					x.dst[j] = a
+				}
+			}
+		default:
+			row16(L.ringK, c.ring, p%c.ring, kd)
+			row16(L.ringV, c.ring, p%c.ring, vd)
+		}
+	}
+}
+
+func roundUp(n, m int) int { return (n + m - 1) / m * m }

@@ -1,0 +1,26 @@
+// Package cuda is lmpack's NVIDIA GPU backend. It needs no cgo: the CUDA
+// driver API (libcuda.so.1) and NVRTC are opened at run time through
+// github.com/ebitengine/purego, so the package builds, and its tests run,
+// on any machine; calls that need a GPU return ErrNoDevice (or an error
+// naming the missing library and every path searched).
+//
+// All driver calls run on one goroutine locked to its OS thread (the CUDA
+// context is per thread), using the device's primary context
+// (cuDevicePrimaryCtxRetain; cuCtxCreate changed its signature in CUDA 13).
+//
+// The kernels are embedded CUDA C++ sources (kernels/*.cu) that include no
+// CUDA header: NVRTC 11.8 ships without cuda_fp16.h, so binary16 and
+// bfloat16 conversions are written out in the sources. At load they are
+// compiled by NVRTC to PTX for the device's compute capability (capped at
+// the newest architecture the NVRTC knows; the driver JIT-compiles the
+// PTX) and cached on disk under os.UserCacheDir()/lmpack/cuda, keyed by
+// the SHA-256 of the sources and options, the architecture and the NVRTC
+// version.
+//
+// Library search order for NVRTC (see FindNVRTC): $LMPACK_NVRTC (a file
+// or a directory), $CUDA_HOME/lib64, the sonames libnvrtc.so.13, .so.12,
+// .so.11.2 through the dynamic loader, /usr/local/cuda/lib64, then the
+// pip wheel locations site-packages/nvidia/*/lib of the Python
+// installations found on the machine. The driver is libcuda.so.1 through
+// the dynamic loader (never a toolkit stub, which has no device).
+package cuda

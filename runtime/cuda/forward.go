@@ -1,0 +1,368 @@
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// scratchDev holds the device activations of one Forward call, grown to
+// the largest call seen.
+type scratchDev struct {
+	rows, ctx, splits int
+	ids               DevPtr // int32 [rows]
+	x, xn, qkv, att   DevPtr
+	gu, logits        DevPtr
+	partO, partML     DevPtr
+	moeLogits, moeW   DevPtr
+	moeSel, moeY      DevPtr
+	moeGU             DevPtr
+	sizes             map[*DevPtr]int64
+}
+
+func (s *scratchDev) free(d *Device) {
+	for p := range s.sizes {
+		d.Free(*p)
+		*p = 0
+	}
+	s.sizes = nil
+}
+
+// grow makes *p hold at least n bytes.
+func (s *scratchDev) grow(d *Device, p *DevPtr, n int64) error {
+	if s.sizes == nil {
+		s.sizes = map[*DevPtr]int64{}
+	}
+	if s.sizes[p] >= n {
+		return nil
+	}
+	d.Free(*p)
+	*p = 0
+	q, err := d.Alloc(n)
+	if err != nil {
+		delete(s.sizes, p)
+		return err
+	}
+	*p, s.sizes[p] = q, n
+	return nil
+}
+
+// attnSplit returns the split length (a multiple of 128 positions) and
+// count for nTok positions and base blocks per split, aiming at 8 blocks
+// per SM (up to 16 of 128 threads fit).
+func (m *Model) attnSplit(nTok, base int) (splitLen, nsplit int) {
+	target := 8 * max(m.dev.SMs, 1)
+	want := max(1, (target+base-1)/base)
+	tiles := (nTok + 127) / 128
+	want = min(want, tiles)
+	tilesPer := (tiles + want - 1) / want
+	splitLen = 128 * tilesPer
+	return splitLen, (nTok + splitLen - 1) / splitLen
+}
+
+// Forward implements runtime.Model. cache must be a *DeviceCache made by
+// this model (NewCache or NewDeviceCache with Batch 1). Errors: those of
+// runtime.Model.Forward, a foreign cache, device errors.
+func (m *Model) Forward(ctx context.Context, tokens []int, cache runtime.KVCache, logits []float32, allLogits bool) error {
+	c, ok := cache.(*DeviceCache)
+	if !ok || c.m != m {
+		return fmt.Errorf("cuda: Forward: the cache is a %T; the CUDA backend needs a cache from this model's NewCache or NewDeviceCache", cache)
+	}
+	if c.B != 1 {
+		return fmt.Errorf("cuda: Forward: the cache holds %d sequences; use ForwardBatch", c.B)
+	}
+	T := len(tokens)
+	if T == 0 {
+		return fmt.Errorf("cuda: Forward: no tokens")
+	}
+	V := m.d.VocabSize
+	want := V
+	if allLogits {
+		want = T * V
+	}
+	if len(logits) < want {
+		return fmt.Errorf("cuda: Forward: logits has %d elements, want %d", len(logits), want)
+	}
+	return m.ForwardBatch(ctx, tokens, 1, c, logits, allLogits)
+}
+
+// ForwardBatch runs B sequences of T tokens each (ids [B·T], sequence b's
+// tokens at [b·T, (b+1)·T)) at positions c.Len() .. c.Len()+T−1 of the
+// B-sequence cache c, appends their keys and values and writes logits:
+// [B·T, vocab] when allLogits, else [B, vocab] (each sequence's last
+// token). Errors: an empty or ragged batch, an id out of range, the cache
+// full or from another model, a short logits slice, ctx cancelled (the
+// cache is then left at its old length), device errors.
+func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCache, logits []float32, allLogits bool) error {
+	if B < 1 || len(ids) == 0 || len(ids)%B != 0 || c.B != B || c.m != m {
+		return fmt.Errorf("cuda: ForwardBatch: %d ids for %d sequences and a cache of %d sequences", len(ids), B, c.B)
+	}
+	d := m.d
+	T := len(ids) / B
+	R := B * T
+	H, V := d.HiddenSize, d.VocabSize
+	pos := c.n
+	if pos+T > c.cap {
+		return fmt.Errorf("cuda: Forward: %d tokens at position %d exceed the KV cache capacity %d", T, pos, c.cap)
+	}
+	if R > 65535 {
+		return fmt.Errorf("cuda: Forward: %d token rows in one call, at most 65535 (a CUDA grid dimension)", R)
+	}
+	outRows := B
+	if allLogits {
+		outRows = R
+	}
+	if len(logits) < outRows*V {
+		return fmt.Errorf("cuda: Forward: logits has %d elements, want %d", len(logits), outRows*V)
+	}
+	id32 := make([]int32, R)
+	for i, id := range ids {
+		if id < 0 || id >= V {
+			return fmt.Errorf("cuda: Forward: token %d at index %d out of range [0,%d)", id, i, V)
+		}
+		id32[i] = int32(id)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := m.ensureRope(c.cap); err != nil {
+		return err
+	}
+	if err := m.ensureScratch(R, T, pos+T); err != nil {
+		return err
+	}
+	s := &m.s
+	dev, k := m.dev, m.k
+	if err := Upload(dev, s.ids, id32); err != nil {
+		return err
+	}
+	nTok := pos + T
+	ws := c.windowStart(nTok)
+	xrow, xld, rows := s.x, H, R
+	xnrow := s.xn
+	if !allLogits {
+		// Each sequence's last token: rows (b·T + T−1), T·H floats apart.
+		xrow = s.x + DevPtr(4*(T-1)*H)
+		xnrow = s.xn + DevPtr(4*(T-1)*H)
+		xld, rows = T*H, B
+	}
+	// The ring slots of [pos, nTok) are overwritten even if the step is
+	// cancelled: record it before launching.
+	c.hi = max(c.hi, nTok)
+	// Every launch of the step runs in one hand-off to the driver thread.
+	err := k.Batch(func() error { return m.layersForward(ctx, c, B, T, R, pos, nTok, ws, xrow, xnrow, xld, rows) })
+	if err != nil {
+		return err
+	}
+	if err := Download(dev, logits[:rows*V], s.logits); err != nil {
+		return err
+	}
+	c.n += T
+	return nil
+}
+
+// layersForward launches the embedding, every layer and the lm_head
+// (inside Kernels.Batch: no other device calls here).
+func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos, nTok, ws int, xrow, xnrow DevPtr, xld, rows int) error {
+	d, s, k := m.d, &m.s, m.k
+	H, V := d.HiddenSize, d.VocabSize
+	if err := k.Launch("embed", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, m.embed.p, s.ids, H, b2i(m.embed.bf16)); err != nil {
+		return err
+	}
+	eps := float32(d.RMSNormEps)
+	for li := range m.layers {
+		if li > 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		l := &m.layers[li]
+		L := &c.layers[li]
+		rp := m.rope[l.hd]
+		// Attention block.
+		if err := k.Launch("rmsnorm", Dim{R, 1, 1}, Dim{256, 1, 1}, s.xn, s.x, l.attnNorm, H, 1, H, eps); err != nil {
+			return err
+		}
+		if err := m.matmulX(s.qkv, l.qkv, s.xn, H, l.wqkv, R, 0); err != nil {
+			return err
+		}
+		if l.bqkv != 0 {
+			if err := k.Launch("add_bias", Dim{R, 1, 1}, Dim{256, 1, 1}, s.qkv, l.bqkv, l.qkv, l.qkv); err != nil {
+				return err
+			}
+		}
+		kptr := s.qkv + DevPtr(4*l.qdim)
+		if l.qNorm != 0 {
+			if err := k.Launch("rmsnorm", Dim{R * l.nh, 1, 1}, Dim{32, 1, 1}, s.qkv, s.qkv, l.qNorm, l.hd, l.nh, l.qkv, eps); err != nil {
+				return err
+			}
+			if err := k.Launch("rmsnorm", Dim{R * l.nkv, 1, 1}, Dim{32, 1, 1}, kptr, kptr, l.kNorm, l.hd, l.nkv, l.qkv, eps); err != nil {
+				return err
+			}
+		}
+		// q and k heads are adjacent in a qkv row (k head j is head nh+j):
+		// one launch rotates both.
+		if err := k.Launch("rope", Dim{R, l.nh + l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
+			return err
+		}
+		if err := c.append(li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {
+			return err
+		}
+		if err := m.attention(l, L, c, R, T, pos, nTok, ws); err != nil {
+			return err
+		}
+		if err := m.matmulX(s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
+			return err
+		}
+		if l.bo != 0 {
+			if err := k.Launch("add_bias", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, l.bo, H, H); err != nil {
+				return err
+			}
+		}
+		// FFN block.
+		if err := k.Launch("rmsnorm", Dim{R, 1, 1}, Dim{256, 1, 1}, s.xn, s.x, l.ffnNorm, H, 1, H, eps); err != nil {
+			return err
+		}
+		if l.mlp != nil {
+			I := l.mlp.inter
+			if err := m.matmulX(s.gu, 2*I, s.xn, H, l.mlp.gu, R, 0); err != nil {
+				return err
+			}
+			if err := k.Launch("silu_mul", Dim{R, 1, 1}, Dim{256, 1, 1}, s.gu, I); err != nil {
+				return err
+			}
+			if err := m.matmulX(s.x, H, s.gu, 2*I, l.mlp.down, R, 1); err != nil {
+				return err
+			}
+		} else if err := m.moeFFN(l.moe, R); err != nil {
+			return err
+		}
+	}
+	// Final norm and lm_head.
+	if err := k.Launch("rmsnorm", Dim{rows, 1, 1}, Dim{256, 1, 1}, xnrow, xrow, m.final, H, 1, xld, eps); err != nil {
+		return err
+	}
+	return m.matmulX(s.logits, V, xnrow, xld, m.lmHead, rows, 0)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (m *Model) ensureScratch(R, T, nTok int) error {
+	d, s, dev := m.d, &m.s, m.dev
+	H, V := d.HiddenSize, d.VocabSize
+	var qkv, qd, inter, heads, hd, E, K int
+	for i := range m.layers {
+		l := &m.layers[i]
+		qkv, qd, heads, hd = max(qkv, l.qkv), max(qd, l.qdim), max(heads, l.nh), max(hd, l.hd)
+		if l.mlp != nil {
+			inter = max(inter, l.mlp.inter)
+		}
+		if l.moe != nil {
+			inter, E, K = max(inter, l.moe.inter), max(E, l.moe.E), max(K, l.moe.topK)
+		}
+	}
+	_, nsplit := m.attnSplit(nTok, 1)
+	r := int64(R)
+	for _, g := range []struct {
+		p *DevPtr
+		n int64
+	}{
+		{&s.ids, 4 * r}, {&s.x, 4 * r * int64(H)}, {&s.xn, 4 * r * int64(H)},
+		{&s.qkv, 4 * r * int64(qkv)}, {&s.att, 4 * r * int64(qd)},
+		{&s.gu, 4 * r * int64(2*inter)}, {&s.logits, 4 * r * int64(V)},
+		{&s.partO, 4 * r * int64(heads) * int64(nsplit) * 2 * int64(hd)},
+		{&s.partML, 4 * r * int64(heads) * int64(nsplit) * 2},
+	} {
+		if err := s.grow(dev, g.p, g.n); err != nil {
+			return err
+		}
+	}
+	if E > 0 {
+		for _, g := range []struct {
+			p *DevPtr
+			n int64
+		}{
+			{&s.moeLogits, 4 * r * int64(E)}, {&s.moeW, 4 * r * int64(K)}, {&s.moeSel, 4 * r * int64(K)},
+			{&s.moeGU, 4 * r * int64(K) * int64(2*inter)}, {&s.moeY, 4 * r * int64(K) * int64(H)},
+		} {
+			if err := s.grow(dev, g.p, g.n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// matmulX computes y[R, w.rows] (row stride ldy) = x[R, w.cols] (row
+// stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel (8 rows
+// per block) for R ≤ 16 rows (decode, batches up to 16), the tiled GEMM
+// otherwise.
+func (m *Model) matmulX(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
+	N, K := w.rows, w.cols
+	suffix := "_f16"
+	if w.bf16 {
+		suffix = "_bf16"
+	}
+	if R <= 16 {
+		return m.k.Launch("gemv"+suffix, Dim{(N + 3) / 4, (R + 7) / 8, 1}, Dim{128, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
+	}
+	return m.k.Launch("gemm"+suffix, Dim{(N + 63) / 64, (R + 63) / 64, 1}, Dim{256, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
+}
+
+// attention runs attn_split and attn_merge for the R = B·T new queries of
+// layer l into m.s.att [R, qdim].
+func (m *Model) attention(l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
+	s := &m.s
+	group := l.nh / l.nkv
+	mg := 8 // q heads per block: the smallest of 1, 2, 4, 8 covering the group
+	for _, g := range []int{1, 2, 4} {
+		if group <= g {
+			mg = g
+			break
+		}
+	}
+	chunks := (group + mg - 1) / mg
+	splitLen, nsplit := m.attnSplit(nTok, l.nkv*chunks*R)
+	scale := float32(1 / math.Sqrt(float64(l.hd)))
+	rk, rv := L.rk, L.rv
+	shmem := 4 * mg * (4*l.hd + 256)
+	if err := m.k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
+		s.partO, s.partML, s.qkv, l.qkv,
+		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
+		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
+		rk, l.nh, l.nkv, l.hd, T, pos, ws, l.window, nsplit, splitLen, scale); err != nil {
+		return err
+	}
+	return m.k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},
+		s.att, l.qdim, s.partO, s.partML, rv, l.nh, l.hd, nsplit)
+}
+
+// moeFFN routes the R rows of m.s.xn and adds the weighted expert outputs
+// to m.s.x.
+func (m *Model) moeFFN(e *moeW, R int) error {
+	s, k := &m.s, m.k
+	H, I, K := m.d.HiddenSize, e.inter, e.topK
+	if err := m.matmulX(s.moeLogits, e.E, s.xn, H, e.router, R, 0); err != nil {
+		return err
+	}
+	if err := k.Launch("moe_route", Dim{(R + 31) / 32, 1, 1}, Dim{32, 1, 1}, s.moeSel, s.moeW, s.moeLogits, R, e.E, K, b2i(e.norm)); err != nil {
+		return err
+	}
+	if err := k.Launch("moe_gemv", Dim{(2*I + 3) / 4, R * K, 1}, Dim{128, 1, 1}, s.moeGU, 2*I, s.xn, H, 0, e.gu.p, s.moeSel, K, 2*I, H, b2i(e.gu.bf16)); err != nil {
+		return err
+	}
+	if err := k.Launch("silu_mul", Dim{R * K, 1, 1}, Dim{256, 1, 1}, s.moeGU, I); err != nil {
+		return err
+	}
+	if err := k.Launch("moe_gemv", Dim{(H + 3) / 4, R * K, 1}, Dim{128, 1, 1}, s.moeY, H, s.moeGU, 2*I, 1, e.down.p, s.moeSel, K, H, I, b2i(e.down.bf16)); err != nil {
+		return err
+	}
+	return k.Launch("moe_combine", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, s.moeY, s.moeW, K, H)
+}

@@ -1,0 +1,431 @@
+package cuda
+
+// Parity tests of every kernel against the CPU code, and end-to-end
+// logits against the CPU backend. They skip without a CUDA GPU (see
+// gpuOrSkip); scripts/gpu-check.sh runs them on a GPU machine.
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/quantize/weights"
+	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kernels"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+// TestGPUElementwise: rmsnorm, silu_mul and rope against
+// runtime/kernels and the CPU RoPE formula; tolerance 2e-6·(1+|ref|).
+func TestGPUElementwise(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	r := rand.New(rand.NewPCG(1, 2))
+	const T, H = 5, 200
+	x := randVec(r, T*H, 1)
+	w := randVec(r, H, 1)
+	xp, wp := devBuf(t, d, x), devBuf(t, d, w)
+	op := devBuf(t, d, make([]float32, T*H))
+	if err := k.Launch("rmsnorm", Dim{T, 1, 1}, Dim{256, 1, 1}, op, xp, wp, H, 1, H, float32(1e-5)); err != nil {
+		t.Fatal(err)
+	}
+	got := download[float32](t, d, op, T*H)
+	want := make([]float32, T*H)
+	for i := 0; i < T; i++ {
+		kernels.RMSNorm(want[i*H:(i+1)*H], x[i*H:(i+1)*H], w, 1e-5)
+	}
+	checkClose(t, "rmsnorm", got, want, 2e-6)
+
+	const I = 77
+	gu := randVec(r, T*2*I, 2)
+	gp := devBuf(t, d, gu)
+	if err := k.Launch("silu_mul", Dim{T, 1, 1}, Dim{64, 1, 1}, gp, I); err != nil {
+		t.Fatal(err)
+	}
+	got = download[float32](t, d, gp, T*2*I)
+	for i := 0; i < T; i++ {
+		kernels.SiLUMul(gu[i*2*I:i*2*I+I], gu[i*2*I+I:(i+1)*2*I])
+	}
+	checkClose(t, "silu_mul", got, gu, 2e-6)
+
+	// RoPE on 2 sequences × 3 tokens of 4 heads of 16 at position 9.
+	const hd, heads, B, TT, pos = 16, 4, 2, 3, 9
+	rp := arch.RoPE{Theta: 10000}
+	inv := runtime.InvFreq(rp, hd)
+	n := pos + TT
+	cs, sn := make([]float32, n*hd/2), make([]float32, n*hd/2)
+	for p := 0; p < n; p++ {
+		for i, f := range inv {
+			cs[p*hd/2+i] = float32(math.Cos(float64(p) * f))
+			sn[p*hd/2+i] = float32(math.Sin(float64(p) * f))
+		}
+	}
+	q := randVec(r, B*TT*heads*hd, 1)
+	qp := devBuf(t, d, q)
+	if err := k.Launch("rope", Dim{B * TT, heads, 1}, Dim{32, 1, 1}, qp, heads*hd, hd, TT, pos, devBuf(t, d, cs), devBuf(t, d, sn)); err != nil {
+		t.Fatal(err)
+	}
+	got = download[float32](t, d, qp, len(q))
+	for row := 0; row < B*TT; row++ {
+		p := pos + row%TT
+		for h := 0; h < heads; h++ {
+			v := q[(row*heads+h)*hd:]
+			for i := 0; i < hd/2; i++ {
+				a, b := v[i], v[i+hd/2]
+				c, s := cs[p*hd/2+i], sn[p*hd/2+i]
+				v[i], v[i+hd/2] = a*c-b*s, b*c+a*s
+			}
+		}
+	}
+	checkClose(t, "rope", got, q, 2e-6)
+}
+
+// checkClose fails when |got−want| > tol·(1+|want|) anywhere.
+func checkClose(t *testing.T, what string, got, want []float32, tol float64) {
+	t.Helper()
+	worst, at := 0.0, -1
+	for i := range want {
+		e := math.Abs(float64(got[i]-want[i])) / (1 + math.Abs(float64(want[i])))
+		if !(e <= worst) {
+			worst, at = e, i
+		}
+	}
+	if worst > tol || math.IsNaN(worst) {
+		t.Errorf("%s: worst relative error %.3g at %d (got %v, want %v), tolerance %.1g", what, worst, at, got[at], want[at], tol)
+	} else {
+		t.Logf("%s: worst relative error %.3g (tolerance %.1g)", what, worst, tol)
+	}
+}
+
+// TestGPUGemm: gemv (M ≤ 16) and gemm against a float64 product of the
+// same binary16 / bfloat16 weights; tolerance 1e-5·Σ|x·w| per element
+// (float32 accumulation order).
+func TestGPUGemm(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, bf := range []bool{false, true} {
+		for _, sh := range [][3]int{{1, 100, 64}, {3, 130, 172}, {8, 64, 256}, {13, 66, 128}, {16, 100, 172}, {37, 100, 172}, {130, 70, 96}} {
+			M, N, K := sh[0], sh[1], sh[2]
+			x := randVec(r, M*K, 1)
+			wf := randVec(r, N*K, 0.1)
+			wh := make([]uint16, N*K)
+			for i, v := range wf {
+				if bf {
+					wh[i] = safetensors.BF16FromFloat32(v)
+					wf[i] = safetensors.BF16ToFloat32(wh[i])
+				} else {
+					wh[i] = kvq.F16FromFloat32(v)
+					wf[i] = kvq.F16ToFloat32(wh[i])
+				}
+			}
+			y0 := randVec(r, M*N, 1)
+			yp := devBuf(t, d, y0)
+			m := &Model{dev: d, k: k}
+			w := dw{p: devBuf(t, d, wh), bf16: bf, rows: N, cols: K}
+			if err := m.matmulX(yp, N, devBuf(t, d, x), K, w, M, 1); err != nil {
+				t.Fatal(err)
+			}
+			got := download[float32](t, d, yp, M*N)
+			worst := 0.0
+			for i := 0; i < M; i++ {
+				for j := 0; j < N; j++ {
+					var s, a float64
+					for c := 0; c < K; c++ {
+						p := float64(x[i*K+c]) * float64(wf[j*K+c])
+						s += p
+						a += math.Abs(p)
+					}
+					s += float64(y0[i*N+j])
+					worst = max(worst, math.Abs(float64(got[i*N+j])-s)/(a+1))
+				}
+			}
+			if worst > 1e-5 {
+				t.Errorf("bf16=%v M=%d N=%d K=%d: worst error %.3g of Σ|x·w|, want ≤ 1e-5", bf, M, N, K, worst)
+			}
+		}
+	}
+}
+
+// TestGPUQGemv: gemv_q against weights.Quantized.Dequantize and a float64
+// product, for 2, 3, 4 and 8 bits, groups 32, 64 and per channel,
+// symmetric and asymmetric, with and without an act-order permutation;
+// tolerance 1e-5·Σ|x·ŵ|.
+func TestGPUQGemv(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	r := rand.New(rand.NewPCG(5, 6))
+	const N = 70
+	for _, bits := range []int{2, 3, 4, 8} {
+		for _, group := range []int{32, 64, 0} {
+			for _, sym := range []bool{false, true} {
+				for _, perm := range []bool{false, true} {
+					K, M := 192, 3
+					if group == 0 {
+						K = 100 // per channel: a K that is not a multiple of 8
+					}
+					w := randVec(r, N*K, 0.05)
+					q, err := weights.QuantizeRTN(w, N, K, weights.Options{Bits: bits, GroupSize: group, Symmetric: sym})
+					if err != nil {
+						t.Fatal(err)
+					}
+					var pp DevPtr
+					if perm {
+						p := r.Perm(K)
+						q.Perm = make([]int32, K)
+						for i, v := range p {
+							q.Perm[i] = int32(v)
+						}
+						pp = devBuf(t, d, q.Perm)
+					}
+					deq := make([]float32, N*K)
+					q.Dequantize(deq)
+					x := randVec(r, M*K, 1)
+					var zp DevPtr
+					if !sym {
+						zp = devBuf(t, d, q.Zeros)
+					}
+					yp := devBuf(t, d, make([]float32, M*N))
+					if err := k.Launch("gemv_q", Dim{(N + 3) / 4, 1, 1}, Dim{128, 1, 1}, yp, N, devBuf(t, d, x), K,
+						devBuf(t, d, q.Codes), devBuf(t, d, q.Scales), zp, pp, M, N, K, bits, q.GroupSize, 0); err != nil {
+						t.Fatal(err)
+					}
+					got := download[float32](t, d, yp, M*N)
+					worst := 0.0
+					for i := 0; i < M; i++ {
+						for j := 0; j < N; j++ {
+							var s, a float64
+							for c := 0; c < K; c++ {
+								p := float64(x[i*K+c]) * float64(deq[j*K+c])
+								s += p
+								a += math.Abs(p)
+							}
+							worst = max(worst, math.Abs(float64(got[i*N+j])-s)/(a+1e-6))
+						}
+					}
+					if worst > 1e-5 {
+						t.Errorf("bits %d group %d sym %v perm %v: worst error %.3g of Σ|x·ŵ|, want ≤ 1e-5", bits, group, sym, perm, worst)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGPUOscar2Append: tokens appended one at a time to a device oscar2
+// cache and to kvcache's oscar2 cache (sink 4, recent 16, random
+// rotations, clipping 0.96/0.92) read back the same: fp16 window rows
+// exactly, quantized rows equal to 1e-5 for at least 97% of the elements
+// (a code may flip where the rotation's summation order moves a value
+// across a rounding boundary) and never off by more than the row's max
+// |x| (a layout bug is).
+func TestGPUOscar2Append(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	desc, _ := syntheticModel(t, 2, 64, 4, 2, 32, 64, 64, 1)
+	m := &Model{d: desc, dev: d, k: k, rope: map[int]*ropeDev{32: {inv: runtime.InvFreq(desc.RoPE, 32)}}}
+	for range desc.Layers {
+		m.layers = append(m.layers, layerW{nh: 4, nkv: 2, hd: 32, qdim: 128, kvdim: 64, qkv: 256})
+	}
+	t.Cleanup(func() {
+		for _, r := range m.rope {
+			d.Free(r.cos)
+			d.Free(r.sin)
+		}
+	})
+	r := rand.New(rand.NewPCG(7, 8))
+	rot := randRotations(r, desc)
+	const capacity, n = 100, 90
+	gc, err := m.NewDeviceCache(capacity, CacheOptions{Method: "oscar2", Sink: 4, Recent: 16, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Free()
+	cc, err := kvcache.New("oscar2", kvcache.LayersOf(desc), capacity, kvcache.Options{Sink: 4, Recent: 16, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const kvDim = 64
+	for p := 0; p < n; p++ {
+		for l := range desc.Layers {
+			kr, vr := randVec(r, kvDim, 1), randVec(r, kvDim, 1)
+			gc.Write(l, p, 1, kr, vr)
+			cc.Write(l, p, 1, kr, vr)
+		}
+		gc.Commit(1)
+		cc.Commit(1)
+	}
+	exact, total := 0, 0
+	for l := range desc.Layers {
+		for h := 0; h < 2; h++ {
+			gk, gv := make([]float32, n*32), make([]float32, n*32)
+			ck, cv := make([]float32, n*32), make([]float32, n*32)
+			gc.Read(l, h, n, gk, gv)
+			cc.Read(l, h, n, ck, cv)
+			for _, pair := range [][2][]float32{{gk, ck}, {gv, cv}} {
+				for p := 0; p < n; p++ {
+					g, c := pair[0][p*32:(p+1)*32], pair[1][p*32:(p+1)*32]
+					bound := float64(kvq.AbsMax(c)) + 1e-6
+					for j := range c {
+						e := math.Abs(float64(g[j] - c[j]))
+						window := p < 4 || p >= n-16
+						if window && e != 0 {
+							t.Fatalf("layer %d head %d position %d (fp16 window): %v != %v", l, h, p, g[j], c[j])
+						}
+						if e > bound {
+							t.Fatalf("layer %d head %d position %d: |%v − %v| exceeds the row's max |x| %v", l, h, p, g[j], c[j], bound)
+						}
+						if !window {
+							total++
+							if e <= 1e-5 {
+								exact++
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	frac := float64(exact) / float64(total)
+	t.Logf("quantized elements equal to 1e-5: %.4f of %d", frac, total)
+	if frac < 0.97 {
+		t.Errorf("only %.4f of quantized elements match the CPU cache, want ≥ 0.97", frac)
+	}
+}
+
+// loadStories loads stories260K (or its MoE variant) on both backends.
+func loadStories(t *testing.T, dir string) (cpu, gpu runtime.Model, desc *arch.Description) {
+	t.Helper()
+	gpuOrSkip(t)
+	path := shared.Path(t, dir)
+	desc, err := arch.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	ctx := context.Background()
+	if cpu, err = runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if gpu, err = (Backend{CacheDir: testCacheDir(t)}).Load(ctx, desc, ck, runtime.LoadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cpu.Close()
+		gpu.Close()
+	})
+	return cpu, gpu, desc
+}
+
+// compareRun prefills `prefill` tokens with all logits, then decodes the
+// rest one at a time, on both models and caches, and checks the logits:
+// max |Δ| ≤ maxTol, mean |Δ| ≤ meanTol, argmax agreement ≥ 0.97.
+func compareRun(t *testing.T, name string, cpu, gpu runtime.Model, cc, gc runtime.KVCache, toks []int, prefill, V int, maxTol, meanTol float64) {
+	t.Helper()
+	ctx := context.Background()
+	a, b := make([]float32, prefill*V), make([]float32, prefill*V)
+	if err := cpu.Forward(ctx, toks[:prefill], cc, a, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.Forward(ctx, toks[:prefill], gc, b, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range toks[prefill:] {
+		x, y := make([]float32, V), make([]float32, V)
+		if err := cpu.Forward(ctx, []int{tok}, cc, x, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.Forward(ctx, []int{tok}, gc, y, false); err != nil {
+			t.Fatal(err)
+		}
+		a, b = append(a, x...), append(b, y...)
+	}
+	mx, mean, agree := logitDiff(a, b, V)
+	t.Logf("%s: %d positions: max |Δlogit| %.4g, mean %.4g, argmax agreement %.4f (tolerances %.3g, %.3g, 0.97)", name, len(toks), mx, mean, agree, maxTol, meanTol)
+	if mx > maxTol || mean > meanTol || agree < 0.97 {
+		t.Errorf("%s: logits differ from the CPU backend beyond tolerance", name)
+	}
+}
+
+// TestGPUStories260K: stories260K logits on the GPU (fp16 weights and
+// fp16 KV) against the CPU backend (float32) over 64 prefilled and 200
+// decoded tokens of TinyStories (the decode attention then runs with
+// several splits). Tolerances: max |Δ| 0.05, mean 0.005 (fp16 weights).
+func TestGPUStories260K(t *testing.T) {
+	cpu, gpu, desc := loadStories(t, "stories260K-hf")
+	toks := storiesTokens(t, 264)
+	compareRun(t, "stories260K fp16 KV", cpu, gpu, cpu.NewCache(300), gpu.NewCache(300), toks, 64, desc.VocabSize, 0.05, 0.005)
+}
+
+// TestGPUStories260KOscar2: the oscar2 path (sink 4, recent 32, random
+// rotations, clipping 0.96/0.92), tokens fed one at a time so both
+// caches quantize the same binary16 rows, against the CPU backend with
+// kvcache's oscar2 cache. Tolerances: max |Δ| 0.25, mean 0.02 (fp16
+// weights plus rare INT2 code flips).
+func TestGPUStories260KOscar2(t *testing.T) {
+	cpu, gpu, desc := loadStories(t, "stories260K-hf")
+	rot := randRotations(rand.New(rand.NewPCG(11, 12)), desc)
+	cc, err := kvcache.New("oscar2", kvcache.LayersOf(desc), 300, kvcache.Options{Sink: 4, Recent: 32, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc, err := gpu.(*Model).NewDeviceCache(300, CacheOptions{Method: "oscar2", Sink: 4, Recent: 32, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Free()
+	toks := storiesTokens(t, 200)
+	compareRun(t, "stories260K oscar2 KV", cpu, gpu, cc, gc, toks, 1, desc.VocabSize, 0.25, 0.02)
+}
+
+// TestGPUMoE: stories260K-moe (Mixtral, 4 experts, top 2) against the
+// CPU backend; tolerances as TestGPUStories260K.
+func TestGPUMoE(t *testing.T) {
+	cpu, gpu, desc := loadStories(t, "stories260K-moe-hf")
+	toks := storiesTokens(t, 96)
+	compareRun(t, "stories260K-moe fp16 KV", cpu, gpu, cpu.NewCache(128), gpu.NewCache(128), toks, 32, desc.VocabSize, 0.05, 0.005)
+}
+
+// TestGPULongContext: a synthetic model with head_dim 128, 8 q and 2 kv
+// heads, 1500 prefilled and 20 decoded positions (many splits of the
+// decode attention, GQA group 4), fp16 KV and oscar2 (sink 64, recent
+// 256) against the CPU backend on the same binary16 weights. Tolerances:
+// fp16 max |Δ| 0.02, mean 0.002; oscar2 max 0.1, mean 0.01 (its prefill
+// quantizes rows the CPU quantizes from float32).
+func TestGPULongContext(t *testing.T) {
+	_, _ = gpuOrSkip(t)
+	desc, src := syntheticModel(t, 2, 256, 8, 2, 128, 256, 256, 21)
+	ctx := context.Background()
+	cpu, err := runtime.NewCPU().Load(ctx, desc, src, runtime.LoadOptions{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpu.Close()
+	g, err := (Backend{CacheDir: testCacheDir(t)}).Load(ctx, desc, src, runtime.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	r := rand.New(rand.NewPCG(13, 14))
+	toks := make([]int, 1520)
+	for i := range toks {
+		toks[i] = r.IntN(desc.VocabSize)
+	}
+	compareRun(t, "synthetic hd128 fp16 KV", cpu, g, cpu.NewCache(1600), g.NewCache(1600), toks, 1500, desc.VocabSize, 0.02, 0.002)
+	rot := randRotations(r, desc)
+	cc, err := kvcache.New("oscar2", kvcache.LayersOf(desc), 1600, kvcache.Options{Sink: 64, Recent: 256, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc, err := g.(*Model).NewDeviceCache(1600, CacheOptions{Method: "oscar2", Sink: 64, Recent: 256, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Free()
+	compareRun(t, "synthetic hd128 oscar2 KV", cpu, g, cc, gc, toks, 1500, desc.VocabSize, 0.1, 0.01)
+}

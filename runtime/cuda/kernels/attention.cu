@@ -1,0 +1,352 @@
+// attention.cu: causal attention of new queries over the device KV cache
+// (kvcache.cu layout), for decode (T = 1) and prefill (T > 1), with the
+// oscar2 INT2 region dequantized inside the loop.
+//
+// Sequence b's query t sits at position pq = pos0 + t and attends to the
+// positions [lo, pq], lo = max(0, pq − window + 1) when window > 0, else 0.
+// Position p is read from
+//   the sink            when p < sink,
+//   the INT2 codes      when sink ≤ p < wstart (index p − sink),
+//   the fp16 ring       otherwise (slot p % ring).
+// Keys and values of the INT2 region are stored rotated (x·R). Scores use
+// q·k = (q·R_K)·k_rot, so q is rotated once; the weighted INT2 values are
+// summed in the rotated space and un-rotated once in attn_merge
+// (o = o_rot·R_Vᵀ + o_fp16).
+//
+// attn_split_g{1,2,4,8}: one block per (split s, kv head g and a chunk of
+// up to MG = 1, 2, 4 or 8 of its q heads, query (b, t)); the split covers
+// positions
+// [s·split_len, (s+1)·split_len). It keeps an online softmax (running max
+// m, sum l) over tiles of 128 positions and writes, per q head, m, l and
+// the unnormalized accumulators o_rot and o_fp to
+//   part_ml [(b·T + t)·nh + h][nsplit][2]  and
+//   part_o  [(b·T + t)·nh + h][nsplit][2][hd].
+// Grid (nsplit, nkv·chunks, B·T) with chunks = ⌈(nh/nkv)/MG⌉, block 128,
+// dynamic shared memory 4·MG·(4·hd + 256) bytes.
+// q: sequence b's query t, head h at q + (b·T + t)·q_ld + h·hd (unscaled;
+// scale = 1/√hd is applied here). hd a multiple of 4, at most 256.
+#define AT 128
+#define MAXHD 256
+
+// attn_split_body is attn_split for blocks of at most MG q heads (MG a
+// compile-time 1, 2, 4 or 8, so the accumulators stay in registers).
+// Dynamic shared memory: 4·MG·(4·hd + 256) bytes.
+template <int MG>
+__device__ void attn_split_body(float* part_o, float* part_ml, const float* q, int q_ld,
+                                const u16* sinkK, const u16* sinkV, int sink,
+                                const u16* ringK, const u16* ringV, int ring,
+                                const u8* codesK, const u8* codesV, const u16* parK, const u16* parV, int capQ,
+                                const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart,
+                                int window, int nsplit, int split_len, float scale) {
+  extern __shared__ float smem[];
+  float* qf = smem;             // [MG][hd] q·scale
+  float* qr = qf + MG * hd;     // [MG][hd] (q·scale)·R_K
+  float* pw = qr + MG * hd;     // [MG][AT] scores, then softmax weights of the tile
+  float* ws = pw + MG * AT;     // [MG][AT] weight·scale of the tile's INT2 values
+  float* red = ws + MG * AT;    // [MG][2·hd] final reduction
+  __shared__ float qsum[MG];    // Σ_j qr[g][j]
+  __shared__ float m_s[MG], l_s[MG], alpha_s[MG];
+  __shared__ float u_s[MG];     // Σ weight·scale·zero of the INT2 values so far
+
+  int s = blockIdx.x;
+  int group = nh / nkv, chunks = (group + MG - 1) / MG;
+  int g = blockIdx.y / chunks, c = blockIdx.y % chunks;
+  int h0 = g * group + c * MG;
+  int G = min(MG, group - c * MG);
+  int bt = blockIdx.z, b = bt / T, t = bt % T;
+  int tid = threadIdx.x;
+  int pq = pos0 + t;
+  int lo = window > 0 ? max(0, pq - window + 1) : 0;
+  int s0 = max(lo, s * split_len), s1 = min(pq + 1, (s + 1) * split_len);  // visible part of the split
+  int hb = hd / 4;                                                        // bytes per INT2 row
+
+  // Load q heads (scaled) and rotate them.
+  for (int e = tid; e < G * hd; e += AT) {
+    int gg = e / hd, j = e % hd;
+    qf[gg * hd + j] = q[(i64)bt * q_ld + (i64)(h0 + gg) * hd + j] * scale;
+  }
+  if (tid < MG) {
+    m_s[tid] = NEG_INF;
+    l_s[tid] = 0.f;
+    u_s[tid] = 0.f;
+  }
+  __syncthreads();
+  bool quant = codesK != 0 && wstart > sink;
+  if (quant) {
+    for (int e = tid; e < G * hd; e += AT) {
+      int gg = e / hd, j = e % hd;
+      float a = 0.f;
+      if (RK) {
+        for (int i = 0; i < hd; ++i) a += qf[gg * hd + i] * RK[(i64)i * hd + j];
+      } else {
+        a = qf[gg * hd + j];
+      }
+      qr[gg * hd + j] = a;
+    }
+    __syncthreads();
+    if (tid < G) {
+      float a = 0.f;
+      for (int j = 0; j < hd; ++j) a += qr[tid * hd + j];
+      qsum[tid] = a;
+    }
+    __syncthreads();
+  }
+
+  // Per-thread value accumulators: channel group cg (4 channels), token
+  // lane tl of TS lanes; threads past TS·hb stay idle in phase 2.
+  int cg = tid % hb, tl = tid / hb, TS = AT / hb;
+  float aq[MG][4], af[MG][4];
+#pragma unroll
+  for (int gg = 0; gg < MG; ++gg)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) aq[gg][k] = af[gg][k] = 0.f;
+
+  i64 head = (i64)b * nkv + g;  // (sequence, kv head) index
+  for (int p0 = s0; p0 < s1; p0 += AT) {
+    // Phase 1a: thread tid scores position p0 + tid when it is INT2 (a
+    // 4·hd/16-byte row per thread); fp16 and invisible positions get −∞
+    // here, fp16 ones are scored in phase 1b.
+    int p = p0 + tid;
+    float sc[MG];
+#pragma unroll
+    for (int gg = 0; gg < MG; ++gg) sc[gg] = NEG_INF;
+    if (p < s1) {
+      if (p >= sink && p < wstart) {
+#pragma unroll
+        for (int gg = 0; gg < MG; ++gg) sc[gg] = 0.f;
+        const u8* cr = codesK + (head * capQ + (p - sink)) * hb;
+        const u16* pr = parK + (head * capQ + (p - sink)) * 2;
+        float ks = h2f(pr[0]), kz = h2f(pr[1]);
+        // Σ_j qr[j]·code_j, then scale·(that − zero·Σ_j qr[j]).
+        if ((hb & 3) == 0) {
+          // Rows are 4-byte aligned: 16 codes per load.
+          for (int jb = 0; jb < hb; jb += 4) {
+            u32 word = *(const u32*)(cr + jb);
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {
+              float code = (float)((word >> (2 * k)) & 3u);
+#pragma unroll
+              for (int gg = 0; gg < MG; ++gg)
+                if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+            }
+          }
+        } else {
+          for (int jb = 0; jb < hb; ++jb) {
+            u32 byte = cr[jb];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              float code = (float)((byte >> (2 * k)) & 3u);
+#pragma unroll
+              for (int gg = 0; gg < MG; ++gg)
+                if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+            }
+          }
+        }
+#pragma unroll
+        for (int gg = 0; gg < MG; ++gg)
+          if (gg < G) sc[gg] = ks * (sc[gg] - kz * qsum[gg]);
+      }
+    }
+#pragma unroll
+    for (int gg = 0; gg < MG; ++gg) pw[gg * AT + tid] = sc[gg];
+    __syncthreads();
+    // Phase 1b: fp16 positions (sink and window), one warp per position and
+    // each lane 4 channels, so a warp reads a row in one coalesced sweep.
+    int warp = tid >> 5, lane = tid & 31;
+    int nvis = min(AT, s1 - p0);
+    for (int i = warp; i < nvis; i += AT / 32) {
+      int pp = p0 + i;
+      if (pp >= sink && pp < wstart) continue;  // INT2: done in phase 1a
+      const u16* kr = pp < sink ? sinkK + (head * sink + pp) * hd : ringK + (head * ring + pp % ring) * hd;
+      float a[MG];
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg) a[gg] = 0.f;
+      for (int j = lane * 4; j < hd; j += 128) {
+        uint2 v = *(const uint2*)(kr + j);
+        float k4[4] = {h2f((u16)(v.x & 0xffff)), h2f((u16)(v.x >> 16)), h2f((u16)(v.y & 0xffff)), h2f((u16)(v.y >> 16))};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int gg = 0; gg < MG; ++gg)
+            if (gg < G) a[gg] += qf[gg * hd + j + k] * k4[k];
+      }
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg) {
+        if (gg < G) {
+          float sum = warp_sum(a[gg]);
+          if (lane == 0) pw[gg * AT + i] = sum;
+        }
+      }
+    }
+    __syncthreads();
+    // Online softmax update: warp w handles heads w, w+4, ...
+    for (int gg = warp; gg < G; gg += AT / 32) {
+      float* pg = pw + gg * AT;
+      float mx = NEG_INF;
+      for (int i = lane; i < AT; i += 32) mx = fmaxf(mx, pg[i]);
+      mx = warp_max(mx);
+      float mold = m_s[gg], mnew = fmaxf(mold, mx);
+      float sum = 0.f, usum = 0.f;
+      for (int i = lane; i < AT; i += 32) {
+        float e = pg[i] == NEG_INF ? 0.f : expf(pg[i] - mnew);
+        pg[i] = e;
+        sum += e;
+        // INT2 values are summed in code space: Σ e·(c − z)·s =
+        // Σ (e·s)·c − Σ e·s·z, so phase 2 does one multiply-add per code.
+        int pp = p0 + i;
+        if (i < nvis && pp >= sink && pp < wstart) {
+          i64 qi = head * capQ + (pp - sink);
+          float es = e * h2f(parV[qi * 2]);
+          ws[gg * AT + i] = es;
+          usum += es * h2f(parV[qi * 2 + 1]);
+        }
+      }
+      sum = warp_sum(sum);
+      usum = warp_sum(usum);
+      if (lane == 0) {
+        float al = mold == NEG_INF ? 0.f : expf(mold - mnew);
+        alpha_s[gg] = al;
+        l_s[gg] = l_s[gg] * al + sum;
+        u_s[gg] = u_s[gg] * al + usum;
+        m_s[gg] = mnew;
+      }
+    }
+    __syncthreads();
+    // Phase 2: weighted values.
+#pragma unroll
+    for (int gg = 0; gg < MG; ++gg) {
+      if (gg < G) {
+        float al = alpha_s[gg];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          aq[gg][k] *= al;
+          af[gg][k] *= al;
+        }
+      }
+    }
+    int pe = tl < TS ? min(AT, s1 - p0) : 0;
+    for (int i = tl; i < pe; i += TS) {
+      int pp = p0 + i;
+      float v4[4];
+      bool isq = pp >= sink && pp < wstart;
+      if (isq) {
+        // Codes only: scale and zero are in ws and u_s.
+        u32 byte = codesV[(head * capQ + (pp - sink)) * hb + cg];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v4[k] = (float)((byte >> (2 * k)) & 3u);
+      } else {
+        const u16* vr = pp < sink ? sinkV + (head * sink + pp) * hd : ringV + (head * ring + pp % ring) * hd;
+        uint2 v = *(const uint2*)(vr + cg * 4);
+        v4[0] = h2f((u16)(v.x & 0xffff));
+        v4[1] = h2f((u16)(v.x >> 16));
+        v4[2] = h2f((u16)(v.y & 0xffff));
+        v4[3] = h2f((u16)(v.y >> 16));
+      }
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg) {
+        if (gg < G) {
+          if (isq) {
+            float w = ws[gg * AT + i];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) aq[gg][k] += w * v4[k];
+          } else {
+            float w = pw[gg * AT + i];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) af[gg][k] += w * v4[k];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Reduce the TS token lanes in order (deterministic), then write.
+  for (int e = tid; e < G * hd * 2; e += AT) red[e] = 0.f;
+  __syncthreads();
+  for (int r = 0; r < TS; ++r) {
+    if (tl == r) {
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg) {
+        if (gg < G) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            red[gg * 2 * hd + cg * 4 + k] += aq[gg][k];
+            red[gg * 2 * hd + hd + cg * 4 + k] += af[gg][k];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < G * hd * 2; e += AT) {
+    int gg = e / (hd * 2), j = e % (hd * 2);
+    i64 row = ((i64)bt * nh + h0 + gg) * nsplit + s;
+    // o_rot = Σ (e·s)·c − Σ e·s·z (the second term is the same for every channel).
+    part_o[row * 2 * hd + j] = j < hd ? red[e] - u_s[gg] : red[e];
+  }
+  if (tid < G) {
+    i64 row = ((i64)bt * nh + h0 + tid) * nsplit + s;
+    part_ml[row * 2] = m_s[tid];
+    part_ml[row * 2 + 1] = l_s[tid];
+  }
+}
+
+#define ATTN_SPLIT(MG)                                                                                              \
+  extern "C" __global__ void attn_split_g##MG(                                                                      \
+      float* part_o, float* part_ml, const float* q, int q_ld, const u16* sinkK, const u16* sinkV, int sink,        \
+      const u16* ringK, const u16* ringV, int ring, const u8* codesK, const u8* codesV, const u16* parK,            \
+      const u16* parV, int capQ, const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart, int window, \
+      int nsplit, int split_len, float scale) {                                                                     \
+    attn_split_body<MG>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV, parK,    \
+                        parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, window, nsplit, split_len, scale);           \
+  }
+ATTN_SPLIT(1)
+ATTN_SPLIT(2)
+ATTN_SPLIT(4)
+ATTN_SPLIT(8)
+
+// attn_merge combines the splits of head h of query bt: M = max m_s,
+// L = Σ l_s·e^(m_s−M), o = (Σ e^(m_s−M)·o_rot_s)·R_Vᵀ + Σ e^(m_s−M)·o_fp_s,
+// out[bt·out_ld + h·hd + j] = o[j] / L. R_V null: no un-rotation. Grid
+// (nh, B·T), block hd rounded up to a multiple of 32.
+extern "C" __global__ void attn_merge(float* out, int out_ld, const float* part_o, const float* part_ml,
+                                      const float* RV, int nh, int hd, int nsplit) {
+  __shared__ float orot[MAXHD];
+  __shared__ float ml[2];
+  int h = blockIdx.x, bt = blockIdx.y, j = threadIdx.x;
+  i64 row0 = ((i64)bt * nh + h) * nsplit;
+  if (j == 0) {
+    float M = NEG_INF;
+    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, part_ml[(row0 + s) * 2]);
+    float L = 0.f;
+    for (int s = 0; s < nsplit; ++s) {
+      float m = part_ml[(row0 + s) * 2];
+      if (m != NEG_INF) L += part_ml[(row0 + s) * 2 + 1] * expf(m - M);
+    }
+    ml[0] = M;
+    ml[1] = L;
+  }
+  __syncthreads();
+  float M = ml[0], L = ml[1];
+  float ar = 0.f, af = 0.f;
+  if (j < hd) {
+    for (int s = 0; s < nsplit; ++s) {
+      float m = part_ml[(row0 + s) * 2];
+      if (m == NEG_INF) continue;
+      float w = expf(m - M);
+      ar += w * part_o[(row0 + s) * 2 * hd + j];
+      af += w * part_o[(row0 + s) * 2 * hd + hd + j];
+    }
+    orot[j] = ar;
+  }
+  __syncthreads();
+  if (j < hd) {
+    float o = af;
+    if (RV) {
+      for (int i = 0; i < hd; ++i) o += orot[i] * RV[(i64)j * hd + i];
+    } else {
+      o += ar;
+    }
+    out[(i64)bt * out_ld + (i64)h * hd + j] = o / L;
+  }
+}

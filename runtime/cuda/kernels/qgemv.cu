@@ -1,0 +1,75 @@
+// qgemv.cu: y = x·Ŵᵀ for packed group-quantized weights (quantize/weights
+// Quantized), the dequantization fused into the product (decode path).
+//
+// Layout (quantize/weights.PackRow): row n of codes is RowBytes = ⌈K·bits/8⌉
+// bytes holding one little-endian bit stream; code j is stream bits
+// [j·bits, (j+1)·bits), stream bit k in byte k/8 at bit k%8. Eight
+// consecutive codes 8c..8c+7 therefore fill exactly `bits` bytes starting at
+// byte c·bits. Ŵ[n, j] = scale[n·G + j/group]·(code − z), G = K/group,
+// z = zeros[n·G + j/group] (binary16 integer) or 2^(bits−1) when zeros is
+// null (symmetric). perm (nullable, [K] int32): storage column j multiplies
+// x[perm[j]] (GPTQ act-order).
+
+__device__ __forceinline__ u32 get_code(const u8* row, int j, int bits, int rb) {
+  int p = j * bits, b = p >> 3, off = p & 7;
+  u32 w = row[b];
+  if (off + bits > 8 && b + 1 < rb) w |= (u32)row[b + 1] << 8;
+  return (w >> off) & ((1u << bits) - 1u);
+}
+
+// gemv_q: one warp per output n (4 per block), rows m0 = blockIdx.y·4 ..
+// m0+3 of x [M, K] (stride ldx); y [M, N] (stride ldy), beta = 1 adds.
+// bits ∈ {2, 3, 4, 8}; group a multiple of 8, or K (per channel). Grid
+// (ceil(N/4), ceil(M/4)), block 128.
+extern "C" __global__ void gemv_q(float* y, int ldy, const float* x, int ldx, const u8* codes, const u16* scales,
+                                  const u16* zeros, const int* perm, int M, int N, int K, int bits, int group, int beta) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * 4 + warp;
+  int m0 = blockIdx.y * 4;
+  if (n >= N) return;
+  int mc = min(4, M - m0);
+  int rb = (K * bits + 7) / 8;
+  int G = K / group;
+  const u8* row = codes + (i64)n * rb;
+  const u16* sc = scales + (i64)n * G;
+  const u16* zp = zeros ? zeros + (i64)n * G : 0;
+  float zsym = (float)(1 << (bits - 1));
+  u32 mask = (1u << bits) - 1u;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int nc = K / 8;
+  for (int c = lane; c < nc; c += 32) {
+    // Bytes c·bits .. c·bits+bits−1 hold codes 8c..8c+7.
+    unsigned long long w = 0;
+    const u8* p = row + c * bits;
+    for (int i = 0; i < bits; ++i) w |= (unsigned long long)p[i] << (8 * i);
+    int j0 = c * 8, g = j0 / group;
+    float s = h2f(sc[g]);
+    float z = zp ? h2f(zp[g]) : zsym;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float wv = s * ((float)((u32)(w >> (i * bits)) & mask) - z);
+      int xj = perm ? perm[j0 + i] : j0 + i;
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        if (m < mc) acc[m] += wv * x[(i64)(m0 + m) * ldx + xj];
+    }
+  }
+  for (int j = nc * 8 + lane; j < K; j += 32) {
+    int g = j / group;
+    float s = h2f(sc[g]);
+    float z = zp ? h2f(zp[g]) : zsym;
+    float wv = s * ((float)get_code(row, j, bits, rb) - z);
+    int xj = perm ? perm[j] : j;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      if (m < mc) acc[m] += wv * x[(i64)(m0 + m) * ldx + xj];
+  }
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    float s = warp_sum(acc[m]);
+    if (lane == 0 && m < mc) {
+      float* o = y + (i64)(m0 + m) * ldy + n;
+      *o = beta ? *o + s : s;
+    }
+  }
+}

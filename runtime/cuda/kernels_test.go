@@ -1,0 +1,144 @@
+package cuda
+
+import (
+	"errors"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// nvrtcForTest loads NVRTC. Without it the test fails (CI installs
+// Debian's libnvrtc11.2), unless LMPACK_SKIP_NVRTC=1 is set for a local
+// run on a machine without NVRTC.
+func nvrtcForTest(t *testing.T) *NVRTC {
+	t.Helper()
+	nv, err := LoadNVRTC()
+	if err != nil {
+		if os.Getenv("LMPACK_SKIP_NVRTC") == "1" {
+			t.Skipf("LMPACK_SKIP_NVRTC=1 and no NVRTC: %v", err)
+		}
+		t.Fatalf("%v\n(CI installs libnvrtc11.2; set LMPACK_NVRTC to the library, or LMPACK_SKIP_NVRTC=1 to skip locally)", err)
+	}
+	return nv
+}
+
+// TestCompileKernels compiles every embedded source for compute_80 and
+// compute_90 and logs the PTX sizes (go test -v).
+func TestCompileKernels(t *testing.T) {
+	nv := nvrtcForTest(t)
+	t.Logf("NVRTC %s from %s, architectures %v", nv.Version(), nv.Path, nv.Archs)
+	srcs := Sources()
+	if len(srcs) < 6 {
+		t.Fatalf("%d embedded sources, want at least 6", len(srcs))
+	}
+	var all []string
+	for _, arch := range []int{80, 90} {
+		for _, s := range srcs {
+			ptx, err := nv.Compile(s.Name, s.Code, arch)
+			if err != nil {
+				t.Fatalf("%v", err)
+			}
+			entries := ptxEntries(ptx)
+			for _, k := range s.Kernels {
+				if !slices.Contains(entries, k) {
+					t.Errorf("%s compute_%d: PTX lacks entry %s", s.Name, arch, k)
+				}
+			}
+			all = append(all, entries...)
+			if !strings.Contains(ptx, ".target sm_"+strconv.Itoa(arch)) {
+				t.Errorf("%s: PTX is not for sm_%d", s.Name, arch)
+			}
+			t.Logf("compute_%d %-16s %7d bytes PTX, kernels %s", arch, s.Name, len(ptx), strings.Join(entries, " "))
+		}
+		// Every kernel the Go side launches must be there.
+		for _, k := range launchedKernels {
+			if !slices.Contains(all, k) {
+				t.Errorf("compute_%d: no PTX entry %s (launched by the backend)", arch, k)
+			}
+		}
+		all = all[:0]
+	}
+}
+
+// TestCompileErrorLog checks a bad source fails with NVRTC's log.
+// launchedKernels are the kernel names the Go code launches.
+var launchedKernels = []string{"embed", "rmsnorm", "rope", "silu_mul", "add_bias", "gemv_f16", "gemv_bf16", "gemm_f16", "gemm_bf16",
+	"gemv_q", "kv_append", "attn_split_g1", "attn_split_g2", "attn_split_g4", "attn_split_g8", "attn_merge",
+	"moe_route", "moe_gemv", "moe_combine"}
+
+func TestCompileErrorLog(t *testing.T) {
+	nv := nvrtcForTest(t)
+	_, err := nv.Compile("bad.cu", `extern "C" __global__ void k(float* x) { x[0] = undefined_name; }`, 80)
+	var ce *CompileError
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v, want *CompileError", err)
+	}
+	if !strings.Contains(ce.Log, "undefined_name") {
+		t.Errorf("log %q does not name the undefined identifier", ce.Log)
+	}
+}
+
+// TestCompileCache checks the second compile comes from the disk cache.
+func TestCompileCache(t *testing.T) {
+	nv := nvrtcForTest(t)
+	dir := t.TempDir()
+	src := Sources()[0]
+	a, err := nv.CompileCached(dir, src.Name, src.Code, 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 || !strings.HasSuffix(ents[0].Name(), "-sm80-nvrtc"+nv.Version()+".ptx") {
+		t.Fatalf("cache dir holds %v, want one <hash>-sm80-nvrtc%s.ptx", ents, nv.Version())
+	}
+	// A marker written into the cached file proves the next call reads it.
+	p := dir + "/" + ents[0].Name()
+	if err := os.WriteFile(p, []byte(a+"// cached"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := nv.CompileCached(dir, src.Name, src.Code, 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b != a+"// cached" {
+		t.Errorf("second compile did not come from the cache")
+	}
+	if nv.CacheKey(src.Code, 80) == nv.CacheKey(src.Code, 90) || nv.CacheKey(src.Code, 80) == nv.CacheKey(src.Code+" ", 80) {
+		t.Errorf("cache key ignores the arch or the source")
+	}
+}
+
+// TestKernelsNoSpills compiles every source to sm_80 and sm_90 machine
+// code through NVRTC's ptxas and fails when a kernel spills registers or
+// uses a stack frame (a sign of local arrays indexed at run time); it
+// logs each kernel's registers and shared memory.
+func TestKernelsNoSpills(t *testing.T) {
+	nv := nvrtcForTest(t)
+	spillRE := regexp.MustCompile(`(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads`)
+	for _, arch := range []int{80, 90} {
+		for _, s := range Sources() {
+			log, err := nv.PtxasInfo(s.Name, s.Code, arch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			entry := ""
+			for _, l := range strings.Split(log, "\n") {
+				if i := strings.Index(l, "Compiling entry function '"); i >= 0 {
+					entry = strings.SplitN(l[i+len("Compiling entry function '"):], "'", 2)[0]
+				}
+				if m := spillRE.FindStringSubmatch(l); m != nil && (m[1] != "0" || m[2] != "0" || m[3] != "0") {
+					t.Errorf("sm_%d %s %s: %s", arch, s.Name, entry, strings.TrimSpace(l))
+				}
+				if strings.Contains(l, "Used ") {
+					t.Logf("sm_%d %-14s %-14s %s", arch, s.Name, entry, strings.TrimSpace(l[strings.Index(l, "Used "):]))
+				}
+			}
+			if entry == "" {
+				t.Errorf("sm_%d %s: no ptxas output in the log %q", arch, s.Name, log)
+			}
+		}
+	}
+}

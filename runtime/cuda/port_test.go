@@ -1,0 +1,629 @@
+package cuda
+
+// Line-by-line Go ports of kv_append, attn_split and attn_merge
+// (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q's decoding
+// (kernels/qgemv.cu), threads run one after the other, checked against
+// kvcache's oscar2 cache, plain softmax attention and
+// weights.Quantized.Dequantize. They run without a GPU and guard the
+// kernels' layouts and split/merge arithmetic; they do not prove the CUDA
+// code compiles to the same thing (gpu_test.go checks that on a GPU).
+// Keep them in step with the .cu files.
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/quantize/weights"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+type portCache struct {
+	B, nkv, hd, sink, ring, capQ int
+	sinkK, sinkV, ringK, ringV   []uint16
+	codesK, codesV               []byte
+	parK, parV                   []uint16
+	rk, rv                       []float32
+	clipK, clipV                 int
+}
+
+func newPortCache(B, nkv, hd, sink, ring, capQ int) *portCache {
+	rows := B * nkv
+	return &portCache{B: B, nkv: nkv, hd: hd, sink: sink, ring: ring, capQ: capQ,
+		sinkK: make([]uint16, rows*sink*hd), sinkV: make([]uint16, rows*sink*hd),
+		ringK: make([]uint16, rows*ring*hd), ringV: make([]uint16, rows*ring*hd),
+		codesK: make([]byte, rows*capQ*hd/4), codesV: make([]byte, rows*capQ*hd/4),
+		parK: make([]uint16, rows*capQ*2), parV: make([]uint16, rows*capQ*2), clipK: -1, clipV: -1}
+}
+
+func round16(x float32) float32 { return kvq.RoundF16(x) }
+
+// asymParamsF16 ports asym_params_f16.
+func asymParamsF16(lo, hi float32) (float32, float32) {
+	s := (hi - lo) / 3
+	inv := 1 / s
+	switch {
+	case s > 0 && !math.IsInf(float64(inv), 0) && !math.IsInf(float64(s), 0):
+	case lo > 0:
+		s = lo
+	case lo < 0:
+		s = -lo
+	default:
+		s = 1
+	}
+	if s < 6.103515625e-05 {
+		s = 6.103515625e-05
+	}
+	if a := float32(math.Abs(float64(lo))) / 32768; s < a {
+		s = a
+	}
+	if s > 65504 {
+		s = 65504
+	}
+	s16 := round16(s)
+	if s16 < s {
+		s16 = kvq.F16ToFloat32(kvq.F16FromFloat32(s) + 1)
+	}
+	return s16, round16(-lo / s16)
+}
+
+// kvAppend ports kv_append for the whole grid (T, nkv, 2·B).
+func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bool) {
+	hd := c.hd
+	for z := 0; z < 2*c.B; z++ {
+		for h := 0; h < c.nkv; h++ {
+			for t := 0; t < T; t++ {
+				b, side := z>>1, z&1
+				p := pos0 + t
+				off := koff
+				if side == 1 {
+					off = voff
+				}
+				row := kv[(b*T+t)*ld+off+h*hd:]
+				x := make([]float32, hd)
+				for j := range x {
+					x[j] = round16(row[j])
+				}
+				if p < c.sink {
+					dst := c.sinkK
+					if side == 1 {
+						dst = c.sinkV
+					}
+					kvq.EncodeF16(dst[((b*c.nkv+h)*c.sink+p)*hd:], x)
+					continue
+				}
+				if p+c.ring >= pos0+T {
+					dst := c.ringK
+					if side == 1 {
+						dst = c.ringV
+					}
+					kvq.EncodeF16(dst[((b*c.nkv+h)*c.ring+p%c.ring)*hd:], x)
+				}
+				if !quant {
+					continue
+				}
+				R, clipk, codes, par := c.rk, c.clipK, c.codesK, c.parK
+				if side == 1 {
+					R, clipk, codes, par = c.rv, c.clipV, c.codesV, c.parV
+				}
+				y := make([]float32, hd)
+				for j := range y {
+					var a float32
+					for i := 0; i < hd; i++ {
+						a += x[i] * R[i*hd+j]
+					}
+					y[j] = a
+				}
+				if clipk >= 0 {
+					var tau float32
+					for j := range y {
+						a := float32(math.Abs(float64(y[j])))
+						less, eq := 0, 0
+						for i := range y {
+							ci := float32(math.Abs(float64(y[i])))
+							if ci < a {
+								less++
+							}
+							if ci == a {
+								eq++
+							}
+						}
+						if less <= clipk && clipk < less+eq {
+							tau = a
+						}
+					}
+					for j := range y {
+						if y[j] > tau {
+							y[j] = tau
+						} else if y[j] < -tau {
+							y[j] = -tau
+						}
+					}
+				}
+				lo, hi := y[0], y[0]
+				for _, v := range y {
+					lo, hi = min(lo, v), max(hi, v)
+				}
+				scale, zero := asymParamsF16(lo, hi)
+				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
+				for j := 0; j < hd; j += 4 {
+					var by byte
+					for k := 0; k < 4 && j+k < hd; k++ {
+						v := y[j+k]*(1/scale) + (zero + 0.5)
+						if !(v >= 0) {
+							v = 0
+						} else if v > 3 {
+							v = 3
+						}
+						by |= byte(v) << (2 * k)
+					}
+					codes[qi*((hd+3)/4)+j/4] = by
+				}
+				par[qi*2], par[qi*2+1] = kvq.F16FromFloat32(scale), kvq.F16FromFloat32(zero)
+			}
+		}
+	}
+}
+
+// attnSplit ports attn_split_g<MG> for the whole grid.
+func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, pos0, wstart, window, nsplit, splitLen int, scale float32, quantOn bool) {
+	const AT = 128
+	hd, nkv := c.hd, c.nkv
+	group := nh / nkv
+	chunks := (group + MG - 1) / MG
+	neg := float32(math.Inf(-1))
+	for bt := 0; bt < c.B*T; bt++ {
+		for by := 0; by < nkv*chunks; by++ {
+			for s := 0; s < nsplit; s++ {
+				g, ch := by/chunks, by%chunks
+				h0 := g*group + ch*MG
+				G := min(MG, group-ch*MG)
+				b, t := bt/T, bt%T
+				pq := pos0 + t
+				lo := 0
+				if window > 0 {
+					lo = max(0, pq-window+1)
+				}
+				s0, s1 := max(lo, s*splitLen), min(pq+1, (s+1)*splitLen)
+				hb := hd / 4
+				qf := make([]float32, MG*hd)
+				qr := make([]float32, MG*hd)
+				qsum := make([]float32, MG)
+				for e := 0; e < G*hd; e++ {
+					gg, j := e/hd, e%hd
+					qf[gg*hd+j] = q[bt*qld+(h0+gg)*hd+j] * scale
+				}
+				ms, ls, alpha, us := make([]float32, MG), make([]float32, MG), make([]float32, MG), make([]float32, MG)
+				for i := range ms {
+					ms[i] = neg
+				}
+				quant := quantOn && wstart > c.sink
+				if quant {
+					for e := 0; e < G*hd; e++ {
+						gg, j := e/hd, e%hd
+						var a float32
+						for i := 0; i < hd; i++ {
+							a += qf[gg*hd+i] * c.rk[i*hd+j]
+						}
+						qr[gg*hd+j] = a
+					}
+					for gg := 0; gg < G; gg++ {
+						var a float32
+						for j := 0; j < hd; j++ {
+							a += qr[gg*hd+j]
+						}
+						qsum[gg] = a
+					}
+				}
+				TS := AT / hb
+				aq := make([][]float32, AT) // [tid][MG·4]
+				af := make([][]float32, AT)
+				for i := range aq {
+					aq[i], af[i] = make([]float32, MG*4), make([]float32, MG*4)
+				}
+				head := b*nkv + g
+				pw := make([]float32, MG*AT)
+				ws := make([]float32, MG*AT)
+				for p0 := s0; p0 < s1; p0 += AT {
+					for tid := 0; tid < AT; tid++ {
+						p := p0 + tid
+						sc := make([]float32, MG)
+						for gg := range sc {
+							sc[gg] = neg
+						}
+						if p < s1 {
+							clear(sc) // phase 1a (INT2) and 1b (fp16, a warp per position in the kernel)
+							if p >= c.sink && p < wstart {
+								qi := head*c.capQ + (p - c.sink)
+								cr := c.codesK[qi*hb:]
+								ks, kz := kvq.F16ToFloat32(c.parK[qi*2]), kvq.F16ToFloat32(c.parK[qi*2+1])
+								for jb := 0; jb < hb; jb++ {
+									for k := 0; k < 4; k++ {
+										code := float32(cr[jb] >> (2 * k) & 3)
+										for gg := 0; gg < G; gg++ {
+											sc[gg] += qr[gg*hd+jb*4+k] * code
+										}
+									}
+								}
+								for gg := 0; gg < G; gg++ {
+									sc[gg] = ks * (sc[gg] - kz*qsum[gg])
+								}
+							} else {
+								var kr []uint16
+								if p < c.sink {
+									kr = c.sinkK[(head*c.sink+p)*hd:]
+								} else {
+									kr = c.ringK[(head*c.ring+p%c.ring)*hd:]
+								}
+								for j := 0; j < hd; j++ {
+									for gg := 0; gg < G; gg++ {
+										sc[gg] += qf[gg*hd+j] * kvq.F16ToFloat32(kr[j])
+									}
+								}
+							}
+						}
+						for gg := 0; gg < MG; gg++ {
+							pw[gg*AT+tid] = sc[gg]
+						}
+					}
+					for gg := 0; gg < G; gg++ {
+						pg := pw[gg*AT : (gg+1)*AT]
+						mx := neg
+						for _, v := range pg {
+							mx = max(mx, v)
+						}
+						mold := ms[gg]
+						mnew := max(mold, mx)
+						var sum, usum float32
+						nvis := min(AT, s1-p0)
+						for i, v := range pg {
+							e := float32(0)
+							if v != neg {
+								e = float32(math.Exp(float64(v - mnew)))
+							}
+							pg[i] = e
+							sum += e
+							if pp := p0 + i; i < nvis && pp >= c.sink && pp < wstart {
+								qi := head*c.capQ + (pp - c.sink)
+								es := e * kvq.F16ToFloat32(c.parV[qi*2])
+								ws[gg*AT+i] = es
+								usum += es * kvq.F16ToFloat32(c.parV[qi*2+1])
+							}
+						}
+						al := float32(0)
+						if mold != neg {
+							al = float32(math.Exp(float64(mold - mnew)))
+						}
+						alpha[gg], ls[gg], us[gg], ms[gg] = al, ls[gg]*al+sum, us[gg]*al+usum, mnew
+					}
+					for tid := 0; tid < AT; tid++ {
+						cg, tl := tid%hb, tid/hb
+						for gg := 0; gg < G; gg++ {
+							for k := 0; k < 4; k++ {
+								aq[tid][gg*4+k] *= alpha[gg]
+								af[tid][gg*4+k] *= alpha[gg]
+							}
+						}
+						pe := 0
+						if tl < TS {
+							pe = min(AT, s1-p0)
+						}
+						for i := tl; i < pe; i += TS {
+							pp := p0 + i
+							var v4 [4]float32
+							isq := pp >= c.sink && pp < wstart
+							if isq {
+								by := c.codesV[(head*c.capQ+(pp-c.sink))*hb+cg]
+								for k := range v4 {
+									v4[k] = float32(by >> (2 * k) & 3)
+								}
+							} else {
+								var vr []uint16
+								if pp < c.sink {
+									vr = c.sinkV[(head*c.sink+pp)*hd:]
+								} else {
+									vr = c.ringV[(head*c.ring+pp%c.ring)*hd:]
+								}
+								for k := range v4 {
+									v4[k] = kvq.F16ToFloat32(vr[cg*4+k])
+								}
+							}
+							for gg := 0; gg < G; gg++ {
+								for k := 0; k < 4; k++ {
+									if isq {
+										aq[tid][gg*4+k] += ws[gg*AT+i] * v4[k]
+									} else {
+										af[tid][gg*4+k] += pw[gg*AT+i] * v4[k]
+									}
+								}
+							}
+						}
+					}
+				}
+				red := make([]float32, MG*2*hd)
+				for r := 0; r < TS; r++ {
+					for tid := 0; tid < AT; tid++ {
+						cg, tl := tid%hb, tid/hb
+						if tl != r {
+							continue
+						}
+						for gg := 0; gg < G; gg++ {
+							for k := 0; k < 4; k++ {
+								red[gg*2*hd+cg*4+k] += aq[tid][gg*4+k]
+								red[gg*2*hd+hd+cg*4+k] += af[tid][gg*4+k]
+							}
+						}
+					}
+				}
+				for e := 0; e < G*hd*2; e++ {
+					gg, j := e/(hd*2), e%(hd*2)
+					row := (bt*nh+h0+gg)*nsplit + s
+					if j < hd {
+						partO[row*2*hd+j] = red[e] - us[gg]
+					} else {
+						partO[row*2*hd+j] = red[e]
+					}
+				}
+				for gg := 0; gg < G; gg++ {
+					row := (bt*nh+h0+gg)*nsplit + s
+					partML[row*2], partML[row*2+1] = ms[gg], ls[gg]
+				}
+			}
+		}
+	}
+}
+
+// attnMerge ports attn_merge.
+func attnMergePort(out []float32, outLd int, partO, partML, RV []float32, nh, hd, nsplit, BT int) {
+	neg := float32(math.Inf(-1))
+	for bt := 0; bt < BT; bt++ {
+		for h := 0; h < nh; h++ {
+			row0 := (bt*nh + h) * nsplit
+			M := neg
+			for s := 0; s < nsplit; s++ {
+				M = max(M, partML[(row0+s)*2])
+			}
+			var L float32
+			for s := 0; s < nsplit; s++ {
+				if m := partML[(row0+s)*2]; m != neg {
+					L += partML[(row0+s)*2+1] * float32(math.Exp(float64(m-M)))
+				}
+			}
+			orot := make([]float32, hd)
+			af := make([]float32, hd)
+			for j := 0; j < hd; j++ {
+				for s := 0; s < nsplit; s++ {
+					m := partML[(row0+s)*2]
+					if m == neg {
+						continue
+					}
+					w := float32(math.Exp(float64(m - M)))
+					orot[j] += w * partO[(row0+s)*2*hd+j]
+					af[j] += w * partO[(row0+s)*2*hd+hd+j]
+				}
+			}
+			for j := 0; j < hd; j++ {
+				o := af[j]
+				if RV != nil {
+					for i := 0; i < hd; i++ {
+						o += orot[i] * RV[j*hd+i]
+					}
+				} else {
+					o += orot[j]
+				}
+				out[bt*outLd+h*hd+j] = o / L
+			}
+		}
+	}
+}
+
+// TestKernelPortOscar2: tokens appended one at a time by the kv_append
+// port read back like kvcache's oscar2 cache, and the attention port over
+// them (several splits, GQA, a sliding window, prefill queries) equals a
+// plain softmax attention over kvcache.Read's keys and values, to 2e-5.
+func TestKernelPortOscar2(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	const nh, nkv, hd, sink, recent, n = 6, 2, 16, 3, 10, 75
+	ring := recent + 32
+	rot := &kvcache.Rotations{K: [][]float32{randOrthogonal(r, hd)}, V: [][]float32{randOrthogonal(r, hd)}, ClipK: []float64{0.9}, ClipV: []float64{0.8}}
+	cc, err := kvcache.New("oscar2", []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := newPortCache(1, nkv, hd, sink, ring, n-sink)
+	pc.rk, pc.rv = rot.K[0], rot.V[0]
+	pc.clipK, pc.clipV = clipIndex(0.9, hd), clipIndex(0.8, hd)
+	kvDim := nkv * hd
+	for p := 0; p < n; p++ {
+		k, v := randVec(r, kvDim, 1), randVec(r, kvDim, 1)
+		cc.Write(0, p, 1, k, v)
+		cc.Commit(1)
+		row := append(append([]float32{}, k...), v...)
+		pc.kvAppend(row, 2*kvDim, 0, kvDim, 1, p, true)
+	}
+	wstart := max(sink, n-recent)
+	for _, tc := range []struct {
+		T, window, splitLen int
+	}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}} {
+		T := tc.T
+		pos0 := n - T
+		q := randVec(r, T*nh*hd, 1)
+		nsplit := (n + tc.splitLen - 1) / tc.splitLen
+		for _, MG := range []int{1, 2, 4, 8} {
+			partO := make([]float32, T*nh*nsplit*2*hd)
+			partML := make([]float32, T*nh*nsplit*2)
+			pc.attnSplit(MG, partO, partML, q, nh*hd, nh, T, pos0, wstart, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
+			out := make([]float32, T*nh*hd)
+			attnMergePort(out, nh*hd, partO, partML, rot.V[0], nh, hd, nsplit, T)
+			worst := 0.0
+			for h := 0; h < nh; h++ {
+				K, V := make([]float32, n*hd), make([]float32, n*hd)
+				cc.Read(0, h/(nh/nkv), n, K, V)
+				for qt := 0; qt < T; qt++ {
+					pq := pos0 + qt
+					lo := 0
+					if tc.window > 0 {
+						lo = max(0, pq-tc.window+1)
+					}
+					var m float64 = math.Inf(-1)
+					sc := make([]float64, pq+1)
+					for p := lo; p <= pq; p++ {
+						var d float64
+						for j := 0; j < hd; j++ {
+							d += float64(q[(qt*nh+h)*hd+j]) * float64(K[p*hd+j])
+						}
+						sc[p] = d / math.Sqrt(hd)
+						m = math.Max(m, sc[p])
+					}
+					var l float64
+					o := make([]float64, hd)
+					for p := lo; p <= pq; p++ {
+						e := math.Exp(sc[p] - m)
+						l += e
+						for j := range o {
+							o[j] += e * float64(V[p*hd+j])
+						}
+					}
+					for j := range o {
+						worst = max(worst, math.Abs(o[j]/l-float64(out[(qt*nh+h)*hd+j])))
+					}
+				}
+			}
+			if worst > 2e-5 {
+				t.Errorf("T=%d window=%d split=%d MG=%d: worst |Δ| %.3g, want ≤ 2e-5", T, tc.window, tc.splitLen, MG, worst)
+			}
+		}
+	}
+}
+
+// TestKernelPortFP16: the fp16 cache layout (no sink, ring = capacity,
+// no codes) through the kv_append and attention ports, appended as one
+// prefill of T = n tokens for 2 sequences, against a plain softmax
+// attention over the binary16-rounded keys and values, to 2e-5.
+func TestKernelPortFP16(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	const B, nh, nkv, hd, n = 2, 4, 4, 8, 40
+	pc := newPortCache(B, nkv, hd, 0, n, 0)
+	kvDim := nkv * hd
+	ld := nh*hd + 2*kvDim
+	rows := randVec(r, B*n*ld, 1) // qkv rows: q, k, v per (sequence, token)
+	pc.kvAppend(rows, ld, nh*hd, nh*hd+kvDim, n, 0, false)
+	const splitLen = 16
+	nsplit := (n + splitLen - 1) / splitLen
+	partO := make([]float32, B*n*nh*nsplit*2*hd)
+	partML := make([]float32, B*n*nh*nsplit*2)
+	pc.attnSplit(1, partO, partML, rows, ld, nh, n, 0, 0, 0, nsplit, splitLen, float32(1/math.Sqrt(hd)), false)
+	out := make([]float32, B*n*nh*hd)
+	attnMergePort(out, nh*hd, partO, partML, nil, nh, hd, nsplit, B*n)
+	worst := 0.0
+	for b := 0; b < B; b++ {
+		for qt := 0; qt < n; qt++ {
+			for h := 0; h < nh; h++ {
+				qrow := rows[(b*n+qt)*ld+h*hd:]
+				sc := make([]float64, qt+1)
+				m := math.Inf(-1)
+				for p := 0; p <= qt; p++ {
+					krow := rows[(b*n+p)*ld+nh*hd+h*hd:]
+					var d float64
+					for j := 0; j < hd; j++ {
+						d += float64(qrow[j]) * float64(round16(krow[j]))
+					}
+					sc[p] = d / math.Sqrt(hd)
+					m = math.Max(m, sc[p])
+				}
+				var l float64
+				o := make([]float64, hd)
+				for p := 0; p <= qt; p++ {
+					e := math.Exp(sc[p] - m)
+					l += e
+					vrow := rows[(b*n+p)*ld+nh*hd+kvDim+h*hd:]
+					for j := range o {
+						o[j] += e * float64(round16(vrow[j]))
+					}
+				}
+				for j := range o {
+					worst = max(worst, math.Abs(o[j]/l-float64(out[((b*n+qt)*nh+h)*hd+j])))
+				}
+			}
+		}
+	}
+	if worst > 2e-5 {
+		t.Errorf("worst |Δ| %.3g, want ≤ 2e-5", worst)
+	}
+}
+
+// gemvQPort ports gemv_q's dequantization for one output row n: the
+// chunks of 8 codes read as `bits` little-endian bytes, then the tail
+// through get_code. It returns Ŵ[n, :] in storage order.
+func gemvQPort(codes []byte, scales, zeros []uint16, n, K, bits, group int) []float32 {
+	rb := (K*bits + 7) / 8
+	G := K / group
+	row := codes[n*rb:]
+	out := make([]float32, K)
+	zsym := float32(int(1) << (bits - 1))
+	mask := uint32(1)<<bits - 1
+	nc := K / 8
+	for c := 0; c < nc; c++ {
+		var w uint64
+		for i := 0; i < bits; i++ {
+			w |= uint64(row[c*bits+i]) << (8 * i)
+		}
+		j0 := c * 8
+		g := j0 / group
+		s := kvq.F16ToFloat32(scales[n*G+g])
+		z := zsym
+		if zeros != nil {
+			z = kvq.F16ToFloat32(zeros[n*G+g])
+		}
+		for i := 0; i < 8; i++ {
+			out[j0+i] = s * (float32(uint32(w>>(i*bits))&mask) - z)
+		}
+	}
+	for j := nc * 8; j < K; j++ {
+		p := j * bits
+		b, off := p>>3, p&7
+		w := uint32(row[b])
+		if off+bits > 8 && b+1 < rb {
+			w |= uint32(row[b+1]) << 8
+		}
+		g := j / group
+		s := kvq.F16ToFloat32(scales[n*G+g])
+		z := zsym
+		if zeros != nil {
+			z = kvq.F16ToFloat32(zeros[n*G+g])
+		}
+		out[j] = s * (float32(w>>off&mask) - z)
+	}
+	return out
+}
+
+// TestKernelPortQGemv: gemv_q's decoding of quantize/weights' packed rows
+// equals Quantized.Dequantize (storage order, no permutation) to float32
+// rounding, for 2, 3, 4 and 8 bits, groups 32 and 64 and per channel
+// with a K that is not a multiple of 8.
+func TestKernelPortQGemv(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	for _, bits := range []int{2, 3, 4, 8} {
+		for _, tc := range []struct{ K, group int }{{192, 32}, {192, 64}, {100, 0}, {96, 0}} {
+			for _, sym := range []bool{false, true} {
+				const N = 5
+				w := randVec(r, N*tc.K, 0.05)
+				q, err := weights.QuantizeRTN(w, N, tc.K, weights.Options{Bits: bits, GroupSize: tc.group, Symmetric: sym})
+				if err != nil {
+					t.Fatal(err)
+				}
+				deq := make([]float32, N*tc.K)
+				q.Dequantize(deq)
+				for n := 0; n < N; n++ {
+					got := gemvQPort(q.Codes, q.Scales, q.Zeros, n, tc.K, bits, q.GroupSize)
+					for j, v := range got {
+						if d := math.Abs(float64(v - deq[n*tc.K+j])); d > 1e-6*(1+math.Abs(float64(v))) {
+							t.Fatalf("bits %d K %d group %d sym %v: row %d col %d: %v, Dequantize %v", bits, tc.K, tc.group, sym, n, j, v, deq[n*tc.K+j])
+						}
+					}
+				}
+			}
+		}
+	}
+}

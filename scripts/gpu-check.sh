@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA backend (issue 7), about 2–3 minutes on an H200
+# (5 at most): every kernel against the CPU code, stories260K (fp16 and
+# oscar2 KV) and its MoE variant against the CPU backend, then the
+# benchmarks: device copy bandwidth, the INT2 decode attention in GB/s
+# against it, and decode tokens/s with fp16 and oscar2 KV at 4k/16k/32k
+# context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
+#
+# Usage: scripts/gpu-check.sh            (or: make gpu-check)
+# On a machine without Go or ../shared (the lent device machine): run
+# scripts/gpu-bundle.sh first where Go is, carry .gpucheck/ along, and
+# this script uses .gpucheck/cuda.test and .gpucheck/data.
+# Environment:
+#   GPU_CHECK_BIN       a test binary built beforehand with
+#                       `CGO_ENABLED=0 go test -c -o FILE ./runtime/cuda`
+#                       (for a machine without Go); default: build it now.
+#   LMPACK_SHARED_DATA  the shared data folder (default ../shared/data).
+#   LMPACK_NVRTC        the NVRTC library, if not found by the search order.
+#   GPU_CHECK_LOG       the log file (default: $OUT/gpu-check.log when $OUT
+#                       is set, else /tmp/gpu-check.log).
+#   BENCHTIME           go test -benchtime for the benchmarks (default 10x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+log=${GPU_CHECK_LOG:-${OUT:-/tmp}/gpu-check.log}
+: >"$log"
+say() { echo "$@" | tee -a "$log"; }
+
+bin=${GPU_CHECK_BIN:-}
+if [ -z "$bin" ] && ! command -v "${GO:-go}" >/dev/null && [ -x .gpucheck/cuda.test ]; then
+	bin=.gpucheck/cuda.test # made by scripts/gpu-bundle.sh
+fi
+if [ -z "$bin" ]; then
+	bin=$(mktemp -d)/cuda.test
+	${GO:-go} test -c -o "$bin" ./runtime/cuda
+fi
+case "$bin" in /*) ;; *) bin="$root/$bin" ;; esac
+export LMPACK_REQUIRE_GPU=1
+if [ -z "${LMPACK_SHARED_DATA:-}" ]; then
+	if [ -d "$root/../shared/data" ]; then
+		LMPACK_SHARED_DATA=$(cd "$root/../shared/data" && pwd)
+	else
+		LMPACK_SHARED_DATA=$root/.gpucheck/data # made by scripts/gpu-bundle.sh
+	fi
+fi
+export LMPACK_SHARED_DATA
+
+if command -v nvidia-smi >/dev/null; then
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log" || true
+fi
+
+# One process per test and benchmark: a kernel fault poisons the CUDA
+# context of its process only. The PTX cache is shared between them.
+export LMPACK_CUDA_CACHE=$(mktemp -d)
+status=0
+# The test binary runs in the package directory, as go test does.
+run() { (cd runtime/cuda && "$bin" "$@") 2>&1 | tee -a "$log"; }
+
+say "== parity tests"
+for t in $(cd runtime/cuda && "$bin" -test.list '^(TestCompileKernels|TestGPU.*)$'); do
+	run -test.run "^$t\$" -test.count=1 -test.v -test.timeout=120s || status=1
+done
+
+say "== benchmarks"
+bench=$(mktemp)
+for b in BenchmarkCopyBandwidth BenchmarkAttnINT2 BenchmarkDecode; do
+	run -test.run '^$' -test.bench "^$b\$" -test.benchtime="${BENCHTIME:-10x}" -test.timeout=150s | tee -a "$bench" || status=1
+done
+
+say "== summary"
+# The attention kernel against the copy bandwidth (goal ≥ 80%).
+awk '/^BenchmarkAttnINT2\// { for (i = 2; i <= NF; i++) { if ($i == "GB/s") gb = $(i-1); if ($i == "%copy") pc = $(i-1); if ($i == "copyGB/s") cp = $(i-1) }
+	printf "INT2 decode attention %s: %s GB/s = %s%% of the %s GB/s copy bandwidth (goal >= 80)\n", $1, gb, pc, cp }' "$bench" | tee -a "$log"
+# oscar2 over fp16 decode speed at each context and batch (goal ≥ 3 at 32k).
+awk '/^BenchmarkDecode\// {
+	split($1, p, "/"); key = p[2] "/" p[3]; kv = p[4]; sub(/-[0-9]+$/, "", kv)
+	for (i = 1; i <= NF; i++) if ($i == "tokens/s") v = $(i-1)
+	tps[key, kv] = v; keys[key] = 1 }
+	END { for (k in keys) if (tps[k, "kv=fp16"] > 0) printf "decode %s: fp16 %.1f tokens/s, oscar2 %.1f tokens/s, speedup %.2fx%s\n", k, tps[k, "kv=fp16"], tps[k, "kv=oscar2"], tps[k, "kv=oscar2"] / tps[k, "kv=fp16"], (k ~ /ctx=32768/ ? " (goal >= 3)" : "") }' "$bench" | sort | tee -a "$log"
+grep -E '^--- (PASS|FAIL|SKIP)' "$log" | awk '{ n[$2]++ } END { for (k in n) printf "%s %d  ", k, n[k]; print "" }' | tee -a "$log"
+if [ "$status" -ne 0 ]; then
+	say "gpu-check: FAILED (log: $log)"
+	exit 1
+fi
+say "gpu-check: passed (log: $log)"
