@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZTIME ?= 10s
 
-.PHONY: build test bench lint fuzz ci gpu-check
+.PHONY: build test bench lint fuzz ci gpu-check kernels
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/lmpack ./cmd/lmpack
@@ -29,8 +29,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzStreamDecode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzWordFinder$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(FUZZTIME) ./pack/
+	$(GO) test -run '^$$' -fuzz '^FuzzManifest$$' -fuzztime $(FUZZTIME) ./pack/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRecipe$$' -fuzztime $(FUZZTIME) ./compress/
 
-ci: lint test fuzz
+# Compile every embedded CUDA kernel through NVRTC for sm_80 and sm_90 and
+# print the PTX sizes and register counts (no GPU needed; CI runs this).
+kernels:
+	$(GO) test -count=1 -v -run '^(TestCompileKernels|TestKernelsNoSpills)$$' ./runtime/cuda/
+
+ci: lint test kernels fuzz
 
 # CUDA backend check on a machine with a GPU (parity tests and benchmarks,
 # under 5 minutes on an H200): see scripts/gpu-check.sh.
