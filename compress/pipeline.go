@@ -113,16 +113,16 @@ type Report struct {
 	Sizes            Sizes         `json:"sizes"`
 	// KVCache is the artifact's KV cache method ("fp32" when none) and
 	// KVBitsPerElement its storage (from the eval stage; 0 without one).
-	KVCache          string      `json:"kv_cache"`
-	KVBitsPerElement float64     `json:"kv_bits_per_element,omitempty"`
+	KVCache          string  `json:"kv_cache"`
+	KVBitsPerElement float64 `json:"kv_bits_per_element,omitempty"`
 	// WeightsMethod and WeightsBitsPerWeight describe the quantize-weights
 	// stage ("" and 0 without one): the method and the storage bits per
 	// quantized weight (codes, scales, zero-points, permutations).
-	WeightsMethod        string  `json:"weights_method,omitempty"`
-	WeightsBitsPerWeight float64 `json:"weights_bits_per_weight,omitempty"`
-	Eval             *EvalResult `json:"eval,omitempty"`
-	Gate             *Gate       `json:"gate,omitempty"`
-	Seconds          float64     `json:"seconds"`
+	WeightsMethod        string      `json:"weights_method,omitempty"`
+	WeightsBitsPerWeight float64     `json:"weights_bits_per_weight,omitempty"`
+	Eval                 *EvalResult `json:"eval,omitempty"`
+	Gate                 *Gate       `json:"gate,omitempty"`
+	Seconds              float64     `json:"seconds"`
 }
 
 // outputs are the files a stage produced (paths relative to its
