@@ -222,7 +222,7 @@ func (r *Recipe) validate(name string) error {
 	if q := r.Quantize; q != nil && q.Weights != nil {
 		w := q.Weights
 		if w.MoEBudget.Kind != 0 {
-			return fmt.Errorf("%w: %s: line %d: quantize.weights.moe_budget: per-expert bit budgets for MoE models are not available in compress yet (quantize/wquant has no such option); remove the key to quantize every weight at quantize.weights.bits",
+			return fmt.Errorf("%w: %s: line %d: quantize.weights.moe_budget: per-expert bit budgets for MoE models are not available in compress yet (quantize/wquant has no such option, and quantize.weights handles dense models only)",
 				ErrStageUnavailable, name, w.MoEBudget.Line)
 		}
 		switch {
