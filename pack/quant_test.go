@@ -1,6 +1,7 @@
 package pack
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -332,5 +333,71 @@ func TestPrunedArtifactLogits(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("logit %d: artifact %v, pruned checkpoint %v", i, got[i], want[i])
 		}
+	}
+}
+
+// TestQuantizedArtifactVersionsAndCorruption: a quantized artifact is
+// format version 2 and a plain one version 1; a header version that
+// disagrees with the manifest's, or one this lmpack does not read, is
+// ErrVersion; a flipped byte in a scales section fails the engine's load
+// with ErrChecksum naming the storage tensor, and Verify names the section.
+func TestQuantizedArtifactVersionsAndCorruption(t *testing.T) {
+	dir := t.TempDir()
+	qdir := quantizedStories(t, dir, wquant.MethodRTN, false)
+	a, err := FromCheckpoint(qdir, FromOptions{LmpackVersion: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "q.lmpk")
+	_, err = Write(out, a, WriteOptions{NoCompress: true})
+	a.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := packStories(t, WriteOptions{})
+	orig, _ := os.ReadFile(out)
+	pb, _ := os.ReadFile(plain)
+	le := binary.LittleEndian
+	if v, pv := le.Uint32(orig[offVersion:]), le.Uint32(pb[offVersion:]); v != 2 || pv != 1 {
+		t.Fatalf("header versions: quantized %d (want 2), plain %d (want 1)", v, pv)
+	}
+	write := func(b []byte) string {
+		p := filepath.Join(t.TempDir(), "c.lmpk")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	setVersion := func(b []byte, v uint32) []byte {
+		b = slices.Clone(b)
+		le.PutUint32(b[offVersion:], v)
+		le.PutUint32(b[offHeaderCRC:], crc(b[:offHeaderCRC]))
+		return b
+	}
+	if _, err := Open(write(setVersion(pb, 2))); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "header says 2") {
+		t.Errorf("v1 manifest under a v2 header: %v", err)
+	}
+	if _, err := Open(write(setVersion(orig, 3))); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "reads 1..2") {
+		t.Errorf("version 3: %v", err)
+	}
+	r, err := Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sec = "model.layers.2.mlp.up_proj.scales"
+	i, ok := r.l.index[sec]
+	if !ok {
+		t.Fatalf("no section %s", sec)
+	}
+	e := r.l.entries[i]
+	r.Close()
+	b := slices.Clone(orig)
+	b[e.Offset+1] ^= 0x10
+	bad := write(b)
+	if _, err := Verify(bad); !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), sec) {
+		t.Errorf("verify: %v", err)
+	}
+	if _, err := engine.Open(t.Context(), bad, engine.Options{Threads: 1, Artifacts: true}); !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), sec) {
+		t.Errorf("engine open of a corrupt scales section: %v", err)
 	}
 }
