@@ -12,8 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/pack"
+	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // smallRecipe is a fast oscar2 recipe for stories260K: 1024 calibration
@@ -35,6 +40,10 @@ eval:
   max_delta_ppl: 100
   max_kl: 10
 `
+
+// smallWeightsRecipe is smallRecipe with 4-bit GPTQ (group 32,
+// act-order) weights before the oscar2 KV stage.
+var smallWeightsRecipe = strings.Replace(smallRecipe, "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    group: 32\n    act_order: true\n", 1)
 
 func mustRecipe(t *testing.T, src string) *Recipe {
 	t.Helper()
@@ -84,16 +93,18 @@ func hashTree(t *testing.T, paths ...string) map[string]string {
 	return out
 }
 
-// TestCompressResumeDeterminism: a run killed mid-calibrate and then
+// TestCompressResumeDeterminism: with the weights recipe (4-bit GPTQ,
+// oscar2 KV), a run killed mid-calibrate, then mid-quantize-weights, then
 // mid-eval (a context cancelled from the progress hook, which leaves the
 // stage's temporary directory behind as a kill would) resumes: each rerun
 // reuses the finished stages and recomputes the interrupted one, and the
 // final artifact is byte-identical to an uninterrupted run's and to a
 // second uninterrupted run's (determinism). The model, data files are
-// never modified. The artifact verifies and records the oscar2 scheme.
+// never modified. The artifact verifies and records the oscar2 scheme and
+// the quantized weights.
 func TestCompressResumeDeterminism(t *testing.T) {
 	dir := t.TempDir()
-	r := mustRecipe(t, smallRecipe)
+	r := mustRecipe(t, smallWeightsRecipe)
 	model := shared.Path(t, "stories260K-hf")
 	inputs := []string{model, shared.Path(t, "tinystories-valid")}
 	before := hashTree(t, inputs...)
@@ -138,12 +149,13 @@ func TestCompressResumeDeterminism(t *testing.T) {
 		}
 	}
 	interrupt("calibrate")
+	interrupt("quantize-weights")
 	interrupt("eval")
 	repB, err := Run(t.Context(), testOptions(t, r, outB, workB))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{"calibrate": true, "quantize-kv": true, "pack": true, "eval": false}
+	want := map[string]bool{"calibrate": true, "quantize-weights": true, "quantize-kv": true, "pack": true, "eval": false}
 	if got := cachedStages(repB); !mapsEqual(got, want) {
 		t.Errorf("resumed run cached stages %v, want %v", got, want)
 	}
@@ -184,14 +196,30 @@ func TestCompressResumeDeterminism(t *testing.T) {
 	if m.KV == nil || m.KV.Cache != "oscar2" || m.KV.Sink != 8 || m.KV.Recent != 32 || len(m.KV.Rotations) != 5 {
 		t.Errorf("manifest kv %+v", m.KV)
 	}
+	nq := 0
+	for _, e := range m.Tensors {
+		if e.Quant != nil && e.Quant.Bits == 4 {
+			nq++
+		}
+	}
+	if nq != 35 || m.WeightsMethod != "gptq" || m.FormatVersion != 2 {
+		t.Errorf("manifest: %d 4-bit tensors, want 35; weights_method %q, format %d", nq, m.WeightsMethod, m.FormatVersion)
+	}
 	if m.Provenance.SourceModelFingerprint != repA.ModelFingerprint || !strings.Contains(string(m.Provenance.Recipe), `"cache":"oscar2"`) ||
+		!strings.Contains(string(m.Provenance.Recipe), `"weights":{"method":"gptq","bits":4,"group":32,"act_order":true}`) ||
 		strings.Contains(string(m.Provenance.Recipe), "max_windows") {
 		t.Errorf("provenance %+v", m.Provenance)
 	}
 	z := repA.Sizes
 	t.Logf("sizes %+v; eval %+v", z, *repA.Eval)
-	if z.SourceParams != 292800 || z.Params != 292800 || z.BitsPerWeight != 32 || z.LZ4SavedBytes <= 0 || z.ArtifactBytes != int64(len(a)) {
+	// 35 weights of 226560 parameters at 4-bit g32 (5 bits per weight
+	// with scales and zero-points, down_proj per-channel), the rest fp32.
+	if z.SourceParams != 292800 || z.Params != 292800 || !(z.BitsPerWeight > 8 && z.BitsPerWeight < 16) || z.LZ4SavedBytes <= 0 ||
+		z.ArtifactBytes != int64(len(a)) || z.ArtifactBytes*2 > z.SourceTensorBytes {
 		t.Errorf("sizes %+v", z)
+	}
+	if repA.WeightsMethod != "gptq" || !(repA.WeightsBitsPerWeight > 4 && repA.WeightsBitsPerWeight <= 5.5) {
+		t.Errorf("report weights %q %.3f bits per weight", repA.WeightsMethod, repA.WeightsBitsPerWeight)
 	}
 	if e := repA.Eval; e.Windows != 2 || e.TokensScored != 510 || !(e.KL > 0) || !(e.DeltaPPL != 0) || !(e.KVBitsPerElement > 2 && e.KVBitsPerElement < 32) {
 		t.Errorf("eval %+v", *e)
@@ -307,5 +335,96 @@ func TestCompressRefusesModelDir(t *testing.T) {
 	}
 	if _, err := os.Stat(o.WorkDir); !os.IsNotExist(err) {
 		t.Fatalf("work dir created inside the model directory")
+	}
+}
+
+// kvWrap is a model whose NewCache builds a given KV cache scheme.
+type kvWrap struct {
+	runtime.Model
+	method string
+	layers []kvcache.Layer
+	opt    kvcache.Options
+}
+
+func (m *kvWrap) NewCache(capacity int) runtime.KVCache {
+	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// TestCompressWeightsEvalMatchesCheckpoint: the eval stage's result for
+// the w4 + oscar2 artifact equals, field for field, the comparison of the
+// source with the quantize-weights stage's checkpoint run with the
+// quantize-kv stage's rotations and the recipe's windows; the artifact's
+// and that checkpoint's logits are identical.
+func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	work := filepath.Join(dir, "work")
+	o := testOptions(t, mustRecipe(t, smallWeightsRecipe), filepath.Join(dir, "m.lmpk"), work)
+	rep, err := Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := map[string]string{}
+	for _, s := range rep.Stages {
+		keyOf[s.Name] = s.Key[:24]
+	}
+	qdir := filepath.Join(work, "quantize-weights-"+keyOf["quantize-weights"], "model")
+	rotPath := filepath.Join(work, "quantize-kv-"+keyOf["quantize-kv"], "rot.safetensors")
+	ck, err := engine.Open(t.Context(), qdir, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if ck.Desc.Quant == nil || len(ck.Desc.Quant.Tensors) != 35 {
+		t.Fatalf("stage checkpoint %s: quantization %+v", qdir, ck.Desc.Quant)
+	}
+	fp, err := calibrate.ModelFingerprint(qdir, ck.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot, _, err := oscar.ReadFile(rotPath, calibrate.Expect{ModelFingerprint: fp, Desc: ck.Desc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kr := kvcache.Rotations(*rot)
+	ck.Model = &kvWrap{Model: ck.Model, method: "oscar2", layers: kvcache.LayersOf(ck.Desc), opt: kvcache.Options{Rotations: &kr, Sink: 8, Recent: 32}}
+	ck.KVCache = "oscar2"
+	src, err := engine.Open(t.Context(), o.Model, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	ids, err := src.EvalIDs(o.EvalData, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("artifact eval %+v; weights bpw %.3f", *rep.Eval, rep.WeightsBitsPerWeight)
+	if *rep.Eval != *want {
+		t.Errorf("artifact eval %+v\nquantized checkpoint + oscar2 %+v", *rep.Eval, *want)
+	}
+	art, err := engine.Open(t.Context(), o.Out, engine.Options{Threads: 1, Artifacts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer art.Close()
+	V := ck.Desc.VocabSize
+	a, b := make([]float32, 256*V), make([]float32, 256*V)
+	if err := art.Model.Forward(t.Context(), ids[:256], art.Model.NewCache(256), a, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ck.Model.Forward(t.Context(), ids[:256], ck.Model.NewCache(256), b, true); err != nil {
+		t.Fatal(err)
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("logit %d: artifact %v, stage checkpoint %v", i, a[i], b[i])
+		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/quantize/wquant"
 )
 
 // Options configures Run.
@@ -49,7 +50,8 @@ type Options struct {
 	// discards them.
 	Logger *slog.Logger
 	// Progress, when set, is called with the stage name and its progress
-	// (calibrate: tokens forwarded, eval: windows).
+	// (calibrate, quantize-kv and quantize-weights:calibrate: tokens
+	// forwarded; quantize-weights: decoder blocks; eval: windows).
 	Progress func(stage string, done, total int)
 }
 
@@ -69,9 +71,10 @@ type StageReport struct {
 }
 
 // Sizes compares the artifact with the source checkpoint. Bytes are file
-// or tensor bytes; Params count model weights (KV rotations excluded).
-// BitsPerWeight = 8 · (raw bytes of the artifact's model tensors) /
-// Params; FileBitsPerSourceWeight = 8 · ArtifactBytes / SourceParams;
+// or tensor bytes; Params count model weights (KV rotations excluded; a
+// quantized weight counts its logical rows × cols). BitsPerWeight = 8 ·
+// (raw bytes of the artifact's model tensors, a quantized weight's codes,
+// scales, zero-points and permutation included) / Params; FileBitsPerSourceWeight = 8 · ArtifactBytes / SourceParams;
 // Ratio = SourceTensorBytes / ArtifactBytes. LZ4SavedBytes is raw minus
 // stored bytes over all sections (what lz4 saved).
 type Sizes struct {
@@ -110,11 +113,16 @@ type Report struct {
 	Sizes            Sizes         `json:"sizes"`
 	// KVCache is the artifact's KV cache method ("fp32" when none) and
 	// KVBitsPerElement its storage (from the eval stage; 0 without one).
-	KVCache          string      `json:"kv_cache"`
-	KVBitsPerElement float64     `json:"kv_bits_per_element,omitempty"`
-	Eval             *EvalResult `json:"eval,omitempty"`
-	Gate             *Gate       `json:"gate,omitempty"`
-	Seconds          float64     `json:"seconds"`
+	KVCache          string  `json:"kv_cache"`
+	KVBitsPerElement float64 `json:"kv_bits_per_element,omitempty"`
+	// WeightsMethod and WeightsBitsPerWeight describe the quantize-weights
+	// stage ("" and 0 without one): the method and the storage bits per
+	// quantized weight (codes, scales, zero-points, permutations).
+	WeightsMethod        string      `json:"weights_method,omitempty"`
+	WeightsBitsPerWeight float64     `json:"weights_bits_per_weight,omitempty"`
+	Eval                 *EvalResult `json:"eval,omitempty"`
+	Gate                 *Gate       `json:"gate,omitempty"`
+	Seconds              float64     `json:"seconds"`
 }
 
 // outputs are the files a stage produced (paths relative to its
@@ -258,6 +266,13 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			return nil, err
 		}
 		rep.Stages = append(rep.Stages, *sr)
+		if s.name == "quantize-weights" {
+			var ws weightsSummary
+			if err := json.Unmarshal(sr.Result, &ws); err != nil {
+				return nil, fmt.Errorf("compress: quantize-weights stage record: %w", err)
+			}
+			rep.WeightsMethod, rep.WeightsBitsPerWeight = ws.Method, ws.BitsPerWeight
+		}
 		if s.name == "eval" {
 			var ev EvalResult
 			if err := json.Unmarshal(sr.Result, &ev); err != nil {
@@ -421,6 +436,9 @@ func (p *pipeline) stages() []stage {
 	}
 	if r.Prune != nil {
 		out = append(out, stage{"prune", section(r.Prune), p.prune})
+	}
+	if r.Quantize != nil && r.Quantize.Weights != nil {
+		out = append(out, stage{"quantize-weights", section(r.Quantize.Weights), p.quantizeWeights})
 	}
 	if r.Quantize != nil && r.Quantize.KV != nil {
 		out = append(out, stage{"quantize-kv", section(r.Quantize.KV), p.quantizeKV})
@@ -636,6 +654,68 @@ func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) 
 	return outputs{Model: "model", ClearCalib: true}, r, nil
 }
 
+// weightsSummary is the quantize-weights stage's result: wquant's report
+// without its per-tensor lists and paths.
+type weightsSummary struct {
+	Method    string  `json:"method"`
+	Bits      int     `json:"bits,omitempty"`
+	Group     int     `json:"group,omitempty"`
+	Sym       bool    `json:"sym,omitempty"`
+	ActOrder  bool    `json:"act_order,omitempty"`
+	TargetBPW float64 `json:"target_bpw,omitempty"`
+	// Params is the number of quantized weights; BitsPerWeight their
+	// storage bits per weight (codes, scales, zero-points, permutations).
+	Params        int64   `json:"params"`
+	BitsPerWeight float64 `json:"bits_per_weight"`
+	// QuantBytesBefore/After: the quantized tensors before and after;
+	// BytesBefore/After: all tensor data of the checkpoint.
+	QuantBytesBefore int64   `json:"quant_bytes_before"`
+	QuantBytesAfter  int64   `json:"quant_bytes_after"`
+	BytesBefore      int64   `json:"bytes_before"`
+	BytesAfter       int64   `json:"bytes_after"`
+	PredictedError   float64 `json:"predicted_error"`
+	CalibTokens      int     `json:"calib_tokens"`
+	// Recalibrated says the stage calibrated the (pruned) model itself.
+	Recalibrated bool               `json:"recalibrated,omitempty"`
+	Calibration  *calibrate.Summary `json:"calibration,omitempty"`
+}
+
+// quantizeWeights runs quantize/wquant on the current model (calibrating
+// it first when an earlier stage changed it). The quantized checkpoint
+// replaces the model, and the calibration no longer describes it, so the
+// KV stage calibrates the quantized model: its rotations and clip ratios
+// are fitted to the keys and values the quantized weights produce.
+func (p *pipeline) quantizeWeights(ctx context.Context, dir string) (outputs, any, error) {
+	w := p.r.Quantize.Weights
+	s := &weightsSummary{Method: w.Method, Bits: w.Bits, Sym: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW}
+	group := 0
+	if w.Group != nil {
+		group = *w.Group
+		s.Group = group
+	}
+	calib := p.st.calib
+	if calib == "" {
+		c := p.r.Calibrate
+		calib = filepath.Join(dir, "calib.safetensors")
+		cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
+			Out: calib, Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-weights:calibrate")})
+		if err != nil {
+			return outputs{}, nil, err
+		}
+		cs.Path = "calib.safetensors"
+		s.Recalibrated, s.Calibration = true, cs
+	}
+	rep, err := wquant.Run(ctx, wquant.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
+		Method: w.Method, Bits: w.Bits, GroupSize: group, Symmetric: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW,
+		Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-weights")})
+	if err != nil {
+		return outputs{}, nil, err
+	}
+	s.Params, s.BitsPerWeight, s.PredictedError, s.CalibTokens = rep.Params, rep.BitsPerWeight, rep.PredictedError, rep.CalibTokens
+	s.QuantBytesBefore, s.QuantBytesAfter, s.BytesBefore, s.BytesAfter = rep.QuantBytesBefore, rep.QuantBytesAfter, rep.BytesBefore, rep.BytesAfter
+	return outputs{Model: "model", ClearCalib: true}, s, nil
+}
+
 // kvSummary is the quantize-kv stage's result.
 type kvSummary struct {
 	Cache  string `json:"cache"`
@@ -754,11 +834,20 @@ func (p *pipeline) sizes(rep *Report) error {
 		if r.IsKVRotation(t.Name) {
 			continue
 		}
-		_, raw, _, err := r.SectionInfo(t.Section)
-		if err != nil {
-			return err
+		secs := []string{t.Section}
+		if q := t.Quant; q != nil {
+			secs = append(secs, q.ScaleSection, q.ZeroSection, q.PermSection)
 		}
-		tensorRaw += raw
+		for _, sec := range secs {
+			if sec == "" {
+				continue
+			}
+			_, raw, _, err := r.SectionInfo(sec)
+			if err != nil {
+				return err
+			}
+			tensorRaw += raw
+		}
 		s.Params += numel(t.Shape)
 	}
 	for _, n := range r.Names() {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune/depth"
+	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 	"gopkg.in/yaml.v3"
 )
@@ -23,8 +24,9 @@ var (
 	// invalid value (wrapped, naming the file, the line when known, and
 	// the key).
 	ErrRecipe = errors.New("compress: bad recipe")
-	// ErrStageUnavailable: the recipe asks for a stage this lmpack cannot
-	// run yet (weight quantization).
+	// ErrStageUnavailable: the recipe asks for something this lmpack
+	// cannot run yet (quantize.weights.moe_budget: per-expert bit budgets
+	// for MoE models).
 	ErrStageUnavailable = errors.New("compress: stage not available")
 	// ErrGate: the eval stage measured a ΔPPL or KL above the recipe's
 	// threshold; the artifact is not written to the output path.
@@ -61,11 +63,34 @@ type PruneStage struct {
 	Method     string  `yaml:"method" json:"method"`
 }
 
-// QuantizeStage holds the quantization stages. Weights is reserved: any
-// content is ErrStageUnavailable until weight quantization lands here.
+// QuantizeStage holds the quantization stages: Weights runs before KV,
+// so the KV rotations are computed on the quantized model.
 type QuantizeStage struct {
-	KV      *KVStage  `yaml:"kv" json:"kv,omitempty"`
-	Weights yaml.Node `yaml:"weights" json:"-"`
+	Weights *WeightsStage `yaml:"weights" json:"weights,omitempty"`
+	KV      *KVStage      `yaml:"kv" json:"kv,omitempty"`
+}
+
+// WeightsStage configures quantize/wquant.Run (docs/QUANT.md): Method
+// "rtn" or "gptq" (Frantar et al. 2023, GPTQ, Alg. 1; docs/METHODS.md)
+// quantizes every Linear weight of the decoder blocks to Bits (2, 3, 4 or
+// 8) with one scale and zero-point per Group input columns (32, 64, 128;
+// 0 = per-channel; default 128), symmetric (no stored zero-points) when
+// Sym. ActOrder (GPTQ only) quantizes columns by decreasing Hessian
+// diagonal. TargetBPW > 0 instead lets wquant's allocator choose (bits,
+// group) per tensor so the quantized weights take at most TargetBPW
+// storage bits per weight (codes, scales, zero-points); give exactly one
+// of Bits and TargetBPW, and no Group with TargetBPW.
+//
+// MoEBudget is reserved for per-expert bit budgets of MoE models: any
+// content is ErrStageUnavailable until quantize/wquant offers them.
+type WeightsStage struct {
+	Method    string    `yaml:"method" json:"method"`
+	Bits      int       `yaml:"bits" json:"bits,omitempty"`
+	Group     *int      `yaml:"group" json:"group,omitempty"`
+	Sym       bool      `yaml:"sym" json:"sym,omitempty"`
+	ActOrder  bool      `yaml:"act_order" json:"act_order,omitempty"`
+	TargetBPW float64   `yaml:"target_bpw" json:"target_bpw,omitempty"`
+	MoEBudget yaml.Node `yaml:"moe_budget" json:"-"`
 }
 
 // KVStage configures the KV cache the artifact carries: Cache is a
@@ -144,7 +169,7 @@ var fieldNotFound = regexp.MustCompile(`^line (\d+): field (\S+) not found in ty
 // sectionOf names the recipe section a Go type decodes.
 var sectionOf = map[string]string{
 	"Recipe": "the top level", "CalibrateStage": "calibrate", "PruneStage": "prune",
-	"QuantizeStage": "quantize", "KVStage": "quantize.kv", "PackStage": "pack", "EvalStage": "eval",
+	"QuantizeStage": "quantize", "KVStage": "quantize.kv", "WeightsStage": "quantize.weights", "PackStage": "pack", "EvalStage": "eval",
 }
 
 // ParseRecipe decodes one YAML document strictly (every key must be a
@@ -154,7 +179,7 @@ var sectionOf = map[string]string{
 //
 // Errors: ErrRecipe naming the file, line and key ("line 4: unknown key
 // \"tokenz\" in calibrate"), or the field and what was expected;
-// ErrStageUnavailable for quantize.weights.
+// ErrStageUnavailable for quantize.weights.moe_budget.
 func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if len(b) > maxRecipeBytes {
 		return nil, fmt.Errorf("%w: %s: %d bytes, want at most %d", ErrRecipe, name, len(b), maxRecipeBytes)
@@ -194,9 +219,34 @@ func (r *Recipe) validate(name string) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrRecipe, name, fmt.Sprintf(format, a...))
 	}
-	if q := r.Quantize; q != nil && q.Weights.Kind != 0 {
-		return fmt.Errorf("%w: %s: line %d: quantize.weights: weight quantization is not available in compress yet (only quantize.kv is); remove the section or use a recipe without it",
-			ErrStageUnavailable, name, q.Weights.Line)
+	if q := r.Quantize; q != nil && q.Weights != nil {
+		w := q.Weights
+		if w.MoEBudget.Kind != 0 {
+			return fmt.Errorf("%w: %s: line %d: quantize.weights.moe_budget: per-expert bit budgets for MoE models are not available in compress yet (quantize/wquant has no such option, and quantize.weights handles dense models only)",
+				ErrStageUnavailable, name, w.MoEBudget.Line)
+		}
+		switch {
+		case w.Method != wquant.MethodRTN && w.Method != wquant.MethodGPTQ:
+			return bad("quantize.weights.method %q: want rtn or gptq", w.Method)
+		case (w.Bits != 0) == (w.TargetBPW != 0):
+			return bad("quantize.weights: give exactly one of bits and target_bpw")
+		case w.Bits != 0 && !slices.Contains([]int{2, 3, 4, 8}, w.Bits):
+			return bad("quantize.weights.bits %d: want 2, 3, 4 or 8", w.Bits)
+		case w.TargetBPW != 0 && !(w.TargetBPW > 0 && w.TargetBPW <= 32):
+			return bad("quantize.weights.target_bpw %v: want bits per weight in (0, 32]", w.TargetBPW)
+		case w.TargetBPW != 0 && w.Group != nil:
+			return bad("quantize.weights: group is chosen per tensor by the allocator with target_bpw; remove group")
+		case w.Group != nil && !slices.Contains([]int{0, 32, 64, 128}, *w.Group):
+			return bad("quantize.weights.group %d: want 32, 64, 128 or 0 (per-channel)", *w.Group)
+		case w.ActOrder && w.Method != wquant.MethodGPTQ:
+			return bad("quantize.weights.act_order needs method gptq")
+		case r.Calibrate == nil:
+			return bad("quantize.weights needs a calibrate section (GPTQ Hessians and the error report use calibration tokens)")
+		}
+		if w.Group == nil && w.TargetBPW == 0 {
+			g := 128
+			w.Group = &g
+		}
 	}
 	if c := r.Calibrate; c != nil {
 		if c.Tokens <= 0 {

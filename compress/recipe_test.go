@@ -69,7 +69,16 @@ func TestRecipeValues(t *testing.T) {
 		{"prune method", "quantize:", "prune:\n  layers: 1\n  method: random\nquantize:", `prune.method "random"`, ErrRecipe},
 		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 0\n  max_windows", "eval.ctx 0", ErrRecipe},
 		{"gate", "max_delta_ppl: 100", "max_delta_ppl: -1", "max_delta_ppl -1", ErrRecipe},
-		{"weights", "quantize:\n", "quantize:\n  weights:\n    bits: 4\n", "line 8: quantize.weights", ErrStageUnavailable},
+		{"weights method", "quantize:\n", "quantize:\n  weights:\n    bits: 4\n", `quantize.weights.method ""`, ErrRecipe},
+		{"weights bits", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 5\n", "quantize.weights.bits 5", ErrRecipe},
+		{"weights bits and bpw", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    target_bpw: 3\n", "exactly one of bits and target_bpw", ErrRecipe},
+		{"weights neither", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n", "exactly one of bits and target_bpw", ErrRecipe},
+		{"weights group", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 48\n", "quantize.weights.group 48", ErrRecipe},
+		{"weights group with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3.5\n    group: 32\n", "remove group", ErrRecipe},
+		{"weights act_order rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    act_order: true\n", "act_order needs method gptq", ErrRecipe},
+		{"weights unknown key", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group_size: 32\n", `line 10: unknown key "group_size" in quantize.weights`, ErrRecipe},
+		{"weights no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\nquantize:\n  kv:\n    cache: oscar2\n", "quantize:\n  weights: {method: rtn, bits: 4}\n", "quantize.weights needs a calibrate section", ErrRecipe},
+		{"weights moe budget", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2.5\n", "line 10: quantize.weights.moe_budget", ErrStageUnavailable},
 		{"two documents", "name: t\n", "name: t\n---\nname: u\n", "more than one YAML document", ErrRecipe},
 		{"syntax", "name: t\n", "name: [t\n", "r.yaml", ErrRecipe},
 	} {
@@ -89,9 +98,10 @@ func TestRecipeValues(t *testing.T) {
 	}
 }
 
-// TestExampleRecipes: the repository's recipes load; the weight recipes
-// are refused with ErrStageUnavailable until that stage lands. Data paths
-// resolve against the recipe's directory.
+// TestExampleRecipes: the repository's recipes load with their stages in
+// order; moe-mixed.yaml is refused with ErrStageUnavailable (its
+// quantize.weights.moe_budget) until wquant offers MoE budgets. Data
+// paths resolve against the recipe's directory.
 func TestExampleRecipes(t *testing.T) {
 	for _, c := range []struct {
 		file   string
@@ -100,13 +110,13 @@ func TestExampleRecipes(t *testing.T) {
 	}{
 		{"kv-int2.yaml", []string{"calibrate", "quantize-kv", "pack", "eval"}, nil},
 		{"prune-kv-int2.yaml", []string{"calibrate", "prune", "quantize-kv", "pack", "eval"}, nil},
-		{"w4-kv-int2.yaml", nil, ErrStageUnavailable},
+		{"w4-kv-int2.yaml", []string{"calibrate", "quantize-weights", "quantize-kv", "pack", "eval"}, nil},
 		{"moe-mixed.yaml", nil, ErrStageUnavailable},
 	} {
 		path := filepath.Join("..", "recipes", c.file)
 		r, err := LoadRecipe(path)
 		if c.is != nil {
-			if !errors.Is(err, c.is) || !strings.Contains(err.Error(), "quantize.weights") {
+			if !errors.Is(err, c.is) || !strings.Contains(err.Error(), "quantize.weights.moe_budget") {
 				t.Errorf("%s: got %v, want %v", c.file, err, c.is)
 			}
 			continue
@@ -135,6 +145,7 @@ func FuzzParseRecipe(f *testing.F) {
 	f.Add([]byte(goodRecipe))
 	f.Add([]byte("prune:\n  method: list:1\n"))
 	f.Add([]byte("quantize:\n  weights: {bits: 4}\n"))
+	f.Add([]byte("calibrate: {data: c, tokens: 8, ctx: 4}\nquantize:\n  weights: {method: gptq, target_bpw: 3.5}\n"))
 	f.Add([]byte("{}"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRecipe("fuzz.yaml", b)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -104,7 +105,30 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 			m.Tokenizer = sec
 		}
 	}
+	quantized, err := quantEntries(desc, ck)
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range quantized {
+		m.Tensors = append(m.Tensors, q.entry)
+		a.Sections = append(a.Sections, q.sections...)
+	}
+	if desc.Quant != nil {
+		m.WeightsMethod = desc.Quant.Method
+		if m.WeightsMethod == "" {
+			m.WeightsMethod = "unknown"
+		}
+	}
+	storageOf := map[string]bool{}
+	for _, q := range quantized {
+		for _, s := range q.sections {
+			storageOf[s.Name] = true
+		}
+	}
 	for _, name := range ck.Names() {
+		if storageOf[name] {
+			continue
+		}
 		t, err := ck.Tensor(name)
 		if err != nil {
 			return nil, fmt.Errorf("pack: %w", err)
@@ -182,4 +206,58 @@ func f32Bytes(x []float32) []byte {
 
 func sortTensors(ts []TensorEntry) {
 	slices.SortFunc(ts, func(a, b TensorEntry) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// quantEntry is one quantized weight of a checkpoint as the artifact
+// stores it: its manifest entry and its storage sections.
+type quantEntry struct {
+	entry    TensorEntry
+	sections []Section
+}
+
+// quantEntries converts the quantized weights of a quantized checkpoint
+// (desc.Quant, docs/QUANT.md) to manifest entries: NAME.weight [rows,
+// cols], dtype U8, section NAME.qweight, with scale, zero-point and
+// permutation sections of their storage names. Each storage tensor must
+// be present with the dtype and shape arch.QuantStorage gives (qweight
+// U8, scales and qzeros F16, perm I32).
+//
+// Errors: a storage tensor missing (wrapping
+// safetensors.ErrMissingTensor) or of the wrong dtype or shape
+// (ErrFormat), naming the checkpoint tensor.
+func quantEntries(desc *arch.Description, ck *safetensors.Checkpoint) ([]quantEntry, error) {
+	if desc.Quant == nil {
+		return nil, nil
+	}
+	shapes := desc.TensorShapes()
+	var out []quantEntry
+	for _, name := range slices.Sorted(maps.Keys(desc.Quant.Tensors)) {
+		tq := desc.Quant.Tensors[name]
+		sh := shapes[name]
+		rows, cols := sh[0], sh[1]
+		p := arch.QuantPrefix(name)
+		q := &QuantFormat{Bits: tq.Bits, GroupSize: tq.GroupSize, ScaleDType: QuantScaleDType,
+			ScaleSection: p + arch.SuffixScales, PackingOrder: PackingLSBFirst}
+		if !tq.Symmetric {
+			q.ZeroDType, q.ZeroSection = QuantScaleDType, p+arch.SuffixQZeros
+		}
+		if tq.Perm {
+			q.PermSection = p + arch.SuffixPerm
+		}
+		e := quantEntry{entry: TensorEntry{Name: name, Section: p + arch.SuffixQWeight, DType: string(safetensors.U8), Shape: []int{rows, cols}, Quant: q}}
+		want := storage(&e.entry)
+		for _, sn := range slices.Sorted(maps.Keys(want)) {
+			w := want[sn]
+			t, err := ck.Tensor(sn)
+			if err != nil {
+				return nil, fmt.Errorf("pack: quantized weight %q: storage tensor %q: %w", name, sn, err)
+			}
+			if t.DType != w.dtype || !slices.Equal(t.Shape, w.shape) {
+				return nil, fmt.Errorf("pack: quantized weight %q: storage tensor %q is %s %v, want %s %v: %w", name, sn, t.DType, t.Shape, w.dtype, w.shape, ErrFormat)
+			}
+			e.sections = append(e.sections, Section{Name: sn, ElemSize: t.DType.Size(), Data: t.Data})
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }

@@ -12,8 +12,16 @@ import (
 const (
 	// Magic is the first four bytes of every artifact.
 	Magic = "LMPK"
-	// FormatVersion is the version this lmpack writes and reads.
-	FormatVersion = 1
+	// FormatVersion is the newest version this lmpack reads and writes.
+	// Write records the lowest version that describes the artifact:
+	// MinFormatVersion, or QuantFormatVersion when a tensor is quantized,
+	// so artifacts without quantized tensors stay readable by older lmpack.
+	FormatVersion = 2
+	// MinFormatVersion is the oldest version this lmpack reads.
+	MinFormatVersion = 1
+	// QuantFormatVersion is the first version with quantized tensors
+	// (TensorEntry.Quant).
+	QuantFormatVersion = 2
 	// HeaderSize is the size of the fixed header in bytes.
 	HeaderSize = 128
 	// Alignment is the alignment in bytes of every section's offset.
@@ -90,6 +98,7 @@ type layout struct {
 	manifestOff, manifestLen uint64
 	tableOff, tableLen       uint64
 	manifestCRC              uint32
+	version                  uint32
 	sha                      [32]byte
 	entries                  []entry // sorted by name
 	index                    map[string]int
@@ -112,8 +121,8 @@ func parseLayout(path string, mem []byte) (*layout, error) {
 		return nil, fmtErr(path, "magic %q, want %q (not an lmpack artifact)", mem[:4], Magic)
 	}
 	le := binary.LittleEndian
-	if v := le.Uint32(mem[offVersion:]); v != FormatVersion {
-		return nil, fmt.Errorf("pack: %s: header format version %d, this lmpack reads %d: %w", path, v, FormatVersion, ErrVersion)
+	if v := le.Uint32(mem[offVersion:]); v < MinFormatVersion || v > FormatVersion {
+		return nil, fmt.Errorf("pack: %s: header format version %d, this lmpack reads %d..%d: %w", path, v, MinFormatVersion, FormatVersion, ErrVersion)
 	}
 	if got, want := crc(mem[:offHeaderCRC]), le.Uint32(mem[offHeaderCRC:]); got != want {
 		return nil, fmt.Errorf("pack: %s: header CRC-32C %08x, stored %08x: %w", path, got, want, ErrChecksum)
@@ -129,7 +138,7 @@ func parseLayout(path string, mem []byte) (*layout, error) {
 	l := &layout{
 		manifestOff: le.Uint64(mem[offManifestOff:]), manifestLen: le.Uint64(mem[offManifestLen:]),
 		tableOff: le.Uint64(mem[offTableOff:]), tableLen: le.Uint64(mem[offTableLen:]),
-		manifestCRC: le.Uint32(mem[offManifestCRC:]),
+		manifestCRC: le.Uint32(mem[offManifestCRC:]), version: le.Uint32(mem[offVersion:]),
 	}
 	copy(l.sha[:], mem[offSHA256:endSHA256])
 	count := uint64(le.Uint32(mem[offCount:]))

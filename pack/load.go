@@ -3,6 +3,7 @@ package pack
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -27,7 +28,9 @@ type consumption struct {
 //
 // Errors: the arch.Validate error, wrapped with "pack:" and the artifact
 // path (ErrFormat is not wrapped: the manifest parsed, the model it
-// describes is unusable).
+// describes is unusable); ErrMismatch for a quantized tensor that is not a
+// 2-d weight of the model other than the embedding, or whose shape
+// differs from the model's.
 func (r *Reader) Description() (*arch.Description, error) {
 	m := &r.manifest.Model
 	d := &arch.Description{
@@ -70,6 +73,21 @@ func (r *Reader) Description() (*arch.Description, error) {
 	}
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("pack: %s: manifest model: %w", r.path, err)
+	}
+	if d.Quant = quantization(r.manifest); d.Quant != nil {
+		shapes := d.TensorShapes()
+		for _, n := range slices.Sorted(maps.Keys(d.Quant.Tensors)) {
+			i := slices.IndexFunc(r.manifest.Tensors, func(t TensorEntry) bool { return t.Name == n })
+			sh, ok := shapes[n]
+			switch {
+			case !ok || len(sh) != 2:
+				return nil, fmt.Errorf("pack: %s: quantized tensor %q is not a 2-d weight of the manifest model: %w", r.path, n, ErrMismatch)
+			case n == d.Embedding:
+				return nil, fmt.Errorf("pack: %s: quantized tensor %q is the embedding, which is never quantized: %w", r.path, n, ErrMismatch)
+			case !slices.Equal(sh, r.manifest.Tensors[i].Shape):
+				return nil, fmt.Errorf("pack: %s: quantized tensor %q has shape %v, the model's is %v: %w", r.path, n, r.manifest.Tensors[i].Shape, sh, ErrMismatch)
+			}
+		}
 	}
 	return d, nil
 }
@@ -118,10 +136,17 @@ func (r *Reader) File(name string) ([]byte, error) {
 // section's CRC-32C first, so corrupt bytes are an error rather than
 // wrong output. The tensor is recorded as consumed (see Unconsumed).
 //
+// A quantized weight NAME.weight is served as its storage tensors, under
+// the names and in the layout of a quantized checkpoint (docs/QUANT.md):
+// NAME.qweight U8 [rows, ceil(cols·bits/8)], NAME.scales F16 [rows,
+// cols/group], NAME.qzeros F16 [rows, cols/group] (asymmetric only),
+// NAME.perm I32 [cols] (act-order only); Description's Quant block makes
+// the runtime ask for exactly those.
+//
 // Errors: a name the manifest lacks wraps safetensors.ErrMissingTensor,
-// naming the artifact and the tensor; a quantized tensor (Quant set) is
-// ErrFormat (no consumer reads quantized tensors yet); ErrChecksum;
-// ErrFormat from lz4 decoding.
+// naming the artifact and the tensor; the name of a quantized weight
+// itself is ErrFormat (read its storage tensors); ErrChecksum; ErrFormat
+// from lz4 decoding.
 func (r *Reader) Tensor(name string) (*safetensors.Tensor, error) {
 	i, ok := slices.BinarySearchFunc(r.manifest.Tensors, name, func(t TensorEntry, n string) int {
 		switch {
@@ -136,16 +161,26 @@ func (r *Reader) Tensor(name string) (*safetensors.Tensor, error) {
 		// The manifest is sorted when written; fall back to a scan for a
 		// hand-made one.
 		i = slices.IndexFunc(r.manifest.Tensors, func(t TensorEntry) bool { return t.Name == name })
-		if i < 0 {
+	}
+	var sec string
+	var dtype safetensors.DType
+	var shape []int
+	switch {
+	case i >= 0 && r.manifest.Tensors[i].Quant != nil:
+		t := &r.manifest.Tensors[i]
+		return nil, fmt.Errorf("pack: %s: tensor %q is stored quantized (%d-bit, group %d); read its storage tensors %s%s and %s%s: %w",
+			r.path, name, t.Quant.Bits, t.Quant.GroupSize, arch.QuantPrefix(name), arch.SuffixQWeight, arch.QuantPrefix(name), arch.SuffixScales, ErrFormat)
+	case i >= 0:
+		t := &r.manifest.Tensors[i]
+		sec, dtype, shape = t.Section, safetensors.DType(t.DType), t.Shape
+	default:
+		s, ok := r.storage[name]
+		if !ok {
 			return nil, fmt.Errorf("pack: %s: tensor %q: %w", r.path, name, safetensors.ErrMissingTensor)
 		}
+		sec, dtype, shape = s.section, s.dtype, s.shape
 	}
-	t := &r.manifest.Tensors[i]
-	if t.Quant != nil {
-		return nil, fmt.Errorf("pack: %s: tensor %q is quantized (%d-bit); this lmpack cannot load quantized tensors yet: %w",
-			r.path, name, t.Quant.Bits, ErrFormat)
-	}
-	data, err := r.checkedSection(t.Section)
+	data, err := r.checkedSection(sec)
 	if err != nil {
 		return nil, fmt.Errorf("%w (tensor %q)", err, name)
 	}
@@ -155,12 +190,13 @@ func (r *Reader) Tensor(name string) (*safetensors.Tensor, error) {
 	}
 	r.used.used[name] = true
 	r.used.mu.Unlock()
-	return &safetensors.Tensor{Name: name, File: r.path, DType: safetensors.DType(t.DType), Shape: slices.Clone(t.Shape), Data: data}, nil
+	return &safetensors.Tensor{Name: name, File: r.path, DType: dtype, Shape: slices.Clone(shape), Data: data}, nil
 }
 
-// Unconsumed lists, in manifest order (sorted by name), the manifest
-// tensors no Tensor call has returned, KV rotation tensors included: a
-// rotation counts as consumed only when a consumer reads it. Loaders call
+// Unconsumed lists the manifest tensors no Tensor call has returned, KV
+// rotation tensors included (a rotation counts as consumed only when a
+// consumer reads it), sorted by name: for a quantized weight, each of its
+// storage tensors (NAME.qweight, NAME.scales, ...) not read. Loaders call
 // it after loading to fail when the artifact holds data the model would
 // silently ignore.
 func (r *Reader) Unconsumed() []string {
@@ -168,10 +204,16 @@ func (r *Reader) Unconsumed() []string {
 	defer r.used.mu.Unlock()
 	var out []string
 	for _, t := range r.manifest.Tensors {
-		if !r.used.used[t.Name] {
+		if t.Quant == nil && !r.used.used[t.Name] {
 			out = append(out, t.Name)
 		}
 	}
+	for n := range r.storage {
+		if !r.used.used[n] {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
 	return out
 }
 
@@ -189,14 +231,22 @@ func (r *Reader) IsKVRotation(name string) bool {
 	return false
 }
 
-// TensorInfos returns every manifest tensor's name, dtype and row-major
-// shape, sorted by name (Begin and End are zero: sections have no offsets
-// in a safetensors sense). Quantized tensors report their stored dtype.
+// TensorInfos returns every tensor as a checkpoint of the model would
+// store it, sorted by name: name, dtype and row-major shape of each plain
+// manifest tensor, and of each storage tensor of a quantized weight
+// (NAME.qweight, NAME.scales, ...; see Tensor) instead of the weight.
+// Begin and End are zero: sections have no offsets in a safetensors sense.
 func (r *Reader) TensorInfos() []safetensors.TensorInfo {
-	out := make([]safetensors.TensorInfo, len(r.manifest.Tensors))
-	for i, t := range r.manifest.Tensors {
-		out[i] = safetensors.TensorInfo{Name: t.Name, DType: safetensors.DType(t.DType), Shape: slices.Clone(t.Shape)}
+	var out []safetensors.TensorInfo
+	for _, t := range r.manifest.Tensors {
+		if t.Quant == nil {
+			out = append(out, safetensors.TensorInfo{Name: t.Name, DType: safetensors.DType(t.DType), Shape: slices.Clone(t.Shape)})
+		}
 	}
+	for n, s := range r.storage {
+		out = append(out, safetensors.TensorInfo{Name: n, DType: s.dtype, Shape: slices.Clone(s.shape)})
+	}
+	slices.SortFunc(out, func(a, b safetensors.TensorInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

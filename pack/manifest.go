@@ -14,7 +14,8 @@ import (
 // encoding/json from these structs (so key order is fixed) and decoded
 // strictly: unknown fields and trailing data are ErrFormat.
 type Manifest struct {
-	// FormatVersion equals the header's format version (FormatVersion).
+	// FormatVersion equals the header's format version: 1, or 2
+	// (QuantFormatVersion) when any tensor is quantized.
 	FormatVersion int `json:"format_version"`
 	// Model describes the architecture, layer by layer.
 	Model Model `json:"model"`
@@ -28,6 +29,10 @@ type Manifest struct {
 	KV *KVScheme `json:"kv,omitempty"`
 	// Tensors lists every tensor, sorted by name.
 	Tensors []TensorEntry `json:"tensors"`
+	// WeightsMethod is the weight-quantization method ("rtn", "gptq",
+	// "mixed"; informational, format version 2), empty when no tensor is
+	// quantized.
+	WeightsMethod string `json:"weights_method,omitempty"`
 	// Provenance says where the artifact came from.
 	Provenance Provenance `json:"provenance"`
 }
@@ -147,7 +152,8 @@ type KVRotations struct {
 
 // TensorEntry describes one tensor: its section, dtype (safetensors
 // spelling: F32, BF16, F16, ...), row-major shape, and for quantized
-// tensors the quantization format (nil for plain dtypes).
+// tensors the quantization format (nil for plain dtypes; see QuantFormat
+// for what Section, DType and Shape mean then).
 type TensorEntry struct {
 	Name    string       `json:"name"`
 	Section string       `json:"section"`
@@ -156,24 +162,40 @@ type TensorEntry struct {
 	Quant   *QuantFormat `json:"quant,omitempty"`
 }
 
-// QuantFormat is reserved for quantized tensors (docs/FORMAT.md
-// "Quantized tensors"); no writer emits it yet, and Open accepts it only
-// in the documented shape.
+// QuantFormat is the storage of one quantized Linear weight (format
+// version 2; docs/FORMAT.md "Quantized tensors"), the lmpack-wq v1 layout
+// of docs/QUANT.md moved into sections. The TensorEntry's Name is the
+// weight's name (NAME.weight), its Shape the logical [rows, cols], its
+// DType "U8" and its Section the packed codes U8 [rows, ceil(cols·bits/8)]
+// (NAME.qweight). The runtime dequantizes it at load exactly as it does a
+// quantized checkpoint (runtime.ReadQuantized): ŵ[r, c] = s·(q − z).
 type QuantFormat struct {
-	// Bits per code (1..8).
+	// Bits per code: 2, 3, 4 or 8.
 	Bits int `json:"bits"`
-	// GroupSize is the number of consecutive input elements sharing a scale.
+	// GroupSize is the number of consecutive (storage-order) input columns
+	// sharing one scale and zero-point; it divides cols (= cols for
+	// per-channel).
 	GroupSize int `json:"group_size"`
-	// ScaleDType is the dtype of the scales ("F16", "BF16", "F32").
+	// ScaleDType is the dtype of the scales: "F16" (the only one defined).
 	ScaleDType string `json:"scale_dtype"`
-	// ScaleSection and ZeroSection name the sections of scales [out,
-	// in/group] and zero points (empty: symmetric).
+	// ScaleSection holds the scales [rows, cols/group_size] (NAME.scales).
 	ScaleSection string `json:"scale_section"`
-	ZeroSection  string `json:"zero_section,omitempty"`
-	// PackingOrder is "lsb_first" or "msb_first": the order of codes
-	// within each byte.
+	// ZeroDType ("F16": integers in [0, 2^bits−1], exact in fp16) and
+	// ZeroSection (NAME.qzeros, [rows, cols/group_size]) are empty for a
+	// symmetric tensor, whose zero-point is 2^(bits−1).
+	ZeroDType   string `json:"zero_dtype,omitempty"`
+	ZeroSection string `json:"zero_section,omitempty"`
+	// PermSection (NAME.perm, I32 [cols]: storage column j holds input
+	// column perm[j]) is set for GPTQ act-order tensors; empty: identity.
+	PermSection string `json:"perm_section,omitempty"`
+	// PackingOrder is the order of codes within each row's byte stream:
+	// "lsb_first" (the only one defined: code j occupies stream bits
+	// [j·bits, (j+1)·bits), bit k of the stream is bit k%8 of byte k/8).
 	PackingOrder string `json:"packing_order"`
 }
+
+// Symmetric reports whether the tensor has no stored zero-points.
+func (q *QuantFormat) Symmetric() bool { return q.ZeroSection == "" }
 
 // Provenance records where an artifact came from.
 type Provenance struct {
@@ -231,7 +253,8 @@ func ModelFromDescription(d *arch.Description) Model {
 }
 
 // decodeManifest parses b strictly: unknown fields and trailing bytes are
-// ErrFormat; a format_version other than FormatVersion is ErrVersion.
+// ErrFormat; a format_version outside [MinFormatVersion, FormatVersion],
+// or a quantized tensor in a version-1 manifest, is ErrVersion.
 func decodeManifest(path string, b []byte) (*Manifest, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -242,8 +265,18 @@ func decodeManifest(path string, b []byte) (*Manifest, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("pack: %s: manifest: trailing data after the JSON object: %w", path, ErrFormat)
 	}
-	if m.FormatVersion != FormatVersion {
-		return nil, fmt.Errorf("pack: %s: manifest format_version %d, this lmpack reads %d: %w", path, m.FormatVersion, FormatVersion, ErrVersion)
+	if m.FormatVersion < MinFormatVersion || m.FormatVersion > FormatVersion {
+		return nil, fmt.Errorf("pack: %s: manifest format_version %d, this lmpack reads %d..%d: %w", path, m.FormatVersion, MinFormatVersion, FormatVersion, ErrVersion)
+	}
+	if m.FormatVersion < QuantFormatVersion {
+		if m.WeightsMethod != "" {
+			return nil, fmt.Errorf("pack: %s: manifest format_version %d has weights_method, which needs format version %d: %w", path, m.FormatVersion, QuantFormatVersion, ErrVersion)
+		}
+		for _, t := range m.Tensors {
+			if t.Quant != nil {
+				return nil, fmt.Errorf("pack: %s: manifest format_version %d: tensor %q is quantized, which needs format version %d: %w", path, m.FormatVersion, t.Name, QuantFormatVersion, ErrVersion)
+			}
+		}
 	}
 	return &m, nil
 }

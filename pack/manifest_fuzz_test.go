@@ -7,7 +7,9 @@ import (
 )
 
 // FuzzManifest: arbitrary manifest bytes never panic the strict decoder,
-// the model conversion (Description) or the KV scheme reader (KVCache,
+// the model conversion (Description, with quantized tensors), the
+// quantized-tensor index and the section agreement check (here against
+// no sections), or the KV scheme reader (KVCache,
 // here without sections, so any rotation it names is missing); a
 // manifest that decodes re-encodes to one that decodes to the same
 // encoding.
@@ -18,6 +20,10 @@ func FuzzManifest(f *testing.F) {
 	seed, _ := json.Marshal(m)
 	f.Add(seed)
 	f.Add([]byte(`{"format_version":1,"kv":{"cache":"kivi2"}}`))
+	f.Add([]byte(`{"format_version":2,"weights_method":"gptq","tensors":[{"name":"w.weight","section":"w.qweight","dtype":"U8","shape":[4,64],` +
+		`"quant":{"bits":4,"group_size":32,"scale_dtype":"F16","scale_section":"w.scales","zero_dtype":"F16","zero_section":"w.qzeros",` +
+		`"perm_section":"w.perm","packing_order":"lsb_first"}}]}`))
+	f.Add([]byte(`{"format_version":1,"tensors":[{"name":"w.weight","section":"w","dtype":"U8","shape":[4,64],"quant":{"bits":4}}]}`))
 	f.Add([]byte(`{"format_version":1,"kv":{"cache":"oscar2","rotations":[{"layer":3,"k":"x","v":"y"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeManifest("fuzz", b)
@@ -28,7 +34,11 @@ func FuzzManifest(f *testing.F) {
 			return
 		}
 		r := &Reader{path: "fuzz", manifest: m, l: &layout{index: map[string]int{}}}
+		r.storage, _ = storageIndex(m)
 		r.Description()
+		r.TensorInfos()
+		r.Unconsumed()
+		agreement(m, r.l)
 		if _, _, err := r.KVCache(); err == nil && m.KV != nil && len(m.KV.Rotations) > 0 {
 			t.Fatalf("KVCache read %d rotations without sections", len(m.KV.Rotations))
 		}

@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/pierrec/lz4/v4"
@@ -20,6 +22,7 @@ type Reader struct {
 	mapped   bool
 	l        *layout
 	manifest *Manifest
+	storage  map[string]storageRef // quantized weights' storage tensors
 	used     consumption
 }
 
@@ -76,7 +79,11 @@ func parse(path string, mem []byte) (*Reader, []error) {
 	if err != nil {
 		return nil, []error{err}
 	}
+	if uint32(m.FormatVersion) != l.version {
+		return nil, []error{fmt.Errorf("pack: %s: manifest format_version %d, header says %d: %w", path, m.FormatVersion, l.version, ErrVersion)}
+	}
 	r := &Reader{path: path, mem: mem, l: l, manifest: m}
+	r.storage, _ = storageIndex(m) // errors reported by agreement
 	var errs []error
 	for _, e := range agreement(m, l) {
 		errs = append(errs, fmt.Errorf("pack: %s: %w", path, e))
@@ -85,8 +92,10 @@ func parse(path string, mem []byte) (*Reader, []error) {
 }
 
 // agreement lists every disagreement between manifest and sections: a
-// referenced section missing, a tensor whose raw size is not dtype×shape,
-// a section nothing refers to.
+// referenced section missing, a tensor whose raw size is not dtype×shape
+// (for a quantized tensor: each storage section's size, see storage), an
+// invalid quantized entry, a section two tensors claim, a section nothing
+// refers to.
 func agreement(m *Manifest, l *layout) []error {
 	var errs []error
 	used := map[string]bool{}
@@ -99,23 +108,39 @@ func agreement(m *Manifest, l *layout) []error {
 		used[sec] = true
 		return l.entries[i], true
 	}
-	for _, t := range m.Tensors {
-		e, ok := need(fmt.Sprintf("tensor %q", t.Name), t.Section)
-		if !ok || t.Quant != nil {
+	owner := map[string]string{}
+	sized := func(name, sec string, dtype safetensors.DType, shape []int) {
+		if o, dup := owner[sec]; dup {
+			errs = append(errs, fmt.Errorf("tensor %q: section %q is also tensor %q's: %w", name, sec, o, ErrMismatch))
+			return
+		}
+		owner[sec] = name
+		e, ok := need(fmt.Sprintf("tensor %q", name), sec)
+		if !ok {
+			return
+		}
+		n, good := numelU(shape)
+		size := uint64(dtype.Size())
+		if !good || size == 0 || n > (1<<62)/size || n*size != e.Raw {
+			errs = append(errs, fmt.Errorf("tensor %q: dtype %s shape %v does not match section %q of %d bytes: %w",
+				name, dtype, shape, sec, e.Raw, ErrMismatch))
+		}
+	}
+	if _, err := storageIndex(m); err != nil {
+		errs = append(errs, err)
+	}
+	for i := range m.Tensors {
+		t := &m.Tensors[i]
+		if t.Quant == nil {
+			sized(t.Name, t.Section, safetensors.DType(t.DType), t.Shape)
 			continue
 		}
-		size := uint64(safetensors.DType(t.DType).Size())
-		n, good := size, size > 0
-		for _, d := range t.Shape {
-			if d < 0 || (d > 0 && n > (1<<62)/uint64(d)) {
-				good = false
-				break
-			}
-			n *= uint64(d)
+		if checkQuant(t) != nil {
+			continue // reported by storageIndex
 		}
-		if !good || n != e.Raw {
-			errs = append(errs, fmt.Errorf("tensor %q: dtype %s shape %v does not match section %q of %d bytes: %w",
-				t.Name, t.DType, t.Shape, t.Section, e.Raw, ErrMismatch))
+		st := storage(t)
+		for _, n := range slices.Sorted(maps.Keys(st)) {
+			sized(n, st[n].section, st[n].dtype, st[n].shape)
 		}
 	}
 	for _, f := range m.Files {

@@ -134,7 +134,9 @@ func encodeSection(s Section, noCompress bool, minSaving float64) (Codec, []byte
 
 // Write stores a at path: deterministically (same Artifact and options,
 // same bytes) and atomically (a temporary file in path's directory,
-// synced, then renamed over path). It sets a.Manifest.FormatVersion.
+// synced, then renamed over path). It sets a.Manifest.FormatVersion to
+// the lowest version that describes the artifact: MinFormatVersion, or
+// QuantFormatVersion when a tensor is quantized.
 //
 // Errors: ErrMismatch (wrapped, naming the tensor or section) when the
 // manifest and sections disagree or section names repeat; lz4 and os
@@ -147,7 +149,10 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 	if minSaving < 0 || minSaving >= 1 {
 		return nil, fmt.Errorf("pack: %s: MinSaving %v: want in [0, 1)", path, minSaving)
 	}
-	a.Manifest.FormatVersion = FormatVersion
+	a.Manifest.FormatVersion = MinFormatVersion
+	if quantization(&a.Manifest) != nil || a.Manifest.WeightsMethod != "" {
+		a.Manifest.FormatVersion = QuantFormatVersion
+	}
 	secs := slices.Clone(a.Sections)
 	sort.Slice(secs, func(i, j int) bool { return secs[i].Name < secs[j].Name })
 	dtypes := sectionDTypes(&a.Manifest)
@@ -185,7 +190,7 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 	le := binary.LittleEndian
 	hdr := make([]byte, HeaderSize)
 	copy(hdr, Magic)
-	le.PutUint32(hdr[offVersion:], FormatVersion)
+	le.PutUint32(hdr[offVersion:], uint32(a.Manifest.FormatVersion))
 	le.PutUint64(hdr[offFileSize:], size)
 	le.PutUint64(hdr[offManifestOff:], manOff)
 	le.PutUint64(hdr[offManifestLen:], uint64(len(man)))
@@ -300,8 +305,18 @@ func sectionDTypes(m *Manifest) map[string]string {
 	for _, f := range m.Files {
 		d[f.Section] = "file"
 	}
-	for _, t := range m.Tensors {
+	for i := range m.Tensors {
+		t := &m.Tensors[i]
 		d[t.Section] = t.DType
+		if q := t.Quant; q != nil {
+			d[q.ScaleSection] = q.ScaleDType
+			if q.ZeroSection != "" {
+				d[q.ZeroSection] = q.ZeroDType
+			}
+			if q.PermSection != "" {
+				d[q.PermSection] = "I32"
+			}
+		}
 	}
 	return d
 }

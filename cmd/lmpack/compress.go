@@ -20,9 +20,10 @@ func newCompressCmd(g *globalFlags) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "compress MODEL --recipe RECIPE.yaml -o OUT.lmpk [--work-dir DIR] [--data FILE] [--eval-data FILE] [--json]",
-		Short: "Run a compression recipe (calibrate, prune, quantize KV, pack, eval) and write one artifact",
+		Short: "Run a compression recipe (calibrate, prune, quantize weights and KV, pack, eval) and write one artifact",
 		Long: `compress runs the stages of RECIPE.yaml over MODEL: calibrate, prune (layers),
-quantize (KV cache), pack and eval, and writes OUT.lmpk when the eval gate
+quantize weights (RTN or GPTQ), quantize the KV cache (on the quantized
+model), pack and eval, and writes OUT.lmpk when the eval gate
 passes (ΔPPL and KL within the recipe's max_delta_ppl and max_kl). A failed
 gate exits with status 3 and writes no OUT.
 
@@ -74,9 +75,12 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 						last.finish()
 					}
 					b = &bar{}
-					unit := "tokens" // calibrate and quantize-kv (which calibrates a pruned model)
-					if stage == "eval" {
+					unit := "tokens" // calibrate, quantize-kv and quantize-weights:calibrate (calibrating a changed model)
+					switch stage {
+					case "eval":
 						unit = "windows"
+					case "quantize-weights":
+						unit = "blocks"
 					}
 					b.report, b.finish = newProgress(cmd, g, stage, stage+" progress", unit)
 					bars[stage] = b
@@ -130,13 +134,16 @@ func (e *exitError) Unwrap() error { return e.err }
 // then the eval table (perplexity, ΔPPL, KL, top-1 agreement, KV bits).
 func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-12s %-7s %9s\n", "stage", "cached", "seconds")
+	fmt.Fprintf(&b, "%-16s %-7s %9s\n", "stage", "cached", "seconds")
 	for _, s := range r.Stages {
-		fmt.Fprintf(&b, "%-12s %-7v %9.2f\n", s.Name, s.Cached, s.Seconds)
+		fmt.Fprintf(&b, "%-16s %-7v %9.2f\n", s.Name, s.Cached, s.Seconds)
 	}
 	z := r.Sizes
 	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/weight, lz4 saved %d bytes, kv cache %s\n",
 		z.SourceTensorBytes, z.ArtifactBytes, z.Ratio, z.SourceParams, z.Params, z.BitsPerWeight, z.LZ4SavedBytes, r.KVCache)
+	if r.WeightsMethod != "" {
+		fmt.Fprintf(&b, "weights %s, %.3f bits per quantized weight (codes, scales, zero-points)\n", r.WeightsMethod, r.WeightsBitsPerWeight)
+	}
 	if g := r.Gate; g != nil {
 		if g.Passed {
 			fmt.Fprintf(&b, "gate passed (max_delta_ppl %g, max_kl %g)\n", g.MaxDeltaPPL, g.MaxKL)

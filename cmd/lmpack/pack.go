@@ -22,8 +22,11 @@ func newPackCmd(g *globalFlags) *cobra.Command {
 		Use:   "pack INPUT -o FILE.lmpk [--kv-rotations ROT] [--kv-cache METHOD] [--kv-window SINK,RECENT] [--no-compress]",
 		Short: "Pack a checkpoint directory into one verified .lmpk artifact",
 		Long: `pack writes INPUT (a local checkpoint directory) as one .lmpk artifact
-(docs/FORMAT.md): every tensor in a 64-byte aligned section, the config and
-tokenizer files, the KV-cache scheme (--kv-cache, with the rotations of
+(docs/FORMAT.md): every tensor in a 64-byte aligned section (the quantized
+weights of a checkpoint from "lmpack quantize weights" as packed codes,
+scales, zero-points and permutations, with their format per tensor in the
+manifest; run and eval dequantize them at load), the config and
+tokenizer files, width-pruned per-layer sizes, the KV-cache scheme (--kv-cache, with the rotations of
 --kv-rotations for oscar2/oscar4: run and eval then use that cache), and a
 JSON manifest with the model description and provenance. Sections are lz4-compressed (bf16/f16
 also as byte planes) only where that saves at least 10%; --no-compress

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,5 +78,67 @@ func TestPackRefusesUnrelatedOutput(t *testing.T) {
 	wantOK(t, lmpack(t, nil, "pack", modelDir(t), "-o", art))
 	if st, err := os.Stat(art); err != nil || st.Mode().Perm() != 0o644 {
 		t.Fatalf("artifact mode: %v %v", st.Mode(), err)
+	}
+}
+
+// TestPackQuantizedKV: a 4-bit RTN g32 stories260K checkpoint with OSCAR
+// rotations computed on it packs (format version 2, per-tensor quant
+// entries), verifies, and from the artifact eval gives the perplexity of
+// "eval QCHECKPOINT --kv oscar2 --kv-rotations ROT" (within 1e-9
+// relative), run gives the quantized checkpoint's greedy text with the
+// oscar2 cache, and inspect reports the quantized checkpoint's tensors.
+func TestPackQuantizedKV(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	model := modelDir(t)
+	cal := filepath.Join(dir, "calib.st")
+	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", calibText(t), "--tokens", "1024", "--ctx", "256", "--threads", "1", "-o", cal))
+	q4 := filepath.Join(dir, "q4")
+	wantOK(t, lmpack(t, nil, "quantize", "weights", model, "--calib", cal, "-o", q4, "--method", "rtn", "--bits", "4", "--group", "32", "--threads", "1"))
+	qcal, rot := filepath.Join(dir, "qcalib.st"), filepath.Join(dir, "rot.st")
+	wantOK(t, lmpack(t, nil, "calibrate", q4, "--data", calibText(t), "--tokens", "1024", "--ctx", "256", "--threads", "1", "-o", qcal))
+	wantOK(t, lmpack(t, nil, "quantize", "kv", q4, "--calib", qcal, "-o", rot))
+	art := filepath.Join(dir, "q4.lmpk")
+	wantOK(t, lmpack(t, nil, "pack", q4, "-o", art, "--kv-rotations", rot))
+	r := lmpack(t, nil, "verify", art)
+	wantOK(t, r)
+	held := valText(t)
+	r = lmpack(t, nil, "eval", art, "--data", held, "--ctx", "256", "--max-windows", "4", "--threads", "1", "--json")
+	wantOK(t, r)
+	var got struct {
+		Perplexity float64 `json:"perplexity"`
+		KVCache    string  `json:"kv_cache"`
+	}
+	decodeOneJSON(t, r.stdout, &got)
+	r = lmpack(t, nil, "eval", q4, "--data", held, "--ctx", "256", "--max-windows", "4", "--threads", "1", "--kv", "oscar2", "--kv-rotations", rot, "--json")
+	wantOK(t, r)
+	var ref struct {
+		Rows []struct {
+			KV         string  `json:"kv"`
+			Perplexity float64 `json:"perplexity"`
+		} `json:"rows"`
+	}
+	decodeOneJSON(t, r.stdout, &ref)
+	if len(ref.Rows) != 1 {
+		t.Fatalf("eval --kv oscar2 rows: %+v", ref.Rows)
+	}
+	want := ref.Rows[0].Perplexity
+	t.Logf("4-bit artifact (kv %s) perplexity %.6f; quantized checkpoint --kv oscar2 %.6f", got.KVCache, got.Perplexity, want)
+	if got.KVCache != "oscar2" || math.Abs(got.Perplexity-want) > 1e-9*want {
+		t.Errorf("artifact eval: kv %q perplexity %.12f, want oscar2 %.12f", got.KVCache, got.Perplexity, want)
+	}
+	onArt := lmpack(t, nil, "run", art, "--temperature", "0", "--max-tokens", "32", "--threads", "1")
+	wantOK(t, onArt)
+	if len(strings.TrimSpace(onArt.stdout)) < 32 || !strings.Contains(onArt.stderr, "kv_cache=oscar2") {
+		t.Errorf("run from the artifact:\n%v", onArt)
+	}
+	in := lmpack(t, nil, "inspect", art)
+	wantOK(t, in)
+	ck := lmpack(t, nil, "inspect", q4)
+	wantOK(t, ck)
+	strip := func(s string) string { return s[strings.Index(s, "\n"):] }
+	// inspect of the artifact additionally counts its KV rotations.
+	if !strings.Contains(in.stdout, "parameters:    260032") || !strings.Contains(in.stdout, "model.layers.0.mlp.up_proj.qweight") {
+		t.Errorf("inspect artifact:\n%s\ncheckpoint:\n%s", in.stdout, strip(ck.stdout))
 	}
 }
