@@ -80,7 +80,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 	}
 	H, V := d.HiddenSize, d.VocabSize
 	m := &cpuModel{d: d}
-	src = withQuant(d, src) // quantized weights are dequantized (quantized.go)
+	src = WithQuant(d, src) // quantized weights are dequantized (quantized.go)
 	var err error
 	if m.embed, err = loadF32(src, d.Embedding, V, H); err != nil {
 		return nil, err

@@ -24,8 +24,13 @@ type quantSource struct {
 	q   *arch.Quantization
 }
 
-// withQuant wraps src when d has a quantization block, else returns src.
-func withQuant(d *arch.Description, src TensorSource) TensorSource {
+// WithQuant wraps src when d has a quantization block (docs/QUANT.md),
+// else returns src: the wrapper serves every quantized weight NAME.weight
+// as a dequantized F32 tensor [rows, cols] built from NAME.qweight,
+// NAME.scales, NAME.qzeros and NAME.perm, and passes every other name to
+// src. Backends call it in Load. Errors (from Tensor): ErrBadWeights
+// naming the storage tensor that is missing or corrupt.
+func WithQuant(d *arch.Description, src TensorSource) TensorSource {
 	if d.Quant == nil || len(d.Quant.Tensors) == 0 {
 		return src
 	}

@@ -174,11 +174,14 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", path, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
-	be, err := PickBackend(opt.Device, opt.Logger)
-	if err != nil {
-		return nil, err
+	blocker := ""
+	if kvMethod != "" {
+		// The artifact's KV scheme runs on the CPU caches of
+		// runtime/kvcache; the CUDA backend's device caches are not wired
+		// to artifacts yet.
+		blocker = fmt.Sprintf("the artifact's KV cache scheme %s runs on the CPU backend only (the CUDA backend does not read artifact KV schemes yet)", kvMethod)
 	}
-	m, err := be.Load(ctx, d, a, runtime.LoadOptions{Threads: opt.Threads})
+	be, m, err := loadModel(ctx, opt.Device, opt.Logger, d, a, opt.Threads, blocker)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +201,7 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 			path, len(extra), extra[0])
 	}
 	if opt.Logger != nil {
-		opt.Logger.Info("model loaded", "artifact", path, "architecture", d.Architecture, "layers", len(d.Layers), "kv_cache", cmp.Or(kvMethod, "fp32"), "seconds", time.Since(t0).Seconds())
+		opt.Logger.Info("model loaded", "artifact", path, "architecture", d.Architecture, "layers", len(d.Layers), "kv_cache", cmp.Or(kvMethod, "fp32"), "device", be.Name(), "seconds", time.Since(t0).Seconds())
 	}
 	ok = true
 	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m, KVCache: kvMethod}, nil

@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/cuda"
 )
@@ -38,4 +41,37 @@ func PickBackend(device string, logger *slog.Logger) (runtime.Backend, error) {
 		return cuda.New(), nil
 	}
 	return nil, fmt.Errorf("--device %q: want auto, cpu or cuda", device)
+}
+
+// loadModel loads d from src on the backend --device selects
+// (PickBackend). blocker, when not empty, says why the CUDA backend cannot
+// run this model as asked (a KV-cache scheme it does not implement): then
+// "auto" runs on the CPU with one log line and "cuda" fails with it. A
+// CUDA load failing with cuda.ErrUnsupported (say, MoE shared experts)
+// also falls back to the CPU under "auto". Errors: PickBackend's, the
+// backend's Load errors.
+func loadModel(ctx context.Context, device string, logger *slog.Logger, d *arch.Description, src runtime.TensorSource, threads int, blocker string) (runtime.Backend, runtime.Model, error) {
+	be, err := PickBackend(device, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	cpu := func(reason string) (runtime.Backend, runtime.Model, error) {
+		if logger != nil {
+			logger.Info("the CUDA backend cannot run this model, running on the CPU", "device", "cpu", "reason", reason)
+		}
+		be := runtime.NewCPU()
+		m, err := be.Load(ctx, d, src, runtime.LoadOptions{Threads: threads})
+		return be, m, err
+	}
+	if be.Name() == "cuda" && blocker != "" {
+		if device == "cuda" {
+			return nil, nil, fmt.Errorf("--device cuda: %s", blocker)
+		}
+		return cpu(blocker)
+	}
+	m, err := be.Load(ctx, d, src, runtime.LoadOptions{Threads: threads})
+	if err != nil && be.Name() == "cuda" && device == "auto" && errors.Is(err, cuda.ErrUnsupported) {
+		return cpu(err.Error())
+	}
+	return be, m, err
 }

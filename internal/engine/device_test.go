@@ -2,8 +2,10 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/shared"
 	"log/slog"
 	"strings"
 	"testing"
@@ -48,5 +50,33 @@ func TestPickBackend(t *testing.T) {
 	cudaProbe = func(int) error { return nil }
 	if b, err := PickBackend("auto", logger); err != nil || b.Name() != "cuda" {
 		t.Errorf("auto with a GPU: %v, %v; want cuda", b, err)
+	}
+}
+
+// TestLoadModelBlocker: a model the CUDA backend cannot run as asked runs
+// on the CPU under auto (one log line with the reason) and fails under
+// cuda, even when a GPU is present (probe faked).
+func TestLoadModelBlocker(t *testing.T) {
+	old := cudaProbe
+	defer func() { cudaProbe = old }()
+	cudaProbe = func(int) error { return nil }
+	dir, d, ck, err := OpenCheckpoint(context.Background(), shared.Path(t, "stories260K-hf"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	const why = "the artifact's KV cache scheme oscar2 runs on the CPU backend only"
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	be, m, err := loadModel(context.Background(), "auto", logger, d, ck, 1, why)
+	if err != nil || be.Name() != "cpu" {
+		t.Fatalf("auto with a blocker (%s): backend %v, err %v; want cpu", dir, be, err)
+	}
+	m.Close()
+	if n := strings.Count(buf.String(), "\n"); n != 1 || !strings.Contains(buf.String(), "oscar2") {
+		t.Errorf("auto fallback logged %q, want one line with the reason", buf.String())
+	}
+	if _, _, err := loadModel(context.Background(), "cuda", logger, d, ck, 1, why); err == nil || !strings.Contains(err.Error(), "--device cuda: "+why) {
+		t.Errorf("cuda with a blocker: %v", err)
 	}
 }

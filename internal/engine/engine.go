@@ -154,12 +154,7 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", dir, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
-	be, err := PickBackend(opt.Device, opt.Logger)
-	if err != nil {
-		ck.Close()
-		return nil, err
-	}
-	m, err := be.Load(ctx, d, ck, runtime.LoadOptions{Threads: opt.Threads})
+	be, m, err := loadModel(ctx, opt.Device, opt.Logger, d, ck, opt.Threads, "")
 	if err != nil {
 		ck.Close()
 		return nil, err

@@ -132,7 +132,9 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 		return nil, err
 	}
 	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
-	if err := m.load(ctx, src); err != nil {
+	// Quantized weights are dequantized on the host, then converted and
+	// uploaded like float ones (the packed gemv_q kernel is not used yet).
+	if err := m.load(ctx, runtime.WithQuant(d, src)); err != nil {
 		m.Close()
 		return nil, err
 	}
