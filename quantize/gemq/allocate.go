@@ -33,8 +33,9 @@ type AllocOptions struct {
 	// Solver is SolverDP (default when empty) or SolverLagrangian.
 	Solver Solver
 	// Overhead counts the fp16 scale and zero-point of every group
-	// (alloc.TensorCost at Group) in both the option costs and the budget,
-	// so the budget is bits per weight as stored. Without it (the GEMQ
+	// (alloc.TensorCost at Group) and each row's padding to whole bytes in
+	// both the option costs and the budget, so the budget is bits per
+	// weight exactly as the quantized checkpoint stores the experts. Without it (the GEMQ
 	// convention) an option costs bits·params and the budget is the
 	// average code width per expert weight.
 	Overhead bool
@@ -122,20 +123,35 @@ func Items(c *Coefficients, opt AllocOptions) ([]alloc.Item, []int64, error) {
 }
 
 // storedBits is the storage of an expert of params = 3·H·I weights at b
-// bits with an fp16 scale and zero-point per group: gate and up_proj are
-// [I, H], down_proj [H, I]. An I that does not divide params/3 counts the
-// expert as one [1, params] row.
+// bits with an fp16 scale and zero-point per group, as the quantized
+// checkpoint stores it (docs/QUANT.md): each row's codes padded to whole
+// bytes, gate and up_proj [I, H], down_proj [H, I]. An I that does not
+// divide params/3 counts the expert as one [1, params] row.
 func storedBits(params int64, I, b, group int) int64 {
 	if I <= 0 || params%(3*int64(I)) != 0 {
-		return alloc.TensorCost(1, params, b, group)
+		return rowPadded(1, params, b, group)
 	}
 	H := params / (3 * int64(I))
-	gu := alloc.TensorCost(int64(I), H, b, group)
-	dn := alloc.TensorCost(H, int64(I), b, group)
+	gu := rowPadded(int64(I), H, b, group)
+	dn := rowPadded(H, int64(I), b, group)
 	if gu < 0 || dn < 0 {
 		return -1
 	}
 	return 2*gu + dn
+}
+
+// rowPadded is alloc.TensorCost with every row's codes rounded up to a
+// whole byte (weights.RowBytes), -1 on overflow.
+func rowPadded(rows, cols int64, b, group int) int64 {
+	c := alloc.TensorCost(rows, cols, b, group)
+	if c < 0 {
+		return -1
+	}
+	pad := (8 - cols*int64(b)%8) % 8
+	if rows > 0 && pad > (math.MaxInt64-c)/rows {
+		return -1
+	}
+	return c + rows*pad
 }
 
 // Allocate chooses a width for every expert of c minimising Σ c[l,e,b]

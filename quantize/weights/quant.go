@@ -26,7 +26,8 @@ var (
 
 // Options selects the quantization grid (METHODS.md §7).
 type Options struct {
-	// Bits is the code width: 2, 3, 4 or 8.
+	// Bits is the code width: 1 (asymmetric only, see binaryGrid), 2, 3,
+	// 4 or 8.
 	Bits int
 	// GroupSize is the number of consecutive input columns sharing one
 	// scale (and zero-point): 32, 64 or 128, or 0 for per output channel
@@ -47,7 +48,7 @@ type Options struct {
 type Quantized struct {
 	// Rows and Cols are the shape of the weight matrix [out, in].
 	Rows, Cols int
-	// Bits is the code width (2, 3, 4 or 8).
+	// Bits is the code width (1, 2, 3, 4 or 8).
 	Bits int
 	// GroupSize is the columns per group; Cols for per-channel.
 	GroupSize int
@@ -59,7 +60,8 @@ type Quantized struct {
 	// Scales: [Rows, Cols/GroupSize] float16 bits, all > 0 and finite.
 	Scales []uint16
 	// Zeros: [Rows, Cols/GroupSize] float16 bits holding integers in
-	// [0, 2^Bits−1]; nil when Symmetric.
+	// [0, 2^Bits−1] (at 1 bit any finite value: the fractional zero-point
+	// of binaryGrid); nil when Symmetric.
 	Zeros []uint16
 	// Perm is nil for the natural column order. Otherwise (GPTQ act-order
 	// with several groups per row) storage column j holds original column
@@ -114,9 +116,13 @@ func (q *Quantized) BitsPerWeight() float64 {
 // size (cols for per-channel).
 func validate(w []float32, rows, cols int, opt Options) (int, error) {
 	switch opt.Bits {
+	case 1:
+		if opt.Symmetric {
+			return 0, fmt.Errorf("%w: 1 bit needs the asymmetric grid (two levels per group), not symmetric", ErrOptions)
+		}
 	case 2, 3, 4, 8:
 	default:
-		return 0, fmt.Errorf("%w: bits %d, want 2, 3, 4 or 8", ErrOptions, opt.Bits)
+		return 0, fmt.Errorf("%w: bits %d, want 1, 2, 3, 4 or 8", ErrOptions, opt.Bits)
 	}
 	if rows <= 0 || cols <= 0 {
 		return 0, fmt.Errorf("%w: shape [%d, %d], want positive rows and cols", ErrShape, rows, cols)
@@ -155,6 +161,9 @@ type grid struct {
 // [0, maxq]. The scale is rounded up to float16 so that every value lies
 // within half a step of the grid: |w − ŵ| ≤ s/2.
 func findGrid(vals func(func(float64)), bits int, sym bool) (grid, error) {
+	if bits == 1 {
+		return binaryGrid(vals)
+	}
 	lo, hi := 0.0, 0.0
 	vals(func(v float64) {
 		lo = math.Min(lo, v)
@@ -193,8 +202,51 @@ func gridFromRange(lo, hi float64, bits int, sym bool) (grid, error) {
 }
 
 // code returns the code of v on the grid (round half to even, clamped).
+// The 1-bit grid's zero-point is fractional, so there v/s + z is rounded
+// as a whole: the nearer of the two levels.
 func (g grid) code(v float64) uint8 {
+	if g.maxq == 1 {
+		return uint8(math.Min(1, math.Max(0, math.RoundToEven(v/g.s+g.z))))
+	}
 	return uint8(math.Min(g.maxq, math.Max(0, math.RoundToEven(v/g.s)+g.z)))
+}
+
+// binaryGrid is the 1-bit grid of one group (asymmetric only): the two
+// levels μ ± α, μ the group mean and α the mean of |w − μ|, the
+// least-squares scale for fixed signs (XNOR-Net, Rastegari et al. 2016,
+// §3.1, with a per-group offset). In the s·(q − z) form of Quantized the
+// scale is s = 2α (float16, rounded to nearest) and the zero-point
+// z = (α − μ)/s, a fractional float16 (the only width whose zero-point is
+// not an integer), so the levels are s·(−z) ≈ μ − α and s·(1 − z) ≈ μ + α.
+// A constant group (α = 0) gets s = 1 and its value as the level −z.
+// vals is called twice. Errors: ErrRange when s or z is beyond float16
+// (|μ|/α above about 6.5e4, or |w| above 65504).
+func binaryGrid(vals func(func(float64))) (grid, error) {
+	var sum float64
+	n := 0
+	vals(func(v float64) { sum += v; n++ })
+	mu := sum / float64(n)
+	var dev float64
+	vals(func(v float64) { dev += math.Abs(v - mu) })
+	a := dev / float64(n)
+	raw := 2 * a
+	sh := f16FromFloat(raw)
+	if sh >= 0x7c00 {
+		return grid{}, fmt.Errorf("%w: 1-bit group with mean %g and mean deviation %g needs scale %g > 65504", ErrRange, mu, a, raw)
+	}
+	var zr float64
+	if sh == 0 { // a constant group, or one whose spread underflows float16
+		sh = f16FromFloat(1)
+		zr = -mu
+	} else {
+		zr = (a - mu) / f16ToFloat(sh)
+	}
+	s := f16ToFloat(sh)
+	zh := f16FromFloat(zr)
+	if zh&0x7c00 == 0x7c00 {
+		return grid{}, fmt.Errorf("%w: 1-bit group with mean %g and mean deviation %g needs zero-point %g beyond float16", ErrRange, mu, a, zr)
+	}
+	return grid{s: s, sh: sh, z: f16ToFloat(zh), zh: zh, maxq: 1}, nil
 }
 
 // value returns the dequantized value of code c.
@@ -265,6 +317,21 @@ func (q *Quantized) rtnRows(w []float32, r0, r1 int, opt Options) error {
 		row := q.Codes[r*rb : (r+1)*rb]
 		for g := 0; g < cols/group; g++ {
 			seg := wr[g*group : (g+1)*group]
+			if opt.Bits == 1 {
+				gr, err := binaryGrid(func(f func(float64)) {
+					for _, v := range seg {
+						f(float64(v))
+					}
+				})
+				if err != nil {
+					return fmt.Errorf("weights: row %d group %d: %w", r, g, err)
+				}
+				q.setGrid(r, g, gr)
+				for j, v := range seg {
+					putCode(row, g*group+j, 1, gr.code(float64(v)))
+				}
+				continue
+			}
 			var lo, hi float32
 			for _, v := range seg {
 				lo = min(lo, v)

@@ -112,6 +112,8 @@ func TestStorageRoundTrip(t *testing.T) {
 		{Options: weights.Options{Bits: 3, GroupSize: 32}, ActOrder: true},
 		{Options: weights.Options{Bits: 4, GroupSize: 64, Symmetric: true}, ActOrder: true},
 		{Options: weights.Options{Bits: 2, GroupSize: 0}},
+		{Options: weights.Options{Bits: 1, GroupSize: 32}},
+		{Options: weights.Options{Bits: 1, GroupSize: 0}},
 	} {
 		q, err := weights.QuantizeGPTQ(w, rows, cols, h, o)
 		if err != nil {
