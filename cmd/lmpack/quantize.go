@@ -213,6 +213,7 @@ Hessian; soft-weighted coefficients) with a warning in the report.`,
 	f.IntVar(&opt.Bits, "bits", 4, "code width: 2, 3, 4 or 8")
 	f.IntVar(&opt.GroupSize, "group", 128, "group size: 32, 64, 128 or 0 (per output channel)")
 	f.BoolVar(&opt.Symmetric, "sym", false, "symmetric grid (no zero-points)")
+	f.BoolVar(&opt.MSEClip, "mse-clip", false, "clip each group's range to the least squared rounding error (helps at 2-3 bits)")
 	f.BoolVar(&opt.ActOrder, "act-order", false, "GPTQ: quantize columns by decreasing Hessian diagonal")
 	f.BoolVar(&opt.TrueSequential, "true-sequential", false, "Hessians of o_proj, gate/up and down_proj on the block with the weights before them already quantized (4 passes per block)")
 	f.Float64Var(&opt.TargetBPW, "target-bpw", 0, "choose bits and group per tensor for this many bits per weight (scales and zero-points counted)")
@@ -231,7 +232,11 @@ Hessian; soft-weighted coefficients) with a warning in the report.`,
 
 func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "wrote %s: method %s, %d weights at %.4f bits per weight (scales and zero-points counted)", r.Out, r.Method, r.Params, r.BitsPerWeight)
+	method := r.Method
+	if r.MSEClip {
+		method += " (mse clip)"
+	}
+	fmt.Fprintf(&b, "wrote %s: method %s, %d weights at %.4f bits per weight (scales and zero-points counted)", r.Out, method, r.Params, r.BitsPerWeight)
 	if r.TargetBPW > 0 {
 		fmt.Fprintf(&b, ", target %g", r.TargetBPW)
 	}

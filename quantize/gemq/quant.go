@@ -20,9 +20,13 @@ type Quantizer func(w []float32, rows, cols, bits int) ([]float32, error)
 // of each group (mean and mean absolute deviation, weights' 1-bit grid,
 // the storage format quantize/wquant writes). Errors: those of
 // weights.QuantizeRTN (bits, group size, non-finite weights, range).
-func RTN(group int) Quantizer {
+func RTN(group int) Quantizer { return RTNOptions(group, false) }
+
+// RTNOptions is RTN with weights.Options.MSEClip set to mseClip: each
+// group's range clipped to the least squared rounding error (bits >= 2).
+func RTNOptions(group int, mseClip bool) Quantizer {
 	return func(w []float32, rows, cols, bits int) ([]float32, error) {
-		q, err := weights.QuantizeRTN(w, rows, cols, weights.Options{Bits: bits, GroupSize: group})
+		q, err := weights.QuantizeRTN(w, rows, cols, weights.Options{Bits: bits, GroupSize: group, MSEClip: mseClip})
 		if err != nil {
 			return nil, err
 		}

@@ -45,7 +45,8 @@ func (p *pipeline) checkMoEGroup() error {
 }
 
 // allocateMoE computes GEMQ's coefficients c[l,e,b] (gemq.Compute with
-// opt.MoEWeighting, experts quantized by RTN at opt.MoEGroup, on the
+// opt.MoEWeighting, experts quantized by RTN at opt.MoEGroup, with
+// opt.MSEClip, on the
 // full-precision model and the first MeasureTokens calibration tokens) and
 // allocates a width in MoEWidths to every expert under opt.MoEBudget
 // stored bits per expert weight (gemq.Allocate with Overhead: fp16 scale
@@ -79,7 +80,7 @@ func (p *pipeline) allocateMoE(ctx context.Context) (*gemq.Allocation, error) {
 		tokens += len(w)
 	}
 	c, err := gemq.Compute(ctx, m, p.ck, wins, gemq.Options{Bits: MoEWidths, Weighting: p.opt.MoEWeighting, Threads: p.opt.Threads,
-		Quantizer: gemq.RTN(p.opt.MoEGroup), MinTokens: p.opt.MoEMinTokens})
+		Quantizer: gemq.RTNOptions(p.opt.MoEGroup, p.opt.MSEClip), MinTokens: p.opt.MoEMinTokens})
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func (p *pipeline) moeSpecs(a *gemq.Allocation, specs []spec) error {
 		if li < 0 || t.Expert >= len(a.Bits[li]) {
 			return fmt.Errorf("wquant: the allocation has no width for layer %d expert %d", t.Layer, t.Expert)
 		}
-		specs[i] = spec{o: weights.Options{Bits: a.Bits[li][t.Expert], GroupSize: p.opt.MoEGroup}}
+		specs[i] = spec{o: weights.Options{Bits: a.Bits[li][t.Expert], GroupSize: p.opt.MoEGroup, MSEClip: p.opt.MSEClip}}
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
@@ -57,7 +58,7 @@ func fakeQuantMoE(t *testing.T, dir string, rep *Report) runtime.Model {
 		if g == tr.Cols {
 			g = 0
 		}
-		dq, err := gemq.RTN(g)(w, tr.Rows, tr.Cols, tr.Bits)
+		dq, err := gemq.RTNOptions(g, rep.MSEClip)(w, tr.Rows, tr.Cols, tr.Bits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,8 +116,8 @@ func checkMoEReport(t *testing.T, out string, rep *Report, budget float64) {
 // budgets 1.5/2.0/2.5/3.0 (attention RTN 4-bit g32), checks each report
 // and checkpoint, the 2.5 checkpoint's logits against the fake-quantized
 // model with the same widths, and logs the heldout perplexity table of the
-// written checkpoints (RTN, and GPTQ with the calibration file's expert
-// Hessians).
+// written checkpoints (RTN with min-max and with MSE-clipped grids, and
+// GPTQ, with the calibration file's expert Hessians, MSE-clipped).
 func TestMoEBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("quantizes and evaluates 8 checkpoints")
@@ -130,18 +131,35 @@ func TestMoEBudget(t *testing.T) {
 	}
 	defer fe.Close()
 	ids := heldoutIDs(t, fe)
-	lines := []string{fmt.Sprintf("%-7s %-5s %7s %9s %12s %9s  %s", "budget", "meth", "exp.bpw", "all bpw", "pred. error", "PPL", "experts at 1/2/3/4 bits"),
-		fmt.Sprintf("%-7s %-5s %7s %9s %12s %9.4f", "float", "-", "32", "32", "-", ppl(t, fe.Model, ids))}
-	prev := math.Inf(1)
-	for _, method := range []string{MethodRTN, MethodGPTQ} {
+	// The first moeEvalWindows heldout windows keep the test near a minute.
+	const moeEvalWindows = 16
+	pplN := func(m runtime.Model) float64 {
+		r, err := eval.Perplexity(ctx, m, ids, eval.PerplexityOptions{Ctx: 512, MaxWindows: moeEvalWindows})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Perplexity
+	}
+	lines := []string{fmt.Sprintf("%-7s %-9s %7s %9s %12s %9s  %s", "budget", "method", "exp.bpw", "all bpw", "pred. error", "PPL", "experts at 1/2/3/4 bits"),
+		fmt.Sprintf("%-7s %-9s %7s %9s %12s %9.4f", "float", "-", "32", "32", "-", pplN(fe.Model))}
+	for _, cfg := range []struct {
+		method string
+		clip   bool
+	}{{MethodRTN, false}, {MethodRTN, true}, {MethodGPTQ, true}} {
+		method := cfg.method
+		name := method
+		if cfg.clip {
+			name += "+clip"
+		}
+		prev := math.Inf(1)
 		for _, budget := range []float64{1.5, 2.0, 2.5, 3.0} {
 			out := filepath.Join(t.TempDir(), "q")
-			rep, err := Run(ctx, Options{Model: model, Calib: cal, Out: out, Method: method, Bits: 4, GroupSize: 32, MoEBudget: budget, Threads: 1})
+			rep, err := Run(ctx, Options{Model: model, Calib: cal, Out: out, Method: method, MSEClip: cfg.clip, Bits: 4, GroupSize: 32, MoEBudget: budget, Threads: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			checkMoEReport(t, out, rep, budget)
-			if method == MethodRTN {
+			if method == MethodRTN { // (GPTQ: the same coefficients)
 				if rep.MoE.PredictedError > prev {
 					t.Errorf("budget %v: predicted error %v above a smaller budget's %v", budget, rep.MoE.PredictedError, prev)
 				}
@@ -151,25 +169,25 @@ func TestMoEBudget(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if method == MethodRTN && budget == 2.5 {
+			if method == MethodRTN && budget == 2.5 { // RTN needs no pipeline to reproduce
 				fm := fakeQuantMoE(t, model, rep)
 				x := ids[:256]
 				if diff := maxAbsDiff(logits(t, qe.Model, x), logits(t, fm, x)); diff > 1e-5 {
-					t.Errorf("budget 2.5: quantized checkpoint logits differ from the fake-quantized model by %g", diff)
+					t.Errorf("%s budget 2.5: quantized checkpoint logits differ from the fake-quantized model by %g", name, diff)
 				} else {
-					t.Logf("budget 2.5: max |logit diff| checkpoint vs in-memory fake quantization %.3g", diff)
+					t.Logf("%s budget 2.5: max |logit diff| checkpoint vs in-memory fake quantization %.3g", name, diff)
 				}
 			}
-			p := ppl(t, qe.Model, ids)
+			p := pplN(qe.Model)
 			qe.Close()
 			if math.IsNaN(p) || math.IsInf(p, 0) || p <= 1 {
-				t.Errorf("%s budget %v: PPL %v", method, budget, p)
+				t.Errorf("%s budget %v: PPL %v", name, budget, p)
 			}
 			w := rep.MoE.Widths
-			lines = append(lines, fmt.Sprintf("%-7.1f %-5s %7.4f %9.4f %12.4e %9.4f  %d/%d/%d/%d", budget, method, rep.ExpertBitsPerWeight, rep.BitsPerWeight, rep.MoE.PredictedError, p, w[1], w[2], w[3], w[4]))
+			lines = append(lines, fmt.Sprintf("%-7.1f %-9s %7.4f %9.4f %12.4e %9.4f  %d/%d/%d/%d", budget, name, rep.ExpertBitsPerWeight, rep.BitsPerWeight, rep.MoE.PredictedError, p, w[1], w[2], w[3], w[4]))
 		}
 	}
-	t.Logf("stories260K-moe-hf, heldout.txt (first %d windows), ctx 512; experts per channel with fp16 scale+zero (exp.bpw counts them), attention RTN/GPTQ 4-bit g32:\n%s", evalWindows, strings.Join(lines, "\n"))
+	t.Logf("stories260K-moe-hf, heldout.txt (first %d windows), ctx 512; experts per channel with fp16 scale+zero (exp.bpw counts them), attention RTN/GPTQ 4-bit g32; +clip: MSE-clipped grids:\n%s", moeEvalWindows, strings.Join(lines, "\n"))
 }
 
 // neverRoutedModel writes a copy of stories260K-moe-hf whose layer-0

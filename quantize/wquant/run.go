@@ -47,6 +47,10 @@ type Options struct {
 	Bits, GroupSize int
 	// Symmetric selects the symmetric grid (no stored zero-points).
 	Symmetric bool
+	// MSEClip searches each group's clipping range for the least squared
+	// rounding error (weights.Options.MSEClip) for every weight, and in
+	// the GEMQ coefficients' quantizer. Same storage format.
+	MSEClip bool
 	// ActOrder (GPTQ only) quantizes columns by decreasing Hessian diagonal.
 	ActOrder bool
 	// TrueSequential collects each input's Hessian on the block with the
@@ -166,6 +170,7 @@ type LayerReport struct {
 type Report struct {
 	Out       string  `json:"out"`
 	Method    string  `json:"method"`
+	MSEClip   bool    `json:"mse_clip,omitempty"`
 	TargetBPW float64 `json:"target_bpw,omitempty"`
 	// Params is the number of quantized weights; BitsPerWeight their
 	// storage bits per weight (codes, scales, zero-points, permutations).
@@ -328,7 +333,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		p.total = L + 1
 	}
 	specs := make([]spec, len(targets))
-	rep := &Report{Method: opt.Method, TargetBPW: opt.TargetBPW, MoEBudget: opt.MoEBudget, Version: opt.Version, Out: opt.Out}
+	rep := &Report{Method: opt.Method, MSEClip: opt.MSEClip, TargetBPW: opt.TargetBPW, MoEBudget: opt.MoEBudget, Version: opt.Version, Out: opt.Out}
 	for _, w := range wins {
 		rep.CalibTokens += len(w)
 	}
@@ -342,7 +347,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	} else {
 		for i, t := range targets {
 			g := effectiveGroup(opt.GroupSize, t.Cols)
-			specs[i] = spec{o: weights.Options{Bits: opt.Bits, GroupSize: g, Symmetric: opt.Symmetric}, fallback: g != opt.GroupSize}
+			specs[i] = spec{o: weights.Options{Bits: opt.Bits, GroupSize: g, Symmetric: opt.Symmetric, MSEClip: opt.MSEClip}, fallback: g != opt.GroupSize}
 		}
 	}
 	if opt.MoEBudget > 0 {
@@ -359,7 +364,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	for i, t := range targets {
 		if o, ok := opt.PerTensor[t.Name]; ok {
 			g := effectiveGroup(o.GroupSize, t.Cols)
-			specs[i] = spec{o: weights.Options{Bits: o.Bits, GroupSize: g, Symmetric: o.Symmetric}, fallback: g != o.GroupSize}
+			specs[i] = spec{o: weights.Options{Bits: o.Bits, GroupSize: g, Symmetric: o.Symmetric, MSEClip: o.MSEClip}, fallback: g != o.GroupSize}
 		}
 	}
 
