@@ -559,7 +559,11 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 						h = eh[1]
 					}
 				}
-				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, p.opt.ActOrder, p.opt.Damp, h)
+				// Under a moe budget an expert's act-order permutation (32
+				// bits a column with groups) is not in the allocation's
+				// costs: experts then keep the natural order unless per-channel.
+				ao := p.opt.ActOrder && !(t.IsExpert() && p.opt.MoEBudget > 0 && sp.o.GroupSize > 0 && sp.o.GroupSize < t.Cols)
+				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, ao, p.opt.Damp, h)
 				if err != nil {
 					return err
 				}
