@@ -179,7 +179,7 @@ func TestQuantizeWeightsMoE(t *testing.T) {
 	txt := filepath.Join(dir, "t")
 	r = lmpack(t, nil, "quantize", "weights", moe, "--calib", cal, "-o", txt, "--method", "gptq", "--moe-budget", "2.0", "--moe-weighting", "soft", "--moe-solver", "lagrangian", "--mse-clip", "--act-order", "--threads", "1")
 	wantOK(t, r)
-	for _, want := range []string{"method gptq (mse clip)", "experts at ", "(moe budget 2)", "GEMQ allocation: budget 2 bits per expert weight", "solver lagrangian", "layer  bits per expert", "model.layers.4.block_sparse_moe.experts.3.w2.weight"} {
+	for _, want := range []string{"method gptq (mse clip)", "experts at ", "(moe budget 2)", "GEMQ allocation: budget 2 bits per expert weight (stored bits, fp16 scales and zero-points counted", "solver lagrangian", "layer  bits per expert", "model.layers.4.block_sparse_moe.experts.3.w2.weight"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("text report lacks %q:\n%s", want, r.stdout)
 		}

@@ -62,8 +62,13 @@ type Allocation struct {
 	CostBits int64 `json:"cost_bits"`
 	// Params is Σ params over all experts.
 	Params int64 `json:"params"`
-	// BitsPerWeight is CostBits / Params (the quantity the budget bounds).
+	// BitsPerWeight is CostBits / Params (the quantity the budget bounds:
+	// stored bits with Overhead, else code bits).
 	BitsPerWeight float64 `json:"bits_per_weight"`
+	// Overhead echoes AllocOptions.Overhead.
+	Overhead bool `json:"overhead"`
+	// CodeBitsPerWeight is Σ b·params / Params, the code bits alone.
+	CodeBitsPerWeight float64 `json:"code_bits_per_weight"`
 	// BitsPerWeightStored counts codes plus an fp16 scale and zero-point
 	// per group of AllocOptions.Group, from the experts' shapes.
 	BitsPerWeightStored float64 `json:"bits_per_weight_stored"`
@@ -188,7 +193,7 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 	}
 	a := &Allocation{Budget: budget, BudgetBits: bb, CostBits: pl.Cost, PredictedError: pl.Error, LowerBound: pl.LowerBound,
 		Gap: pl.Gap(), Method: pl.Method, Widths: map[int]int{}, Warnings: append([]string(nil), c.Warnings...)}
-	var stored int64
+	var stored, code int64
 	k := 0
 	for _, l := range c.Layers {
 		a.Layers = append(a.Layers, l.Layer)
@@ -199,6 +204,7 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 			a.Widths[b]++
 			a.Params += x.Params
 			stored += storedBits(x.Params, x.Inter, b, opt.Group)
+			code += int64(b) * x.Params
 			if x.Routed == 0 {
 				a.Warnings = append(a.Warnings, fmt.Sprintf("layer %d expert %d: never routed during calibration; allocated %d bits from fallback coefficients %v", l.Layer, e, b, x.C))
 			}
@@ -208,6 +214,8 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 	}
 	a.BitsPerWeight = float64(a.CostBits) / float64(a.Params)
 	a.BitsPerWeightStored = float64(stored) / float64(a.Params)
+	a.CodeBitsPerWeight = float64(code) / float64(a.Params)
+	a.Overhead = opt.Overhead
 	return a, nil
 }
 
@@ -217,8 +225,12 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 // each expert's width, and the warnings. Errors: those of w.
 func (a *Allocation) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "GEMQ allocation: budget %.4g bits per expert weight (%d bits), solver %s\n", a.Budget, a.BudgetBits, a.Method)
-	fmt.Fprintf(&b, "  %d weights: %.4f code bits per weight, %.4f stored (with fp16 scales and zero-points)\n", a.Params, a.BitsPerWeight, a.BitsPerWeightStored)
+	unit := "code bits"
+	if a.Overhead {
+		unit = "stored bits, fp16 scales and zero-points counted"
+	}
+	fmt.Fprintf(&b, "GEMQ allocation: budget %.4g bits per expert weight (%s; %d bits), solver %s\n", a.Budget, unit, a.BudgetBits, a.Method)
+	fmt.Fprintf(&b, "  %d weights: %.4f code bits per weight, %.4f stored (with fp16 scales and zero-points)\n", a.Params, a.CodeBitsPerWeight, a.BitsPerWeightStored)
 	fmt.Fprintf(&b, "  predicted error %.6g (lower bound %.6g, gap %.3g)\n", a.PredictedError, a.LowerBound, a.Gap)
 	ws := make([]int, 0, len(a.Widths))
 	for k := range a.Widths {

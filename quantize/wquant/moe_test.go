@@ -102,6 +102,9 @@ func checkMoEReport(t *testing.T, out string, rep *Report, budget float64) {
 			}
 		}
 	}
+	if !a.Overhead || !(a.CodeBitsPerWeight < a.BitsPerWeight) {
+		t.Errorf("budget %v: overhead %v, code bits %v, stored %v", budget, a.Overhead, a.CodeBitsPerWeight, a.BitsPerWeight)
+	}
 	if rep.ExpertBitsPerWeight > budget || math.Abs(rep.ExpertBitsPerWeight-a.BitsPerWeight) > 1e-12 {
 		t.Errorf("budget %v: experts stored at %.6f bits per weight, allocation says %.6f", budget, rep.ExpertBitsPerWeight, a.BitsPerWeight)
 	}
