@@ -18,16 +18,46 @@ var MoEWidths = gemq.DefaultBits
 // moeMinBPW returns the smallest stored bits per expert weight an
 // allocation can reach: every expert at MoEWidths[0] bits with an fp16
 // scale and zero-point per group (the costs gemq.Allocate uses with
-// Overhead), and the experts' total params.
-func (p *pipeline) moeMinBPW() (float64, int64) {
-	var bits, params int64
+// Overhead) or, with rule, in each layer the cheapest pair of experts at
+// the top and second widths and the others at the lowest.
+func (p *pipeline) moeMinBPW(rule bool) float64 {
+	nw := len(MoEWidths)
+	// cost[l][e][w]: expert e of layer l at width MoEWidths[w].
+	cost := map[int]map[int][]int64{}
+	var params int64
 	for _, t := range p.targets {
-		if t.IsExpert() {
-			bits += StorageBits(t.Rows, t.Cols, MoEWidths[0], p.opt.MoEGroup, false, false)
-			params += int64(t.Rows * t.Cols)
+		if !t.IsExpert() {
+			continue
+		}
+		if cost[t.Layer] == nil {
+			cost[t.Layer] = map[int][]int64{}
+		}
+		if cost[t.Layer][t.Expert] == nil {
+			cost[t.Layer][t.Expert] = make([]int64, nw)
+		}
+		for w, b := range MoEWidths {
+			cost[t.Layer][t.Expert][w] += StorageBits(t.Rows, t.Cols, b, p.opt.MoEGroup, false, false)
+		}
+		params += int64(t.Rows * t.Cols)
+	}
+	var bits int64
+	for _, ex := range cost {
+		var extra int64 = -1
+		for i, ci := range ex {
+			bits += ci[0]
+			for j, cj := range ex {
+				if i != j {
+					if x := ci[nw-1] - ci[0] + cj[nw-2] - cj[0]; extra < 0 || x < extra {
+						extra = x
+					}
+				}
+			}
+		}
+		if rule && extra > 0 {
+			bits += extra
 		}
 	}
-	return float64(bits) / float64(params), params
+	return float64(bits) / float64(params)
 }
 
 // checkMoEGroup checks that opt.MoEGroup divides every expert weight's
@@ -53,13 +83,18 @@ func (p *pipeline) checkMoEGroup() error {
 // and zero-point per group and row padding counted, exactly as the
 // checkpoint stores the experts). Errors: ErrOptions for a budget below
 // the all-1-bit cost (before any computation), and those of model
-// loading, gemq.Compute and gemq.Allocate.
+// loading, gemq.Compute and gemq.Allocate. Also ErrOptions under
+// opt.MoERule for a budget below the rule's cheapest allocation.
 func (p *pipeline) allocateMoE(ctx context.Context) (*gemq.Allocation, error) {
 	if err := p.checkMoEGroup(); err != nil {
 		return nil, err
 	}
-	if lo, _ := p.moeMinBPW(); p.opt.MoEBudget < lo {
+	if lo := p.moeMinBPW(false); p.opt.MoEBudget < lo {
 		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation, every expert at %d bit: %.4f (fp16 scales and zero-points counted)", ErrOptions, p.opt.MoEBudget, MoEWidths[0], lo)
+	}
+	if lo := p.moeMinBPW(true); p.opt.MoERule && p.opt.MoEBudget < lo {
+		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation under the per-layer rule (one expert at %d bits and another at %d in every layer, the rest at %d): %.4f (fp16 scales and zero-points counted)",
+			ErrOptions, p.opt.MoEBudget, MoEWidths[len(MoEWidths)-1], MoEWidths[len(MoEWidths)-2], MoEWidths[0], lo)
 	}
 	m, err := runtime.NewCPU().Load(ctx, p.d, p.ck, runtime.LoadOptions{Threads: p.opt.Threads})
 	if err != nil {

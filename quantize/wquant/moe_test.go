@@ -319,18 +319,52 @@ func TestMoEBadOptions(t *testing.T) {
 		{"below the 1-bit cost", func(o *Options) { o.MoEBudget = 1.2 }, "below the smallest allocation, every expert at 1 bit: 1.4031"},
 		{"target bpw on MoE", func(o *Options) { o.Bits, o.TargetBPW, o.MoEBudget = 0, 3, 0 }, "mixture-of-experts model"},
 		{"moe group", func(o *Options) { o.MoEGroup = 64 }, "does not divide the 172 columns"},
-		{"rule infeasible", func(o *Options) { o.MoEBudget, o.MoERule = 1.8, true }, "infeasible"},
+		// The rule: per layer 4.3953 + 3.4031 + 2·1.4031 over 4 experts.
+		{"rule infeasible", func(o *Options) { o.MoEBudget, o.MoERule = 2.6, true }, "under the per-layer rule (one expert at 4 bits and another at 3 in every layer, the rest at 1): 2.6512"},
 	} {
 		o := ok
 		tc.mod(&o)
 		_, err := Run(context.Background(), o)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want it to contain %q", tc.name, err, tc.want)
-		} else if tc.name != "rule infeasible" && !errors.Is(err, ErrOptions) {
+		} else if !errors.Is(err, ErrOptions) {
 			t.Errorf("%s: %v is not ErrOptions", tc.name, err)
 		}
 	}
 	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
 		t.Errorf("left behind: %v", ents)
 	}
+}
+
+// TestMoEKLRule: the KL weighting and the per-layer rule through Run:
+// every layer has an expert at 4 bits and another at 3, within budget
+// (2.7; the rule needs 2.6512 here).
+func TestMoEKLRule(t *testing.T) {
+	model := modelMoE(t)
+	cal := calibMoE(t, model)
+	out := filepath.Join(t.TempDir(), "q")
+	rep, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, Method: MethodRTN, Bits: 4, GroupSize: 32,
+		MoEBudget: 2.7, MoEWeighting: gemq.WeightKL, MoERule: true, MeasureTokens: 512, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMoEReport(t, out, rep, 2.7)
+	for i, row := range rep.MoE.Bits {
+		n4, n3 := 0, 0
+		for _, b := range row {
+			if b == 4 {
+				n4++
+			}
+			if b == 3 {
+				n3++
+			}
+		}
+		if n4 == 0 || n3 == 0 {
+			t.Errorf("layer %d: widths %v break the rule", rep.MoE.Layers[i], row)
+		}
+	}
+	if rep.MoE.Method != "dp" || rep.MoE.Gap != 0 {
+		t.Errorf("solver %s gap %v", rep.MoE.Method, rep.MoE.Gap)
+	}
+	t.Logf("KL + rule at 2.7: widths %v, predicted KL sum %.4g nats", rep.MoE.Bits, rep.MoE.PredictedError)
 }
