@@ -61,7 +61,7 @@ func (s *quantSource) Tensor(name string) (*safetensors.Tensor, error) {
 //
 // Errors wrap ErrBadWeights and name the tensor: a missing storage tensor,
 // a wrong dtype or shape, a scale that is not finite and > 0, a zero-point
-// that is not an integer in [0, 2^bits−1], a permutation that is not one of [0, cols), stray bits
+// that is not an integer in [0, 2^bits−1] (at 1 bit: not finite), a permutation that is not one of [0, cols), stray bits
 // set past the last code of a row.
 func ReadQuantized(src TensorSource, name string, tq arch.TensorQuant) (*weights.Quantized, string, error) {
 	p := arch.QuantPrefix(name)
@@ -130,7 +130,11 @@ func ReadQuantized(src TensorSource, name string, tq arch.TensorQuant) (*weights
 		for i := range q.Zeros {
 			h := binary.LittleEndian.Uint16(z.Data[2*i:])
 			v := safetensors.F16ToFloat32(h)
-			if !(v >= 0 && v <= maxq) || v != float32(math.Round(float64(v))) {
+			if tq.Bits == 1 { // the fractional zero-point of the 1-bit grid (weights.binaryGrid)
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return nil, "", fmt.Errorf("runtime: %w: %s: tensor %q: zero-point [%d, %d] is %v, want finite", ErrBadWeights, z.File, p+arch.SuffixQZeros, i/groups, i%groups, v)
+				}
+			} else if !(v >= 0 && v <= maxq) || v != float32(math.Round(float64(v))) {
 				return nil, "", fmt.Errorf("runtime: %w: %s: tensor %q: zero-point [%d, %d] is %v, want an integer in [0, %v]", ErrBadWeights, z.File, p+arch.SuffixQZeros, i/groups, i%groups, v, maxq)
 			}
 			q.Zeros[i] = h

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
+	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/spf13/cobra"
@@ -80,8 +82,8 @@ func newQuantizeWeightsCmd(g *globalFlags) *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "weights MODEL --calib CALIB -o OUT (--bits B [--group G] | --target-bpw X) [--method rtn|gptq] [--sym] [--act-order]",
-		Short: "Quantize a dense model's Linear weights (RTN or GPTQ, 2-8 bits, or an exact bits-per-weight allocation)",
+		Use:   "weights MODEL --calib CALIB -o OUT (--bits B [--group G] | --target-bpw X | --moe-budget X) [--method rtn|gptq] [--sym] [--act-order]",
+		Short: "Quantize a model's Linear weights (RTN or GPTQ, 2-8 bits, an exact bits-per-weight allocation, or GEMQ expert widths for MoE)",
 		Long: `weights quantizes the q/k/v/o and gate/up/down weights of every decoder block
 of MODEL and writes OUT, a new checkpoint directory (docs/QUANT.md): one
 safetensors shard per block with packed codes, fp16 scales and fp16
@@ -99,7 +101,22 @@ columns falls back to per-channel) applies to every tensor; --target-bpw X
 instead measures every tensor's output error under bits {2,3,4,8} x groups
 {32,64,128,per-channel} and picks one option per tensor, by exact dynamic
 programming, minimizing the summed error within X bits per weight
-(counting scales and zero-points).`,
+(counting scales and zero-points).
+
+MoE models: --bits B quantizes the attention weights and every routed
+expert at B bits. --moe-budget X instead gives every expert a width in
+{1,2,3,4} bits chosen by GEMQ: error coefficients per (layer, expert,
+width) from the MoE block's output (--moe-weighting routed|soft|kl), then
+an exact DP (or --moe-solver lagrangian, with its gap reported) minimizing
+their sum within X bits per expert weight as stored, counting the fp16
+scale and zero-point of every group (--moe-group, default 0: per output
+channel) like --target-bpw. --moe-rule keeps one expert at 4 bits and one
+at 3 in every layer. The attention weights use --bits/--group (default
+4-bit g128); shared experts are not supported yet. Experts are asymmetric
+(1 bit: two levels per group, mean ± mean deviation); with --method gptq
+their Hessians come from CALIB's expert statistics, and an expert routed
+fewer than --moe-min-tokens calibration tokens falls back (pooled input
+Hessian; soft-weighted coefficients) with a warning in the report.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Calib == "" {
@@ -111,7 +128,40 @@ programming, minimizing the summed error within X bits per weight
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
-			bitsSet, bpwSet := cmd.Flags().Changed("bits"), cmd.Flags().Changed("target-bpw")
+			bitsSet, bpwSet, moeSet := cmd.Flags().Changed("bits"), cmd.Flags().Changed("target-bpw"), cmd.Flags().Changed("moe-budget")
+			if !moeSet {
+				for _, n := range []string{"moe-weighting", "moe-rule", "moe-solver", "moe-group", "moe-min-tokens"} {
+					if cmd.Flags().Changed(n) {
+						return fmt.Errorf("--%s needs --moe-budget X", n)
+					}
+				}
+			}
+			if moeSet {
+				if bpwSet {
+					return fmt.Errorf("give one of --target-bpw X and --moe-budget X, not both (--target-bpw is for dense models)")
+				}
+				if !(opt.MoEBudget > 0) {
+					return fmt.Errorf("--moe-budget %v: want > 0 bits per expert weight", opt.MoEBudget)
+				}
+				switch opt.MoEGroup {
+				case 0, 32, 64, 128:
+				default:
+					return fmt.Errorf("--moe-group %d: want 32, 64, 128 or 0 (per-channel)", opt.MoEGroup)
+				}
+				switch opt.MoEWeighting {
+				case gemq.WeightRouted, gemq.WeightSoft, gemq.WeightKL:
+				default:
+					return fmt.Errorf("--moe-weighting %q: want routed, soft or kl", opt.MoEWeighting)
+				}
+				switch opt.MoESolver {
+				case gemq.SolverDP, gemq.SolverLagrangian:
+				default:
+					return fmt.Errorf("--moe-solver %q: want dp or lagrangian", opt.MoESolver)
+				}
+				if opt.MoEMinTokens < 0 {
+					return fmt.Errorf("--moe-min-tokens %d: want >= 0", opt.MoEMinTokens)
+				}
+			}
 			switch {
 			case bitsSet && bpwSet:
 				return fmt.Errorf("give one of --bits B and --target-bpw X, not both")
@@ -163,9 +213,18 @@ programming, minimizing the summed error within X bits per weight
 	f.IntVar(&opt.Bits, "bits", 4, "code width: 2, 3, 4 or 8")
 	f.IntVar(&opt.GroupSize, "group", 128, "group size: 32, 64, 128 or 0 (per output channel)")
 	f.BoolVar(&opt.Symmetric, "sym", false, "symmetric grid (no zero-points)")
+	f.BoolVar(&opt.MSEClip, "mse-clip", false, "clip each group's range to the least squared rounding error (helps at 2-3 bits)")
 	f.BoolVar(&opt.ActOrder, "act-order", false, "GPTQ: quantize columns by decreasing Hessian diagonal")
 	f.BoolVar(&opt.TrueSequential, "true-sequential", false, "Hessians of o_proj, gate/up and down_proj on the block with the weights before them already quantized (4 passes per block)")
 	f.Float64Var(&opt.TargetBPW, "target-bpw", 0, "choose bits and group per tensor for this many bits per weight (scales and zero-points counted)")
+	f.Float64Var(&opt.MoEBudget, "moe-budget", 0, "MoE: GEMQ expert widths (1-4 bits) within this many bits per expert weight (scales and zero-points counted)")
+	f.IntVar(&opt.MoEGroup, "moe-group", 0, "MoE: experts' group size: 32, 64, 128 or 0 (per output channel)")
+	weighting := (*string)(&opt.MoEWeighting)
+	f.StringVar(weighting, "moe-weighting", string(gemq.WeightRouted), "MoE: GEMQ coefficients: routed (block output, top-k routing), soft (softmax-weighted, all tokens) or kl (final logits; small models)")
+	f.BoolVar(&opt.MoERule, "moe-rule", false, "MoE: keep one expert at 4 bits and another at 3 in every layer")
+	solver := (*string)(&opt.MoESolver)
+	f.StringVar(solver, "moe-solver", string(gemq.SolverDP), "MoE: allocation solver: dp (exact) or lagrangian (reports its gap)")
+	f.IntVar(&opt.MoEMinTokens, "moe-min-tokens", 0, "MoE: experts routed fewer calibration tokens fall back, with a warning (default 16)")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
@@ -173,9 +232,16 @@ programming, minimizing the summed error within X bits per weight
 
 func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "wrote %s: method %s, %d weights at %.4f bits per weight (scales and zero-points counted)", r.Out, r.Method, r.Params, r.BitsPerWeight)
+	method := r.Method
+	if r.MSEClip {
+		method += " (mse clip)"
+	}
+	fmt.Fprintf(&b, "wrote %s: method %s, %d weights at %.4f bits per weight (scales and zero-points counted)", r.Out, method, r.Params, r.BitsPerWeight)
 	if r.TargetBPW > 0 {
 		fmt.Fprintf(&b, ", target %g", r.TargetBPW)
+	}
+	if r.MoEBudget > 0 {
+		fmt.Fprintf(&b, ", experts at %.4f bits per weight (moe budget %g)", r.ExpertBitsPerWeight, r.MoEBudget)
 	}
 	fmt.Fprintf(&b, "\npredicted error %.6g (sum over tensors of mean ||(W-Q)x||^2 on %d calibration tokens)\n", r.PredictedError, r.CalibTokens)
 	fmt.Fprintf(&b, "%-6s %8s %12s\n", "layer", "bpw", "error")
@@ -191,6 +257,16 @@ func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 		fmt.Fprintf(&b, "%-48s %4d %6s %8.4f %12.6g %10.3g\n", t.Name, t.Bits, g, t.BitsPerWeight, t.Error, t.RelError)
 	}
 	fmt.Fprintf(&b, "quantized tensors %d -> %d bytes; checkpoint %d -> %d bytes\n", r.QuantBytesBefore, r.QuantBytesAfter, r.BytesBefore, r.BytesAfter)
+	if r.MoE != nil {
+		if err := r.MoE.WriteText(&b); err != nil {
+			return err
+		}
+	}
+	for _, w := range r.Warnings {
+		if r.MoE == nil || !slices.Contains(r.MoE.Warnings, w) {
+			fmt.Fprintf(&b, "warning: %s\n", w)
+		}
+	}
 	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
 	return err
 }

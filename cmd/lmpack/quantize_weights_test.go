@@ -2,10 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lmpack/lmpack/internal/shared"
 )
 
 // TestQuantizeWeights runs `lmpack quantize weights` on stories260K (GPTQ
@@ -95,5 +98,116 @@ func TestQuantizeWeights(t *testing.T) {
 		{[]string{"--calib", filepath.Join(dir, "missing"), "-o", filepath.Join(dir, "x")}, "missing"},
 	} {
 		wantError(t, lmpack(t, nil, append([]string{"quantize", "weights", model}, tc.args...)...), tc.want)
+	}
+}
+
+// TestQuantizeWeightsMoE runs `lmpack quantize weights --moe-budget 2.5`
+// on stories260K-moe-hf (JSON and text reports), checks the per-layer,
+// per-expert widths against the written config and the budget, evaluates
+// the checkpoint, and checks the MoE flags' refusals.
+func TestQuantizeWeightsMoE(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	moe := shared.Path(t, "stories260K-moe-hf")
+	cal := filepath.Join(dir, "calib.safetensors")
+	wantOK(t, lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--tokens", "2048", "--ctx", "256", "--threads", "1", "-o", cal))
+
+	out := filepath.Join(dir, "q")
+	r := lmpack(t, nil, "quantize", "weights", moe, "--calib", cal, "-o", out, "--method", "rtn", "--moe-budget", "2.5", "--group", "32", "--threads", "1", "--json")
+	wantOK(t, r)
+	var rep struct {
+		BPW       float64 `json:"bits_per_weight"`
+		ExpertBPW float64 `json:"expert_bits_per_weight"`
+		Budget    float64 `json:"moe_budget"`
+		MoE       struct {
+			Layers    []int       `json:"layers"`
+			Bits      [][]int     `json:"bits"`
+			BPW       float64     `json:"bits_per_weight"`
+			Predicted float64     `json:"predicted_error"`
+			Method    string      `json:"method"`
+			Widths    map[int]int `json:"widths"`
+		} `json:"moe_allocation"`
+		Tensors []struct {
+			Name   string `json:"name"`
+			Expert int    `json:"expert"`
+			Bits   int    `json:"bits"`
+		} `json:"tensors"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("%v:\n%s", err, r.stdout)
+	}
+	if rep.Budget != 2.5 || rep.ExpertBPW > 2.5 || rep.ExpertBPW != rep.MoE.BPW || len(rep.MoE.Bits) != 5 || rep.MoE.Method != "dp" || !(rep.MoE.Predicted > 0) {
+		t.Errorf("report: budget %v expert bpw %v allocation %+v", rep.Budget, rep.ExpertBPW, rep.MoE)
+	}
+	var cfg struct {
+		Q struct {
+			Tensors map[string]struct{ Bits int } `json:"tensors"`
+		} `json:"lmpack_quantization"`
+	}
+	b, _ := os.ReadFile(filepath.Join(out, "config.json"))
+	if err := json.Unmarshal(b, &cfg); err != nil || len(cfg.Q.Tensors) != 5*(4+4*3) {
+		t.Fatalf("config.json: %v, %d quantized tensors", err, len(cfg.Q.Tensors))
+	}
+	experts := 0
+	for _, tr := range rep.Tensors {
+		if tr.Expert < 0 {
+			if tr.Bits != 4 {
+				t.Errorf("%s: %d bits, want --bits 4", tr.Name, tr.Bits)
+			}
+			continue
+		}
+		experts++
+		var l int
+		fmt.Sscanf(tr.Name, "model.layers.%d.", &l)
+		if want := rep.MoE.Bits[l][tr.Expert]; tr.Bits != want || cfg.Q.Tensors[tr.Name].Bits != want {
+			t.Errorf("%s: report %d bits, config %d, allocation %d", tr.Name, tr.Bits, cfg.Q.Tensors[tr.Name].Bits, want)
+		}
+	}
+	if experts != 5*4*3 {
+		t.Errorf("%d expert tensors in the report, want 60", experts)
+	}
+	ev := lmpack(t, nil, "eval", out, "--data", valText(t), "--ctx", "256", "--max-windows", "4", "--threads", "1", "--json")
+	wantOK(t, ev)
+	var e struct {
+		Perplexity float64 `json:"perplexity"`
+	}
+	if err := json.Unmarshal([]byte(ev.stdout), &e); err != nil || !(e.Perplexity > 1 && e.Perplexity < 1000) {
+		t.Errorf("eval of the MoE checkpoint: %v %v", err, e.Perplexity)
+	}
+
+	// Text report: the GEMQ allocation with a line per layer.
+	txt := filepath.Join(dir, "t")
+	r = lmpack(t, nil, "quantize", "weights", moe, "--calib", cal, "-o", txt, "--method", "gptq", "--moe-budget", "2.0", "--moe-weighting", "soft", "--moe-solver", "lagrangian", "--mse-clip", "--act-order", "--threads", "1")
+	wantOK(t, r)
+	for _, want := range []string{"method gptq (mse clip)", "experts at ", "(moe budget 2)", "GEMQ allocation: budget 2 bits per expert weight (stored bits, fp16 scales and zero-points counted", "solver lagrangian", "layer  bits per expert", "model.layers.4.block_sparse_moe.experts.3.w2.weight"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("text report lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	dense := modelDir(t)
+	for _, tc := range []struct {
+		model string
+		args  []string
+		want  string
+	}{
+		{moe, []string{"--moe-budget", "-1"}, "--moe-budget -1"},
+		{moe, []string{"--moe-budget", "1.2"}, "below the smallest allocation, every expert at 1 bit"},
+		{moe, []string{"--moe-budget", "2.5", "--target-bpw", "3"}, "not both"},
+		{moe, []string{"--moe-rule"}, "--moe-rule needs --moe-budget"},
+		{moe, []string{"--moe-budget", "2.5", "--moe-weighting", "grad"}, `--moe-weighting "grad"`},
+		{moe, []string{"--moe-budget", "2.5", "--moe-solver", "ilp"}, `--moe-solver "ilp"`},
+		{moe, []string{"--moe-budget", "2.5", "--moe-group", "64"}, "does not divide the 172 columns"},
+		{moe, []string{"--target-bpw", "3"}, "use a moe budget"},
+		{dense, []string{"--moe-budget", "2.5"}, "is a dense model"},
+	} {
+		c := cal
+		if tc.model == dense {
+			c = filepath.Join(dir, "dense.safetensors")
+			if _, err := os.Stat(c); err != nil {
+				wantOK(t, lmpack(t, nil, "calibrate", dense, "--data", calibText(t), "--tokens", "256", "--ctx", "128", "--threads", "1", "-o", c))
+			}
+		}
+		wantError(t, lmpack(t, nil, append([]string{"quantize", "weights", tc.model, "--calib", c, "-o", filepath.Join(dir, "x"), "--threads", "1"}, tc.args...)...), tc.want)
 	}
 }

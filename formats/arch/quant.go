@@ -32,7 +32,8 @@ const (
 	// SuffixScales: F16 [rows, cols/group_size], scales > 0.
 	SuffixScales = ".scales"
 	// SuffixQZeros: F16 [rows, cols/group_size], integer zero-points in
-	// [0, 2^bits−1] (exact in fp16); asymmetric tensors only.
+	// [0, 2^bits−1] (exact in fp16), at 1 bit any finite value;
+	// asymmetric tensors only.
 	SuffixQZeros = ".qzeros"
 	// SuffixPerm: I32 [cols], storage column j holds original input column
 	// perm[j]; only for act-order tensors with several groups per row.
@@ -58,7 +59,8 @@ type Quantization struct {
 
 // TensorQuant is the quantization of one [rows, cols] weight.
 type TensorQuant struct {
-	// Bits per code: 2, 3, 4 or 8.
+	// Bits per code: 1 (asymmetric only; fractional zero-point), 2, 3, 4
+	// or 8.
 	Bits int `json:"bits"`
 	// GroupSize is the number of consecutive (storage-order) input columns
 	// sharing a scale and zero-point; it divides cols and equals cols for
@@ -132,8 +134,10 @@ func parseQuant(configJSON []byte, d *Description) (*Quantization, error) {
 			return nil, fmt.Errorf("arch: config.json: %s: %w: tensor %q is not a tensor of this model", QuantKey, ErrQuant, n)
 		case len(sh) != 2 || !strings.HasSuffix(n, ".weight") || n == d.Embedding:
 			return nil, fmt.Errorf("arch: config.json: %s: %w: tensor %q cannot be quantized (only 2-d .weight matrices other than the embedding)", QuantKey, ErrQuant, n)
-		case !slices.Contains([]int{2, 3, 4, 8}, t.Bits):
-			return nil, fmt.Errorf("arch: config.json: %s: %w: tensor %q: bits %d, want 2, 3, 4 or 8", QuantKey, ErrQuant, n, t.Bits)
+		case !slices.Contains([]int{1, 2, 3, 4, 8}, t.Bits):
+			return nil, fmt.Errorf("arch: config.json: %s: %w: tensor %q: bits %d, want 1, 2, 3, 4 or 8", QuantKey, ErrQuant, n, t.Bits)
+		case t.Bits == 1 && t.Symmetric:
+			return nil, fmt.Errorf("arch: config.json: %s: %w: tensor %q: 1 bit is asymmetric only", QuantKey, ErrQuant, n)
 		case t.GroupSize <= 0 || sh[1]%t.GroupSize != 0:
 			return nil, fmt.Errorf("arch: config.json: %s: %w: tensor %q: group_size %d must be > 0 and divide its %d columns", QuantKey, ErrQuant, n, t.GroupSize, sh[1])
 		}

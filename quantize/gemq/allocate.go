@@ -33,8 +33,9 @@ type AllocOptions struct {
 	// Solver is SolverDP (default when empty) or SolverLagrangian.
 	Solver Solver
 	// Overhead counts the fp16 scale and zero-point of every group
-	// (alloc.TensorCost at Group) in both the option costs and the budget,
-	// so the budget is bits per weight as stored. Without it (the GEMQ
+	// (alloc.TensorCost at Group) and each row's padding to whole bytes in
+	// both the option costs and the budget, so the budget is bits per
+	// weight exactly as the quantized checkpoint stores the experts. Without it (the GEMQ
 	// convention) an option costs bits·params and the budget is the
 	// average code width per expert weight.
 	Overhead bool
@@ -61,8 +62,13 @@ type Allocation struct {
 	CostBits int64 `json:"cost_bits"`
 	// Params is Σ params over all experts.
 	Params int64 `json:"params"`
-	// BitsPerWeight is CostBits / Params (the quantity the budget bounds).
+	// BitsPerWeight is CostBits / Params (the quantity the budget bounds:
+	// stored bits with Overhead, else code bits).
 	BitsPerWeight float64 `json:"bits_per_weight"`
+	// Overhead echoes AllocOptions.Overhead.
+	Overhead bool `json:"overhead"`
+	// CodeBitsPerWeight is Σ b·params / Params, the code bits alone.
+	CodeBitsPerWeight float64 `json:"code_bits_per_weight"`
 	// BitsPerWeightStored counts codes plus an fp16 scale and zero-point
 	// per group of AllocOptions.Group, from the experts' shapes.
 	BitsPerWeightStored float64 `json:"bits_per_weight_stored"`
@@ -122,20 +128,35 @@ func Items(c *Coefficients, opt AllocOptions) ([]alloc.Item, []int64, error) {
 }
 
 // storedBits is the storage of an expert of params = 3·H·I weights at b
-// bits with an fp16 scale and zero-point per group: gate and up_proj are
-// [I, H], down_proj [H, I]. An I that does not divide params/3 counts the
-// expert as one [1, params] row.
+// bits with an fp16 scale and zero-point per group, as the quantized
+// checkpoint stores it (docs/QUANT.md): each row's codes padded to whole
+// bytes, gate and up_proj [I, H], down_proj [H, I]. An I that does not
+// divide params/3 counts the expert as one [1, params] row.
 func storedBits(params int64, I, b, group int) int64 {
 	if I <= 0 || params%(3*int64(I)) != 0 {
-		return alloc.TensorCost(1, params, b, group)
+		return rowPadded(1, params, b, group)
 	}
 	H := params / (3 * int64(I))
-	gu := alloc.TensorCost(int64(I), H, b, group)
-	dn := alloc.TensorCost(H, int64(I), b, group)
+	gu := rowPadded(int64(I), H, b, group)
+	dn := rowPadded(H, int64(I), b, group)
 	if gu < 0 || dn < 0 {
 		return -1
 	}
 	return 2*gu + dn
+}
+
+// rowPadded is alloc.TensorCost with every row's codes rounded up to a
+// whole byte (weights.RowBytes), -1 on overflow.
+func rowPadded(rows, cols int64, b, group int) int64 {
+	c := alloc.TensorCost(rows, cols, b, group)
+	if c < 0 {
+		return -1
+	}
+	pad := (8 - cols*int64(b)%8) % 8
+	if rows > 0 && pad > (math.MaxInt64-c)/rows {
+		return -1
+	}
+	return c + rows*pad
 }
 
 // Allocate chooses a width for every expert of c minimising Σ c[l,e,b]
@@ -172,7 +193,7 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 	}
 	a := &Allocation{Budget: budget, BudgetBits: bb, CostBits: pl.Cost, PredictedError: pl.Error, LowerBound: pl.LowerBound,
 		Gap: pl.Gap(), Method: pl.Method, Widths: map[int]int{}, Warnings: append([]string(nil), c.Warnings...)}
-	var stored int64
+	var stored, code int64
 	k := 0
 	for _, l := range c.Layers {
 		a.Layers = append(a.Layers, l.Layer)
@@ -183,6 +204,7 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 			a.Widths[b]++
 			a.Params += x.Params
 			stored += storedBits(x.Params, x.Inter, b, opt.Group)
+			code += int64(b) * x.Params
 			if x.Routed == 0 {
 				a.Warnings = append(a.Warnings, fmt.Sprintf("layer %d expert %d: never routed during calibration; allocated %d bits from fallback coefficients %v", l.Layer, e, b, x.C))
 			}
@@ -192,6 +214,8 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 	}
 	a.BitsPerWeight = float64(a.CostBits) / float64(a.Params)
 	a.BitsPerWeightStored = float64(stored) / float64(a.Params)
+	a.CodeBitsPerWeight = float64(code) / float64(a.Params)
+	a.Overhead = opt.Overhead
 	return a, nil
 }
 
@@ -201,8 +225,12 @@ func Allocate(c *Coefficients, budget float64, opt AllocOptions) (*Allocation, e
 // each expert's width, and the warnings. Errors: those of w.
 func (a *Allocation) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "GEMQ allocation: budget %.4g bits per expert weight (%d bits), solver %s\n", a.Budget, a.BudgetBits, a.Method)
-	fmt.Fprintf(&b, "  %d weights: %.4f code bits per weight, %.4f stored (with fp16 scales and zero-points)\n", a.Params, a.BitsPerWeight, a.BitsPerWeightStored)
+	unit := "code bits"
+	if a.Overhead {
+		unit = "stored bits, fp16 scales and zero-points counted"
+	}
+	fmt.Fprintf(&b, "GEMQ allocation: budget %.4g bits per expert weight (%s; %d bits), solver %s\n", a.Budget, unit, a.BudgetBits, a.Method)
+	fmt.Fprintf(&b, "  %d weights: %.4f code bits per weight, %.4f stored (with fp16 scales and zero-points)\n", a.Params, a.CodeBitsPerWeight, a.BitsPerWeightStored)
 	fmt.Fprintf(&b, "  predicted error %.6g (lower bound %.6g, gap %.3g)\n", a.PredictedError, a.LowerBound, a.Gap)
 	ws := make([]int, 0, len(a.Widths))
 	for k := range a.Widths {

@@ -172,6 +172,9 @@ func checkAllocation(t *testing.T, c *Coefficients, a *Allocation, budget float6
 		math.Abs(sum-a.PredictedError) > 1e-12*sum || math.Abs(a.BitsPerWeight-float64(cost)/float64(params)) > 1e-15 {
 		t.Errorf("cost %d (allocation says %d, budget %d), params %d/%d, error %v/%v, widths %v", cost, a.CostBits, a.BudgetBits, params, a.Params, sum, a.PredictedError, a.Widths)
 	}
+	if a.Overhead || a.CodeBitsPerWeight != a.BitsPerWeight {
+		t.Errorf("code bits per weight %v, budget quantity %v (overhead %v)", a.CodeBitsPerWeight, a.BitsPerWeight, a.Overhead)
+	}
 	if !(a.BitsPerWeightStored > a.BitsPerWeight) {
 		t.Errorf("stored bits per weight %v not above the code bits %v", a.BitsPerWeightStored, a.BitsPerWeight)
 	}

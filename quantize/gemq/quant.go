@@ -14,17 +14,19 @@ import (
 type Quantizer func(w []float32, rows, cols, bits int) ([]float32, error)
 
 // RTN returns the Quantizer of METHODS §4 step 2: round-to-nearest on an
-// asymmetric min-max grid with fp16 scale and zero-point per group of
-// group input columns (0: one group per output channel), via
-// weights.QuantizeRTN for bits 2, 3, 4 and 8; for bits 1, which the
-// weights package does not offer, Binarize. Errors: those of
-// weights.QuantizeRTN (bits, group size, non-finite weights) and Binarize.
-func RTN(group int) Quantizer {
+// asymmetric grid with fp16 scale and zero-point per group of group input
+// columns (0: one group per output channel), via weights.QuantizeRTN: a
+// min-max grid for bits 2, 3, 4 and 8, and at 1 bit the two levels μ ± α
+// of each group (mean and mean absolute deviation, weights' 1-bit grid,
+// the storage format quantize/wquant writes). Errors: those of
+// weights.QuantizeRTN (bits, group size, non-finite weights, range).
+func RTN(group int) Quantizer { return RTNOptions(group, false) }
+
+// RTNOptions is RTN with weights.Options.MSEClip set to mseClip: each
+// group's range clipped to the least squared rounding error (bits >= 2).
+func RTNOptions(group int, mseClip bool) Quantizer {
 	return func(w []float32, rows, cols, bits int) ([]float32, error) {
-		if bits == 1 {
-			return Binarize(w, rows, cols, group)
-		}
-		q, err := weights.QuantizeRTN(w, rows, cols, weights.Options{Bits: bits, GroupSize: group})
+		q, err := weights.QuantizeRTN(w, rows, cols, weights.Options{Bits: bits, GroupSize: group, MSEClip: mseClip})
 		if err != nil {
 			return nil, err
 		}
@@ -39,9 +41,9 @@ func RTN(group int) Quantizer {
 // whole row), ŵ = μ + α·sign(w − μ) with μ the group mean and α the mean
 // of |w − μ| (the least-squares scale for fixed signs; XNOR-Net,
 // Rastegari et al. 2016, §3.1, with a per-group offset). μ and α are
-// rounded to float16 as a stored scale and zero-point would be, so the
-// storage is 1 bit per weight plus 32 bits per group, the same overhead as
-// RTN. The squared error of a group is at most its variance (plus fp16
+// rounded to float16 separately (weights' 1-bit grid, which RTN uses,
+// stores them as a scale 2α and a fractional zero-point instead, so the
+// two differ by float16 rounding). The squared error of a group is at most its variance (plus fp16
 // rounding). Errors: a shape mismatch or a group that does not divide
 // cols (weights.ErrShape, weights.ErrOptions); a non-finite weight
 // (weights.ErrNonFinite) naming the element; a mean or scale beyond the
@@ -119,17 +121,13 @@ func FakeQuantize(x *Expert, bits int, q Quantizer) (Expert, error) {
 // GPTQExpert returns a copy of x quantized at bits with GPTQ (METHODS §4
 // step 4 and §7; weights.QuantizeGPTQ, asymmetric, groups of group input
 // columns, 0 per output channel, default damping) and dequantized back to
-// float32: gate_proj and up_proj with the input Hessian hIn [H, H],
+// float32 (at 1 bit with weights' 1-bit grid): gate_proj and up_proj with
+// the input Hessian hIn [H, H],
 // down_proj with hDown [I, I], both float64 row-major (e.g.
 // calibrate.ExpertLayer.Hessians, whose fallback for sparse experts is the
-// layer's pooled Hessian and the identity). At 1 bit, which GPTQ in the
-// weights package does not offer, every projection is binarized
-// (Binarize). Errors: those of weights.NewHessianFromMatrix and
+// layer's pooled Hessian and the identity). Errors: those of weights.NewHessianFromMatrix and
 // weights.QuantizeGPTQ, naming the projection and width.
 func GPTQExpert(x *Expert, bits, group int, hIn, hDown []float64) (Expert, error) {
-	if bits == 1 {
-		return FakeQuantize(x, 1, RTN(group))
-	}
 	H := 0
 	if x.Inter > 0 {
 		H = len(x.Gate) / x.Inter

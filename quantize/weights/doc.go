@@ -1,5 +1,6 @@
-// Package weights quantizes Linear weight matrices to 2, 3, 4 or 8 bits:
-// round-to-nearest (RTN) on a per-group min-max grid, and GPTQ (Frantar et
+// Package weights quantizes Linear weight matrices to 1, 2, 3, 4 or 8
+// bits: round-to-nearest (RTN) on a per-group min-max grid (at 1 bit the
+// two levels μ ± α of the group's mean and mean deviation), and GPTQ (Frantar et
 // al., "GPTQ: Accurate Post-Training Quantization for Generative
 // Pre-trained Transformers", arXiv 2210.17323), which uses the layer's
 // input Hessian H = (2/N)·Σ x xᵀ to feed each column's rounding error into

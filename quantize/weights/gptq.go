@@ -244,7 +244,7 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 						for _, v := range seg {
 							f(v)
 						}
-					}, opt.Bits, opt.Symmetric)
+					}, opt.Bits, opt.Symmetric, opt.MSEClip)
 					if err != nil {
 						return nil, fmt.Errorf("weights: row %d group %d: %w", r, c/group, err)
 					}

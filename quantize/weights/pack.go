@@ -39,7 +39,7 @@ func getCode(row []byte, j, bits int) uint8 {
 
 // PackRow packs codes (one code per element, values < 2^bits) into dst,
 // which must hold RowBytes(len(codes), bits) bytes; it panics otherwise
-// (a programmer error). bits must be 2, 3, 4 or 8.
+// (a programmer error). bits must be 1, 2, 3, 4 or 8.
 func PackRow(dst []byte, codes []uint8, bits int) {
 	dst = dst[:RowBytes(len(codes), bits)]
 	clear(dst)

@@ -26,7 +26,8 @@ var (
 
 // Options selects the quantization grid (METHODS.md §7).
 type Options struct {
-	// Bits is the code width: 2, 3, 4 or 8.
+	// Bits is the code width: 1 (asymmetric only, see binaryGrid), 2, 3,
+	// 4 or 8.
 	Bits int
 	// GroupSize is the number of consecutive input columns sharing one
 	// scale (and zero-point): 32, 64 or 128, or 0 for per output channel
@@ -36,6 +37,14 @@ type Options struct {
 	// implicit zero-point 2^(bits−1), no zero-points stored. Otherwise the
 	// grid is asymmetric min-max with a stored zero-point.
 	Symmetric bool
+	// MSEClip shrinks each group's range [min, max] by the factor in
+	// {1, 0.99, …, 0.20} that minimises the group's squared rounding error
+	// (clipping the outliers), instead of using the full range: the "mse"
+	// grid search of the GPTQ reference quantizer (find_params, with the
+	// squared error). It matters at 2-3 bits on heavy-tailed rows; the
+	// per-element bound |w − ŵ| ≤ scale/2 then holds only inside the
+	// clipped range. Ignored at 1 bit (binaryGrid is already least-squares).
+	MSEClip bool
 }
 
 // Quantized is a packed quantized weight matrix.
@@ -47,7 +56,7 @@ type Options struct {
 type Quantized struct {
 	// Rows and Cols are the shape of the weight matrix [out, in].
 	Rows, Cols int
-	// Bits is the code width (2, 3, 4 or 8).
+	// Bits is the code width (1, 2, 3, 4 or 8).
 	Bits int
 	// GroupSize is the columns per group; Cols for per-channel.
 	GroupSize int
@@ -59,7 +68,8 @@ type Quantized struct {
 	// Scales: [Rows, Cols/GroupSize] float16 bits, all > 0 and finite.
 	Scales []uint16
 	// Zeros: [Rows, Cols/GroupSize] float16 bits holding integers in
-	// [0, 2^Bits−1]; nil when Symmetric.
+	// [0, 2^Bits−1] (at 1 bit any finite value: the fractional zero-point
+	// of binaryGrid); nil when Symmetric.
 	Zeros []uint16
 	// Perm is nil for the natural column order. Otherwise (GPTQ act-order
 	// with several groups per row) storage column j holds original column
@@ -114,9 +124,13 @@ func (q *Quantized) BitsPerWeight() float64 {
 // size (cols for per-channel).
 func validate(w []float32, rows, cols int, opt Options) (int, error) {
 	switch opt.Bits {
+	case 1:
+		if opt.Symmetric {
+			return 0, fmt.Errorf("%w: 1 bit needs the asymmetric grid (two levels per group), not symmetric", ErrOptions)
+		}
 	case 2, 3, 4, 8:
 	default:
-		return 0, fmt.Errorf("%w: bits %d, want 2, 3, 4 or 8", ErrOptions, opt.Bits)
+		return 0, fmt.Errorf("%w: bits %d, want 1, 2, 3, 4 or 8", ErrOptions, opt.Bits)
 	}
 	if rows <= 0 || cols <= 0 {
 		return 0, fmt.Errorf("%w: shape [%d, %d], want positive rows and cols", ErrShape, rows, cols)
@@ -154,13 +168,49 @@ type grid struct {
 // always includes 0 (as in the GPTQ reference) so the zero-point lies in
 // [0, maxq]. The scale is rounded up to float16 so that every value lies
 // within half a step of the grid: |w − ŵ| ≤ s/2.
-func findGrid(vals func(func(float64)), bits int, sym bool) (grid, error) {
+func findGrid(vals func(func(float64)), bits int, sym, mse bool) (grid, error) {
+	if bits == 1 {
+		return binaryGrid(vals)
+	}
 	lo, hi := 0.0, 0.0
 	vals(func(v float64) {
 		lo = math.Min(lo, v)
 		hi = math.Max(hi, v)
 	})
+	if mse {
+		return mseGrid(vals, lo, hi, bits, sym)
+	}
 	return gridFromRange(lo, hi, bits, sym)
+}
+
+// mseGrid is Options.MSEClip: the grid of the range p·[lo, hi] with the
+// least squared rounding error over vals, p = 1, 0.99, …, 0.20 (ties keep
+// the larger p).
+func mseGrid(vals func(func(float64)), lo, hi float64, bits int, sym bool) (grid, error) {
+	best, err := gridFromRange(lo, hi, bits, sym)
+	if err != nil {
+		return grid{}, err
+	}
+	sqErr := func(g grid) float64 {
+		var s float64
+		vals(func(v float64) {
+			d := v - g.value(g.code(v))
+			s += d * d
+		})
+		return s
+	}
+	bestErr := sqErr(best)
+	for i := 1; i <= 80; i++ {
+		p := 1 - float64(i)/100
+		g, err := gridFromRange(p*lo, p*hi, bits, sym)
+		if err != nil {
+			return grid{}, err
+		}
+		if e := sqErr(g); e < bestErr {
+			best, bestErr = g, e
+		}
+	}
+	return best, nil
 }
 
 // gridFromRange is findGrid for a group whose minimum and maximum are lo
@@ -193,8 +243,51 @@ func gridFromRange(lo, hi float64, bits int, sym bool) (grid, error) {
 }
 
 // code returns the code of v on the grid (round half to even, clamped).
+// The 1-bit grid's zero-point is fractional, so there v/s + z is rounded
+// as a whole: the nearer of the two levels.
 func (g grid) code(v float64) uint8 {
+	if g.maxq == 1 {
+		return uint8(math.Min(1, math.Max(0, math.RoundToEven(v/g.s+g.z))))
+	}
 	return uint8(math.Min(g.maxq, math.Max(0, math.RoundToEven(v/g.s)+g.z)))
+}
+
+// binaryGrid is the 1-bit grid of one group (asymmetric only): the two
+// levels μ ± α, μ the group mean and α the mean of |w − μ|, the
+// least-squares scale for fixed signs (XNOR-Net, Rastegari et al. 2016,
+// §3.1, with a per-group offset). In the s·(q − z) form of Quantized the
+// scale is s = 2α (float16, rounded to nearest) and the zero-point
+// z = (α − μ)/s, a fractional float16 (the only width whose zero-point is
+// not an integer), so the levels are s·(−z) ≈ μ − α and s·(1 − z) ≈ μ + α.
+// A constant group (α = 0) gets s = 1 and its value as the level −z.
+// vals is called twice. Errors: ErrRange when s or z is beyond float16
+// (|μ|/α above about 6.5e4, or |w| above 65504).
+func binaryGrid(vals func(func(float64))) (grid, error) {
+	var sum float64
+	n := 0
+	vals(func(v float64) { sum += v; n++ })
+	mu := sum / float64(n)
+	var dev float64
+	vals(func(v float64) { dev += math.Abs(v - mu) })
+	a := dev / float64(n)
+	raw := 2 * a
+	sh := f16FromFloat(raw)
+	if sh >= 0x7c00 {
+		return grid{}, fmt.Errorf("%w: 1-bit group with mean %g and mean deviation %g needs scale %g > 65504", ErrRange, mu, a, raw)
+	}
+	var zr float64
+	if sh == 0 { // a constant group, or one whose spread underflows float16
+		sh = f16FromFloat(1)
+		zr = -mu
+	} else {
+		zr = (a - mu) / f16ToFloat(sh)
+	}
+	s := f16ToFloat(sh)
+	zh := f16FromFloat(zr)
+	if zh&0x7c00 == 0x7c00 {
+		return grid{}, fmt.Errorf("%w: 1-bit group with mean %g and mean deviation %g needs zero-point %g beyond float16", ErrRange, mu, a, zr)
+	}
+	return grid{s: s, sh: sh, z: f16ToFloat(zh), zh: zh, maxq: 1}, nil
 }
 
 // value returns the dequantized value of code c.
@@ -265,12 +358,37 @@ func (q *Quantized) rtnRows(w []float32, r0, r1 int, opt Options) error {
 		row := q.Codes[r*rb : (r+1)*rb]
 		for g := 0; g < cols/group; g++ {
 			seg := wr[g*group : (g+1)*group]
+			if opt.Bits == 1 {
+				gr, err := binaryGrid(func(f func(float64)) {
+					for _, v := range seg {
+						f(float64(v))
+					}
+				})
+				if err != nil {
+					return fmt.Errorf("weights: row %d group %d: %w", r, g, err)
+				}
+				q.setGrid(r, g, gr)
+				for j, v := range seg {
+					putCode(row, g*group+j, 1, gr.code(float64(v)))
+				}
+				continue
+			}
 			var lo, hi float32
 			for _, v := range seg {
 				lo = min(lo, v)
 				hi = max(hi, v)
 			}
-			gr, err := gridFromRange(float64(lo), float64(hi), opt.Bits, opt.Symmetric)
+			var gr grid
+			var err error
+			if opt.MSEClip {
+				gr, err = mseGrid(func(f func(float64)) {
+					for _, v := range seg {
+						f(float64(v))
+					}
+				}, float64(lo), float64(hi), opt.Bits, opt.Symmetric)
+			} else {
+				gr, err = gridFromRange(float64(lo), float64(hi), opt.Bits, opt.Symmetric)
+			}
 			if err != nil {
 				return fmt.Errorf("weights: row %d group %d: %w", r, g, err)
 			}

@@ -57,7 +57,7 @@ func bitRef(codes []uint8, bits int) []byte {
 
 func TestPackUnpackExhaustive(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, bits := range []int{2, 3, 4, 8} {
+	for _, bits := range []int{1, 2, 3, 4, 8} {
 		nv := 1 << uint(bits)
 		for cols := 1; cols <= 3*nv+5; cols++ {
 			for trial := 0; trial < 4; trial++ {
@@ -265,5 +265,185 @@ func TestErrors(t *testing.T) {
 		if err != nil && !strings.HasPrefix(err.Error(), "weights: ") {
 			t.Errorf("error %q lacks package prefix", err)
 		}
+	}
+}
+
+// TestRTN1Bit: the 1-bit grid stores two levels per group, the nearer of
+// which every weight takes; each group's squared error is at most its
+// variance about the mean (the error of the best single level) plus the
+// float16 rounding of the scale and zero-point, and with a symmetric grid
+// it is refused.
+func TestRTN1Bit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	rows, cols := 8, 256
+	w := randMatrix(rng, rows, cols)
+	for i := 0; i < 32; i++ {
+		w[2*cols+i] = 0.25 // a constant group
+		w[3*cols+i] = 3 + float32(i)*1e-3
+	}
+	for _, g := range []int{0, 32, 64, 128} {
+		q, err := QuantizeRTN(w, rows, cols, Options{Bits: 1, GroupSize: g})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(q.Codes) != rows*cols/8 || q.BitsPerWeight() != 1+32/float64(q.GroupSize) {
+			t.Fatalf("g%d: %d code bytes, %.4f bpw", g, len(q.Codes), q.BitsPerWeight())
+		}
+		dq := make([]float32, rows*cols)
+		q.Dequantize(dq)
+		G := q.GroupSize
+		for r := 0; r < rows; r++ {
+			for g0 := 0; g0 < cols; g0 += G {
+				seg, got := w[r*cols+g0:r*cols+g0+G], dq[r*cols+g0:r*cols+g0+G]
+				var mu, v, e, amax float64
+				for _, x := range seg {
+					mu += float64(x)
+					amax = math.Max(amax, math.Abs(float64(x)))
+				}
+				mu /= float64(G)
+				levels := map[float32]bool{}
+				for j, x := range seg {
+					v += (float64(x) - mu) * (float64(x) - mu)
+					d := float64(x) - float64(got[j])
+					e += d * d
+					levels[got[j]] = true
+				}
+				// fp16 rounding of s and z: about 2^-10 relative to the levels.
+				tol := float64(G) * math.Pow(amax*2e-3, 2) * 4
+				if len(levels) > 2 || e > v+tol+1e-12 {
+					t.Fatalf("g%d row %d group %d: %d levels, squared error %g > variance %g + %g", g, r, g0/G, len(levels), e, v, tol)
+				}
+				// Every weight takes the nearer of the stored levels.
+				for j, x := range seg {
+					for l := range levels {
+						if math.Abs(float64(x)-float64(l)) < math.Abs(float64(x)-float64(got[j]))-1e-6 {
+							t.Fatalf("g%d row %d col %d: %v went to %v, level %v is nearer", g, r, g0+j, x, got[j], l)
+						}
+					}
+				}
+			}
+		}
+		if g == 32 && dq[2*cols] != 0.25 {
+			t.Fatalf("constant group: %v, want 0.25", dq[2*cols])
+		}
+	}
+	if _, err := QuantizeRTN(w, rows, cols, Options{Bits: 1, Symmetric: true}); !errors.Is(err, ErrOptions) {
+		t.Fatalf("symmetric 1 bit: err %v, want ErrOptions", err)
+	}
+}
+
+// TestGPTQ1Bit: GPTQ with the 1-bit grid has a lower output error
+// tr(ΔW H ΔWᵀ) than 1-bit RTN on correlated inputs.
+func TestGPTQ1Bit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	rows, cols, n := 16, 64, 512
+	w := randMatrix(rng, rows, cols)
+	x := make([]float32, n*cols)
+	for i := 0; i < n; i++ {
+		base := rng.NormFloat64()
+		for j := 0; j < cols; j++ {
+			x[i*cols+j] = float32(base + 0.3*rng.NormFloat64())
+		}
+	}
+	h := NewHessian(cols)
+	if err := h.Add(x, n); err != nil {
+		t.Fatal(err)
+	}
+	outErr := func(q *Quantized) float64 {
+		dq := make([]float32, rows*cols)
+		q.Dequantize(dq)
+		var s float64
+		for i := 0; i < n; i++ {
+			for r := 0; r < rows; r++ {
+				var d float64
+				for j := 0; j < cols; j++ {
+					d += float64(w[r*cols+j]-dq[r*cols+j]) * float64(x[i*cols+j])
+				}
+				s += d * d
+			}
+		}
+		return s / float64(n)
+	}
+	for _, g := range []int{0, 32} {
+		qr, err := QuantizeRTN(w, rows, cols, Options{Bits: 1, GroupSize: g})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qg, err := QuantizeGPTQ(w, rows, cols, h, GPTQOptions{Options: Options{Bits: 1, GroupSize: g}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		er, eg := outErr(qr), outErr(qg)
+		t.Logf("1 bit g%d: output error RTN %.4g, GPTQ %.4g", g, er, eg)
+		if !(eg < er) {
+			t.Fatalf("1 bit g%d: GPTQ error %g not below RTN %g", g, eg, er)
+		}
+	}
+}
+
+// TestMSEClip: the clipped grid's squared error is, group by group, at
+// most the min-max grid's (the full range is one of the candidates), and
+// on heavy-tailed rows at 2 bits it is clearly lower; at 1 bit it changes
+// nothing. GPTQ accepts it.
+func TestMSEClip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	rows, cols := 16, 128
+	w := make([]float32, rows*cols)
+	for i := range w {
+		// Student-t-like: a normal divided by a random scale.
+		w[i] = float32(rng.NormFloat64() / math.Sqrt(0.2+rng.ExpFloat64()))
+	}
+	for _, bits := range []int{1, 2, 3, 4, 8} {
+		for _, g := range []int{0, 32} {
+			for _, sym := range []bool{false, true} {
+				if bits == 1 && sym {
+					continue
+				}
+				groupErr := func(clip bool) ([]float64, float64) {
+					q, err := QuantizeRTN(w, rows, cols, Options{Bits: bits, GroupSize: g, Symmetric: sym, MSEClip: clip})
+					if err != nil {
+						t.Fatal(err)
+					}
+					dq := make([]float32, rows*cols)
+					q.Dequantize(dq)
+					G := q.GroupSize
+					ge := make([]float64, rows*cols/G)
+					var tot float64
+					for i := range dq {
+						d := float64(dq[i] - w[i])
+						ge[i/G] += d * d
+						tot += d * d
+					}
+					return ge, tot
+				}
+				plain, pt := groupErr(false)
+				clip, ct := groupErr(true)
+				for k := range plain {
+					if clip[k] > plain[k]*(1+1e-6)+1e-12 {
+						t.Fatalf("%d bits g%d sym %v group %d: clipped error %g > min-max %g", bits, g, sym, k, clip[k], plain[k])
+					}
+				}
+				if bits == 1 && ct != pt {
+					t.Errorf("1 bit g%d: clipping changed the error %g -> %g", g, pt, ct)
+				}
+				if bits == 2 && !(ct < 0.8*pt) {
+					t.Errorf("2 bits g%d sym %v: clipped error %g not clearly below min-max %g", g, sym, ct, pt)
+				}
+				if g == 0 && !sym {
+					t.Logf("%d bits per channel: squared error min-max %.4g, clipped %.4g", bits, pt, ct)
+				}
+			}
+		}
+	}
+	h := NewHessian(cols)
+	x := make([]float32, 64*cols)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	if err := h.Add(x, 64); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := QuantizeGPTQ(w, rows, cols, h, GPTQOptions{Options: Options{Bits: 2, GroupSize: 32, MSEClip: true}}); err != nil {
+		t.Fatal(err)
 	}
 }

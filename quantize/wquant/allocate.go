@@ -91,7 +91,7 @@ func (p *pipeline) allocate(ctx context.Context) (*alloc.Plan, []spec, error) {
 			seen := map[weights.Options]bool{}
 			for _, c := range choices {
 				g := effectiveGroup(c.GroupSize, t.Cols)
-				o := weights.Options{Bits: c.Bits, GroupSize: g, Symmetric: p.opt.Symmetric}
+				o := weights.Options{Bits: c.Bits, GroupSize: g, Symmetric: p.opt.Symmetric, MSEClip: p.opt.MSEClip}
 				if seen[o] {
 					continue
 				}

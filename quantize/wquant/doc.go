@@ -38,7 +38,25 @@
 // bpw allocation had heldout perplexity 21.3, worse than uniform GPTQ
 // 3-bit g64 (11.9 at 3.43 bpw); with relative block errors it has 10.4.
 //
-// Not for: MoE models (expert Hessians and GEMQ allocation are another
-// stage; Options.PerTensor already takes per-tensor options for them), or
-// quantized matmul at run time (the runtime dequantizes at load).
+// MoE models: the routed experts' weights are targets too. With Bits they
+// take that width; with MoEBudget every expert gets a width in {1,2,3,4}
+// from GEMQ (package quantize/gemq: coefficients from the MoE block's
+// output on the float model, then exact DP or the Lagrangian solver under
+// the budget, counted in stored bits per expert weight with scales and
+// zero-points, as TargetBPW counts them). The attention weights stay in
+// the sequential pipeline above; the experts' GPTQ Hessians come from the
+// calibration file's expert statistics (float model), with the
+// sparse-expert fallback of calibrate.ExpertLayer.Hessians reported as a
+// warning. docs/QUANT.md "MoE models" has the details. On
+// stories260K-moe-hf (attention 4-bit g32, experts per channel, 32
+// heldout windows of 512; float 6.46) the written checkpoints have
+// perplexity, at budgets 1.5/2.0/2.5/3.0: RTN 326/185/97/32, RTN with
+// MSEClip 268/153/56/21, GPTQ 158/90/56/22, GPTQ with MSEClip
+// 134/84/35/18 (TestMoEBudget logs the table). MSEClip matters most at 2
+// bits: the min-max 2-bit grid is so coarse on these heavy-tailed rows
+// that the allocator skips 2 bits entirely (1→3 is cheaper per unit of
+// error); with clipping it uses it.
+//
+// Not for: shared experts (refused), TargetBPW on MoE models, or quantized
+// matmul at run time (the runtime dequantizes at load).
 package wquant

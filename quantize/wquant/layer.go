@@ -46,38 +46,75 @@ type Target struct {
 	// Kind is "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj" or "down_proj".
 	Kind string `json:"kind"`
 	// Rows, Cols: the weight's shape [out_features, in_features].
-	Rows  int `json:"rows"`
-	Cols  int `json:"cols"`
-	input int
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+	// Expert is the expert index of a routed expert's gate/up/down_proj
+	// in an MoE layer, -1 for every other weight.
+	Expert int `json:"expert"`
+	input  int
 }
 
+// IsExpert tells whether t is a routed expert's weight.
+func (t *Target) IsExpert() bool { return t.Expert >= 0 }
+
 // Targets lists the Linear weights of d's decoder blocks in block order,
-// each block q, k, v, o, gate, up, down. Embeddings, norms, biases and
-// lm_head are not targets (they stay float). Errors: ErrUnsupported for an
-// MoE layer or an already quantized description.
+// each block q, k, v, o, then gate, up, down of the dense FFN or of every
+// routed expert of an MoE layer (expert order). Embeddings, norms,
+// biases, the router and lm_head are not targets (they stay float).
+// Errors: ErrUnsupported for an MoE layer with a shared expert (not
+// handled yet) or an already quantized description.
 func Targets(d *arch.Description) ([]Target, error) {
 	if d.Quant != nil {
 		return nil, fmt.Errorf("%w: the checkpoint is already quantized (config.json has %s)", ErrUnsupported, arch.QuantKey)
 	}
 	H := d.HiddenSize
 	var out []Target
+	tg := func(name string, l int, kind string, rows, cols, expert, input int) Target {
+		return Target{Name: name, Layer: l, Kind: kind, Rows: rows, Cols: cols, Expert: expert, input: input}
+	}
 	for i := range d.Layers {
 		l := &d.Layers[i]
-		if l.MLP == nil {
-			return nil, fmt.Errorf("%w: layer %d is a mixture of experts; quantize weights handles dense models (MoE bit allocation is --moe-budget)", ErrUnsupported, i)
-		}
-		a, m := l.Attn, l.MLP
+		a := l.Attn
 		out = append(out,
-			Target{a.Q, i, "q_proj", l.QDim(), H, inAttn},
-			Target{a.K, i, "k_proj", l.KVDim(), H, inAttn},
-			Target{a.V, i, "v_proj", l.KVDim(), H, inAttn},
-			Target{a.O, i, "o_proj", H, l.QDim(), inO},
-			Target{m.Gate, i, "gate_proj", m.IntermediateSize, H, inFFN},
-			Target{m.Up, i, "up_proj", m.IntermediateSize, H, inFFN},
-			Target{m.Down, i, "down_proj", H, m.IntermediateSize, inDown},
+			tg(a.Q, i, "q_proj", l.QDim(), H, -1, inAttn),
+			tg(a.K, i, "k_proj", l.KVDim(), H, -1, inAttn),
+			tg(a.V, i, "v_proj", l.KVDim(), H, -1, inAttn),
+			tg(a.O, i, "o_proj", H, l.QDim(), -1, inO),
 		)
+		if m := l.MLP; m != nil {
+			out = append(out,
+				tg(m.Gate, i, "gate_proj", m.IntermediateSize, H, -1, inFFN),
+				tg(m.Up, i, "up_proj", m.IntermediateSize, H, -1, inFFN),
+				tg(m.Down, i, "down_proj", H, m.IntermediateSize, -1, inDown),
+			)
+			continue
+		}
+		mo := l.MoE
+		if mo == nil {
+			return nil, fmt.Errorf("%w: layer %d has neither a dense FFN nor experts", ErrUnsupported, i)
+		}
+		if mo.Shared != nil {
+			return nil, fmt.Errorf("%w: layer %d has a shared expert; quantize weights handles routed experts only (shared experts: not yet)", ErrUnsupported, i)
+		}
+		for e, m := range mo.Experts {
+			out = append(out,
+				tg(m.Gate, i, "gate_proj", m.IntermediateSize, H, e, inFFN),
+				tg(m.Up, i, "up_proj", m.IntermediateSize, H, e, inFFN),
+				tg(m.Down, i, "down_proj", H, m.IntermediateSize, e, inDown),
+			)
+		}
 	}
 	return out, nil
+}
+
+// isMoE tells whether d has an MoE layer.
+func isMoE(d *arch.Description) bool {
+	for i := range d.Layers {
+		if d.Layers[i].MoE != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // hessians accumulates the four input Hessians of one block from the
@@ -87,17 +124,22 @@ type hessians struct {
 	err error
 }
 
+// newHessians: for an MoE layer only the attention inputs are observed
+// (the experts' Hessians come from the calibration file).
 func newHessians(l *arch.Layer, hidden int) *hessians {
-	return &hessians{h: [numInputs]*weights.Hessian{
+	hs := &hessians{h: [numInputs]*weights.Hessian{
 		inAttn: weights.NewHessian(hidden),
 		inO:    weights.NewHessian(l.QDim()),
-		inFFN:  weights.NewHessian(hidden),
-		inDown: weights.NewHessian(l.MLP.IntermediateSize),
 	}}
+	if l.MLP != nil {
+		hs.h[inFFN] = weights.NewHessian(hidden)
+		hs.h[inDown] = weights.NewHessian(l.MLP.IntermediateSize)
+	}
+	return hs
 }
 
 func (h *hessians) add(i int, x []float32, n int) {
-	if h.err == nil {
+	if h.err == nil && h.h[i] != nil {
 		if err := h.h[i].Add(x, n); err != nil {
 			h.err = fmt.Errorf("wquant: accumulating a Hessian: %w", err)
 		}

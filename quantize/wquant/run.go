@@ -21,6 +21,7 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/quantize/alloc"
+	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
@@ -31,7 +32,8 @@ const (
 )
 
 // Options configures Run. Exactly one of Bits (> 0) and TargetBPW (> 0)
-// selects the widths.
+// selects the widths; MoEBudget (> 0, with Bits) additionally chooses the
+// widths of an MoE model's routed experts.
 type Options struct {
 	// Model is a model directory or hub id; Calib a calibration file of
 	// that model holding its token ids (lmpack calibrate); Out the
@@ -45,6 +47,10 @@ type Options struct {
 	Bits, GroupSize int
 	// Symmetric selects the symmetric grid (no stored zero-points).
 	Symmetric bool
+	// MSEClip searches each group's clipping range for the least squared
+	// rounding error (weights.Options.MSEClip) for every weight, and in
+	// the GEMQ coefficients' quantizer. Same storage format.
+	MSEClip bool
 	// ActOrder (GPTQ only) quantizes columns by decreasing Hessian diagonal.
 	ActOrder bool
 	// TrueSequential collects each input's Hessian on the block with the
@@ -66,6 +72,35 @@ type Options struct {
 	// least one) the allocator's error measurement runs; 0 means
 	// DefaultMeasureTokens.
 	MeasureTokens int
+	// MoEBudget > 0 (MoE models only, with Bits for the other weights)
+	// gives every routed expert a width in MoEWidths (1-4 bits) chosen by
+	// GEMQ (quantize/gemq: coefficients, then exact DP or the Lagrangian
+	// solver) so that the experts take at most MoEBudget bits per expert
+	// weight as stored: codes plus an fp16 scale and zero-point per group
+	// of MoEGroup and each row's padding to whole bytes, the same counting
+	// as TargetBPW. Attention weights keep Bits and GroupSize. Experts are
+	// always asymmetric (Symmetric applies to the other weights) and are
+	// quantized with Method; with GPTQ their Hessians come from the
+	// calibration file's expert statistics (calibrate.ExpertLayer.Hessians:
+	// a sparse expert falls back to the layer's pooled input Hessian and
+	// the identity, with a warning in Report.Warnings).
+	MoEBudget float64
+	// MoEGroup is the experts' group size under MoEBudget (0, the default:
+	// per output channel, as GEMQ's coefficients); it must divide every
+	// expert weight's columns.
+	MoEGroup int
+	// MoEWeighting is GEMQ's forward-only weighting (gemq.WeightRouted
+	// when empty, gemq.WeightSoft, gemq.WeightKL).
+	MoEWeighting gemq.Weighting
+	// MoERule requires, in every MoE layer, one expert at 4 bits and
+	// another at 3 (GEMQ's per-layer rule, METHODS §4 step 3).
+	MoERule bool
+	// MoESolver is gemq.SolverDP (when empty) or gemq.SolverLagrangian.
+	MoESolver gemq.Solver
+	// MoEMinTokens is the sparse-expert threshold of both the GEMQ
+	// coefficients' fallback and the expert Hessians' fallback (0:
+	// calibrate.DefaultMinExpertTokens).
+	MoEMinTokens int
 	// PerTensor overrides the options of named weights (bits, group,
 	// symmetric), after the allocation. A hook for later stages (MoE
 	// expert widths); the CLI does not set it.
@@ -135,6 +170,7 @@ type LayerReport struct {
 type Report struct {
 	Out       string  `json:"out"`
 	Method    string  `json:"method"`
+	MSEClip   bool    `json:"mse_clip,omitempty"`
 	TargetBPW float64 `json:"target_bpw,omitempty"`
 	// Params is the number of quantized weights; BitsPerWeight their
 	// storage bits per weight (codes, scales, zero-points, permutations).
@@ -150,6 +186,17 @@ type Report struct {
 	BytesAfter       int64 `json:"bytes_after"`
 	// CalibTokens is the number of calibration tokens used.
 	CalibTokens int `json:"calib_tokens"`
+	// MoEBudget echoes Options.MoEBudget; MoE is the GEMQ allocation
+	// (widths per layer and expert, bits per expert weight, predicted
+	// error Σc[l,e,b], solver gap, warnings) and ExpertBitsPerWeight the
+	// experts' stored bits per weight as written (codes, scales,
+	// zero-points), ≤ MoEBudget.
+	MoEBudget           float64          `json:"moe_budget,omitempty"`
+	MoE                 *gemq.Allocation `json:"moe_allocation,omitempty"`
+	ExpertBitsPerWeight float64          `json:"expert_bits_per_weight,omitempty"`
+	// Warnings: experts that fell back (sparse or never routed), in the
+	// allocation or in the GPTQ Hessians.
+	Warnings []string `json:"warnings,omitempty"`
 	// Allocation is the allocator's plan (TargetBPW only): the chosen
 	// option per tensor, in Tensors order; its errors are relative
 	// block-output errors (Σ‖y − ŷ‖²/Σ‖y‖² of the block with only that
@@ -188,6 +235,25 @@ func (opt *Options) validate() error {
 	if opt.TargetBPW < 0 || !finite(opt.TargetBPW) {
 		return fmt.Errorf("%w: target bits per weight %v, want > 0", ErrOptions, opt.TargetBPW)
 	}
+	if opt.MoEBudget < 0 || !finite(opt.MoEBudget) {
+		return fmt.Errorf("%w: moe budget %v, want > 0 bits per expert weight", ErrOptions, opt.MoEBudget)
+	}
+	if opt.MoEBudget > 0 && opt.TargetBPW > 0 {
+		return fmt.Errorf("%w: give bits (for the non-expert weights) with a moe budget, not a target bits per weight", ErrOptions)
+	}
+	if !slices.Contains([]int{0, 32, 64, 128}, opt.MoEGroup) {
+		return fmt.Errorf("%w: moe group %d, want 32, 64, 128 or 0 (per-channel)", ErrOptions, opt.MoEGroup)
+	}
+	switch opt.MoEWeighting {
+	case "", gemq.WeightRouted, gemq.WeightSoft, gemq.WeightKL:
+	default:
+		return fmt.Errorf("%w: moe weighting %q, want routed, soft or kl", ErrOptions, opt.MoEWeighting)
+	}
+	switch opt.MoESolver {
+	case "", gemq.SolverDP, gemq.SolverLagrangian:
+	default:
+		return fmt.Errorf("%w: moe solver %q, want dp or lagrangian", ErrOptions, opt.MoESolver)
+	}
 	if opt.Damp < 0 || !finite(opt.Damp) {
 		return fmt.Errorf("%w: damp %v, want ≥ 0", ErrOptions, opt.Damp)
 	}
@@ -204,8 +270,14 @@ func (opt *Options) validate() error {
 // temporary directory beside it, renamed at the end). See the package doc
 // for the pipeline and docs/QUANT.md for the output.
 //
-// Errors: ErrOptions; ErrOutput; ErrUnsupported (MoE, already quantized);
-// ErrCalibration (no token ids); calibrate.ErrModelMismatch (a calibration
+// An MoE model is quantized with Bits (every expert at Bits too) or with
+// MoEBudget (GEMQ widths per expert, see Options.MoEBudget); the
+// calibration file must hold its expert statistics.
+//
+// Errors: ErrOptions (also MoEBudget on a dense model, a MoEBudget below
+// the all-1-bit cost, TargetBPW on an MoE model); ErrOutput;
+// ErrUnsupported (shared experts, already quantized); ErrCalibration (no
+// token ids, no expert statistics); calibrate.ErrModelMismatch (a calibration
 // file of another model); quantizer errors naming the tensor; I/O errors
 // naming the file.
 func Run(ctx context.Context, opt Options) (*Report, error) {
@@ -237,7 +309,16 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if len(wins) == 0 {
 		return nil, fmt.Errorf("%w: %s holds no calibration token ids (written by an older lmpack calibrate; calibrate again)", ErrCalibration, opt.Calib)
 	}
-	p := &pipeline{opt: opt, d: d, ck: ck, targets: targets, wins: wins}
+	moe := isMoE(d)
+	switch {
+	case opt.MoEBudget > 0 && !moe:
+		return nil, fmt.Errorf("%w: moe budget %g: %s is a dense model (no mixture-of-experts layer); use bits or a target bits per weight", ErrOptions, opt.MoEBudget, opt.Model)
+	case opt.TargetBPW > 0 && moe:
+		return nil, fmt.Errorf("%w: target bits per weight on %s, a mixture-of-experts model: use a moe budget for the experts' widths", ErrOptions, opt.Model)
+	case moe && len(cal.Experts) == 0:
+		return nil, fmt.Errorf("%w: %s holds no expert statistics for the MoE model %s (calibrate again with this lmpack)", ErrCalibration, opt.Calib, opt.Model)
+	}
+	p := &pipeline{opt: opt, d: d, ck: ck, targets: targets, wins: wins, experts: cal.Experts}
 	if opt.Logger == nil {
 		p.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	} else {
@@ -248,8 +329,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if opt.TargetBPW > 0 {
 		p.total = 2 * L
 	}
+	if opt.MoEBudget > 0 {
+		p.total = L + 1
+	}
 	specs := make([]spec, len(targets))
-	rep := &Report{Method: opt.Method, TargetBPW: opt.TargetBPW, Version: opt.Version, Out: opt.Out}
+	rep := &Report{Method: opt.Method, MSEClip: opt.MSEClip, TargetBPW: opt.TargetBPW, MoEBudget: opt.MoEBudget, Version: opt.Version, Out: opt.Out}
 	for _, w := range wins {
 		rep.CalibTokens += len(w)
 	}
@@ -263,13 +347,24 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	} else {
 		for i, t := range targets {
 			g := effectiveGroup(opt.GroupSize, t.Cols)
-			specs[i] = spec{o: weights.Options{Bits: opt.Bits, GroupSize: g, Symmetric: opt.Symmetric}, fallback: g != opt.GroupSize}
+			specs[i] = spec{o: weights.Options{Bits: opt.Bits, GroupSize: g, Symmetric: opt.Symmetric, MSEClip: opt.MSEClip}, fallback: g != opt.GroupSize}
 		}
+	}
+	if opt.MoEBudget > 0 {
+		a, err := p.allocateMoE(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.moeSpecs(a, specs); err != nil {
+			return nil, err
+		}
+		rep.MoE = a
+		rep.Warnings = append(rep.Warnings, a.Warnings...)
 	}
 	for i, t := range targets {
 		if o, ok := opt.PerTensor[t.Name]; ok {
 			g := effectiveGroup(o.GroupSize, t.Cols)
-			specs[i] = spec{o: weights.Options{Bits: o.Bits, GroupSize: g, Symmetric: o.Symmetric}, fallback: g != o.GroupSize}
+			specs[i] = spec{o: weights.Options{Bits: o.Bits, GroupSize: g, Symmetric: o.Symmetric, MSEClip: o.MSEClip}, fallback: g != o.GroupSize}
 		}
 	}
 
@@ -305,6 +400,7 @@ type pipeline struct {
 	ck      *safetensors.Checkpoint
 	targets []Target
 	wins    [][]int
+	experts []calibrate.ExpertLayer
 	log     *slog.Logger
 	done    int
 	total   int
@@ -418,6 +514,7 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 	if p.opt.TrueSequential {
 		stages = [][]int{{inAttn}, {inO}, {inFFN}, {inDown}}
 	}
+	var expertBits, expertParams int64
 	for l := 0; l < L; l++ {
 		lt := time.Now()
 		repl := map[string][]float32{}
@@ -426,6 +523,7 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 		quantized := map[string]bool{}
 		lr := LayerReport{Layer: l}
 		var lbits, lparams int64
+		expertH := map[[2]int][2]*weights.Hessian{}
 		for _, stage := range stages {
 			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes)
 			if err != nil {
@@ -441,7 +539,31 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 					return err
 				}
 				h := hs.h[t.input]
-				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, p.opt.ActOrder, p.opt.Damp, h)
+				if t.IsExpert() {
+					key := [2]int{t.Layer, t.Expert}
+					eh, ok := expertH[key]
+					if !ok {
+						hin, hdown, warn, err := p.expertHessians(t.Layer, t.Expert)
+						if err != nil {
+							return err
+						}
+						if warn != "" {
+							rep.Warnings = append(rep.Warnings, warn)
+							p.log.Warn("sparse expert", "layer", t.Layer, "expert", t.Expert, "fallback", warn)
+						}
+						eh = [2]*weights.Hessian{hin, hdown}
+						expertH[key] = eh
+					}
+					h = eh[0]
+					if t.input == inDown {
+						h = eh[1]
+					}
+				}
+				// Under a moe budget an expert's act-order permutation (32
+				// bits a column with groups) is not in the allocation's
+				// costs: experts then keep the natural order unless per-channel.
+				ao := p.opt.ActOrder && !(t.IsExpert() && p.opt.MoEBudget > 0 && sp.o.GroupSize > 0 && sp.o.GroupSize < t.Cols)
+				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, ao, p.opt.Damp, h)
 				if err != nil {
 					return err
 				}
@@ -467,6 +589,10 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 				rep.PredictedError += e
 				lbits += bits
 				lparams += int64(t.Rows * t.Cols)
+				if t.IsExpert() {
+					expertBits += bits
+					expertParams += int64(t.Rows * t.Cols)
+				}
 				lr.Error += e
 			}
 		}
@@ -524,6 +650,9 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 	}
 	rep.BytesAfter = totalSize
 	rep.BitsPerWeight = float64(8*rep.QuantBytesAfter) / float64(rep.Params)
+	if expertParams > 0 {
+		rep.ExpertBitsPerWeight = float64(expertBits) / float64(expertParams)
+	}
 	cfg, err := quantConfig(filepath.Join(p.ck.Dir(), "config.json"), qcfg)
 	if err != nil {
 		return err

@@ -112,6 +112,8 @@ func TestStorageRoundTrip(t *testing.T) {
 		{Options: weights.Options{Bits: 3, GroupSize: 32}, ActOrder: true},
 		{Options: weights.Options{Bits: 4, GroupSize: 64, Symmetric: true}, ActOrder: true},
 		{Options: weights.Options{Bits: 2, GroupSize: 0}},
+		{Options: weights.Options{Bits: 1, GroupSize: 32}},
+		{Options: weights.Options{Bits: 1, GroupSize: 0}},
 	} {
 		q, err := weights.QuantizeGPTQ(w, rows, cols, h, o)
 		if err != nil {
@@ -252,7 +254,11 @@ func TestRunBadInput(t *testing.T) {
 		{"actorder rtn", func(o *Options) { o.ActOrder = true }, ErrOptions, "act-order"},
 		{"out exists", func(o *Options) { o.Out = exists }, ErrOutput, "already exists"},
 		{"out in model", func(o *Options) { o.Out = filepath.Join(model, "q") }, ErrOutput, "inside"},
-		{"moe", func(o *Options) { o.Model = shared.Path(t, "stories260K-moe-hf") }, ErrUnsupported, "mixture of experts"},
+		{"moe budget on a dense model", func(o *Options) { o.MoEBudget = 2.5 }, ErrOptions, "is a dense model"},
+		{"negative moe budget", func(o *Options) { o.MoEBudget = -1 }, ErrOptions, "moe budget -1"},
+		{"moe budget with target", func(o *Options) { o.Bits, o.TargetBPW, o.MoEBudget = 0, 3, 2.5 }, ErrOptions, "not a target bits per weight"},
+		{"moe weighting", func(o *Options) { o.MoEWeighting = "grad" }, ErrOptions, `moe weighting "grad"`},
+		{"moe solver", func(o *Options) { o.MoESolver = "ilp" }, ErrOptions, `moe solver "ilp"`},
 		{"budget too small", func(o *Options) { o.Bits, o.TargetBPW = 0, 2.0 }, ErrOptions, "below the smallest the choices allow, 2.4237"},
 		{"other model's calibration", func(o *Options) { o.Calib = other }, calibrate.ErrModelMismatch, "another model"},
 		{"no token ids", func(o *Options) { o.Calib = noTokens }, ErrCalibration, "no calibration token ids"},
