@@ -148,8 +148,8 @@ func ExpertTensorName(layer, expert int, stat string) string {
 // CollectExperts runs m over the windows (each from position 0 in a fresh
 // cache) and returns the StatExperts statistics of every MoE layer of d
 // (in layer order; only opt.Layers when set; nil, nil when d has no MoE
-// layer). ck supplies the
-// experts' gate_proj and up_proj weights (d's tensor names), used to
+// layer). ck (a checkpoint or any runtime.TensorSource; quantized weights
+// are dequantized, runtime.WithQuant) supplies the experts' gate_proj and up_proj weights (d's tensor names), used to
 // compute each expert's down_proj input h = silu(W_gate x) ⊙ (W_up x) in
 // float64 for the tokens it accumulates: the tokens routed to it, or with
 // opt.AllExperts every token (statistics only; the model's output follows
@@ -164,8 +164,10 @@ func ExpertTensorName(layer, expert int, stat string) string {
 // in ck (naming the tensor); Forward errors; an observer that saw a number
 // of tokens other than the windows' total; non-finite statistics
 // (ErrBadStatistic naming layer and expert).
-func CollectExperts(ctx context.Context, m runtime.Model, d *arch.Description, ck *safetensors.Checkpoint, windows [][]int, opt ExpertOptions, progress func(done, total int)) ([]ExpertLayer, error) {
-	acc, err := newExpertsAcc(d, ck, opt.AllExperts, opt.Layers)
+func CollectExperts(ctx context.Context, m runtime.Model, d *arch.Description, ck runtime.TensorSource, windows [][]int, opt ExpertOptions, progress func(done, total int)) ([]ExpertLayer, error) {
+	// A quantized checkpoint's experts are read dequantized, as the
+	// runtime runs them.
+	acc, err := newExpertsAcc(d, runtime.WithQuant(d, ck), opt.AllExperts, opt.Layers)
 	if err != nil || acc == nil {
 		return nil, err
 	}
@@ -227,7 +229,7 @@ type expertAcc struct {
 	hin, hdown  []float64 // upper triangles of the sums
 }
 
-func newExpertsAcc(d *arch.Description, ck *safetensors.Checkpoint, all bool, only []int) (*expertsAcc, error) {
+func newExpertsAcc(d *arch.Description, ck runtime.TensorSource, all bool, only []int) (*expertsAcc, error) {
 	a := &expertsAcc{all: all, byL: map[int]*expertLayerAcc{}, xLayer: -1}
 	H := d.HiddenSize
 	for _, l := range only {
@@ -264,7 +266,7 @@ func newExpertsAcc(d *arch.Description, ck *safetensors.Checkpoint, all bool, on
 }
 
 // loadF64 reads tensor name from ck as float64, checking its shape.
-func loadF64(ck *safetensors.Checkpoint, name string, rows, cols int) ([]float64, error) {
+func loadF64(ck runtime.TensorSource, name string, rows, cols int) ([]float64, error) {
 	t, err := ck.Tensor(name)
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: expert statistics: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -426,5 +427,73 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 		if a[i] != b[i] {
 			t.Fatalf("logit %d: artifact %v, stage checkpoint %v", i, a[i], b[i])
 		}
+	}
+}
+
+// TestCompressMoEMixed: the moe-mixed recipe (GEMQ expert widths under a
+// bits-per-expert-weight budget) runs on stories260K-moe-hf; the experts
+// meet the budget with widths in 1..4 bits, and the artifact's eval
+// equals that of the stage's quantized checkpoint.
+func TestCompressMoEMixed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("MoE compress run (about 20 s on 2 cores)")
+	}
+	r, err := LoadRecipe(filepath.Join("..", "recipes", "moe-mixed.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Calibrate.Tokens = 4096
+	dir := t.TempDir()
+	o := testOptions(t, r, filepath.Join(dir, "moe.lmpk"), filepath.Join(dir, "work"))
+	o.Model = shared.Path(t, "stories260K-moe-hf")
+	rep, err := Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws weightsSummary
+	for _, s := range rep.Stages {
+		if s.Name == "quantize-weights" {
+			if err := json.Unmarshal(s.Result, &ws); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("experts %.4f bits per weight (budget %.1f), all weights %.4f; eval %+v", ws.ExpertBitsPerWeight, ws.MoEBudget, rep.WeightsBitsPerWeight, *rep.Eval)
+	if ws.MoEBudget != 3 || !(ws.ExpertBitsPerWeight > 1 && ws.ExpertBitsPerWeight <= 3) {
+		t.Errorf("expert bits per weight %v, want in (1, 3] under budget %v", ws.ExpertBitsPerWeight, ws.MoEBudget)
+	}
+	qdir := filepath.Join(o.WorkDir, "quantize-weights-"+rep.Stages[1].Key[:24], "model")
+	ck, err := engine.Open(t.Context(), qdir, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	widths := map[int]bool{}
+	for name, q := range ck.Desc.Quant.Tensors {
+		if strings.Contains(name, ".experts.") {
+			widths[q.Bits] = true
+			if q.Bits < 1 || q.Bits > 4 {
+				t.Errorf("%s: %d bits, want 1..4", name, q.Bits)
+			}
+		}
+	}
+	if len(widths) < 2 {
+		t.Errorf("expert widths %v: want a mix under the budget", widths)
+	}
+	src, err := engine.Open(t.Context(), o.Model, engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	ids, err := src.EvalIDs(o.EvalData, r.Eval.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := compareModels(t.Context(), src, ck, ids, r.Eval.Ctx, r.Eval.MaxWindows, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *rep.Eval != *want {
+		t.Errorf("artifact eval %+v\nquantized checkpoint %+v", *rep.Eval, *want)
 	}
 }

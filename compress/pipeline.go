@@ -20,6 +20,7 @@ import (
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/prune"
+	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/quantize/wquant"
 )
@@ -663,6 +664,13 @@ type weightsSummary struct {
 	Sym       bool    `json:"sym,omitempty"`
 	ActOrder  bool    `json:"act_order,omitempty"`
 	TargetBPW float64 `json:"target_bpw,omitempty"`
+	// MoEBudget echoes the recipe; ExpertBitsPerWeight is the storage bits
+	// per routed-expert weight GEMQ reached (≤ MoEBudget).
+	MoEBudget           float64 `json:"moe_budget,omitempty"`
+	ExpertBitsPerWeight float64 `json:"expert_bits_per_weight,omitempty"`
+	// Warnings are wquant's (sparse or never-routed experts and their
+	// fallbacks).
+	Warnings []string `json:"warnings,omitempty"`
 	// Params is the number of quantized weights; BitsPerWeight their
 	// storage bits per weight (codes, scales, zero-points, permutations).
 	Params        int64   `json:"params"`
@@ -687,7 +695,7 @@ type weightsSummary struct {
 // are fitted to the keys and values the quantized weights produce.
 func (p *pipeline) quantizeWeights(ctx context.Context, dir string) (outputs, any, error) {
 	w := p.r.Quantize.Weights
-	s := &weightsSummary{Method: w.Method, Bits: w.Bits, Sym: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW}
+	s := &weightsSummary{Method: w.Method, Bits: w.Bits, Sym: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW, MoEBudget: w.MoEBudget}
 	group := 0
 	if w.Group != nil {
 		group = *w.Group
@@ -707,11 +715,13 @@ func (p *pipeline) quantizeWeights(ctx context.Context, dir string) (outputs, an
 	}
 	rep, err := wquant.Run(ctx, wquant.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
 		Method: w.Method, Bits: w.Bits, GroupSize: group, Symmetric: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW,
+		MoEBudget: w.MoEBudget, MoEWeighting: gemq.Weighting(w.MoEWeighting), MoERule: w.MoERule, MSEClip: w.MSEClip,
 		Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-weights")})
 	if err != nil {
 		return outputs{}, nil, err
 	}
 	s.Params, s.BitsPerWeight, s.PredictedError, s.CalibTokens = rep.Params, rep.BitsPerWeight, rep.PredictedError, rep.CalibTokens
+	s.ExpertBitsPerWeight, s.Warnings = rep.ExpertBitsPerWeight, rep.Warnings
 	s.QuantBytesBefore, s.QuantBytesAfter, s.BytesBefore, s.BytesAfter = rep.QuantBytesBefore, rep.QuantBytesAfter, rep.BytesBefore, rep.BytesAfter
 	return outputs{Model: "model", ClearCalib: true}, s, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -24,10 +25,6 @@ var (
 	// invalid value (wrapped, naming the file, the line when known, and
 	// the key).
 	ErrRecipe = errors.New("compress: bad recipe")
-	// ErrStageUnavailable: the recipe asks for something this lmpack
-	// cannot run yet (quantize.weights.moe_budget: per-expert bit budgets
-	// for MoE models).
-	ErrStageUnavailable = errors.New("compress: stage not available")
 	// ErrGate: the eval stage measured a ΔPPL or KL above the recipe's
 	// threshold; the artifact is not written to the output path.
 	ErrGate = errors.New("compress: eval gate failed")
@@ -81,16 +78,24 @@ type QuantizeStage struct {
 // storage bits per weight (codes, scales, zero-points); give exactly one
 // of Bits and TargetBPW, and no Group with TargetBPW.
 //
-// MoEBudget is reserved for per-expert bit budgets of MoE models: any
-// content is ErrStageUnavailable until quantize/wquant offers them.
+// MoEBudget > 0 (MoE models, with Bits for every other weight) lets GEMQ
+// (docs/METHODS.md §4) give each routed expert a width of 1 to 4 bits so
+// that the experts take at most MoEBudget storage bits per expert weight
+// (wquant.Options.MoEBudget); MoEWeighting is GEMQ's forward-only
+// weighting (routed, soft or kl; default routed) and MoERule asks for at
+// least one expert at 4 and one at 3 bits in every MoE layer. MSEClip
+// searches each group's clipping range for the least squared error.
 type WeightsStage struct {
-	Method    string    `yaml:"method" json:"method"`
-	Bits      int       `yaml:"bits" json:"bits,omitempty"`
-	Group     *int      `yaml:"group" json:"group,omitempty"`
-	Sym       bool      `yaml:"sym" json:"sym,omitempty"`
-	ActOrder  bool      `yaml:"act_order" json:"act_order,omitempty"`
-	TargetBPW float64   `yaml:"target_bpw" json:"target_bpw,omitempty"`
-	MoEBudget yaml.Node `yaml:"moe_budget" json:"-"`
+	Method       string  `yaml:"method" json:"method"`
+	Bits         int     `yaml:"bits" json:"bits,omitempty"`
+	Group        *int    `yaml:"group" json:"group,omitempty"`
+	Sym          bool    `yaml:"sym" json:"sym,omitempty"`
+	ActOrder     bool    `yaml:"act_order" json:"act_order,omitempty"`
+	TargetBPW    float64 `yaml:"target_bpw" json:"target_bpw,omitempty"`
+	MoEBudget    float64 `yaml:"moe_budget" json:"moe_budget,omitempty"`
+	MoEWeighting string  `yaml:"moe_weighting" json:"moe_weighting,omitempty"`
+	MoERule      bool    `yaml:"moe_rule" json:"moe_rule,omitempty"`
+	MSEClip      bool    `yaml:"mse_clip" json:"mse_clip,omitempty"`
 }
 
 // KVStage configures the KV cache the artifact carries: Cache is a
@@ -178,8 +183,7 @@ var sectionOf = map[string]string{
 // 0.92 for oscar caches, pack.lz4 true.
 //
 // Errors: ErrRecipe naming the file, line and key ("line 4: unknown key
-// \"tokenz\" in calibrate"), or the field and what was expected;
-// ErrStageUnavailable for quantize.weights.moe_budget.
+// \"tokenz\" in calibrate"), or the field and what was expected.
 func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if len(b) > maxRecipeBytes {
 		return nil, fmt.Errorf("%w: %s: %d bytes, want at most %d", ErrRecipe, name, len(b), maxRecipeBytes)
@@ -221,11 +225,17 @@ func (r *Recipe) validate(name string) error {
 	}
 	if q := r.Quantize; q != nil && q.Weights != nil {
 		w := q.Weights
-		if w.MoEBudget.Kind != 0 {
-			return fmt.Errorf("%w: %s: line %d: quantize.weights.moe_budget: per-expert bit budgets for MoE models are not available in compress yet (quantize/wquant has no such option, and quantize.weights handles dense models only)",
-				ErrStageUnavailable, name, w.MoEBudget.Line)
-		}
 		switch {
+		case w.MoEBudget < 0 || math.IsNaN(w.MoEBudget) || math.IsInf(w.MoEBudget, 0):
+			return bad("quantize.weights.moe_budget %v: want > 0 bits per expert weight", w.MoEBudget)
+		case w.MoEBudget > 0 && w.TargetBPW != 0:
+			return bad("quantize.weights: moe_budget sets the experts' widths with bits for the other weights; remove target_bpw")
+		case w.MoEWeighting != "" && w.MoEBudget == 0:
+			return bad("quantize.weights.moe_weighting needs moe_budget")
+		case w.MoERule && w.MoEBudget == 0:
+			return bad("quantize.weights.moe_rule needs moe_budget")
+		case !slices.Contains([]string{"", "routed", "soft", "kl"}, w.MoEWeighting):
+			return bad("quantize.weights.moe_weighting %q: want routed, soft or kl", w.MoEWeighting)
 		case w.Method != wquant.MethodRTN && w.Method != wquant.MethodGPTQ:
 			return bad("quantize.weights.method %q: want rtn or gptq", w.Method)
 		case (w.Bits != 0) == (w.TargetBPW != 0):

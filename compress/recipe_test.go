@@ -78,7 +78,10 @@ func TestRecipeValues(t *testing.T) {
 		{"weights act_order rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    act_order: true\n", "act_order needs method gptq", ErrRecipe},
 		{"weights unknown key", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group_size: 32\n", `line 10: unknown key "group_size" in quantize.weights`, ErrRecipe},
 		{"weights no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\nquantize:\n  kv:\n    cache: oscar2\n", "quantize:\n  weights: {method: rtn, bits: 4}\n", "quantize.weights needs a calibrate section", ErrRecipe},
-		{"weights moe budget", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2.5\n", "line 10: quantize.weights.moe_budget", ErrStageUnavailable},
+		{"moe budget negative", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: -1\n", "quantize.weights.moe_budget -1", ErrRecipe},
+		{"moe budget with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3\n    moe_budget: 2.5\n", "remove target_bpw", ErrRecipe},
+		{"moe weighting alone", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_weighting: kl\n", "moe_weighting needs moe_budget", ErrRecipe},
+		{"moe weighting", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2\n    moe_weighting: grad\n", `moe_weighting "grad"`, ErrRecipe},
 		{"two documents", "name: t\n", "name: t\n---\nname: u\n", "more than one YAML document", ErrRecipe},
 		{"syntax", "name: t\n", "name: [t\n", "r.yaml", ErrRecipe},
 	} {
@@ -99,9 +102,7 @@ func TestRecipeValues(t *testing.T) {
 }
 
 // TestExampleRecipes: the repository's recipes load with their stages in
-// order; moe-mixed.yaml is refused with ErrStageUnavailable (its
-// quantize.weights.moe_budget) until wquant offers MoE budgets. Data
-// paths resolve against the recipe's directory.
+// order. Data paths resolve against the recipe's directory.
 func TestExampleRecipes(t *testing.T) {
 	for _, c := range []struct {
 		file   string
@@ -111,7 +112,7 @@ func TestExampleRecipes(t *testing.T) {
 		{"kv-int2.yaml", []string{"calibrate", "quantize-kv", "pack", "eval"}, nil},
 		{"prune-kv-int2.yaml", []string{"calibrate", "prune", "quantize-kv", "pack", "eval"}, nil},
 		{"w4-kv-int2.yaml", []string{"calibrate", "quantize-weights", "quantize-kv", "pack", "eval"}, nil},
-		{"moe-mixed.yaml", nil, ErrStageUnavailable},
+		{"moe-mixed.yaml", []string{"calibrate", "quantize-weights", "pack", "eval"}, nil},
 	} {
 		path := filepath.Join("..", "recipes", c.file)
 		r, err := LoadRecipe(path)
@@ -150,7 +151,7 @@ func FuzzParseRecipe(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRecipe("fuzz.yaml", b)
 		if err != nil {
-			if !errors.Is(err, ErrRecipe) && !errors.Is(err, ErrStageUnavailable) {
+			if !errors.Is(err, ErrRecipe) {
 				t.Fatalf("error not ErrRecipe: %v", err)
 			}
 			return

@@ -64,8 +64,10 @@ func checkQuant(t *TensorEntry) error {
 		return bad("name must end in .weight")
 	case t.DType != string(safetensors.U8):
 		return bad("dtype %q, want U8 (packed codes)", t.DType)
-	case !slices.Contains([]int{2, 3, 4, 8}, q.Bits):
-		return bad("bits %d, want 2, 3, 4 or 8", q.Bits)
+	case !slices.Contains([]int{1, 2, 3, 4, 8}, q.Bits):
+		return bad("bits %d, want 1, 2, 3, 4 or 8", q.Bits)
+	case q.Bits == 1 && q.ZeroSection == "":
+		return bad("bits 1 needs zero-points (1-bit is asymmetric only)")
 	case q.GroupSize <= 0 || t.Shape[1]%q.GroupSize != 0:
 		return bad("group_size %d must be > 0 and divide its %d columns", q.GroupSize, t.Shape[1])
 	case q.ScaleDType != QuantScaleDType:

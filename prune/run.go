@@ -172,6 +172,9 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	defer ck.Close()
+	if desc.Quant != nil {
+		return nil, fmt.Errorf("%w: %s is a quantized checkpoint (lmpack_quantization in config.json): prune the float checkpoint, then quantize the result", ErrOptions, dir)
+	}
 	// Never write a checkpoint the runtime cannot load: the config must
 	// agree with the weights and the tokenizer must load.
 	if err := engine.CheckCheckpoint(dir, desc, ck); err != nil {
