@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune/depth"
 )
 
@@ -31,10 +31,6 @@ var (
 // layerRE matches the decoder-block component of a tensor name, e.g.
 // "model.layers.12." in "model.layers.12.mlp.up_proj.weight".
 var layerRE = regexp.MustCompile(`(^|\.)layers\.(\d+)\.`)
-
-// weightExts are weight files of other formats that would be stale after
-// pruning; they are not copied.
-var weightExts = []string{".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}
 
 // Sizes counts a checkpoint's stored tensors: Params is the number of
 // elements of every tensor in the files (a tied lm_head.weight stored
@@ -154,50 +150,6 @@ func writeDir(modelDir, out string, ts []safetensors.WriteTensor, cfg []byte) er
 	return nil
 }
 
-// checkOut refuses an out that is modelDir, inside it, or already exists.
-func checkOut(modelDir, out string) error {
-	if out == "" {
-		return fmt.Errorf("%w: no output directory", ErrOutput)
-	}
-	md, err := realAbs(modelDir)
-	if err != nil {
-		return fmt.Errorf("prune: model %s: %w", modelDir, err)
-	}
-	od, err := realAbs(out)
-	if err != nil {
-		return fmt.Errorf("prune: output %s: %w", out, err)
-	}
-	if rel, err := filepath.Rel(md, od); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
-		return fmt.Errorf("%w: %s is the model directory %s or inside it; write the pruned checkpoint elsewhere (the input is never modified)", ErrOutput, out, modelDir)
-	}
-	if _, err := os.Lstat(out); err == nil {
-		return fmt.Errorf("%w: %s already exists; remove it or choose another path", ErrOutput, out)
-	}
-	if st, err := os.Stat(filepath.Dir(od)); err != nil || !st.IsDir() {
-		return fmt.Errorf("%w: %s: parent directory %s does not exist", ErrOutput, out, filepath.Dir(od))
-	}
-	return nil
-}
-
-// realAbs returns the absolute path of p with symlinks resolved in its
-// longest existing prefix.
-func realAbs(p string) (string, error) {
-	a, err := filepath.Abs(p)
-	if err != nil {
-		return "", err
-	}
-	rest := ""
-	for cur := a; ; cur = filepath.Dir(cur) {
-		if r, err := filepath.EvalSymlinks(cur); err == nil {
-			return filepath.Join(r, rest), nil
-		}
-		if filepath.Dir(cur) == cur {
-			return a, nil
-		}
-		rest = filepath.Join(filepath.Base(cur), rest)
-	}
-}
-
 // prunedConfig returns config.json rewritten for the kept layers.
 func prunedConfig(path string, plan *depth.Plan, kept []int, newIndex map[int]int) ([]byte, error) {
 	b, err := os.ReadFile(path)
@@ -255,48 +207,19 @@ func prunedConfig(path string, plan *depth.Plan, kept []int, newIndex map[int]in
 	return append(out, '\n'), nil
 }
 
-// copySideFiles copies the regular non-weight files of src into dst.
-func copySideFiles(src, dst string) error {
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		return fmt.Errorf("prune: %w", err)
-	}
-	for _, e := range ents {
-		name := e.Name()
-		// Prose about the source model (README.md, SOURCE.md) would
-		// mislabel the pruned checkpoint: it is not copied.
-		if name == "config.json" || name == "model.safetensors.index.json" || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".md") ||
-			slices.ContainsFunc(weightExts, func(x string) bool { return strings.HasSuffix(name, x) }) {
-			continue
-		}
-		p := filepath.Join(src, name)
-		st, err := os.Stat(p) // follows hub-cache symlinks
-		if err != nil || !st.Mode().IsRegular() {
-			continue
-		}
-		if err := copyFile(p, filepath.Join(dst, name)); err != nil {
-			return err
-		}
+// checkOut refuses an out that is modelDir, inside it, or already exists
+// (fsx.CheckNewDir). Errors: ErrOutput.
+func checkOut(modelDir, out string) error {
+	if err := fsx.CheckNewDir(modelDir, out, "the pruned checkpoint"); err != nil {
+		return fmt.Errorf("%w: %v", ErrOutput, err)
 	}
 	return nil
 }
 
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
+// copySideFiles copies the tokenizer and other side files (fsx.CopySideFiles).
+func copySideFiles(src, dst string) error {
+	if err := fsx.CopySideFiles(src, dst); err != nil {
 		return fmt.Errorf("prune: %w", err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return fmt.Errorf("prune: %w", err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("prune: copying %s: %w", src, err)
-	}
-	if err := out.Close(); err != nil {
-		return fmt.Errorf("prune: %s: %w", dst, err)
 	}
 	return nil
 }

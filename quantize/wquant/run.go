@@ -20,6 +20,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/quantize/alloc"
 	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/quantize/weights"
@@ -745,74 +746,21 @@ func quantConfig(path string, q *arch.Quantization) ([]byte, error) {
 	return append(out, '\n'), nil
 }
 
-// weightExts are weight files that must not be copied next to the
-// quantized shards.
-var weightExts = []string{".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}
+// checkOut refuses an out that is modelDir, lies inside it, or exists
+// (fsx.CheckNewDir). Errors: ErrOutput.
+func checkOut(modelDir, out string) error {
+	if err := fsx.CheckNewDir(modelDir, out, "the quantized checkpoint"); err != nil {
+		return fmt.Errorf("%w: %v", ErrOutput, err)
+	}
+	return nil
+}
 
-// copySideFiles copies src's regular files other than weights, the shard
-// index, config.json and .md prose (the model card describes the float
-// model) — the tokenizer, generation config, ... — into dst.
+// copySideFiles copies the tokenizer and other side files
+// (fsx.CopySideFiles; the model card describes the float model and is not
+// copied).
 func copySideFiles(src, dst string) error {
-	ents, err := os.ReadDir(src)
-	if err != nil {
+	if err := fsx.CopySideFiles(src, dst); err != nil {
 		return fmt.Errorf("wquant: %w", err)
 	}
-	for _, e := range ents {
-		n := e.Name()
-		if !e.Type().IsRegular() || n == "config.json" || strings.HasSuffix(n, ".index.json") || strings.HasSuffix(n, ".md") || slices.Contains(weightExts, filepath.Ext(n)) {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(src, n))
-		if err != nil {
-			return fmt.Errorf("wquant: %w", err)
-		}
-		if err := os.WriteFile(filepath.Join(dst, n), b, 0o644); err != nil {
-			return fmt.Errorf("wquant: %w", err)
-		}
-	}
 	return nil
-}
-
-// checkOut refuses an out that is modelDir, lies inside it, or exists.
-func checkOut(modelDir, out string) error {
-	if out == "" {
-		return fmt.Errorf("%w: no output directory", ErrOutput)
-	}
-	md, err := realAbs(modelDir)
-	if err != nil {
-		return fmt.Errorf("wquant: model %s: %w", modelDir, err)
-	}
-	od, err := realAbs(out)
-	if err != nil {
-		return fmt.Errorf("wquant: output %s: %w", out, err)
-	}
-	if rel, err := filepath.Rel(md, od); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
-		return fmt.Errorf("%w: %s is the model directory %s or inside it; write the quantized checkpoint elsewhere (the input is never modified)", ErrOutput, out, modelDir)
-	}
-	if _, err := os.Lstat(out); err == nil {
-		return fmt.Errorf("%w: %s already exists; remove it or choose another path", ErrOutput, out)
-	}
-	if st, err := os.Stat(filepath.Dir(od)); err != nil || !st.IsDir() {
-		return fmt.Errorf("%w: %s: parent directory %s does not exist", ErrOutput, out, filepath.Dir(od))
-	}
-	return nil
-}
-
-// realAbs returns the absolute path of p with symlinks resolved in its
-// longest existing prefix.
-func realAbs(p string) (string, error) {
-	a, err := filepath.Abs(p)
-	if err != nil {
-		return "", err
-	}
-	rest := ""
-	for cur := a; ; cur = filepath.Dir(cur) {
-		if r, err := filepath.EvalSymlinks(cur); err == nil {
-			return filepath.Join(r, rest), nil
-		}
-		if filepath.Dir(cur) == cur {
-			return a, nil
-		}
-		rest = filepath.Join(filepath.Base(cur), rest)
-	}
 }
