@@ -159,7 +159,7 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 					return nil, fmt.Errorf("eval: window %d position %d kv %s: %w", w, t, meth.Name, ErrNonFinite)
 				}
 				a.nll += nll
-				logSoftmax(ref[t*V:(t+1)*V], refLogP)
+				LogSoftmax(ref[t*V:(t+1)*V], refLogP)
 				kl := klFromLogP(refLogP, row)
 				a.kl += kl
 				agree := runtime.Argmax(row) == refArg[t]
@@ -216,8 +216,10 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 	return rep, nil
 }
 
-// logSoftmax writes log softmax(logits) into out (float64).
-func logSoftmax(logits []float32, out []float64) {
+// LogSoftmax writes log softmax(logits) into out, in float64 with the
+// maximum subtracted first: logits [V] float32, out [V] float64 (len(out)
+// >= len(logits)); out[i] = logits[i] − log Σ_j exp(logits[j]) in nats.
+func LogSoftmax(logits []float32, out []float64) {
 	mx := math.Inf(-1)
 	for _, l := range logits {
 		mx = math.Max(mx, float64(l))

@@ -152,22 +152,9 @@ func writeDir(modelDir, out string, ts []safetensors.WriteTensor, cfg []byte) er
 
 // prunedConfig returns config.json rewritten for the kept layers.
 func prunedConfig(path string, plan *depth.Plan, kept []int, newIndex map[int]int) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	cfg, target, err := readConfig(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	var cfg map[string]any
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&cfg); err != nil || cfg == nil {
-		return nil, fmt.Errorf("%w: %s: not a JSON object (%v)", ErrConfig, path, err)
-	}
-	// Multimodal configs nest the language model's fields.
-	target := cfg
-	if tc, ok := cfg["text_config"].(map[string]any); ok {
-		if _, has := cfg["num_hidden_layers"]; !has {
-			target = tc
-		}
+		return nil, err
 	}
 	nl, ok := target["num_hidden_layers"].(json.Number)
 	if L, err := nl.Int64(); !ok || err != nil || int(L) != plan.Layers {
@@ -222,4 +209,27 @@ func copySideFiles(src, dst string) error {
 		return fmt.Errorf("prune: %w", err)
 	}
 	return nil
+}
+
+// readConfig reads config.json at path as a JSON object with numbers kept
+// exact (json.Number) and returns it with the object holding the language
+// model's fields: cfg itself, or its "text_config" when a multimodal
+// config nests them there. Errors: ErrConfig naming path.
+func readConfig(path string) (cfg, target map[string]any, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&cfg); err != nil || cfg == nil {
+		return nil, nil, fmt.Errorf("%w: %s: not a JSON object (%v)", ErrConfig, path, err)
+	}
+	target = cfg
+	if tc, ok := cfg["text_config"].(map[string]any); ok {
+		if _, has := cfg["num_hidden_layers"]; !has {
+			target = tc
+		}
+	}
+	return cfg, target, nil
 }

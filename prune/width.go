@@ -1,11 +1,9 @@
 package prune
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -180,21 +178,9 @@ func numElements(shape []int) int {
 // the stock fields are left as they were. Stock loaders ignore
 // layer_configs and so cannot load the checkpoint.
 func widthConfig(path string, sizes []LayerSize) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	cfg, target, err := readConfig(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	var cfg map[string]any
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&cfg); err != nil || cfg == nil {
-		return nil, fmt.Errorf("%w: %s: not a JSON object (%v)", ErrConfig, path, err)
-	}
-	target := cfg
-	if tc, ok := cfg["text_config"].(map[string]any); ok {
-		if _, has := cfg["num_hidden_layers"]; !has {
-			target = tc
-		}
+		return nil, err
 	}
 	lcs := make([]any, len(sizes))
 	for i, s := range sizes {

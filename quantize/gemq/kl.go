@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/runtime"
 )
@@ -42,19 +43,7 @@ func (r *routeCounter) RouterLogits(layer, pos, n int, logits []float32, sel []i
 func logSoftmaxRows(z []float32, n, V int) []float64 {
 	out := make([]float64, n*V)
 	for t := 0; t < n; t++ {
-		row := z[t*V : (t+1)*V]
-		mx := math.Inf(-1)
-		for _, v := range row {
-			mx = max(mx, float64(v))
-		}
-		var s float64
-		for _, v := range row {
-			s += math.Exp(float64(v) - mx)
-		}
-		ls := mx + math.Log(s)
-		for i, v := range row {
-			out[t*V+i] = float64(v) - ls
-		}
+		eval.LogSoftmax(z[t*V:(t+1)*V], out[t*V:(t+1)*V])
 	}
 	return out
 }
