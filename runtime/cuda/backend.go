@@ -28,19 +28,39 @@ func New() runtime.Backend { return Backend{} }
 // Name implements runtime.Backend.
 func (Backend) Name() string { return "cuda" }
 
-// Probe opens the driver and device ordinal and closes it again; it
-// returns nil when Load can run, else an error wrapping ErrNoDriver or
-// ErrNoDevice that names what was searched (for --device auto).
+// Probe opens the driver and device ordinal, builds and loads one small
+// kernel source the way Load does (same NVRTC and CUBIN/PTX choice, same
+// default cache directory) and closes everything again. It returns nil
+// when Load can run, else an error wrapping ErrNoDriver, ErrNoDevice,
+// ErrNoNVRTC or ErrKernels (say, every NVRTC found is newer than the
+// driver) that names what was searched (for --device auto).
 func Probe(ordinal int) error {
 	d, err := OpenDevice(ordinal)
 	if err != nil {
 		return err
 	}
-	d.Close()
-	if _, err := LoadNVRTC(); err != nil {
+	k, err := loadKernels(d, "", probeSources())
+	if err != nil {
+		d.Close()
 		return err
 	}
-	return nil
+	kerr := k.Close()
+	if err := d.Close(); err != nil {
+		return err
+	}
+	return kerr
+}
+
+// probeSources is the source Probe loads: the smallest embedded one.
+func probeSources() []Source {
+	all := Sources()
+	best := all[0]
+	for _, s := range all[1:] {
+		if len(s.Code) < len(best.Code) {
+			best = s
+		}
+	}
+	return []Source{best}
 }
 
 // ErrUnsupported is wrapped when a model uses a feature the CUDA backend

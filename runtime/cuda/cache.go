@@ -248,7 +248,7 @@ func (c *DeviceCache) Write(layer, pos, n int, k, v []float32) {
 	if err := Upload(c.m.dev, p, buf); err != nil {
 		panic(err)
 	}
-	if err := c.append(layer, p, 2*kvDim, 0, kvDim, pos, n, 1); err != nil {
+	if err := c.append(c.m.k, layer, p, 2*kvDim, 0, kvDim, pos, n, 1); err != nil {
 		panic(err)
 	}
 	c.hi = max(c.hi, pos+n)
@@ -256,9 +256,9 @@ func (c *DeviceCache) Write(layer, pos, n int, k, v []float32) {
 
 // append launches kv_append for T tokens of B sequences whose rows are at
 // rows (ld floats apart, keys at koff, values at voff).
-func (c *DeviceCache) append(layer int, rows DevPtr, ld, koff, voff, pos, T, B int) error {
+func (c *DeviceCache) append(k *Kernels, layer int, rows DevPtr, ld, koff, voff, pos, T, B int) error {
 	L := &c.layers[layer]
-	return c.m.k.Launch("kv_append", Dim{T, L.nkv, 2 * B}, Dim{roundUp(L.hd, 32), 1, 1},
+	return k.Launch("kv_append", Dim{T, L.nkv, 2 * B}, Dim{roundUp(L.hd, 32), 1, 1},
 		rows, ld, koff, voff, T, pos, L.nkv, L.hd,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,

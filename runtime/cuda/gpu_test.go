@@ -126,7 +126,7 @@ func TestGPUGemm(t *testing.T) {
 			yp := devBuf(t, d, y0)
 			m := &Model{dev: d, k: k}
 			w := dw{p: devBuf(t, d, wh), bf16: bf, rows: N, cols: K}
-			if err := m.matmulX(yp, N, devBuf(t, d, x), K, w, M, 1); err != nil {
+			if err := m.matmulX(m.k, yp, N, devBuf(t, d, x), K, w, M, 1); err != nil {
 				t.Fatal(err)
 			}
 			got := download[float32](t, d, yp, M*N)
