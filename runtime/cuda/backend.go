@@ -141,6 +141,14 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 		if l.MoE != nil && (l.MoE.Shared != nil || l.MoE.SharedGate != "") {
 			return nil, fmt.Errorf("%w: layer %d: MoE shared experts", ErrUnsupported, i)
 		}
+		if l.MoE != nil {
+			// moe_gemv puts ⌈N/4⌉ output groups on grid.y (≤ 65535).
+			for j, x := range l.MoE.Experts {
+				if g := moeGemvGrid(1, 1, max(2*x.IntermediateSize, d.HiddenSize)); g.Y > maxGridYZ {
+					return nil, fmt.Errorf("%w: layer %d expert %d: intermediate_size %d or hidden_size %d needs %d blocks on grid.y, at most %d", ErrUnsupported, i, j, x.IntermediateSize, d.HiddenSize, g.Y, maxGridYZ)
+				}
+			}
+		}
 	}
 	dev, err := OpenDevice(b.Ordinal)
 	if err != nil {

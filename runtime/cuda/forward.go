@@ -107,8 +107,8 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	if pos+T > c.cap {
 		return fmt.Errorf("cuda: Forward: %d tokens at position %d exceed the KV cache capacity %d", T, pos, c.cap)
 	}
-	if R > 65535 {
-		return fmt.Errorf("cuda: Forward: %d token rows in one call, at most 65535 (a CUDA grid dimension)", R)
+	if R > maxGridYZ || 2*B > maxGridYZ {
+		return fmt.Errorf("cuda: Forward: %d token rows of %d sequences in one call, at most %d rows and %d sequences (CUDA grid dimensions)", R, B, maxGridYZ, maxGridYZ/2)
 	}
 	outRows := B
 	if allLogits {
@@ -346,6 +346,10 @@ func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, 
 		s.att, l.qdim, s.partO, s.partML, rv, l.nh, l.hd, nsplit)
 }
 
+// moeGemvGrid is moe_gemv's grid for R tokens, K experts each and N
+// outputs: (R·K pairs, ⌈N/4⌉ groups of 4 rows, one warp each).
+func moeGemvGrid(R, K, N int) Dim { return Dim{R * K, (N + 3) / 4, 1} }
+
 // moeFFN routes the R rows of m.s.xn and adds the weighted expert outputs
 // to m.s.x.
 func (m *Model) moeFFN(k *Kernels, e *moeW, R int) error {
@@ -357,13 +361,13 @@ func (m *Model) moeFFN(k *Kernels, e *moeW, R int) error {
 	if err := k.Launch("moe_route", Dim{(R + 31) / 32, 1, 1}, Dim{32, 1, 1}, s.moeSel, s.moeW, s.moeLogits, R, e.E, K, b2i(e.norm)); err != nil {
 		return err
 	}
-	if err := k.Launch("moe_gemv", Dim{(2*I + 3) / 4, R * K, 1}, Dim{128, 1, 1}, s.moeGU, 2*I, s.xn, H, 0, e.gu.p, s.moeSel, K, 2*I, H, b2i(e.gu.bf16)); err != nil {
+	if err := k.Launch("moe_gemv", moeGemvGrid(R, K, 2*I), Dim{128, 1, 1}, s.moeGU, 2*I, s.xn, H, 0, e.gu.p, s.moeSel, K, 2*I, H, b2i(e.gu.bf16)); err != nil {
 		return err
 	}
 	if err := k.Launch("silu_mul", Dim{R * K, 1, 1}, Dim{256, 1, 1}, s.moeGU, I); err != nil {
 		return err
 	}
-	if err := k.Launch("moe_gemv", Dim{(H + 3) / 4, R * K, 1}, Dim{128, 1, 1}, s.moeY, H, s.moeGU, 2*I, 1, e.down.p, s.moeSel, K, H, I, b2i(e.down.bf16)); err != nil {
+	if err := k.Launch("moe_gemv", moeGemvGrid(R, K, H), Dim{128, 1, 1}, s.moeY, H, s.moeGU, 2*I, 1, e.down.p, s.moeSel, K, H, I, b2i(e.down.bf16)); err != nil {
 		return err
 	}
 	return k.Launch("moe_combine", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, s.moeY, s.moeW, K, H)

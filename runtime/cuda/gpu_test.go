@@ -429,3 +429,29 @@ func TestGPULongContext(t *testing.T) {
 	defer gc.Free()
 	compareRun(t, "synthetic hd128 oscar2 KV", cpu, g, cc, gc, toks, 1500, desc.VocabSize, 0.1, 0.01)
 }
+
+// TestGPUMoEGemvLargeGrid: moe_gemv over top-8 routing of 9000 tokens
+// (72000 (token, expert) pairs, more than grid.y allows, so the pairs
+// ride on grid.x) against its Go port, to 2e-5·(1+|ref|).
+func TestGPUMoEGemvLargeGrid(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	r := rand.New(rand.NewPCG(61, 62))
+	const T, K, E, N, Kd = 9000, 8, 16, 12, 64
+	w := make([]uint16, E*N*Kd)
+	for i := range w {
+		w[i] = kvq.F16FromFloat32(float32(r.NormFloat64()))
+	}
+	x := randVec(r, T*Kd, 1)
+	sel := make([]int32, T*K)
+	for i := range sel {
+		sel[i] = int32(r.IntN(E))
+	}
+	yp := devBuf(t, d, make([]float32, T*K*N))
+	if err := k.Launch("moe_gemv", moeGemvGrid(T, K, N), Dim{128, 1, 1}, yp, N, devBuf(t, d, x), Kd, 0, devBuf(t, d, w), devBuf(t, d, sel), K, N, Kd, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := download[float32](t, d, yp, T*K*N)
+	want := make([]float32, T*K*N)
+	moeGemvPort(want, N, x, Kd, 0, w, sel, T, K, N, Kd)
+	checkClose(t, "moe_gemv", got, want, 2e-5)
+}

@@ -12,6 +12,7 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/quantize/kvq"
@@ -624,6 +625,107 @@ func TestKernelPortQGemv(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// moeGemvPort ports moe_gemv over the whole grid moeGemvGrid(T, K, N)
+// with blocks of 128 threads (4 warps of 32 lanes, each lane's partial
+// sum then the warp's sum).
+func moeGemvPort(y []float32, ldy int, x []float32, ldx, xsel int, w []uint16, sel []int32, T, K, N, Kd int) {
+	g := moeGemvGrid(T, K, N)
+	for by := 0; by < g.Y; by++ {
+		for bx := 0; bx < g.X; bx++ {
+			for warp := 0; warp < 4; warp++ {
+				n, r := by*4+warp, bx
+				if n >= N {
+					continue
+				}
+				xr := r / K
+				if xsel == 1 {
+					xr = r
+				}
+				wr := w[(int(sel[r])*N+n)*Kd:]
+				var part [32]float32
+				for lane := 0; lane < 32; lane++ {
+					for k := lane; k < Kd; k += 32 {
+						part[lane] += kvq.F16ToFloat32(wr[k]) * x[xr*ldx+k]
+					}
+				}
+				var a float32
+				for _, p := range part {
+					a += p
+				}
+				y[r*ldy+n] = a
+			}
+		}
+	}
+}
+
+// TestKernelPortMoEGemv: the moe_gemv port over its grid computes
+// y[t·K+k, n] = x_t · W[sel[t,k], n, :] for every pair (against a float64
+// product, to 1e-5), and the grid of top-8 routing for 9000 tokens (R·K
+// = 72000 pairs, past grid.y's 65535) passes CUDA's launch limits.
+func TestKernelPortMoEGemv(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	const T, K, E, N, Kd = 5, 3, 4, 13, 70
+	w := make([]uint16, E*N*Kd)
+	for i := range w {
+		w[i] = kvq.F16FromFloat32(float32(r.NormFloat64()))
+	}
+	x := randVec(r, T*Kd, 1)
+	sel := make([]int32, T*K)
+	for i := range sel {
+		sel[i] = int32(r.IntN(E))
+	}
+	y := make([]float32, T*K*N)
+	moeGemvPort(y, N, x, Kd, 0, w, sel, T, K, N, Kd)
+	worst := 0.0
+	for t := 0; t < T; t++ {
+		for k := 0; k < K; k++ {
+			p := t*K + k
+			for n := 0; n < N; n++ {
+				var want float64
+				for j := 0; j < Kd; j++ {
+					want += float64(kvq.F16ToFloat32(w[(int(sel[p])*N+n)*Kd+j])) * float64(x[t*Kd+j])
+				}
+				worst = max(worst, math.Abs(want-float64(y[p*N+n])))
+			}
+		}
+	}
+	if worst > 1e-5 {
+		t.Errorf("worst |Δ| %.3g, want ≤ 1e-5", worst)
+	}
+	for _, n := range []int{2 * 1408, 2048} {
+		if err := checkLaunchDims("moe_gemv", moeGemvGrid(9000, 8, n), Dim{128, 1, 1}, 0); err != nil {
+			t.Errorf("top-8 of 9000 tokens, N = %d: %v", n, err)
+		}
+	}
+	if err := checkLaunchDims("moe_gemv", Dim{(2048 + 3) / 4, 9000 * 8, 1}, Dim{128, 1, 1}, 0); err == nil {
+		t.Errorf("the old layout (pairs on grid.y) passed the launch check; the check misses grid.y > 65535")
+	}
+}
+
+// TestLaunchChecks: launch arguments of Go type int outside int32 and
+// grids past CUDA's limits are refused before reaching the driver.
+func TestLaunchChecks(t *testing.T) {
+	m := &Module{fns: map[string]uintptr{"k": 1}}
+	if err := m.launch(false, "k", Dim{1, 1, 1}, Dim{32, 1, 1}, 0, 1<<31); err == nil || !strings.Contains(err.Error(), "argument 0") {
+		t.Errorf("int 2³¹: err = %v, want a range error naming argument 0", err)
+	}
+	if err := m.launch(false, "k", Dim{1, 1, 1}, Dim{32, 1, 1}, 0, DevPtr(1), -1<<31-1); err == nil || !strings.Contains(err.Error(), "argument 1") {
+		t.Errorf("int −2³¹−1: err = %v, want a range error naming argument 1", err)
+	}
+	for _, tc := range []struct {
+		grid, block Dim
+		ok          bool
+	}{
+		{Dim{1 << 31, 1, 1}, Dim{1, 1, 1}, false}, {Dim{1<<31 - 1, 65535, 65535}, Dim{1024, 1, 1}, true},
+		{Dim{1, 65536, 1}, Dim{1, 1, 1}, false}, {Dim{1, 1, 65536}, Dim{1, 1, 1}, false},
+		{Dim{1, 1, 1}, Dim{32, 33, 1}, false}, {Dim{0, 1, 1}, Dim{1, 1, 1}, false},
+	} {
+		if err := checkLaunchDims("k", tc.grid, tc.block, 0); (err == nil) != tc.ok {
+			t.Errorf("grid %v block %v: err = %v, want ok %v", tc.grid, tc.block, err, tc.ok)
 		}
 	}
 }
