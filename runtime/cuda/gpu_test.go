@@ -455,3 +455,58 @@ func TestGPUMoEGemvLargeGrid(t *testing.T) {
 	moeGemvPort(want, N, x, Kd, 0, w, sel, T, K, N, Kd)
 	checkClose(t, "moe_gemv", got, want, 2e-5)
 }
+
+// TestGPUOscar2AppendNaN: a key row holding +1e6 and −1e6 (±Inf once
+// rounded to binary16) rotates into a mix of ±Inf and NaN; kv_append's τ
+// must still be set (|NaN| ranks as +Inf, as in kvq.Clip), and the codes
+// and (scale, zero) written equal the Go port's bit for bit.
+func TestGPUOscar2AppendNaN(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	const nkv, hd, sink, recent, capacity = 2, 32, 2, 4, 16
+	desc, _ := syntheticModel(t, 1, 64, 4, nkv, hd, 64, 64, 1)
+	m := &Model{d: desc, dev: d, k: k, rope: map[int]*ropeDev{}}
+	m.layers = append(m.layers, layerW{nh: 4, nkv: nkv, hd: hd, qdim: 4 * hd, kvdim: nkv * hd, qkv: 8 * hd})
+	r := rand.New(rand.NewPCG(81, 82))
+	rot := randRotations(r, desc)
+	rot.ClipK[0], rot.ClipV[0] = 0.99, 0.5
+	gc, err := m.NewDeviceCache(capacity, CacheOptions{Method: "oscar2", Sink: sink, Recent: recent, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Free()
+	pc := newPortCache(1, nkv, hd, sink, recent+32, capacity-sink)
+	pc.rk, pc.rv = rot.K[0], rot.V[0]
+	pc.clipK, pc.clipV = clipIndex(rot.ClipK[0], hd), clipIndex(rot.ClipV[0], hd)
+	const kvDim = nkv * hd
+	for p := 0; p < sink+3; p++ {
+		kr, vr := randVec(r, kvDim, 1), randVec(r, kvDim, 1)
+		if p >= sink {
+			kr[3], kr[hd+7], vr[5] = 1e6, -1e6, float32(math.NaN())
+			kr[9], vr[hd+1] = -1e6, float32(math.NaN())
+		}
+		gc.Write(0, p, 1, kr, vr)
+		pc.kvAppend(append(append([]float32{}, kr...), vr...), 2*kvDim, 0, kvDim, 1, p, true)
+	}
+	L := &gc.layers[0]
+	n := nkv * (capacity - sink)
+	for _, x := range []struct {
+		name      string
+		codes     DevPtr
+		par       DevPtr
+		wantCodes []byte
+		wantPar   []uint16
+	}{{"K", L.codesK, L.parK, pc.codesK, pc.parK}, {"V", L.codesV, L.parV, pc.codesV, pc.parV}} {
+		codes := download[uint8](t, d, x.codes, n*hd/4)
+		par := download[uint16](t, d, x.par, n*2)
+		for i := range par {
+			if par[i] != x.wantPar[i] {
+				t.Errorf("%s params[%d] = %#04x, port %#04x", x.name, i, par[i], x.wantPar[i])
+			}
+		}
+		for i := range codes {
+			if codes[i] != x.wantCodes[i] {
+				t.Errorf("%s codes[%d] = %#02x, port %#02x", x.name, i, codes[i], x.wantCodes[i])
+			}
+		}
+	}
+}

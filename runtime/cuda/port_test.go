@@ -69,6 +69,37 @@ func asymParamsF16(lo, hi float32) (float32, float32) {
 	return s16, round16(-lo / s16)
 }
 
+// absNaNInf is kv_append's |v| for ranking: |NaN| counts as +Inf.
+func absNaNInf(v float32) float32 {
+	if v != v {
+		return float32(math.Inf(1))
+	}
+	return float32(math.Abs(float64(v)))
+}
+
+// clipTauPort ports kv_append's τ: +Inf unless a thread j finds |y_j| of
+// rank class holding clipk (less ≤ clipk < less + equal).
+func clipTauPort(y []float32, clipk int) float32 {
+	tau := float32(math.Inf(1))
+	for j := range y {
+		a := absNaNInf(y[j])
+		less, eq := 0, 0
+		for i := range y {
+			ci := absNaNInf(y[i])
+			if ci < a {
+				less++
+			}
+			if ci == a {
+				eq++
+			}
+		}
+		if less <= clipk && clipk < less+eq {
+			tau = a
+		}
+	}
+	return tau
+}
+
 // kvAppend ports kv_append for the whole grid (T, nkv, 2·B).
 func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bool) {
 	hd := c.hd
@@ -117,23 +148,7 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 					y[j] = a
 				}
 				if clipk >= 0 {
-					var tau float32
-					for j := range y {
-						a := float32(math.Abs(float64(y[j])))
-						less, eq := 0, 0
-						for i := range y {
-							ci := float32(math.Abs(float64(y[i])))
-							if ci < a {
-								less++
-							}
-							if ci == a {
-								eq++
-							}
-						}
-						if less <= clipk && clipk < less+eq {
-							tau = a
-						}
-					}
+					tau := clipTauPort(y, clipk)
 					for j := range y {
 						if y[j] > tau {
 							y[j] = tau
@@ -142,9 +157,12 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 						}
 					}
 				}
-				lo, hi := y[0], y[0]
+				// block_min/block_max reduce with fminf/fmaxf: NaN is skipped.
+				lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
 				for _, v := range y {
-					lo, hi = min(lo, v), max(hi, v)
+					if v == v {
+						lo, hi = min(lo, v), max(hi, v)
+					}
 				}
 				scale, zero := asymParamsF16(lo, hi)
 				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
@@ -727,5 +745,40 @@ func TestLaunchChecks(t *testing.T) {
 		if err := checkLaunchDims("k", tc.grid, tc.block, 0); (err == nil) != tc.ok {
 			t.Errorf("grid %v block %v: err = %v, want ok %v", tc.grid, tc.block, err, tc.ok)
 		}
+	}
+}
+
+// TestKernelPortClipTau: kv_append's τ (port) equals kvq.Clip's for rows
+// with ties, ±Inf and NaN entries at every clip index, and rows holding
+// NaN still get a τ (kvq.Clip ranks |NaN| as +Inf).
+func TestKernelPortClipTau(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	const hd = 16
+	for trial := 0; trial < 200; trial++ {
+		y := randVec(r, hd, 1)
+		switch trial % 4 {
+		case 1:
+			y[r.IntN(hd)] = nan
+		case 2:
+			y[r.IntN(hd)], y[r.IntN(hd)] = nan, -inf
+		case 3:
+			for j := range y {
+				y[j] = float32(r.IntN(3) - 1) // ties
+			}
+			y[r.IntN(hd)] = nan
+		}
+		for _, ratio := range []float64{0.05, 0.5, 0.8, 0.9, 0.99} {
+			k := clipIndex(ratio, hd)
+			got, want := clipTauPort(y, k), kvq.Clip(y, ratio)
+			if got != want && !(got != got && want != want) {
+				t.Fatalf("row %v ratio %g (k=%d): τ %g, kvq.Clip %g", y, ratio, k, got, want)
+			}
+		}
+	}
+	// All NaN: every |y| ranks +Inf, τ = +Inf.
+	y := []float32{nan, nan, nan, nan}
+	if got := clipTauPort(y, 2); !math.IsInf(float64(got), 1) {
+		t.Errorf("all-NaN row: τ %g, want +Inf", got)
 	}
 }
