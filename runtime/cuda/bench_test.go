@@ -99,7 +99,7 @@ func filledCache(b *testing.B, m *Model, method string, B, n, capacity int) *Dev
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(c.Free)
+	b.Cleanup(func() { c.Free() })
 	for i, L := range c.layers {
 		l := &m.layers[i]
 		rows := int64(B * l.nkv)

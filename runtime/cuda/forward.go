@@ -22,12 +22,17 @@ type scratchDev struct {
 	sizes             map[*DevPtr]int64
 }
 
-func (s *scratchDev) free(d *Device) {
+// free releases every buffer and returns the first cuMemFree error.
+func (s *scratchDev) free(d *Device) error {
+	var first error
 	for p := range s.sizes {
-		d.Free(*p)
+		if err := d.Free(*p); err != nil && first == nil {
+			first = err
+		}
 		*p = 0
 	}
 	s.sizes = nil
+	return first
 }
 
 // grow makes *p hold at least n bytes.
@@ -38,8 +43,11 @@ func (s *scratchDev) grow(d *Device, p *DevPtr, n int64) error {
 	if s.sizes[p] >= n {
 		return nil
 	}
-	d.Free(*p)
+	if err := d.Free(*p); err != nil {
+		return err
+	}
 	*p = 0
+	delete(s.sizes, p)
 	q, err := d.Alloc(n)
 	if err != nil {
 		delete(s.sizes, p)

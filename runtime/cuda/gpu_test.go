@@ -8,7 +8,9 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	goruntime "runtime"
 	"testing"
+	"time"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -508,5 +510,45 @@ func TestGPUOscar2AppendNaN(t *testing.T) {
 				t.Errorf("%s codes[%d] = %#02x, port %#02x", x.name, i, codes[i], x.wantCodes[i])
 			}
 		}
+	}
+}
+
+// TestGPUCacheLifetime: caches from NewCache are tracked by their model:
+// Free untracks one, a dropped one is freed once collected, Close frees
+// the rest.
+func TestGPUCacheLifetime(t *testing.T) {
+	_, _ = gpuOrSkip(t)
+	desc, src := syntheticModel(t, 2, 64, 4, 2, 32, 64, 64, 3)
+	g, err := (Backend{CacheDir: testCacheDir(t)}).Load(context.Background(), desc, src, runtime.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := g.(*Model)
+	live := func() int {
+		m.cachesMu.Lock()
+		defer m.cachesMu.Unlock()
+		return len(m.caches)
+	}
+	kept := m.NewCache(4096).(*DeviceCache)
+	freed := m.NewCache(4096).(*DeviceCache)
+	func() { _ = m.NewCache(4096) }() // dropped
+	if n := live(); n != 3 {
+		t.Fatalf("%d caches tracked after 3 NewCache calls", n)
+	}
+	if err := freed.Free(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50 && live() > 1; i++ {
+		goruntime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := live(); n != 1 {
+		t.Errorf("%d caches tracked after Free and dropping one, want 1", n)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(kept.mem.allocs) != 0 || m.caches != nil {
+		t.Errorf("Close left %d allocations of a live cache, caches %v", len(kept.mem.allocs), m.caches)
 	}
 }
