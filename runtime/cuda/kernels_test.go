@@ -28,8 +28,8 @@ func nvrtcForTest(t *testing.T) *NVRTC {
 	return nv
 }
 
-// TestCompileKernels compiles every embedded source for compute_80 and
-// compute_90 and logs the PTX sizes (go test -v).
+// TestCompileKernels compiles every embedded source to PTX for compute_80
+// and compute_90 and to CUBIN for sm_90, and logs the sizes (go test -v).
 func TestCompileKernels(t *testing.T) {
 	nv := nvrtcForTest(t)
 	t.Logf("NVRTC %s from %s, architectures %v", nv.Version(), nv.Path, nv.Archs)
@@ -63,6 +63,27 @@ func TestCompileKernels(t *testing.T) {
 			}
 		}
 		all = all[:0]
+	}
+	// CUBIN for sm_90 (what an H100/H200 loads): an ELF image per source
+	// with the same entry points as the PTX.
+	if !nv.HasCUBIN() {
+		t.Logf("NVRTC %s has no CUBIN output: CUBIN not checked", nv.Version())
+		return
+	}
+	for _, s := range srcs {
+		img, err := nv.Build(s.Name, s.Code, Target{Arch: 90, Cubin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(img.Data, []byte("\x7fELF")) {
+			t.Errorf("%s sm_90: image is not ELF", s.Name)
+		}
+		for _, k := range s.Kernels {
+			if !slices.Contains(img.Entries, k) {
+				t.Errorf("%s sm_90: CUBIN entries %v lack %s", s.Name, img.Entries, k)
+			}
+		}
+		t.Logf("sm_90 %-16s %7d bytes CUBIN", s.Name, len(img.Data))
 	}
 }
 
