@@ -82,7 +82,7 @@ func TestLoadImagesFallback(t *testing.T) {
 		{"ptx after rejected cubin", []*NVRTC{nv}, newDrv, cubinNo, Target{cc, false}, []string{"sm_80", "compute_80", "compute_80"}, nil, nil},
 		{"unknown driver version", []*NVRTC{nv}, 0, cubinNo, Target{cc, false}, []string{"sm_80", "compute_80", "compute_80"}, nil, nil},
 		{"newer nvrtc skipped", []*NVRTC{withVersion(nv, nv.Major+1, 0), nv}, newDrv, never, Target{cc, true}, []string{"sm_80", "sm_80"}, nil, nil},
-		{"newer minor: cubin only, then next library", []*NVRTC{withVersion(nv, nv.Major, 9), nv}, nv.Major*1000 + 10*min(nv.Minor, 8), cubinNo,
+		{"newer minor: cubin only, then next library", []*NVRTC{withVersion(nv, nv.Major, nv.Minor+1), nv}, nv.CUDAVersion(), cubinNo,
 			Target{cc, false}, []string{"sm_80", "sm_80", "compute_80", "compute_80"}, nil, nil},
 		{"ptx version rejected", []*NVRTC{nv}, newDrv, func(Target) int32 { return 222 }, Target{}, []string{"sm_80", "compute_80"},
 			ErrKernels, []string{"sm_80", "compute_80", "CUresult 222"}},
