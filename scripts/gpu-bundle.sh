@@ -34,7 +34,8 @@ fi
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpucheck/' "$exclude" 2>/dev/null || echo '/.gpucheck/' >>"$exclude"
-du -sh .gpucheck/* .gpucheck
+du -sh .gpucheck/*
+du -sh .gpucheck
 kb=$(du -sk .gpucheck | cut -f1)
 max=${GPU_BUNDLE_MAX_MB:-56}
 if [ "$kb" -gt $((max * 1024)) ]; then
