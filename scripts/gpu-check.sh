@@ -16,6 +16,11 @@
 #                       (for a machine without Go); default: build it now.
 #   LMPACK_SHARED_DATA  the shared data folder (default ../shared/data).
 #   LMPACK_NVRTC        the NVRTC library, if not found by the search order.
+#                       Unset and the machine without an NVRTC of its own
+#                       (see have_nvrtc), the bundle's NVRTC 11.8
+#                       (.gpucheck/nvrtc, from scripts/gpu-bundle.sh) is
+#                       unpacked and used; GPU_CHECK_NVRTC=bundled uses it
+#                       even then.
 #   GPU_CHECK_LOG       the log file (default: $OUT/gpu-check.log when $OUT
 #                       is set, else /tmp/gpu-check.log).
 #   BENCHTIME           go test -benchtime for the benchmarks (default 10x).
@@ -45,6 +50,35 @@ if [ -z "${LMPACK_SHARED_DATA:-}" ]; then
 fi
 export LMPACK_SHARED_DATA
 
+# have_nvrtc: an NVRTC the backend's search (runtime/cuda NVRTCCandidates)
+# would find without LMPACK_NVRTC.
+have_nvrtc() {
+	local f
+	if ldconfig -p 2>/dev/null | grep -Eq 'libnvrtc\.so\.(13|12|11\.2) '; then
+		return 0
+	fi
+	for f in ${CUDA_HOME:+"$CUDA_HOME"/lib64/libnvrtc.so.*} /usr/local/cuda/lib64/libnvrtc.so.* \
+		${VIRTUAL_ENV:+"$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.*} \
+		"$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* \
+		/usr/local/lib/python3*/*-packages/nvidia/*/lib/libnvrtc.so.* /usr/lib/python3*/*-packages/nvidia/*/lib/libnvrtc.so.* \
+		/opt/conda/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.*; do
+		[ -e "$f" ] && return 0
+	done
+	return 1
+}
+if [ -z "${LMPACK_NVRTC:-}" ] && [ -f .gpucheck/nvrtc/libnvrtc.so.11.2.gz ] && { [ "${GPU_CHECK_NVRTC:-}" = bundled ] || ! have_nvrtc; }; then
+	nvdir=$(mktemp -d)
+	for f in .gpucheck/nvrtc/*.gz; do
+		gzip -dc "$f" >"$nvdir/$(basename "$f" .gz)"
+	done
+	export LMPACK_NVRTC=$nvdir/libnvrtc.so.11.2
+	# NVRTC dlopens libnvrtc-builtins.so.11.8 by name.
+	export LD_LIBRARY_PATH=$nvdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	say "using the bundled NVRTC 11.8: $LMPACK_NVRTC"
+elif [ -z "${LMPACK_NVRTC:-}" ] && ! have_nvrtc; then
+	say "gpu-check: no NVRTC found on this machine and none bundled (run scripts/gpu-bundle.sh, or set LMPACK_NVRTC)"
+fi
+
 if command -v nvidia-smi >/dev/null; then
 	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log" || true
 fi
@@ -57,8 +91,29 @@ status=0
 run() { (cd runtime/cuda && "$bin" "$@") 2>&1 | tee -a "$log"; }
 
 say "== parity tests"
-for t in $(cd runtime/cuda && "$bin" -test.list '^(TestCompileKernels|TestGPU.*)$'); do
-	run -test.run "^$t\$" -test.count=1 -test.v -test.timeout=120s || status=1
+# The tests the binary holds must be the ones the sources define (a stale
+# or broken binary listing none would otherwise pass with zero tests), and
+# every one must pass (a skip is a failure here).
+pattern='^(TestCompileKernels|TestGPU[A-Za-z0-9_]*)$'
+want=$(cat runtime/cuda/*_test.go | grep -Ec '^func (TestCompileKernels|TestGPU[A-Za-z0-9_]*)\(') || true
+if ! list=$(cd runtime/cuda && "$bin" -test.list "$pattern"); then
+	say "gpu-check: $bin -test.list failed"
+	exit 1
+fi
+tests=$(printf '%s\n' "$list" | grep -E "$pattern" || true)
+n=$(printf '%s' "$tests" | grep -c . || true)
+say "$n parity tests listed, $want defined in runtime/cuda/*_test.go"
+if [ "$n" -eq 0 ] || [ "$n" -lt "$want" ]; then
+	say "gpu-check: FAILED: the test binary lists $n parity tests, want $want (rebuild it: scripts/gpu-bundle.sh)"
+	exit 1
+fi
+for t in $tests; do
+	out=$(mktemp)
+	run -test.run "^$t\$" -test.count=1 -test.v -test.timeout=120s | tee "$out" || status=1
+	if ! grep -q "^--- PASS: $t " "$out"; then
+		say "gpu-check: $t did not pass"
+		status=1
+	fi
 done
 
 say "== benchmarks"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -14,11 +15,12 @@ import (
 )
 
 // Backend is the CUDA runtime.Backend. The zero value uses device 0 and
-// the default PTX cache directory.
+// the default kernel cache directory.
 type Backend struct {
 	// Ordinal is the CUDA device index.
 	Ordinal int
-	// CacheDir overrides the PTX cache directory ("" = default).
+	// CacheDir overrides the kernel (PTX/CUBIN) cache directory ("" =
+	// default).
 	CacheDir string
 }
 
@@ -28,19 +30,39 @@ func New() runtime.Backend { return Backend{} }
 // Name implements runtime.Backend.
 func (Backend) Name() string { return "cuda" }
 
-// Probe opens the driver and device ordinal and closes it again; it
-// returns nil when Load can run, else an error wrapping ErrNoDriver or
-// ErrNoDevice that names what was searched (for --device auto).
+// Probe opens the driver and device ordinal, builds and loads one small
+// kernel source the way Load does (same NVRTC and CUBIN/PTX choice, same
+// default cache directory) and closes everything again. It returns nil
+// when Load can run, else an error wrapping ErrNoDriver, ErrNoDevice,
+// ErrNoNVRTC or ErrKernels (say, every NVRTC found is newer than the
+// driver) that names what was searched (for --device auto).
 func Probe(ordinal int) error {
 	d, err := OpenDevice(ordinal)
 	if err != nil {
 		return err
 	}
-	d.Close()
-	if _, err := LoadNVRTC(); err != nil {
+	k, err := loadKernels(d, "", probeSources())
+	if err != nil {
+		d.Close()
 		return err
 	}
-	return nil
+	kerr := k.Close()
+	if err := d.Close(); err != nil {
+		return err
+	}
+	return kerr
+}
+
+// probeSources is the source Probe loads: the smallest embedded one.
+func probeSources() []Source {
+	all := Sources()
+	best := all[0]
+	for _, s := range all[1:] {
+		if len(s.Code) < len(best.Code) {
+			best = s
+		}
+	}
+	return []Source{best}
 }
 
 // ErrUnsupported is wrapped when a model uses a feature the CUDA backend
@@ -94,6 +116,9 @@ type Model struct {
 	allocs []DevPtr
 	rope   map[int]*ropeDev // by head_dim
 	s      scratchDev
+	// caches is the memory of the live DeviceCaches, freed by Close.
+	cachesMu sync.Mutex
+	caches   map[*cacheMem]struct{}
 }
 
 var _ runtime.Model = (*Model)(nil)
@@ -120,6 +145,14 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 		}
 		if l.MoE != nil && (l.MoE.Shared != nil || l.MoE.SharedGate != "") {
 			return nil, fmt.Errorf("%w: layer %d: MoE shared experts", ErrUnsupported, i)
+		}
+		if l.MoE != nil {
+			// moe_gemv puts ⌈N/4⌉ output groups on grid.y (≤ 65535).
+			for j, x := range l.MoE.Experts {
+				if g := moeGemvGrid(1, 1, max(2*x.IntermediateSize, d.HiddenSize)); g.Y > maxGridYZ {
+					return nil, fmt.Errorf("%w: layer %d expert %d: intermediate_size %d or hidden_size %d needs %d blocks on grid.y, at most %d", ErrUnsupported, i, j, x.IntermediateSize, d.HiddenSize, g.Y, maxGridYZ)
+				}
+			}
 		}
 	}
 	dev, err := OpenDevice(b.Ordinal)
@@ -365,26 +398,42 @@ func (m *Model) Description() *arch.Description { return m.d }
 // calibration must use the CPU backend).
 func (m *Model) SetObserver(o any) {}
 
-// Close implements runtime.Model: it frees the device memory, the
-// kernels and the device thread.
+// Close implements runtime.Model: it frees the device memory (the
+// weights, scratch and every DeviceCache this model made that is not
+// freed yet), the kernels and the device thread, and returns the errors
+// met (joined); the caches must not be used afterwards.
 func (m *Model) Close() error {
 	if m.dev == nil {
 		return nil
 	}
-	for _, p := range m.allocs {
-		m.dev.Free(p)
+	var errs []error
+	note := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	m.s.free(m.dev)
+	m.cachesMu.Lock()
+	for cm := range m.caches {
+		note(cm.free())
+	}
+	m.caches = nil
+	m.cachesMu.Unlock()
+	for _, p := range m.allocs {
+		note(m.dev.Free(p))
+	}
+	m.allocs = nil
+	note(m.s.free(m.dev))
 	for _, r := range m.rope {
-		m.dev.Free(r.cos)
-		m.dev.Free(r.sin)
+		note(m.dev.Free(r.cos))
+		note(m.dev.Free(r.sin))
+		r.cos, r.sin, r.n = 0, 0, 0
 	}
 	if m.k != nil {
-		m.k.Close()
+		note(m.k.Close())
 	}
-	err := m.dev.Close()
+	note(m.dev.Close())
 	m.dev = nil
-	return err
+	return errors.Join(errs...)
 }
 
 // ensureRope grows the cos/sin tables of every head_dim to n positions.
@@ -403,9 +452,11 @@ func (m *Model) ensureRope(n int) error {
 				sn[p*half+i] = float32(math.Sin(a))
 			}
 		}
-		m.dev.Free(r.cos)
-		m.dev.Free(r.sin)
+		ferr := errors.Join(m.dev.Free(r.cos), m.dev.Free(r.sin))
 		r.cos, r.sin, r.n = 0, 0, 0
+		if ferr != nil {
+			return ferr
+		}
 		var err error
 		if r.cos, err = m.dev.Alloc(int64(4 * len(cs))); err != nil {
 			return err

@@ -99,7 +99,7 @@ func filledCache(b *testing.B, m *Model, method string, B, n, capacity int) *Dev
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(c.Free)
+	b.Cleanup(func() { c.Free() })
 	for i, L := range c.layers {
 		l := &m.layers[i]
 		rows := int64(B * l.nkv)
@@ -161,7 +161,7 @@ func BenchmarkAttnINT2(b *testing.B) {
 			fp := int64(n) - q
 			bytes := int64(B*l.nkv) * (q*2*int64(l.hd/4+4) + fp*2*int64(2*l.hd))
 			run := func() {
-				if err := m.attention(l, L, c, B, 1, n-1, n, ws); err != nil {
+				if err := m.attention(m.k, l, L, c, B, 1, n-1, n, ws); err != nil {
 					b.Fatal(err)
 				}
 			}

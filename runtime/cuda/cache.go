@@ -3,9 +3,11 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/lmpack/lmpack/quantize/kvq"
-	"github.com/lmpack/lmpack/runtime"
+	lmruntime "github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
@@ -39,7 +41,7 @@ type DeviceCache struct {
 	sink, recent, ring, capQ int
 	hi                       int // highest position+1 ever written
 	layers                   []cacheLayer
-	allocs                   []DevPtr
+	mem                      *cacheMem
 }
 
 type cacheLayer struct {
@@ -51,12 +53,12 @@ type cacheLayer struct {
 	hostRK, hostRV             []float32
 }
 
-var _ runtime.KVCache = (*DeviceCache)(nil)
+var _ lmruntime.KVCache = (*DeviceCache)(nil)
 
 // NewCache implements runtime.Model with an fp16 DeviceCache of one
 // sequence. It panics when device memory runs out (runtime.Model's
 // NewCache has no error); use NewDeviceCache to get the error.
-func (m *Model) NewCache(capacity int) runtime.KVCache {
+func (m *Model) NewCache(capacity int) lmruntime.KVCache {
 	c, err := m.NewDeviceCache(capacity, CacheOptions{Method: "fp16"})
 	if err != nil {
 		panic(err)
@@ -94,13 +96,26 @@ func (m *Model) NewDeviceCache(capacity int, o CacheOptions) (*DeviceCache, erro
 		return nil, err
 	}
 	r := o.Rotations
-	if r != nil && o.Method == "oscar2" && (len(r.K) != len(m.layers) || len(r.V) != len(m.layers)) {
-		return nil, fmt.Errorf("%w: Rotations has %d K and %d V matrices, want %d", kvcache.ErrBadShape, len(r.K), len(r.V), len(m.layers))
+	if r != nil && o.Method == "oscar2" {
+		if len(r.K) != len(m.layers) || len(r.V) != len(m.layers) {
+			return nil, fmt.Errorf("%w: Rotations has %d K and %d V matrices, want %d", kvcache.ErrBadShape, len(r.K), len(r.V), len(m.layers))
+		}
+		if (r.ClipK != nil && len(r.ClipK) != len(m.layers)) || (r.ClipV != nil && len(r.ClipV) != len(m.layers)) {
+			return nil, fmt.Errorf("%w: Rotations has %d ClipK and %d ClipV ratios, want %d (or none)", kvcache.ErrBadShape, len(r.ClipK), len(r.ClipV), len(m.layers))
+		}
 	}
+	c.mem = &cacheMem{dev: m.dev}
+	m.trackCache(c.mem)
+	// A cache dropped without Free gives its memory back when collected;
+	// Model.Close frees the rest.
+	runtime.AddCleanup(c, func(cm *cacheMem) {
+		m.untrackCache(cm)
+		cm.free()
+	}, c.mem)
 	alloc := func(n int64) (DevPtr, error) {
 		p, err := m.dev.Alloc(n)
 		if err == nil {
-			c.allocs = append(c.allocs, p)
+			c.mem.add(p)
 		}
 		return p, err
 	}
@@ -175,12 +190,56 @@ func clipIndex(ratio float64, n int) int {
 	return min(int(math.Floor(ratio*float64(n))), n-1)
 }
 
-// Free releases the cache's device memory.
-func (c *DeviceCache) Free() {
-	for _, p := range c.allocs {
-		c.m.dev.Free(p)
+// Free releases the cache's device memory (also done when the cache is
+// garbage collected, and by Model.Close); it returns the first cuMemFree
+// error. The cache must not be used afterwards.
+func (c *DeviceCache) Free() error {
+	c.m.untrackCache(c.mem)
+	return c.mem.free()
+}
+
+// cacheMem is the device memory of one DeviceCache, kept apart from it so
+// that a cleanup can free it once the cache is unreachable.
+type cacheMem struct {
+	dev    *Device
+	mu     sync.Mutex
+	allocs []DevPtr
+}
+
+func (cm *cacheMem) add(p DevPtr) {
+	cm.mu.Lock()
+	cm.allocs = append(cm.allocs, p)
+	cm.mu.Unlock()
+}
+
+// free releases every allocation (once) and returns the first error.
+func (cm *cacheMem) free() error {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	var first error
+	for _, p := range cm.allocs {
+		if err := cm.dev.Free(p); err != nil && first == nil {
+			first = err
+		}
 	}
-	c.allocs = nil
+	cm.allocs = nil
+	return first
+}
+
+// trackCache and untrackCache keep the live caches' memory for Close.
+func (m *Model) trackCache(cm *cacheMem) {
+	m.cachesMu.Lock()
+	defer m.cachesMu.Unlock()
+	if m.caches == nil {
+		m.caches = map[*cacheMem]struct{}{}
+	}
+	m.caches[cm] = struct{}{}
+}
+
+func (m *Model) untrackCache(cm *cacheMem) {
+	m.cachesMu.Lock()
+	delete(m.caches, cm)
+	m.cachesMu.Unlock()
 }
 
 // Len implements runtime.KVCache.
@@ -248,7 +307,7 @@ func (c *DeviceCache) Write(layer, pos, n int, k, v []float32) {
 	if err := Upload(c.m.dev, p, buf); err != nil {
 		panic(err)
 	}
-	if err := c.append(layer, p, 2*kvDim, 0, kvDim, pos, n, 1); err != nil {
+	if err := c.append(c.m.k, layer, p, 2*kvDim, 0, kvDim, pos, n, 1); err != nil {
 		panic(err)
 	}
 	c.hi = max(c.hi, pos+n)
@@ -256,9 +315,9 @@ func (c *DeviceCache) Write(layer, pos, n int, k, v []float32) {
 
 // append launches kv_append for T tokens of B sequences whose rows are at
 // rows (ld floats apart, keys at koff, values at voff).
-func (c *DeviceCache) append(layer int, rows DevPtr, ld, koff, voff, pos, T, B int) error {
+func (c *DeviceCache) append(k *Kernels, layer int, rows DevPtr, ld, koff, voff, pos, T, B int) error {
 	L := &c.layers[layer]
-	return c.m.k.Launch("kv_append", Dim{T, L.nkv, 2 * B}, Dim{roundUp(L.hd, 32), 1, 1},
+	return k.Launch("kv_append", Dim{T, L.nkv, 2 * B}, Dim{roundUp(L.hd, 32), 1, 1},
 		rows, ld, koff, voff, T, pos, L.nkv, L.hd,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,

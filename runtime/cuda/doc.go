@@ -11,13 +11,19 @@
 // The kernels are embedded CUDA C++ sources (kernels/*.cu) that include no
 // CUDA header: NVRTC 11.8 ships without cuda_fp16.h, so binary16 and
 // bfloat16 conversions are written out in the sources. At load they are
-// compiled by NVRTC to PTX for the device's compute capability (capped at
-// the newest architecture the NVRTC knows; the driver JIT-compiles the
-// PTX) and cached on disk under os.UserCacheDir()/lmpack/cuda, keyed by
-// the SHA-256 of the sources and options, the architecture and the NVRTC
-// version.
+// compiled by NVRTC to CUBIN machine code for the device's architecture
+// when the NVRTC can (≥ 11.1, knows an sm_XX of the device's major) and
+// its CUDA major is not newer than the driver's, else to PTX for the
+// newest architecture it knows ≤ the device's (JIT-compiled by the
+// driver, which rejects PTX from an NVRTC newer than itself, so such an
+// NVRTC makes no PTX). When the driver rejects an image the next choice,
+// then the next NVRTC found, is tried (LoadKernels); Probe does the same
+// with one source, so --device auto falls back to the CPU when no kernel
+// loads. Images are cached on disk under os.UserCacheDir()/lmpack/cuda,
+// keyed by the SHA-256 of the sources and options, the target (sm_XX
+// CUBIN or compute_XX PTX) and the NVRTC version.
 //
-// Library search order for NVRTC (see FindNVRTC): $LMPACK_NVRTC (a file
+// Library search order for NVRTC (see NVRTCCandidates): $LMPACK_NVRTC (a file
 // or a directory), $CUDA_HOME/lib64, the sonames libnvrtc.so.13, .so.12,
 // .so.11.2 through the dynamic loader, /usr/local/cuda/lib64, then the
 // pip wheel locations site-packages/nvidia/*/lib of the Python

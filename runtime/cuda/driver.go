@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -132,11 +133,12 @@ type Device struct {
 	TotalMem      uint64
 	DriverVersion int
 
-	calls  chan func()
-	dev    int32
-	ctx    uintptr
-	closed bool
-	mu     sync.Mutex
+	calls    chan func()
+	released chan error // the context release's result, once
+	dev      int32
+	ctx      uintptr
+	closed   bool
+	mu       sync.Mutex
 }
 
 // OpenDevice loads the driver, initializes it and retains the primary
@@ -148,7 +150,7 @@ func OpenDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{drv: drv, Ordinal: ordinal, calls: make(chan func())}
+	d := &Device{drv: drv, Ordinal: ordinal, calls: make(chan func()), released: make(chan error, 1)}
 	ready := make(chan error)
 	go d.serve(ready)
 	if err := <-ready; err != nil {
@@ -167,7 +169,9 @@ func (d *Device) serve(ready chan<- error) {
 			return fmt.Errorf("%w: %v", ErrNoDevice, err)
 		}
 		var v, n int32
-		drv.driverGetVersion(&v)
+		if err := drv.check("cuDriverGetVersion", drv.driverGetVersion(&v)); err != nil {
+			return err
+		}
 		d.DriverVersion = int(v)
 		if err := drv.check("cuDeviceGetCount", drv.deviceGetCount(&n)); err != nil {
 			return err
@@ -179,18 +183,36 @@ func (d *Device) serve(ready chan<- error) {
 			return err
 		}
 		var ma, mi, sms int32
-		drv.deviceGetAttribute(&ma, 75, d.dev)  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-		drv.deviceGetAttribute(&mi, 76, d.dev)  // ..._MINOR
-		drv.deviceGetAttribute(&sms, 16, d.dev) // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+		for _, a := range []struct {
+			v    *int32
+			attr int32
+			name string
+		}{
+			{&ma, 75, "COMPUTE_CAPABILITY_MAJOR"},
+			{&mi, 76, "COMPUTE_CAPABILITY_MINOR"},
+			{&sms, 16, "MULTIPROCESSOR_COUNT"},
+		} {
+			if err := drv.check("cuDeviceGetAttribute("+a.name+")", drv.deviceGetAttribute(a.v, a.attr, d.dev)); err != nil {
+				return err
+			}
+		}
 		d.CC, d.SMs = int(ma*10+mi), int(sms)
 		name := make([]byte, 256)
-		drv.deviceGetName(&name[0], int32(len(name)), d.dev)
+		if err := drv.check("cuDeviceGetName", drv.deviceGetName(&name[0], int32(len(name)-1), d.dev)); err != nil {
+			return err
+		}
 		d.Name = goString(&name[0])
-		drv.deviceTotalMem(&d.TotalMem, d.dev)
+		if err := drv.check("cuDeviceTotalMem", drv.deviceTotalMem(&d.TotalMem, d.dev)); err != nil {
+			return err
+		}
 		if err := drv.check("cuDevicePrimaryCtxRetain", drv.primaryCtxRetain(&d.ctx, d.dev)); err != nil {
 			return err
 		}
-		return drv.check("cuCtxSetCurrent", drv.ctxSetCurrent(d.ctx))
+		if err := drv.check("cuCtxSetCurrent", drv.ctxSetCurrent(d.ctx)); err != nil {
+			drv.primaryCtxRelease(d.dev) // the setup error is the one reported
+			return err
+		}
+		return nil
 	}
 	err := setup()
 	ready <- err
@@ -201,7 +223,7 @@ func (d *Device) serve(ready chan<- error) {
 	for f := range d.calls {
 		f()
 	}
-	drv.primaryCtxRelease(d.dev)
+	d.released <- drv.check("cuDevicePrimaryCtxRelease", drv.primaryCtxRelease(d.dev))
 	runtime.UnlockOSThread()
 }
 
@@ -218,16 +240,19 @@ func (d *Device) Do(f func() error) error {
 	return <-done
 }
 
-// Close releases the primary context and stops the driver thread. Memory
-// and modules must be freed first.
+// Close releases the primary context and stops the driver thread,
+// returning cuDevicePrimaryCtxRelease's error (nil on later calls).
+// Memory and modules must be freed first.
 func (d *Device) Close() error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.closed {
-		d.closed = true
-		close(d.calls)
+	if d.closed {
+		d.mu.Unlock()
+		return nil
 	}
-	return nil
+	d.closed = true
+	close(d.calls)
+	d.mu.Unlock()
+	return <-d.released
 }
 
 // Alloc returns n bytes of device memory (n ≥ 1), zeroed.
@@ -290,7 +315,7 @@ func (d *Device) Sync() error {
 	return d.Do(func() error { return d.drv.check("cuCtxSynchronize", d.drv.ctxSynchronize()) })
 }
 
-// Module is a loaded PTX module.
+// Module is a loaded PTX or CUBIN module.
 type Module struct {
 	d   *Device
 	mod uintptr
@@ -300,23 +325,41 @@ type Module struct {
 // LoadModule JIT-loads PTX text (cuModuleLoadData) and resolves the named
 // kernels. Errors name the missing kernel.
 func (d *Device) LoadModule(ptx string, kernels []string) (*Module, error) {
-	img := append([]byte(ptx), 0)
+	return d.LoadImage(&Image{Target: Target{}, Data: []byte(ptx), Entries: kernels})
+}
+
+// LoadImage loads a compiled image (cuModuleLoadData: PTX is JIT-compiled
+// by the driver, CUBIN taken as is) and resolves img.Entries. Errors: the
+// driver's (a *cuError: CUDA_ERROR_UNSUPPORTED_PTX_VERSION when the PTX is
+// newer than the driver, CUDA_ERROR_NO_BINARY_FOR_GPU when a CUBIN is for
+// another architecture), a missing kernel named.
+func (d *Device) LoadImage(img *Image) (*Module, error) {
+	data := img.Data
+	if !img.Target.Cubin {
+		data = append(append([]byte(nil), data...), 0) // PTX is a C string
+	}
+	if len(data) == 0 {
+		return nil, fmt.Errorf("cuda: empty %s image", img.Target.kind())
+	}
 	m := &Module{d: d, fns: map[string]uintptr{}}
 	err := d.Do(func() error {
-		if err := d.drv.check("cuModuleLoadData", d.drv.moduleLoadData(&m.mod, &img[0])); err != nil {
+		if err := d.drv.check("cuModuleLoadData", d.drv.moduleLoadData(&m.mod, &data[0])); err != nil {
 			return err
 		}
-		for _, k := range kernels {
+		for _, k := range img.Entries {
 			var f uintptr
 			nm := append([]byte(k), 0)
 			if err := d.drv.check("cuModuleGetFunction("+k+")", d.drv.moduleGetFunction(&f, m.mod, &nm[0])); err != nil {
-				d.drv.moduleUnload(m.mod)
+				if uerr := d.drv.check("cuModuleUnload", d.drv.moduleUnload(m.mod)); uerr != nil {
+					return fmt.Errorf("%w (and unloading the module: %v)", err, uerr)
+				}
 				return err
 			}
 			m.fns[k] = f
 		}
 		return nil
 	})
+	runtime.KeepAlive(data)
 	if err != nil {
 		return nil, err
 	}
@@ -364,6 +407,9 @@ func (m *Module) launch(direct bool, name string, grid, block Dim, shmem int, ar
 		case uint64:
 			vals[i] = v
 		case int:
+			if v < math.MinInt32 || v > math.MaxInt32 {
+				return fmt.Errorf("cuda: kernel %s: argument %d is %d, outside the kernel's int (32-bit) range", name, i, v)
+			}
 			*(*int32)(unsafe.Pointer(&vals[i])) = int32(v)
 		default:
 			return fmt.Errorf("cuda: kernel %s: argument %d has type %T, want DevPtr, int32, uint32, float32, int64, uint64 or int", name, i, a)
@@ -376,10 +422,8 @@ func (m *Module) launch(direct bool, name string, grid, block Dim, shmem int, ar
 		pin.Pin(&ptrs[0])
 	}
 	defer pin.Unpin()
-	for _, g := range []int{grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z} {
-		if g < 1 {
-			return fmt.Errorf("cuda: kernel %s: launch grid %v block %v has a dimension < 1", name, grid, block)
-		}
+	if err := checkLaunchDims(name, grid, block, shmem); err != nil {
+		return err
 	}
 	var pp unsafe.Pointer
 	if len(ptrs) > 0 {
@@ -398,6 +442,32 @@ func (m *Module) launch(direct bool, name string, grid, block Dim, shmem int, ar
 		return launch()
 	}
 	return m.d.Do(launch)
+}
+
+// CUDA's launch limits: grid.x ≤ 2³¹−1, grid.y and grid.z ≤ 65535,
+// block.x·block.y·block.z ≤ 1024.
+const (
+	maxGridX  = math.MaxInt32
+	maxGridYZ = 65535
+	maxBlock  = 1024
+)
+
+// checkLaunchDims rejects a launch the driver would refuse, naming the
+// kernel and the dimension: every dimension ≥ 1, grid.x ≤ 2³¹−1, grid.y
+// and grid.z ≤ 65535, at most 1024 threads, shared memory ≥ 0.
+func checkLaunchDims(name string, grid, block Dim, shmem int) error {
+	for _, g := range []int{grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z} {
+		if g < 1 {
+			return fmt.Errorf("cuda: kernel %s: launch grid %v block %v has a dimension < 1", name, grid, block)
+		}
+	}
+	if grid.X > maxGridX || grid.Y > maxGridYZ || grid.Z > maxGridYZ {
+		return fmt.Errorf("cuda: kernel %s: launch grid %v exceeds CUDA's limits (x ≤ %d, y and z ≤ %d)", name, grid, maxGridX, maxGridYZ)
+	}
+	if block.X*block.Y*block.Z > maxBlock || shmem < 0 {
+		return fmt.Errorf("cuda: kernel %s: block %v (%d threads, at most %d) or shared memory %d bytes out of range", name, block, block.X*block.Y*block.Z, maxBlock, shmem)
+	}
+	return nil
 }
 
 // SetMaxDynamicShared allows kernel name up to n bytes of dynamic shared

@@ -22,12 +22,17 @@ type scratchDev struct {
 	sizes             map[*DevPtr]int64
 }
 
-func (s *scratchDev) free(d *Device) {
+// free releases every buffer and returns the first cuMemFree error.
+func (s *scratchDev) free(d *Device) error {
+	var first error
 	for p := range s.sizes {
-		d.Free(*p)
+		if err := d.Free(*p); err != nil && first == nil {
+			first = err
+		}
 		*p = 0
 	}
 	s.sizes = nil
+	return first
 }
 
 // grow makes *p hold at least n bytes.
@@ -38,8 +43,11 @@ func (s *scratchDev) grow(d *Device, p *DevPtr, n int64) error {
 	if s.sizes[p] >= n {
 		return nil
 	}
-	d.Free(*p)
+	if err := d.Free(*p); err != nil {
+		return err
+	}
 	*p = 0
+	delete(s.sizes, p)
 	q, err := d.Alloc(n)
 	if err != nil {
 		delete(s.sizes, p)
@@ -107,8 +115,8 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	if pos+T > c.cap {
 		return fmt.Errorf("cuda: Forward: %d tokens at position %d exceed the KV cache capacity %d", T, pos, c.cap)
 	}
-	if R > 65535 {
-		return fmt.Errorf("cuda: Forward: %d token rows in one call, at most 65535 (a CUDA grid dimension)", R)
+	if R > maxGridYZ || 2*B > maxGridYZ {
+		return fmt.Errorf("cuda: Forward: %d token rows of %d sequences in one call, at most %d rows and %d sequences (CUDA grid dimensions)", R, B, maxGridYZ, maxGridYZ/2)
 	}
 	outRows := B
 	if allLogits {
@@ -152,7 +160,9 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	// cancelled: record it before launching.
 	c.hi = max(c.hi, nTok)
 	// Every launch of the step runs in one hand-off to the driver thread.
-	err := k.Batch(func() error { return m.layersForward(ctx, c, B, T, R, pos, nTok, ws, xrow, xnrow, xld, rows) })
+	err := k.Batch(func(bk *Kernels) error {
+		return m.layersForward(ctx, bk, c, B, T, R, pos, nTok, ws, xrow, xnrow, xld, rows)
+	})
 	if err != nil {
 		return err
 	}
@@ -164,9 +174,9 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 }
 
 // layersForward launches the embedding, every layer and the lm_head
-// (inside Kernels.Batch: no other device calls here).
-func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos, nTok, ws int, xrow, xnrow DevPtr, xld, rows int) error {
-	d, s, k := m.d, &m.s, m.k
+// through k (the Kernels.Batch handle: no other device calls here).
+func (m *Model) layersForward(ctx context.Context, k *Kernels, c *DeviceCache, B, T, R, pos, nTok, ws int, xrow, xnrow DevPtr, xld, rows int) error {
+	d, s := m.d, &m.s
 	H, V := d.HiddenSize, d.VocabSize
 	if err := k.Launch("embed", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, m.embed.p, s.ids, H, b2i(m.embed.bf16)); err != nil {
 		return err
@@ -185,7 +195,7 @@ func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos,
 		if err := k.Launch("rmsnorm", Dim{R, 1, 1}, Dim{256, 1, 1}, s.xn, s.x, l.attnNorm, H, 1, H, eps); err != nil {
 			return err
 		}
-		if err := m.matmulX(s.qkv, l.qkv, s.xn, H, l.wqkv, R, 0); err != nil {
+		if err := m.matmulX(k, s.qkv, l.qkv, s.xn, H, l.wqkv, R, 0); err != nil {
 			return err
 		}
 		if l.bqkv != 0 {
@@ -207,13 +217,13 @@ func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos,
 		if err := k.Launch("rope", Dim{R, l.nh + l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
 			return err
 		}
-		if err := c.append(li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {
+		if err := c.append(k, li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {
 			return err
 		}
-		if err := m.attention(l, L, c, R, T, pos, nTok, ws); err != nil {
+		if err := m.attention(k, l, L, c, R, T, pos, nTok, ws); err != nil {
 			return err
 		}
-		if err := m.matmulX(s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
+		if err := m.matmulX(k, s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
 			return err
 		}
 		if l.bo != 0 {
@@ -227,16 +237,16 @@ func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos,
 		}
 		if l.mlp != nil {
 			I := l.mlp.inter
-			if err := m.matmulX(s.gu, 2*I, s.xn, H, l.mlp.gu, R, 0); err != nil {
+			if err := m.matmulX(k, s.gu, 2*I, s.xn, H, l.mlp.gu, R, 0); err != nil {
 				return err
 			}
 			if err := k.Launch("silu_mul", Dim{R, 1, 1}, Dim{256, 1, 1}, s.gu, I); err != nil {
 				return err
 			}
-			if err := m.matmulX(s.x, H, s.gu, 2*I, l.mlp.down, R, 1); err != nil {
+			if err := m.matmulX(k, s.x, H, s.gu, 2*I, l.mlp.down, R, 1); err != nil {
 				return err
 			}
-		} else if err := m.moeFFN(l.moe, R); err != nil {
+		} else if err := m.moeFFN(k, l.moe, R); err != nil {
 			return err
 		}
 	}
@@ -244,7 +254,7 @@ func (m *Model) layersForward(ctx context.Context, c *DeviceCache, B, T, R, pos,
 	if err := k.Launch("rmsnorm", Dim{rows, 1, 1}, Dim{256, 1, 1}, xnrow, xrow, m.final, H, 1, xld, eps); err != nil {
 		return err
 	}
-	return m.matmulX(s.logits, V, xnrow, xld, m.lmHead, rows, 0)
+	return m.matmulX(k, s.logits, V, xnrow, xld, m.lmHead, rows, 0)
 }
 
 func b2i(b bool) int {
@@ -304,21 +314,21 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 // stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel (8 rows
 // per block) for R ≤ 16 rows (decode, batches up to 16), the tiled GEMM
 // otherwise.
-func (m *Model) matmulX(y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
+func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
 	N, K := w.rows, w.cols
 	suffix := "_f16"
 	if w.bf16 {
 		suffix = "_bf16"
 	}
 	if R <= 16 {
-		return m.k.Launch("gemv"+suffix, Dim{(N + 3) / 4, (R + 7) / 8, 1}, Dim{128, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
+		return k.Launch("gemv"+suffix, Dim{(N + 3) / 4, (R + 7) / 8, 1}, Dim{128, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
 	}
-	return m.k.Launch("gemm"+suffix, Dim{(N + 63) / 64, (R + 63) / 64, 1}, Dim{256, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
+	return k.Launch("gemm"+suffix, Dim{(N + 63) / 64, (R + 63) / 64, 1}, Dim{256, 1, 1}, y, ldy, x, ldx, w.p, R, N, K, beta)
 }
 
 // attention runs attn_split and attn_merge for the R = B·T new queries of
 // layer l into m.s.att [R, qdim].
-func (m *Model) attention(l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
+func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
 	s := &m.s
 	group := l.nh / l.nkv
 	mg := 8 // q heads per block: the smallest of 1, 2, 4, 8 covering the group
@@ -333,35 +343,39 @@ func (m *Model) attention(l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, n
 	scale := float32(1 / math.Sqrt(float64(l.hd)))
 	rk, rv := L.rk, L.rv
 	shmem := 4 * mg * (4*l.hd + 256)
-	if err := m.k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
+	if err := k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
 		s.partO, s.partML, s.qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
 		rk, l.nh, l.nkv, l.hd, T, pos, ws, l.window, nsplit, splitLen, scale); err != nil {
 		return err
 	}
-	return m.k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},
+	return k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},
 		s.att, l.qdim, s.partO, s.partML, rv, l.nh, l.hd, nsplit)
 }
 
+// moeGemvGrid is moe_gemv's grid for R tokens, K experts each and N
+// outputs: (R·K pairs, ⌈N/4⌉ groups of 4 rows, one warp each).
+func moeGemvGrid(R, K, N int) Dim { return Dim{R * K, (N + 3) / 4, 1} }
+
 // moeFFN routes the R rows of m.s.xn and adds the weighted expert outputs
 // to m.s.x.
-func (m *Model) moeFFN(e *moeW, R int) error {
-	s, k := &m.s, m.k
+func (m *Model) moeFFN(k *Kernels, e *moeW, R int) error {
+	s := &m.s
 	H, I, K := m.d.HiddenSize, e.inter, e.topK
-	if err := m.matmulX(s.moeLogits, e.E, s.xn, H, e.router, R, 0); err != nil {
+	if err := m.matmulX(k, s.moeLogits, e.E, s.xn, H, e.router, R, 0); err != nil {
 		return err
 	}
 	if err := k.Launch("moe_route", Dim{(R + 31) / 32, 1, 1}, Dim{32, 1, 1}, s.moeSel, s.moeW, s.moeLogits, R, e.E, K, b2i(e.norm)); err != nil {
 		return err
 	}
-	if err := k.Launch("moe_gemv", Dim{(2*I + 3) / 4, R * K, 1}, Dim{128, 1, 1}, s.moeGU, 2*I, s.xn, H, 0, e.gu.p, s.moeSel, K, 2*I, H, b2i(e.gu.bf16)); err != nil {
+	if err := k.Launch("moe_gemv", moeGemvGrid(R, K, 2*I), Dim{128, 1, 1}, s.moeGU, 2*I, s.xn, H, 0, e.gu.p, s.moeSel, K, 2*I, H, b2i(e.gu.bf16)); err != nil {
 		return err
 	}
 	if err := k.Launch("silu_mul", Dim{R * K, 1, 1}, Dim{256, 1, 1}, s.moeGU, I); err != nil {
 		return err
 	}
-	if err := k.Launch("moe_gemv", Dim{(H + 3) / 4, R * K, 1}, Dim{128, 1, 1}, s.moeY, H, s.moeGU, 2*I, 1, e.down.p, s.moeSel, K, H, I, b2i(e.down.bf16)); err != nil {
+	if err := k.Launch("moe_gemv", moeGemvGrid(R, K, H), Dim{128, 1, 1}, s.moeY, H, s.moeGU, 2*I, 1, e.down.p, s.moeSel, K, H, I, b2i(e.down.bf16)); err != nil {
 		return err
 	}
 	return k.Launch("moe_combine", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, s.moeY, s.moeW, K, H)

@@ -8,7 +8,9 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	goruntime "runtime"
 	"testing"
+	"time"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -126,7 +128,7 @@ func TestGPUGemm(t *testing.T) {
 			yp := devBuf(t, d, y0)
 			m := &Model{dev: d, k: k}
 			w := dw{p: devBuf(t, d, wh), bf16: bf, rows: N, cols: K}
-			if err := m.matmulX(yp, N, devBuf(t, d, x), K, w, M, 1); err != nil {
+			if err := m.matmulX(m.k, yp, N, devBuf(t, d, x), K, w, M, 1); err != nil {
 				t.Fatal(err)
 			}
 			got := download[float32](t, d, yp, M*N)
@@ -428,4 +430,125 @@ func TestGPULongContext(t *testing.T) {
 	}
 	defer gc.Free()
 	compareRun(t, "synthetic hd128 oscar2 KV", cpu, g, cc, gc, toks, 1500, desc.VocabSize, 0.1, 0.01)
+}
+
+// TestGPUMoEGemvLargeGrid: moe_gemv over top-8 routing of 9000 tokens
+// (72000 (token, expert) pairs, more than grid.y allows, so the pairs
+// ride on grid.x) against its Go port, to 2e-5·(1+|ref|).
+func TestGPUMoEGemvLargeGrid(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	r := rand.New(rand.NewPCG(61, 62))
+	const T, K, E, N, Kd = 9000, 8, 16, 12, 64
+	w := make([]uint16, E*N*Kd)
+	for i := range w {
+		w[i] = kvq.F16FromFloat32(float32(r.NormFloat64()))
+	}
+	x := randVec(r, T*Kd, 1)
+	sel := make([]int32, T*K)
+	for i := range sel {
+		sel[i] = int32(r.IntN(E))
+	}
+	yp := devBuf(t, d, make([]float32, T*K*N))
+	if err := k.Launch("moe_gemv", moeGemvGrid(T, K, N), Dim{128, 1, 1}, yp, N, devBuf(t, d, x), Kd, 0, devBuf(t, d, w), devBuf(t, d, sel), K, N, Kd, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := download[float32](t, d, yp, T*K*N)
+	want := make([]float32, T*K*N)
+	moeGemvPort(want, N, x, Kd, 0, w, sel, T, K, N, Kd)
+	checkClose(t, "moe_gemv", got, want, 2e-5)
+}
+
+// TestGPUOscar2AppendNaN: a key row holding +1e6 and −1e6 (±Inf once
+// rounded to binary16) rotates into a mix of ±Inf and NaN; kv_append's τ
+// must still be set (|NaN| ranks as +Inf, as in kvq.Clip), and the codes
+// and (scale, zero) written equal the Go port's bit for bit.
+func TestGPUOscar2AppendNaN(t *testing.T) {
+	d, k := gpuOrSkip(t)
+	const nkv, hd, sink, recent, capacity = 2, 32, 2, 4, 16
+	desc, _ := syntheticModel(t, 1, 64, 4, nkv, hd, 64, 64, 1)
+	m := &Model{d: desc, dev: d, k: k, rope: map[int]*ropeDev{}}
+	m.layers = append(m.layers, layerW{nh: 4, nkv: nkv, hd: hd, qdim: 4 * hd, kvdim: nkv * hd, qkv: 8 * hd})
+	r := rand.New(rand.NewPCG(81, 82))
+	rot := randRotations(r, desc)
+	rot.ClipK[0], rot.ClipV[0] = 0.99, 0.5
+	gc, err := m.NewDeviceCache(capacity, CacheOptions{Method: "oscar2", Sink: sink, Recent: recent, Rotations: rot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Free()
+	pc := newPortCache(1, nkv, hd, sink, recent+32, capacity-sink)
+	pc.rk, pc.rv = rot.K[0], rot.V[0]
+	pc.clipK, pc.clipV = clipIndex(rot.ClipK[0], hd), clipIndex(rot.ClipV[0], hd)
+	const kvDim = nkv * hd
+	for p := 0; p < sink+3; p++ {
+		kr, vr := randVec(r, kvDim, 1), randVec(r, kvDim, 1)
+		if p >= sink {
+			kr[3], kr[hd+7], vr[5] = 1e6, -1e6, float32(math.NaN())
+			kr[9], vr[hd+1] = -1e6, float32(math.NaN())
+		}
+		gc.Write(0, p, 1, kr, vr)
+		pc.kvAppend(append(append([]float32{}, kr...), vr...), 2*kvDim, 0, kvDim, 1, p, true)
+	}
+	L := &gc.layers[0]
+	n := nkv * (capacity - sink)
+	for _, x := range []struct {
+		name      string
+		codes     DevPtr
+		par       DevPtr
+		wantCodes []byte
+		wantPar   []uint16
+	}{{"K", L.codesK, L.parK, pc.codesK, pc.parK}, {"V", L.codesV, L.parV, pc.codesV, pc.parV}} {
+		codes := download[uint8](t, d, x.codes, n*hd/4)
+		par := download[uint16](t, d, x.par, n*2)
+		for i := range par {
+			if par[i] != x.wantPar[i] {
+				t.Errorf("%s params[%d] = %#04x, port %#04x", x.name, i, par[i], x.wantPar[i])
+			}
+		}
+		for i := range codes {
+			if codes[i] != x.wantCodes[i] {
+				t.Errorf("%s codes[%d] = %#02x, port %#02x", x.name, i, codes[i], x.wantCodes[i])
+			}
+		}
+	}
+}
+
+// TestGPUCacheLifetime: caches from NewCache are tracked by their model:
+// Free untracks one, a dropped one is freed once collected, Close frees
+// the rest.
+func TestGPUCacheLifetime(t *testing.T) {
+	_, _ = gpuOrSkip(t)
+	desc, src := syntheticModel(t, 2, 64, 4, 2, 32, 64, 64, 3)
+	g, err := (Backend{CacheDir: testCacheDir(t)}).Load(context.Background(), desc, src, runtime.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := g.(*Model)
+	live := func() int {
+		m.cachesMu.Lock()
+		defer m.cachesMu.Unlock()
+		return len(m.caches)
+	}
+	kept := m.NewCache(4096).(*DeviceCache)
+	freed := m.NewCache(4096).(*DeviceCache)
+	func() { _ = m.NewCache(4096) }() // dropped
+	if n := live(); n != 3 {
+		t.Fatalf("%d caches tracked after 3 NewCache calls", n)
+	}
+	if err := freed.Free(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50 && live() > 1; i++ {
+		goruntime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := live(); n != 1 {
+		t.Errorf("%d caches tracked after Free and dropping one, want 1", n)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(kept.mem.allocs) != 0 || m.caches != nil {
+		t.Errorf("Close left %d allocations of a live cache, caches %v", len(kept.mem.allocs), m.caches)
+	}
 }

@@ -1,8 +1,11 @@
 package cuda
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -25,8 +28,8 @@ func nvrtcForTest(t *testing.T) *NVRTC {
 	return nv
 }
 
-// TestCompileKernels compiles every embedded source for compute_80 and
-// compute_90 and logs the PTX sizes (go test -v).
+// TestCompileKernels compiles every embedded source to PTX for compute_80
+// and compute_90 and to CUBIN for sm_90, and logs the sizes (go test -v).
 func TestCompileKernels(t *testing.T) {
 	nv := nvrtcForTest(t)
 	t.Logf("NVRTC %s from %s, architectures %v", nv.Version(), nv.Path, nv.Archs)
@@ -61,6 +64,27 @@ func TestCompileKernels(t *testing.T) {
 		}
 		all = all[:0]
 	}
+	// CUBIN for sm_90 (what an H100/H200 loads): an ELF image per source
+	// with the same entry points as the PTX.
+	if !nv.HasCUBIN() {
+		t.Logf("NVRTC %s has no CUBIN output: CUBIN not checked", nv.Version())
+		return
+	}
+	for _, s := range srcs {
+		img, err := nv.Build(s.Name, s.Code, Target{Arch: 90, Cubin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(img.Data, []byte("\x7fELF")) {
+			t.Errorf("%s sm_90: image is not ELF", s.Name)
+		}
+		for _, k := range s.Kernels {
+			if !slices.Contains(img.Entries, k) {
+				t.Errorf("%s sm_90: CUBIN entries %v lack %s", s.Name, img.Entries, k)
+			}
+		}
+		t.Logf("sm_90 %-16s %7d bytes CUBIN", s.Name, len(img.Data))
+	}
 }
 
 // TestCompileErrorLog checks a bad source fails with NVRTC's log.
@@ -81,33 +105,69 @@ func TestCompileErrorLog(t *testing.T) {
 	}
 }
 
-// TestCompileCache checks the second compile comes from the disk cache.
+// TestCompileCache: the second build comes from the disk cache, whose
+// file name carries the output kind (ptx or cubin) and target, for PTX
+// and for CUBIN (with the entry points kept beside the image).
 func TestCompileCache(t *testing.T) {
 	nv := nvrtcForTest(t)
 	dir := t.TempDir()
-	src := Sources()[0]
-	a, err := nv.CompileCached(dir, src.Name, src.Code, 80)
-	if err != nil {
-		t.Fatal(err)
+	src := probeSources()[0]
+	targets := []Target{{Arch: 80}}
+	if nv.HasCUBIN() {
+		targets = append(targets, Target{Arch: 80, Cubin: true})
+	} else {
+		t.Logf("NVRTC %s has no CUBIN output: only PTX checked", nv.Version())
 	}
-	ents, _ := os.ReadDir(dir)
-	if len(ents) != 1 || !strings.HasSuffix(ents[0].Name(), "-sm80-nvrtc"+nv.Version()+".ptx") {
-		t.Fatalf("cache dir holds %v, want one <hash>-sm80-nvrtc%s.ptx", ents, nv.Version())
+	for i, tg := range targets {
+		a, err := nv.BuildCached(dir, src.Name, src.Code, tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := nv.CacheKey(src.Code, tg)
+		suffix := fmt.Sprintf("-%s-nvrtc%s.%s", tg, nv.Version(), map[bool]string{false: "ptx", true: "cubin"}[tg.Cubin])
+		if !strings.HasSuffix(name, suffix) {
+			t.Errorf("cache key %q, want suffix %q", name, suffix)
+		}
+		ents, _ := os.ReadDir(dir)
+		if len(ents) != i+1 {
+			t.Fatalf("cache dir holds %v after %d builds", ents, i+1)
+		}
+		if len(a.Entries) == 0 || !slices.Equal(a.Entries, src.Kernels) {
+			t.Errorf("%s: entries %v, want %v", tg, a.Entries, src.Kernels)
+		}
+		if tg.Cubin && !bytes.HasPrefix(a.Data, []byte("\x7fELF")) {
+			t.Errorf("CUBIN image starts %q, want an ELF header", a.Data[:min(4, len(a.Data))])
+		}
+		// A marker written into the cached file proves the next call reads it.
+		p := filepath.Join(dir, name)
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, append(raw, "// cached"...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b, err := nv.BuildCached(dir, src.Name, src.Code, tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b.Data, append(a.Data, "// cached"...)) || !slices.Equal(b.Entries, a.Entries) {
+			t.Errorf("%s: second build did not come from the cache", tg)
+		}
+		// A malformed CUBIN cache file is rebuilt, not loaded.
+		if tg.Cubin {
+			if err := os.WriteFile(p, []byte("garbage"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := nv.BuildCached(dir, src.Name, src.Code, tg)
+			if err != nil || !bytes.Equal(c.Data, a.Data) {
+				t.Errorf("malformed cache file: got %d bytes, %v; want the rebuilt image", len(c.Data), err)
+			}
+		}
 	}
-	// A marker written into the cached file proves the next call reads it.
-	p := dir + "/" + ents[0].Name()
-	if err := os.WriteFile(p, []byte(a+"// cached"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := nv.CompileCached(dir, src.Name, src.Code, 80)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b != a+"// cached" {
-		t.Errorf("second compile did not come from the cache")
-	}
-	if nv.CacheKey(src.Code, 80) == nv.CacheKey(src.Code, 90) || nv.CacheKey(src.Code, 80) == nv.CacheKey(src.Code+" ", 80) {
-		t.Errorf("cache key ignores the arch or the source")
+	k80, k90 := nv.CacheKey(src.Code, Target{Arch: 80}), nv.CacheKey(src.Code, Target{Arch: 90})
+	if k80 == k90 || k80 == nv.CacheKey(src.Code+" ", Target{Arch: 80}) || k80 == nv.CacheKey(src.Code, Target{Arch: 80, Cubin: true}) {
+		t.Errorf("cache key ignores the arch, the source or the output kind")
 	}
 }
 

@@ -1,15 +1,19 @@
 package cuda
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"iter"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // NVRTC is a loaded NVRTC library.
@@ -30,26 +34,93 @@ type NVRTC struct {
 	getPTXSize     func(prog uintptr, n *uintptr) int32
 	getPTX         func(prog uintptr, buf *byte) int32
 	errorString    func(res int32) string
+	// getCUBINSize and getCUBIN are nil before NVRTC 11.1.
+	getCUBINSize func(prog uintptr, n *uintptr) int32
+	getCUBIN     func(prog uintptr, buf *byte) int32
 }
 
 var (
-	nvrtcOnce sync.Once
-	nvrtcLib  *NVRTC
-	nvrtcErr  error
+	nvrtcMu     sync.Mutex
+	nvrtcByPath = map[string]*NVRTC{}
 )
 
-// LoadNVRTC opens NVRTC once (search order: NVRTCCandidates) and returns
-// it. Errors wrap ErrNoNVRTC and list every path tried.
+// nvrtcHint ends the error when no NVRTC library loads.
+const nvrtcHint = "set LMPACK_NVRTC to the library file, or install Debian's libnvrtc11.2 or pip's nvidia-cuda-nvrtc-cu12"
+
+// LoadNVRTC opens the first NVRTC library of NVRTCCandidates that loads
+// and returns it (each library is opened once per process). Errors wrap
+// ErrNoNVRTC and list every path tried with why it failed.
 func LoadNVRTC() (*NVRTC, error) {
-	nvrtcOnce.Do(func() { nvrtcLib, nvrtcErr = loadNVRTC() })
-	return nvrtcLib, nvrtcErr
+	var tried []string
+	for nv, err := range nvrtcLibraries() {
+		if err != nil {
+			tried = append(tried, err.Error())
+			continue
+		}
+		return nv, nil
+	}
+	return nil, fmt.Errorf("%w: searched %s (%s)", ErrNoNVRTC, strings.Join(tried, "; "), nvrtcHint)
 }
 
-func loadNVRTC() (*NVRTC, error) {
-	lib, path, err := dlopenFirst(ErrNoNVRTC, NVRTCCandidates())
-	if err != nil {
-		return nil, fmt.Errorf("%w (set LMPACK_NVRTC to the library file, or install Debian's libnvrtc11.2 or pip's nvidia-cuda-nvrtc-cu12)", err)
+// nvrtcLibraries yields every NVRTC library of NVRTCCandidates in order,
+// opened (once per process, RTLD_LOCAL so two versions do not bind each
+// other's symbols), or an error naming a candidate that did not load.
+// The same file reached by two names is yielded once.
+func nvrtcLibraries() iter.Seq2[*NVRTC, error] {
+	return func(yield func(*NVRTC, error) bool) {
+		seen := map[string]bool{}
+		for _, c := range NVRTCCandidates() {
+			if strings.ContainsRune(c, '/') {
+				if _, err := os.Stat(c); err != nil {
+					if !yield(nil, fmt.Errorf("%s (absent)", c)) {
+						return
+					}
+					continue
+				}
+			}
+			nv, err := openNVRTC(c)
+			if err != nil {
+				if !yield(nil, err) {
+					return
+				}
+				continue
+			}
+			key := nv.Path
+			if r, err := filepath.EvalSymlinks(nv.Path); err == nil {
+				key = r
+			}
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			if !yield(nv, nil) {
+				return
+			}
+		}
 	}
+}
+
+// openNVRTC dlopens one NVRTC library (a path or a soname) and binds it;
+// the result is kept per name.
+func openNVRTC(path string) (*NVRTC, error) {
+	nvrtcMu.Lock()
+	defer nvrtcMu.Unlock()
+	if nv, ok := nvrtcByPath[path]; ok {
+		return nv, nil
+	}
+	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil {
+		return nil, fmt.Errorf("%s (%v)", path, err)
+	}
+	nv, err := bindNVRTC(lib, path)
+	if err != nil {
+		return nil, fmt.Errorf("%s (%v)", path, err)
+	}
+	nvrtcByPath[path] = nv
+	return nv, nil
+}
+
+func bindNVRTC(lib uintptr, path string) (*NVRTC, error) {
 	n := &NVRTC{Path: path}
 	var version func(major, minor *int32) int32
 	if err := bind(lib, path, map[string]any{
@@ -70,6 +141,11 @@ func loadNVRTC() (*NVRTC, error) {
 		return nil, fmt.Errorf("cuda: %s: nvrtcVersion failed: %s", path, n.errorString(r))
 	}
 	n.Major, n.Minor = int(ma), int(mi)
+	if optionalSym(lib, "nvrtcGetCUBIN") && optionalSym(lib, "nvrtcGetCUBINSize") {
+		if err := bind(lib, path, map[string]any{"nvrtcGetCUBINSize": &n.getCUBINSize, "nvrtcGetCUBIN": &n.getCUBIN}); err != nil {
+			n.getCUBINSize, n.getCUBIN = nil, nil
+		}
+	}
 	if optionalSym(lib, "nvrtcGetSupportedArchs") {
 		var num func(n *int32) int32
 		var archs func(a *int32) int32
@@ -90,6 +166,14 @@ func loadNVRTC() (*NVRTC, error) {
 
 // Version returns "major.minor".
 func (n *NVRTC) Version() string { return fmt.Sprintf("%d.%d", n.Major, n.Minor) }
+
+// CUDAVersion is the version in cuDriverGetVersion's encoding,
+// major·1000 + minor·10 (11.8 → 11080).
+func (n *NVRTC) CUDAVersion() int { return n.Major*1000 + n.Minor*10 }
+
+// HasCUBIN reports whether this NVRTC can return machine code
+// (nvrtcGetCUBIN, NVRTC ≥ 11.1).
+func (n *NVRTC) HasCUBIN() bool { return n.getCUBIN != nil }
 
 // PickArch returns the virtual architecture to compile for on a device of
 // compute capability cc (major·10+minor): the newest supported one ≤ cc,
@@ -133,21 +217,11 @@ var compileOptions = []string{"-default-device"}
 // compute_<arch> (e.g. 80) and returns the NUL-free PTX text. Errors: a
 // *CompileError with NVRTC's log, or NVRTC's error string.
 func (n *NVRTC) Compile(name, source string, arch int) (string, error) {
-	opts := append([]string{fmt.Sprintf("--gpu-architecture=compute_%d", arch)}, compileOptions...)
-	prog, _, err := n.compile(name, source, opts)
+	img, err := n.Build(name, source, Target{Arch: arch})
 	if err != nil {
 		return "", err
 	}
-	defer n.destroyProgram(&prog)
-	var sz uintptr
-	if r := n.getPTXSize(prog, &sz); r != 0 || sz == 0 {
-		return "", fmt.Errorf("cuda: nvrtcGetPTXSize(%s): %s", name, n.errorString(r))
-	}
-	ptx := make([]byte, sz)
-	if r := n.getPTX(prog, &ptx[0]); r != 0 {
-		return "", fmt.Errorf("cuda: nvrtcGetPTX(%s): %s", name, n.errorString(r))
-	}
-	return strings.TrimRight(string(ptx), "\x00"), nil
+	return string(img.Data), nil
 }
 
 // compile runs NVRTC on source with opts and returns the program (to be
@@ -207,20 +281,104 @@ func (n *NVRTC) log(prog uintptr) string {
 	return strings.TrimRight(string(b), "\x00")
 }
 
-// CacheKey returns the on-disk cache key of source compiled for arch by
-// this NVRTC: SHA-256 over the source and the options, the arch and the
-// NVRTC version.
-func (n *NVRTC) CacheKey(source string, arch int) string {
+// Target is what NVRTC is asked to produce: PTX for the virtual
+// architecture compute_<Arch> (JIT-compiled by the driver at load, which
+// needs a driver at least as new as the NVRTC), or, when Cubin is set,
+// machine code (CUBIN) for the real architecture sm_<Arch>, which the
+// driver loads as is (it runs only on devices of that compute capability).
+type Target struct {
+	Arch  int
+	Cubin bool
+}
+
+// String is NVRTC's --gpu-architecture value: "compute_80" or "sm_90".
+func (t Target) String() string {
+	if t.Cubin {
+		return fmt.Sprintf("sm_%d", t.Arch)
+	}
+	return fmt.Sprintf("compute_%d", t.Arch)
+}
+
+// kind is the output kind, "ptx" or "cubin" (also the cache file's
+// extension).
+func (t Target) kind() string {
+	if t.Cubin {
+		return "cubin"
+	}
+	return "ptx"
+}
+
+// Image is one compiled kernel source: the bytes cuModuleLoadData takes
+// (PTX text without the trailing NUL, or a CUBIN ELF image) and the kernel
+// entry points it holds.
+type Image struct {
+	Target  Target
+	Data    []byte
+	Entries []string
+}
+
+// Build compiles CUDA C++ source (named name in messages) for t: PTX, or
+// CUBIN when t.Cubin (NVRTC ≥ 11.1; the entry points are read from the
+// PTX NVRTC also returns). Errors: a *CompileError with NVRTC's log, an
+// NVRTC without CUBIN output asked for one, NVRTC's error string.
+func (n *NVRTC) Build(name, source string, t Target) (*Image, error) {
+	if t.Cubin && !n.HasCUBIN() {
+		return nil, fmt.Errorf("cuda: NVRTC %s (%s) cannot produce CUBIN (nvrtcGetCUBIN needs NVRTC ≥ 11.1)", n.Version(), n.Path)
+	}
+	opts := append([]string{"--gpu-architecture=" + t.String()}, compileOptions...)
+	prog, _, err := n.compile(name, source, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer n.destroyProgram(&prog)
+	ptx, err := n.output(prog, name, "PTX", n.getPTXSize, n.getPTX)
+	if err != nil {
+		return nil, err
+	}
+	ptx = bytes.TrimRight(ptx, "\x00")
+	img := &Image{Target: t, Data: ptx, Entries: ptxEntries(string(ptx))}
+	if t.Cubin {
+		if img.Data, err = n.output(prog, name, "CUBIN", n.getCUBINSize, n.getCUBIN); err != nil {
+			return nil, err
+		}
+	}
+	return img, nil
+}
+
+// output reads one of a compiled program's outputs (PTX or CUBIN).
+func (n *NVRTC) output(prog uintptr, name, what string, size func(uintptr, *uintptr) int32, get func(uintptr, *byte) int32) ([]byte, error) {
+	var sz uintptr
+	if r := size(prog, &sz); r != 0 || sz == 0 {
+		return nil, fmt.Errorf("cuda: nvrtcGet%sSize(%s): %s (size %d)", what, name, n.errorString(r), sz)
+	}
+	b := make([]byte, sz)
+	if r := get(prog, &b[0]); r != 0 {
+		return nil, fmt.Errorf("cuda: nvrtcGet%s(%s): %s", what, name, n.errorString(r))
+	}
+	return b, nil
+}
+
+// CacheKey returns the on-disk cache file name of source built for t by
+// this NVRTC: SHA-256 over the source and the options, then the target
+// (which names the output kind and arch), the NVRTC version and the kind
+// as the extension, e.g. "<hash>-sm_90-nvrtc12.4.cubin".
+func (n *NVRTC) CacheKey(source string, t Target) string {
 	h := sha256.New()
 	h.Write([]byte(source))
 	h.Write([]byte(strings.Join(compileOptions, "\x00")))
-	return fmt.Sprintf("%s-sm%d-nvrtc%d.%d", hex.EncodeToString(h.Sum(nil))[:32], arch, n.Major, n.Minor)
+	return fmt.Sprintf("%s-%s-nvrtc%d.%d.%s", hex.EncodeToString(h.Sum(nil))[:32], t, n.Major, n.Minor, t.kind())
 }
 
-// CompileCached is Compile with an on-disk cache in dir (empty:
+// cubinMagic starts a cached CUBIN file: the magic, the entry points
+// separated by spaces, a newline, then the ELF image.
+const cubinMagic = "lmpack-cubin-v1 "
+
+// BuildCached is Build with an on-disk cache in dir (empty:
 // os.UserCacheDir()/lmpack/cuda; caching is skipped when that is
-// unavailable). A cache file that cannot be written is not an error.
-func (n *NVRTC) CompileCached(dir, name, source string, arch int) (string, error) {
+// unavailable). A PTX file holds the PTX text; a CUBIN file holds a line
+// listing the entry points, then the image. An unreadable or malformed
+// cache file is rebuilt; one that cannot be written is not an error.
+func (n *NVRTC) BuildCached(dir, name, source string, t Target) (*Image, error) {
 	if dir == "" {
 		if d, err := os.UserCacheDir(); err == nil {
 			dir = filepath.Join(d, "lmpack", "cuda")
@@ -228,19 +386,41 @@ func (n *NVRTC) CompileCached(dir, name, source string, arch int) (string, error
 	}
 	var path string
 	if dir != "" {
-		path = filepath.Join(dir, n.CacheKey(source, arch)+".ptx")
+		path = filepath.Join(dir, n.CacheKey(source, t))
 		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
-			return string(b), nil
+			if img := decodeCached(b, t); img != nil {
+				return img, nil
+			}
 		}
 	}
-	ptx, err := n.Compile(name, source, arch)
+	img, err := n.Build(name, source, t)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if path != "" {
-		writeAtomic(dir, path, []byte(ptx))
+		b := img.Data
+		if t.Cubin {
+			b = append([]byte(cubinMagic+strings.Join(img.Entries, " ")+"\n"), img.Data...)
+		}
+		writeAtomic(dir, path, b)
 	}
-	return ptx, nil
+	return img, nil
+}
+
+// decodeCached parses a cache file written by BuildCached, or returns nil.
+func decodeCached(b []byte, t Target) *Image {
+	if !t.Cubin {
+		return &Image{Target: t, Data: b, Entries: ptxEntries(string(b))}
+	}
+	rest, ok := bytes.CutPrefix(b, []byte(cubinMagic))
+	if !ok {
+		return nil
+	}
+	line, data, ok := bytes.Cut(rest, []byte("\n"))
+	if !ok || len(data) == 0 {
+		return nil
+	}
+	return &Image{Target: t, Data: data, Entries: strings.Fields(string(line))}
 }
 
 // writeAtomic writes b to path through a temporary file in dir renamed
@@ -249,7 +429,7 @@ func writeAtomic(dir, path string, b []byte) {
 	if os.MkdirAll(dir, 0o755) != nil {
 		return
 	}
-	f, err := os.CreateTemp(dir, ".ptx-*")
+	f, err := os.CreateTemp(dir, ".kernel-*")
 	if err != nil {
 		return
 	}

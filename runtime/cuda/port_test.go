@@ -12,6 +12,7 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/quantize/kvq"
@@ -68,6 +69,37 @@ func asymParamsF16(lo, hi float32) (float32, float32) {
 	return s16, round16(-lo / s16)
 }
 
+// absNaNInf is kv_append's |v| for ranking: |NaN| counts as +Inf.
+func absNaNInf(v float32) float32 {
+	if v != v {
+		return float32(math.Inf(1))
+	}
+	return float32(math.Abs(float64(v)))
+}
+
+// clipTauPort ports kv_append's τ: +Inf unless a thread j finds |y_j| of
+// rank class holding clipk (less ≤ clipk < less + equal).
+func clipTauPort(y []float32, clipk int) float32 {
+	tau := float32(math.Inf(1))
+	for j := range y {
+		a := absNaNInf(y[j])
+		less, eq := 0, 0
+		for i := range y {
+			ci := absNaNInf(y[i])
+			if ci < a {
+				less++
+			}
+			if ci == a {
+				eq++
+			}
+		}
+		if less <= clipk && clipk < less+eq {
+			tau = a
+		}
+	}
+	return tau
+}
+
 // kvAppend ports kv_append for the whole grid (T, nkv, 2·B).
 func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bool) {
 	hd := c.hd
@@ -116,23 +148,7 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 					y[j] = a
 				}
 				if clipk >= 0 {
-					var tau float32
-					for j := range y {
-						a := float32(math.Abs(float64(y[j])))
-						less, eq := 0, 0
-						for i := range y {
-							ci := float32(math.Abs(float64(y[i])))
-							if ci < a {
-								less++
-							}
-							if ci == a {
-								eq++
-							}
-						}
-						if less <= clipk && clipk < less+eq {
-							tau = a
-						}
-					}
+					tau := clipTauPort(y, clipk)
 					for j := range y {
 						if y[j] > tau {
 							y[j] = tau
@@ -141,9 +157,12 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 						}
 					}
 				}
-				lo, hi := y[0], y[0]
+				// block_min/block_max reduce with fminf/fmaxf: NaN is skipped.
+				lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
 				for _, v := range y {
-					lo, hi = min(lo, v), max(hi, v)
+					if v == v {
+						lo, hi = min(lo, v), max(hi, v)
+					}
 				}
 				scale, zero := asymParamsF16(lo, hi)
 				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
@@ -625,5 +644,141 @@ func TestKernelPortQGemv(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// moeGemvPort ports moe_gemv over the whole grid moeGemvGrid(T, K, N)
+// with blocks of 128 threads (4 warps of 32 lanes, each lane's partial
+// sum then the warp's sum).
+func moeGemvPort(y []float32, ldy int, x []float32, ldx, xsel int, w []uint16, sel []int32, T, K, N, Kd int) {
+	g := moeGemvGrid(T, K, N)
+	for by := 0; by < g.Y; by++ {
+		for bx := 0; bx < g.X; bx++ {
+			for warp := 0; warp < 4; warp++ {
+				n, r := by*4+warp, bx
+				if n >= N {
+					continue
+				}
+				xr := r / K
+				if xsel == 1 {
+					xr = r
+				}
+				wr := w[(int(sel[r])*N+n)*Kd:]
+				var part [32]float32
+				for lane := 0; lane < 32; lane++ {
+					for k := lane; k < Kd; k += 32 {
+						part[lane] += kvq.F16ToFloat32(wr[k]) * x[xr*ldx+k]
+					}
+				}
+				var a float32
+				for _, p := range part {
+					a += p
+				}
+				y[r*ldy+n] = a
+			}
+		}
+	}
+}
+
+// TestKernelPortMoEGemv: the moe_gemv port over its grid computes
+// y[t·K+k, n] = x_t · W[sel[t,k], n, :] for every pair (against a float64
+// product, to 1e-5), and the grid of top-8 routing for 9000 tokens (R·K
+// = 72000 pairs, past grid.y's 65535) passes CUDA's launch limits.
+func TestKernelPortMoEGemv(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	const T, K, E, N, Kd = 5, 3, 4, 13, 70
+	w := make([]uint16, E*N*Kd)
+	for i := range w {
+		w[i] = kvq.F16FromFloat32(float32(r.NormFloat64()))
+	}
+	x := randVec(r, T*Kd, 1)
+	sel := make([]int32, T*K)
+	for i := range sel {
+		sel[i] = int32(r.IntN(E))
+	}
+	y := make([]float32, T*K*N)
+	moeGemvPort(y, N, x, Kd, 0, w, sel, T, K, N, Kd)
+	worst := 0.0
+	for t := 0; t < T; t++ {
+		for k := 0; k < K; k++ {
+			p := t*K + k
+			for n := 0; n < N; n++ {
+				var want float64
+				for j := 0; j < Kd; j++ {
+					want += float64(kvq.F16ToFloat32(w[(int(sel[p])*N+n)*Kd+j])) * float64(x[t*Kd+j])
+				}
+				worst = max(worst, math.Abs(want-float64(y[p*N+n])))
+			}
+		}
+	}
+	if worst > 1e-5 {
+		t.Errorf("worst |Δ| %.3g, want ≤ 1e-5", worst)
+	}
+	for _, n := range []int{2 * 1408, 2048} {
+		if err := checkLaunchDims("moe_gemv", moeGemvGrid(9000, 8, n), Dim{128, 1, 1}, 0); err != nil {
+			t.Errorf("top-8 of 9000 tokens, N = %d: %v", n, err)
+		}
+	}
+	if err := checkLaunchDims("moe_gemv", Dim{(2048 + 3) / 4, 9000 * 8, 1}, Dim{128, 1, 1}, 0); err == nil {
+		t.Errorf("the old layout (pairs on grid.y) passed the launch check; the check misses grid.y > 65535")
+	}
+}
+
+// TestLaunchChecks: launch arguments of Go type int outside int32 and
+// grids past CUDA's limits are refused before reaching the driver.
+func TestLaunchChecks(t *testing.T) {
+	m := &Module{fns: map[string]uintptr{"k": 1}}
+	if err := m.launch(false, "k", Dim{1, 1, 1}, Dim{32, 1, 1}, 0, 1<<31); err == nil || !strings.Contains(err.Error(), "argument 0") {
+		t.Errorf("int 2³¹: err = %v, want a range error naming argument 0", err)
+	}
+	if err := m.launch(false, "k", Dim{1, 1, 1}, Dim{32, 1, 1}, 0, DevPtr(1), -1<<31-1); err == nil || !strings.Contains(err.Error(), "argument 1") {
+		t.Errorf("int −2³¹−1: err = %v, want a range error naming argument 1", err)
+	}
+	for _, tc := range []struct {
+		grid, block Dim
+		ok          bool
+	}{
+		{Dim{1 << 31, 1, 1}, Dim{1, 1, 1}, false}, {Dim{1<<31 - 1, 65535, 65535}, Dim{1024, 1, 1}, true},
+		{Dim{1, 65536, 1}, Dim{1, 1, 1}, false}, {Dim{1, 1, 65536}, Dim{1, 1, 1}, false},
+		{Dim{1, 1, 1}, Dim{32, 33, 1}, false}, {Dim{0, 1, 1}, Dim{1, 1, 1}, false},
+	} {
+		if err := checkLaunchDims("k", tc.grid, tc.block, 0); (err == nil) != tc.ok {
+			t.Errorf("grid %v block %v: err = %v, want ok %v", tc.grid, tc.block, err, tc.ok)
+		}
+	}
+}
+
+// TestKernelPortClipTau: kv_append's τ (port) equals kvq.Clip's for rows
+// with ties, ±Inf and NaN entries at every clip index, and rows holding
+// NaN still get a τ (kvq.Clip ranks |NaN| as +Inf).
+func TestKernelPortClipTau(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	const hd = 16
+	for trial := 0; trial < 200; trial++ {
+		y := randVec(r, hd, 1)
+		switch trial % 4 {
+		case 1:
+			y[r.IntN(hd)] = nan
+		case 2:
+			y[r.IntN(hd)], y[r.IntN(hd)] = nan, -inf
+		case 3:
+			for j := range y {
+				y[j] = float32(r.IntN(3) - 1) // ties
+			}
+			y[r.IntN(hd)] = nan
+		}
+		for _, ratio := range []float64{0.05, 0.5, 0.8, 0.9, 0.99} {
+			k := clipIndex(ratio, hd)
+			got, want := clipTauPort(y, k), kvq.Clip(y, ratio)
+			if got != want && !(got != got && want != want) {
+				t.Fatalf("row %v ratio %g (k=%d): τ %g, kvq.Clip %g", y, ratio, k, got, want)
+			}
+		}
+	}
+	// All NaN: every |y| ranks +Inf, τ = +Inf.
+	y := []float32{nan, nan, nan, nan}
+	if got := clipTauPort(y, 2); !math.IsInf(float64(got), 1) {
+		t.Errorf("all-NaN row: τ %g, want +Inf", got)
 	}
 }

@@ -45,8 +45,8 @@ __device__ void asym_params_f16(float lo, float hi, float* scale, float* zero) {
 //   1. x = round16(row) (the CPU cache quantizes rows from its fp16 window);
 //   2. y = x·R (R [hd, hd] row-major, the layer's rotation; skipped if null);
 //   3. clip (clipk ≥ 0): τ = the clipk-th smallest |y_j| (0-based,
-//      clipk = min(⌊ratio·hd⌋, hd−1) from the host), y clamped to [−τ, τ]
-//      (kvq.Clip);
+//      clipk = min(⌊ratio·hd⌋, hd−1) from the host; |NaN| ranks as +Inf),
+//      y clamped to [−τ, τ] (kvq.Clip);
 //   4. (scale, zero) = AsymParamsF16(min y, max y, 2); code =
 //      floor(y/scale + zero + 0.5) clamped to [0, 3] (kvq.EncodeAsym,
 //      no fused multiply-add, as in Go);
@@ -93,13 +93,17 @@ extern "C" __global__ void kv_append(const float* kv, int ld, int koff, int voff
     }
     ys[j] = y;
   }
+  // τ starts at +Inf (no clipping) so it is never read unset.
+  if (j == 0) tau_s = __int_as_float(0x7f800000);
   __syncthreads();
   if (clipk >= 0) {
     if (j < hd) {
-      float a = fabsf(y);
+      // |NaN| counts as +Inf, as in kvq.Clip: the ranks stay a total
+      // order, so exactly one rank class holds clipk and sets τ.
+      float a = isnan(y) ? __int_as_float(0x7f800000) : fabsf(y);
       int less = 0, eq = 0;
       for (int i = 0; i < hd; ++i) {
-        float c = fabsf(ys[i]);
+        float c = isnan(ys[i]) ? __int_as_float(0x7f800000) : fabsf(ys[i]);
         less += c < a;
         eq += c == a;
       }

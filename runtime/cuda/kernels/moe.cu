@@ -37,11 +37,13 @@ extern "C" __global__ void moe_route(int* sel, float* wts, const float* logits, 
 // expert) pairs r = t·K + k; W [E, N, Kd] binary16 (wbf16 = 0) or
 // bfloat16; x_r = x + t·ldx when xsel = 0 (the token's input), x + r·ldx
 // when xsel = 1 (one row per pair); y rows r at y + r·ldy. One warp per
-// (n, r): grid (⌈N/4⌉, T·K), block 128.
+// (n, r): grid (T·K, ⌈N/4⌉), block 128. The pair index is on grid.x
+// (up to 2³¹−1; grid.y stops at 65535, which top-8 routing of 8192
+// tokens passes).
 extern "C" __global__ void moe_gemv(float* y, int ldy, const float* x, int ldx, int xsel, const u16* w, const int* sel,
                                     int K, int N, int Kd, int wbf16) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = blockIdx.x * 4 + warp, r = blockIdx.y;
+  int n = blockIdx.y * 4 + warp, r = blockIdx.x;
   if (n >= N) return;
   const float* xr = x + (i64)(xsel ? r : r / K) * ldx;
   const u16* wr = w + ((i64)sel[r] * N + n) * Kd;
