@@ -497,3 +497,83 @@ func TestCompressMoEMixed(t *testing.T) {
 		t.Errorf("artifact eval %+v\nquantized checkpoint %+v", *rep.Eval, *want)
 	}
 }
+
+// TestCompressCorruptCache: a cached stage whose outputs are corrupt is
+// recomputed, with every later stage, instead of being published: a byte
+// flipped in the cached artifact, the cached artifact truncated, a shard
+// of the quantized model deleted. Each rerun writes an artifact that
+// verifies and is byte-identical to the first run's.
+func TestCompressCorruptCache(t *testing.T) {
+	dir := t.TempDir()
+	work := filepath.Join(dir, "work")
+	out := filepath.Join(dir, "m.lmpk")
+	src := strings.Replace(smallRecipe, "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 32\n", 1)
+	r := mustRecipe(t, src)
+	rep, err := Run(t.Context(), testOptions(t, r, out, work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stageDir := func(rep *Report, name string) string {
+		for _, s := range rep.Stages {
+			if s.Name == name {
+				return filepath.Join(work, name+"-"+s.Key[:24])
+			}
+		}
+		t.Fatalf("no stage %s", name)
+		return ""
+	}
+	art := filepath.Join(stageDir(rep, "pack"), "model.lmpk")
+	for _, c := range []struct {
+		name    string
+		corrupt func()
+		want    map[string]bool
+	}{
+		{"flipped byte", func() {
+			b, err := os.ReadFile(art)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/2] ^= 0x40
+			if err := os.WriteFile(art, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]bool{"calibrate": true, "quantize-weights": true, "quantize-kv": true, "pack": false, "eval": false}},
+		{"truncated artifact", func() {
+			if err := os.Truncate(art, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]bool{"calibrate": true, "quantize-weights": true, "quantize-kv": true, "pack": false, "eval": false}},
+		{"deleted shard", func() {
+			m := filepath.Join(stageDir(rep, "quantize-weights"), "model")
+			shards, err := filepath.Glob(filepath.Join(m, "*.safetensors"))
+			if err != nil || len(shards) == 0 {
+				t.Fatalf("no shards in %s: %v", m, err)
+			}
+			if err := os.Remove(shards[0]); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]bool{"calibrate": true, "quantize-weights": false, "quantize-kv": false, "pack": false, "eval": false}},
+	} {
+		c.corrupt()
+		if err := os.Remove(out); err != nil {
+			t.Fatal(err)
+		}
+		rep2, err := Run(t.Context(), testOptions(t, r, out, work))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := cachedStages(rep2); !mapsEqual(got, c.want) {
+			t.Errorf("%s: cached %v, want %v", c.name, got, c.want)
+		}
+		if _, err := pack.Verify(out); err != nil {
+			t.Errorf("%s: published artifact: %v", c.name, err)
+		}
+		if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, first) {
+			t.Errorf("%s: artifact differs from the first run's (%v)", c.name, err)
+		}
+	}
+}

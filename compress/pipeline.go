@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/fsx"
@@ -153,6 +154,47 @@ func (o outputs) present(dir string) bool {
 	return true
 }
 
+// validate checks that a cached stage's outputs in dir are usable: an
+// artifact passes pack.Verify (every CRC-32C and the whole-file sha256);
+// a model directory's config.json parses and agrees with its tensors
+// (engine.CheckCheckpoint, which also catches a deleted or truncated
+// shard); calibration and rotation files open as safetensors. The error
+// names the file and what is wrong.
+func (o outputs) validate(dir string) error {
+	if o.Artifact != "" {
+		if _, err := pack.Verify(filepath.Join(dir, o.Artifact)); err != nil {
+			return err
+		}
+	}
+	if o.Model != "" {
+		m := filepath.Join(dir, o.Model)
+		d, err := arch.Load(m)
+		if err != nil {
+			return err
+		}
+		ck, err := safetensors.OpenDir(m)
+		if err != nil {
+			return err
+		}
+		err = engine.CheckCheckpoint(m, d, ck)
+		ck.Close()
+		if err != nil {
+			return err
+		}
+	}
+	for _, f := range []string{o.Calib, o.KVRotations} {
+		if f == "" {
+			continue
+		}
+		ck, err := safetensors.OpenPath(filepath.Join(dir, f))
+		if err != nil {
+			return err
+		}
+		ck.Close()
+	}
+	return nil
+}
+
 // record is a stage's completion marker, done.json, written last.
 type record struct {
 	Stage   string          `json:"stage"`
@@ -212,6 +254,9 @@ type pipeline struct {
 	st               state
 	work             string
 	packedRecipeJSON []byte
+	// invalidated is set once a cached stage failed validation and was
+	// recomputed: every later stage is recomputed too.
+	invalidated bool
 }
 
 // keyVersion changes when a stage's outputs change meaning.
@@ -461,7 +506,20 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	t0 := time.Now()
 	final := filepath.Join(p.work, s.name+"-"+key[:24])
 	log := p.opt.Logger
-	if rec, err := readRecord(final); err == nil && rec.Key == key && rec.Stage == s.name && rec.Outputs.present(final) {
+	rec, err := readRecord(final)
+	cached := err == nil && rec.Key == key && rec.Stage == s.name && rec.Outputs.present(final)
+	if cached && p.invalidated {
+		cached = false // an earlier stage was recomputed after a failed check
+	}
+	if cached {
+		if verr := rec.Outputs.validate(final); verr != nil {
+			cached, p.invalidated = false, true
+			if log != nil {
+				log.Warn("stage cache invalid; recomputing", "stage", s.name, "dir", final, "error", verr.Error())
+			}
+		}
+	}
+	if cached {
 		p.st.apply(final, rec.Outputs)
 		if log != nil {
 			log.Info("stage cached", "stage", s.name, "key", key[:12], "dir", final)
@@ -488,8 +546,8 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	if err != nil {
 		return nil, fmt.Errorf("compress: stage %s: result: %w", s.name, err)
 	}
-	rec := record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
-	if err := writeRecord(tmp, &rec); err != nil {
+	rec = &record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
+	if err := writeRecord(tmp, rec); err != nil {
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
