@@ -3,6 +3,7 @@ package pack
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -248,7 +249,13 @@ type VerifyReport struct {
 }
 
 // Verify checks the artifact at path: everything Open checks, then every
-// section's CRC-32C and lz4 decoding, and the whole-file sha256. It
+// section's CRC-32C and lz4 decoding, the whole-file sha256, and what a
+// loader checks of the manifest (semantics): the model description
+// validates, the tensors are exactly those the model reads, the KV scheme
+// builds with its rotations and clip ratios and its windows fit
+// max_position_embeddings, the weights method is rtn or gptq, and every
+// quantized weight's scales, zero-points and permutation are valid
+// (runtime.ReadQuantized). It
 // returns a report listing every problem and, when there is one, an error
 // naming the first (wrapping ErrChecksum, ErrMismatch or ErrFormat). A
 // file whose header, table or manifest cannot be parsed gives a nil
@@ -273,13 +280,31 @@ func Verify(path string) (*VerifyReport, error) {
 	for _, e := range errs {
 		add("", e)
 	}
+	storageSec := map[string]bool{}
+	for _, s := range r.storage {
+		storageSec[s.section] = true
+	}
+	decoded := map[string][]byte{} // quantized weights' storage sections that passed
 	for _, e := range r.l.entries {
 		if got := crc(mem[e.Offset : e.Offset+e.Stored]); got != e.CRC {
 			add(e.Name, fmt.Errorf("pack: %s: section %q: CRC-32C %08x, stored %08x: %w", path, e.Name, got, e.CRC, ErrChecksum))
 			continue
 		}
-		if _, err := r.decode(e); err != nil {
+		b, err := r.decode(e)
+		if err != nil {
 			add(e.Name, err)
+			continue
+		}
+		if storageSec[e.Name] {
+			decoded[e.Name] = b
+		}
+	}
+	if len(errs) == 0 {
+		for _, e := range r.semantics(func(sec string) ([]byte, bool) { b, ok := decoded[sec]; return b, ok }) {
+			if !errors.Is(e, ErrFormat) && !errors.Is(e, ErrMismatch) {
+				e = fmt.Errorf("%w (%w)", e, ErrFormat)
+			}
+			add("", e)
 		}
 	}
 	h := sha256.New()
