@@ -121,7 +121,9 @@ func TestPackRefusesBrokenQuantized(t *testing.T) {
 		}, "disagree"},
 		{"lost tensors key", rtn, func(d string) { patchConfig(t, d, func(q map[string]any) { delete(q, "tensors") }) }, ""},
 		{"symmetric flipped", rtn, func(d string) {
-			patchConfig(t, d, func(q map[string]any) { q["tensors"].(map[string]any)[w+".weight"].(map[string]any)["symmetric"] = true })
+			patchConfig(t, d, func(q map[string]any) {
+				q["tensors"].(map[string]any)[w+".weight"].(map[string]any)["symmetric"] = true
+			})
 		}, "disagree"},
 		{"method awq", rtn, func(d string) { patchConfig(t, d, func(q map[string]any) { q["method"] = "awq" }) }, `"awq"`},
 	} {
