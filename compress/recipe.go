@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -212,10 +213,54 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if err := dec.Decode(&extra); err != io.EOF {
 		return nil, fmt.Errorf("%w: %s: more than one YAML document", ErrRecipe, name)
 	}
+	// yaml.v3 truncates a float given for an int field (bits: 4.5 → 4);
+	// every integer key must be written as a YAML integer.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err == nil && len(doc.Content) == 1 {
+		if err := checkInts(doc.Content[0], reflect.TypeFor[Recipe](), ""); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrRecipe, name, err)
+		}
+	}
 	if err := r.validate(name); err != nil {
 		return nil, err
 	}
 	return &r, nil
+}
+
+// checkInts walks the mapping node n decoded into struct type t and
+// refuses a scalar that is not tagged !!int for an int (or *int) field,
+// naming its line and dotted key (prefix is the enclosing key).
+func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		for j := 0; j < t.NumField(); j++ {
+			f := t.Field(j)
+			if strings.Split(f.Tag.Get("yaml"), ",")[0] != k.Value {
+				continue
+			}
+			key := k.Value
+			if prefix != "" {
+				key = prefix + "." + key
+			}
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Int && v.Kind == yaml.ScalarNode && v.Tag != "!!int" && v.Tag != "!!null" {
+				return fmt.Errorf("line %d: %s %s: want an integer", v.Line, key, v.Value)
+			}
+			if err := checkInts(v, f.Type, key); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // validate checks values and fills defaults.

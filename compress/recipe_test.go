@@ -165,3 +165,30 @@ func FuzzParseRecipe(f *testing.F) {
 		}
 	})
 }
+
+// TestRecipeIntegers: a fraction (or any non-integer) given for an
+// integer key is ErrRecipe naming the key and its line, not truncated.
+func TestRecipeIntegers(t *testing.T) {
+	weights := strings.Replace(goodRecipe, "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 32\n", 1)
+	for _, c := range []struct {
+		name, src, from, to, want string
+	}{
+		{"bits", weights, "bits: 4\n", "bits: 4.5\n", "line 9: quantize.weights.bits 4.5: want an integer"},
+		{"group", weights, "group: 32\n", "group: 32.9\n", "line 10: quantize.weights.group 32.9"},
+		{"tokens", goodRecipe, "tokens: 1024\n", "tokens: 2048.7\n", "line 4: calibrate.tokens 2048.7"},
+		{"max_windows", goodRecipe, "max_windows: 2\n", "max_windows: 4.9\n", "line 14: eval.max_windows 4.9"},
+		{"sink", goodRecipe, "cache: oscar2\n", "cache: oscar2\n    sink: 64.5\n", "line 9: quantize.kv.sink 64.5"},
+	} {
+		src := strings.Replace(c.src, c.from, c.to, 1)
+		if src == c.src {
+			t.Fatalf("%s: edit did not apply", c.name)
+		}
+		_, err := ParseRecipe("r.yaml", []byte(src))
+		if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "r.yaml") {
+			t.Errorf("%s: got %v, want ErrRecipe containing %q", c.name, err, c.want)
+		}
+	}
+	if _, err := ParseRecipe("r.yaml", []byte(weights)); err != nil {
+		t.Errorf("integers: %v", err)
+	}
+}
