@@ -517,6 +517,9 @@ func TestCompressCorruptCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if sum := sha256.Sum256(first); rep.SHA256 != hex.EncodeToString(sum[:]) || rep.ContentSHA256 == "" || rep.ContentSHA256 == rep.SHA256 {
+		t.Errorf("report sha256 %s, content %s; the file's sha256 is %x", rep.SHA256, rep.ContentSHA256, sum)
+	}
 	stageDir := func(rep *Report, name string) string {
 		for _, s := range rep.Stages {
 			if s.Name == name {

@@ -101,18 +101,21 @@ type Gate struct {
 
 // Report is Run's final JSON report.
 type Report struct {
-	Model            string        `json:"model"`
-	Recipe           string        `json:"recipe"`
-	RecipeName       string        `json:"recipe_name,omitempty"`
-	Out              string        `json:"out"`
-	Written          bool          `json:"written"`
-	WorkDir          string        `json:"work_dir"`
-	ModelFingerprint string        `json:"model_fingerprint"`
-	DataFingerprint  string        `json:"data_fingerprint,omitempty"`
-	EvalFingerprint  string        `json:"eval_data_fingerprint,omitempty"`
-	SHA256           string        `json:"sha256"`
-	Stages           []StageReport `json:"stages"`
-	Sizes            Sizes         `json:"sizes"`
+	Model            string `json:"model"`
+	Recipe           string `json:"recipe"`
+	RecipeName       string `json:"recipe_name,omitempty"`
+	Out              string `json:"out"`
+	Written          bool   `json:"written"`
+	WorkDir          string `json:"work_dir"`
+	ModelFingerprint string `json:"model_fingerprint"`
+	DataFingerprint  string `json:"data_fingerprint,omitempty"`
+	EvalFingerprint  string `json:"eval_data_fingerprint,omitempty"`
+	// SHA256 is the artifact file's sha256 (what sha256sum prints);
+	// ContentSHA256 the hash its header stores (docs/FORMAT.md).
+	SHA256        string        `json:"sha256"`
+	ContentSHA256 string        `json:"content_sha256"`
+	Stages        []StageReport `json:"stages"`
+	Sizes         Sizes         `json:"sizes"`
 	// KVCache is the artifact's KV cache method ("fp32" when none) and
 	// KVBitsPerElement its storage (from the eval stage; 0 without one).
 	KVCache          string  `json:"kv_cache"`
@@ -875,7 +878,7 @@ func (p *pipeline) eval(ctx context.Context, dir string) (outputs, any, error) {
 	return outputs{}, r, nil
 }
 
-// sizes fills rep.Sizes and rep.SHA256 from the source checkpoint and the
+// sizes fills rep.Sizes, rep.SHA256 and rep.ContentSHA256 from the source checkpoint and the
 // artifact's manifest and section table.
 func (p *pipeline) sizes(rep *Report) error {
 	ck, err := safetensors.OpenDir(p.srcDir)
@@ -943,9 +946,14 @@ func (p *pipeline) sizes(rep *Report) error {
 			if err := json.Unmarshal(sr.Result, &ps); err != nil {
 				return fmt.Errorf("compress: pack stage record: %w", err)
 			}
-			rep.SHA256 = ps.SHA256
+			rep.ContentSHA256 = ps.ContentSHA256
 		}
 	}
+	sum, err := fileFingerprint(p.st.artifact)
+	if err != nil {
+		return err
+	}
+	rep.SHA256 = sum
 	return nil
 }
 

@@ -2,12 +2,15 @@ package pack
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -275,4 +278,30 @@ func FuzzHeader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSHA256IsFileHash: Stats.SHA256 and VerifyReport.SHA256 are the
+// sha256 of the file's bytes (sha256sum); ContentSHA256 is the hash the
+// header stores (the file with the hash field zeroed), and differs.
+func TestSHA256IsFileHash(t *testing.T) {
+	out, st := packStories(t, WriteOptions{})
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := sha256.Sum256(b)
+	zeroed := slices.Clone(b)
+	clear(zeroed[offSHA256:endSHA256])
+	content := sha256.Sum256(zeroed)
+	rep, err := Verify(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, wantContent := hex.EncodeToString(file[:]), hex.EncodeToString(content[:])
+	if st.SHA256 != want || rep.SHA256 != want {
+		t.Errorf("sha256: write %s, verify %s, file %s", st.SHA256, rep.SHA256, want)
+	}
+	if st.ContentSHA256 != wantContent || rep.ContentSHA256 != wantContent || wantContent != hex.EncodeToString(b[offSHA256:endSHA256]) || want == wantContent {
+		t.Errorf("content sha256: write %s, verify %s, want %s (stored %x)", st.ContentSHA256, rep.ContentSHA256, wantContent, b[offSHA256:endSHA256])
+	}
 }

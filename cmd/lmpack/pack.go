@@ -98,9 +98,12 @@ func newVerifyCmd(g *globalFlags) *cobra.Command {
 		Use:   "verify FILE.lmpk",
 		Short: "Check every checksum of an artifact and that its manifest and sections agree",
 		Long: `verify checks FILE.lmpk: header, section table and manifest checksums, each
-section's CRC-32C and lz4 decoding, the whole-file sha256, and that every
-manifest entry has its section and every section is named by the manifest.
-It exits non-zero on any problem, naming the section.`,
+section's CRC-32C and lz4 decoding, the header's content sha256, that every
+manifest entry has its section and every section is named by the manifest,
+and what a loader checks of the manifest (model description, tensor set,
+KV scheme and windows, quantized values). It prints the file's sha256 (as
+sha256sum does; content_sha256 in --json is the header's hash) and exits
+non-zero on any problem, naming the section.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := pack.Verify(args[0])
