@@ -580,3 +580,23 @@ func TestCompressCorruptCache(t *testing.T) {
 		}
 	}
 }
+
+// TestCompressGateOlderOutput: when the gate fails and a file from an
+// earlier run is at the output path, the error says that older file is
+// left unchanged, and it is.
+func TestCompressGateOlderOutput(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.lmpk")
+	old := []byte("an older artifact")
+	if err := os.WriteFile(out, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := strings.Replace(smallRecipe, "max_kl: 10", "max_kl: 0.000000001", 1)
+	_, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, filepath.Join(dir, "work")))
+	if !errors.Is(err, ErrGate) || !strings.Contains(err.Error(), "an older file at "+out+" is left unchanged") {
+		t.Fatalf("err %v, want ErrGate saying the older file is left unchanged", err)
+	}
+	if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, old) {
+		t.Errorf("older output changed: %q, %v", b, err)
+	}
+}

@@ -349,7 +349,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		g.Passed = len(g.Failures) == 0
 		rep.Gate = g
 		if !g.Passed {
-			gateErr = fmt.Errorf("%w: %s; %s not written (the artifact stays in %s)", ErrGate, strings.Join(g.Failures, "; "), opt.Out, p.st.artifact)
+			older := ""
+			if _, err := os.Lstat(opt.Out); err == nil {
+				older = fmt.Sprintf("; an older file at %s is left unchanged", opt.Out)
+			}
+			gateErr = fmt.Errorf("%w: %s; %s not written%s (the new artifact stays in %s)", ErrGate, strings.Join(g.Failures, "; "), opt.Out, older, p.st.artifact)
 		}
 	}
 	if gateErr == nil {
