@@ -215,7 +215,9 @@ func TestCompressResumeDeterminism(t *testing.T) {
 	t.Logf("sizes %+v; eval %+v", z, *repA.Eval)
 	// 35 weights of 226560 parameters at 4-bit g32 (5 bits per weight
 	// with scales and zero-points, down_proj per-channel), the rest fp32.
-	if z.SourceParams != 292800 || z.Params != 292800 || !(z.BitsPerWeight > 8 && z.BitsPerWeight < 16) || z.LZ4SavedBytes <= 0 ||
+	// Parameters as lmpack inspect counts them: 260032 (the tied lm_head
+	// copy is not a parameter).
+	if z.SourceParams != 260032 || z.Params != 260032 || !(z.BitsPerWeight > 8 && z.BitsPerWeight < 16) || z.LZ4SavedBytes <= 0 ||
 		z.ArtifactBytes != int64(len(a)) || z.ArtifactBytes*2 > z.SourceTensorBytes {
 		t.Errorf("sizes %+v", z)
 	}
@@ -519,6 +521,16 @@ func TestCompressCorruptCache(t *testing.T) {
 	}
 	if sum := sha256.Sum256(first); rep.SHA256 != hex.EncodeToString(sum[:]) || rep.ContentSHA256 == "" || rep.ContentSHA256 == rep.SHA256 {
 		t.Errorf("report sha256 %s, content %s; the file's sha256 is %x", rep.SHA256, rep.ContentSHA256, sum)
+	}
+	// Parameters agree with lmpack inspect (stories260K ties lm_head to
+	// the embedding and stores a copy, which is not a parameter and is
+	// not packed).
+	ins, err := engine.InspectModel(t.Context(), shared.Path(t, "stories260K-hf"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Sizes.SourceParams != ins.Params || rep.Sizes.Params != ins.Params {
+		t.Errorf("params: source %d, artifact %d; inspect says %d", rep.Sizes.SourceParams, rep.Sizes.Params, ins.Params)
 	}
 	stageDir := func(rep *Report, name string) string {
 		for _, s := range rep.Stages {

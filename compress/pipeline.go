@@ -73,8 +73,9 @@ type StageReport struct {
 }
 
 // Sizes compares the artifact with the source checkpoint. Bytes are file
-// or tensor bytes; Params count model weights (KV rotations excluded; a
-// quantized weight counts its logical rows × cols). BitsPerWeight = 8 ·
+// or tensor bytes; Params count model weights as lmpack inspect does (KV
+// rotations, a tied lm_head copy and RoPE buffers excluded; a quantized
+// weight counts its logical rows × cols). BitsPerWeight = 8 ·
 // (raw bytes of the artifact's model tensors, a quantized weight's codes,
 // scales, zero-points and permutation included) / Params; FileBitsPerSourceWeight = 8 · ArtifactBytes / SourceParams;
 // Ratio = SourceTensorBytes / ArtifactBytes. LZ4SavedBytes is raw minus
@@ -897,16 +898,27 @@ func (p *pipeline) sizes(rep *Report) error {
 			return fmt.Errorf("compress: %w", err)
 		}
 		s.SourceTensorBytes += int64(len(t.Data))
-		s.SourceParams += numel(t.Shape)
 	}
+	// Parameters as lmpack inspect counts them: no tied lm_head copy, no
+	// RoPE buffers.
+	srcDesc, err := arch.Load(p.srcDir)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	ins, err := engine.Inspect(p.srcDir, srcDesc, ck)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	s.SourceParams = ins.Params
 	r, err := pack.Open(p.st.artifact)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	var tensorRaw int64
+	mm := &r.Manifest().Model
 	for _, t := range r.Manifest().Tensors {
-		if r.IsKVRotation(t.Name) {
+		if r.IsKVRotation(t.Name) || (mm.TieWordEmbeddings && t.Name == cmpOr(mm.LMHead, "lm_head.weight")) || strings.HasSuffix(t.Name, "rotary_emb.inv_freq") {
 			continue
 		}
 		secs := []string{t.Section}

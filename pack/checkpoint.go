@@ -47,7 +47,8 @@ type FromOptions struct {
 }
 
 // FromCheckpoint builds an Artifact from the Hugging Face checkpoint in
-// modelDir: every tensor as a section of its own name (bytes viewed from
+// modelDir: every tensor (except an lm_head copy of a model with tied
+// embeddings, which the runtime never reads) as a section of its own name (bytes viewed from
 // the checkpoint's memory map, so the caller must Close the Artifact),
 // the embedded files as sections "file/NAME", and with opt.KVRotations
 // the per-layer OSCAR rotations as F32 [head_dim, head_dim] sections
@@ -146,7 +147,9 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		}
 	}
 	for _, name := range ck.Names() {
-		if storageOf[name] {
+		if storageOf[name] || (desc.TieWordEmbeddings && name == desc.LMHead) {
+			// A tied lm_head stored in the checkpoint is a copy of the
+			// embedding, which the runtime uses instead.
 			continue
 		}
 		t, err := ck.Tensor(name)
