@@ -159,8 +159,8 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		m.Tensors = append(m.Tensors, TensorEntry{Name: name, Section: name, DType: string(t.DType), Shape: append([]int{}, t.Shape...)})
 		a.Sections = append(a.Sections, Section{Name: name, ElemSize: t.DType.Size(), Data: t.Data})
 	}
-	if opt.KVSink < 0 || opt.KVRecent < 0 {
-		return nil, fmt.Errorf("pack: kv windows sink %d, recent %d: want >= 0 tokens", opt.KVSink, opt.KVRecent)
+	if err := CheckKVWindows(opt.KVSink, opt.KVRecent, desc.MaxPositionEmbeddings); err != nil {
+		return nil, fmt.Errorf("pack: %s: %w", modelDir, err)
 	}
 	cache := opt.KVCache
 	if cache == "" && opt.KVRotations != "" {

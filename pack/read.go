@@ -10,6 +10,7 @@ import (
 	"slices"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/pierrec/lz4/v4"
 	"golang.org/x/sys/unix"
 )
@@ -162,6 +163,18 @@ func agreement(m *Manifest, l *layout) []error {
 		}
 	}
 	return errs
+}
+
+// Info returns the manifest's format version, weights method and KV
+// scheme (cache method, "" for none, and windows) as recorded
+// (engine.Artifact; KVCache validates the scheme).
+func (r *Reader) Info() engine.ArtifactInfo {
+	m := r.manifest
+	i := engine.ArtifactInfo{FormatVersion: m.FormatVersion, WeightsMethod: m.WeightsMethod}
+	if m.KV != nil {
+		i.KVCache, i.KVSink, i.KVRecent = m.KV.Cache, m.KV.Sink, m.KV.Recent
+	}
+	return i
 }
 
 // Manifest returns the parsed manifest (shared; do not modify).

@@ -50,7 +50,7 @@ func TestArtifactAsModel(t *testing.T) {
 		strip := func(s string) string {
 			var keep []string
 			for _, l := range strings.Split(s[strings.Index(s, "\n"):], "\n") {
-				if !strings.Contains(l, "lm_head.weight") && !strings.HasPrefix(l, "bytes:") {
+				if !strings.Contains(l, "lm_head.weight") && !strings.HasPrefix(l, "bytes:") && !strings.HasPrefix(l, "artifact:") {
 					keep = append(keep, l)
 				}
 			}

@@ -44,6 +44,10 @@ type Artifact interface {
 	// method name ("" for the float32 cache) and its options, reading
 	// (consuming) every rotation tensor the scheme names.
 	KVCache() (string, kvcache.Options, error)
+	// Info returns the manifest's format version, weights method and KV
+	// scheme as recorded (not validated; KVCache returns the scheme
+	// checked).
+	Info() ArtifactInfo
 	// Close unmaps the artifact.
 	Close() error
 }
@@ -207,6 +211,18 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m, KVCache: kvMethod}, nil
 }
 
+// ArtifactInfo is what inspect adds for an artifact: its format version,
+// weight-quantization method ("" for float weights) and KV cache method
+// ("fp32" for the float32 cache) with its fp16 windows in tokens (0:
+// none, or the method's default).
+type ArtifactInfo struct {
+	FormatVersion int    `json:"format_version"`
+	WeightsMethod string `json:"weights_method,omitempty"`
+	KVCache       string `json:"kv_cache"`
+	KVSink        int    `json:"kv_sink,omitempty"`
+	KVRecent      int    `json:"kv_recent,omitempty"`
+}
+
 // InspectModel builds the inspect report for MODEL: an artifact (from its
 // manifest, reading no section) or a checkpoint directory or hub id
 // (OpenCheckpoint, then Inspect).
@@ -231,6 +247,9 @@ func InspectModel(ctx context.Context, model string, h *hub.Options) (*InspectRe
 			return nil, err
 		}
 		r.KVRotationTensors = kv
+		info := a.Info()
+		info.KVCache = cmp.Or(info.KVCache, "fp32")
+		r.Artifact = &info
 		return r, nil
 	}
 	dir, d, ck, err := OpenCheckpoint(ctx, model, h)
