@@ -383,22 +383,31 @@ func (p *pipeline) inputs(ctx context.Context) error {
 	}
 	p.srcDir = dir
 	p.st.model = dir
+	recipe := cmpOr(p.opt.RecipePath, "the recipe")
+	// dataErr names where a data path came from: the override option or
+	// the recipe's key.
+	dataErr := func(override, key, path string, err error) error {
+		if override != "" {
+			return fmt.Errorf("compress: data file %s: %w", path, err)
+		}
+		return fmt.Errorf("%w: %s: %s %s: %v", ErrRecipe, recipe, key, path, err)
+	}
 	if c := p.r.Calibrate; c != nil {
 		p.data = cmpOr(p.opt.Data, c.Data)
 		if p.data == "" {
-			return fmt.Errorf("%w: the calibrate stage needs a data file (calibrate.data in the recipe, or --data)", ErrRecipe)
+			return fmt.Errorf("%w: %s: the calibrate stage needs a data file (set calibrate.data in %s, or pass --data)", ErrRecipe, recipe, recipe)
 		}
 		if p.dataFP, err = fileFingerprint(p.data); err != nil {
-			return err
+			return dataErr(p.opt.Data, "calibrate.data", p.data, err)
 		}
 	}
 	if e := p.r.Eval; e != nil {
 		p.evalData = cmpOr(p.opt.EvalData, e.Data)
 		if p.evalData == "" {
-			return fmt.Errorf("%w: the eval stage needs a data file (eval.data in the recipe, or --eval-data)", ErrRecipe)
+			return fmt.Errorf("%w: %s: the eval stage needs a data file (set eval.data in %s, or pass --eval-data)", ErrRecipe, recipe, recipe)
 		}
 		if p.evalFP, err = fileFingerprint(p.evalData); err != nil {
-			return err
+			return dataErr(p.opt.EvalData, "eval.data", p.evalData, err)
 		}
 	}
 	return nil
@@ -463,7 +472,7 @@ func cmpOr(a, b string) string {
 func fileFingerprint(path string) (string, error) {
 	b, err := fsx.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("compress: data file: %w", err)
+		return "", err
 	}
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:]), nil
@@ -712,6 +721,19 @@ func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, err
 // describes the pruned model, so later stages calibrate again.
 func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) {
 	c := p.r.Prune
+	// prune.Run words its option errors for the CLI (--layers); check
+	// the recipe's keys against the model first.
+	if strings.HasPrefix(c.Method, "list:") && c.LayerRatio != 0 {
+		d, err := arch.Load(p.st.model)
+		if err != nil {
+			return outputs{}, nil, err
+		}
+		list, _ := prune.ParseList(c.Method)
+		if n, err := prune.LayerBudget(0, c.LayerRatio, len(d.Layers)); err != nil || n != len(list) {
+			return outputs{}, nil, fmt.Errorf("%w: %s: prune.method %q removes %d layer(s), but prune.layer_ratio %v of %d layers is %d; drop prune.layer_ratio",
+				ErrRecipe, p.opt.RecipePath, c.Method, len(list), c.LayerRatio, len(d.Layers), n)
+		}
+	}
 	r, err := prune.Run(ctx, prune.Options{Model: p.st.model, Calib: p.st.calib, Out: filepath.Join(dir, "model"),
 		Layers: c.Layers, LayerRatio: c.LayerRatio, Method: c.Method})
 	if err != nil {
@@ -967,7 +989,7 @@ func (p *pipeline) sizes(rep *Report) error {
 	}
 	sum, err := fileFingerprint(p.st.artifact)
 	if err != nil {
-		return err
+		return fmt.Errorf("compress: %w", err)
 	}
 	rep.SHA256 = sum
 	return nil

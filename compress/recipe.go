@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
 	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/lmpack/lmpack/runtime/kvcache"
@@ -330,6 +331,22 @@ func (r *Recipe) validate(name string) error {
 			return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
 		case !isList && r.Calibrate == nil:
 			return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
+		}
+		if isList {
+			list, err := prune.ParseList(p.Method)
+			if err != nil {
+				return bad("prune.method %q: want list:L1,L2,... (comma-separated layer indices)", p.Method)
+			}
+			seen := map[int]bool{}
+			for _, l := range list {
+				if seen[l] {
+					return bad("prune.method %q: layer %d is listed twice (duplicate index)", p.Method, l)
+				}
+				seen[l] = true
+			}
+			if p.Layers != 0 && p.Layers != len(list) {
+				return bad("prune.method %q removes %d layer(s), but prune.layers is %d; drop prune.layers", p.Method, len(list), p.Layers)
+			}
 		}
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lmpack/lmpack/internal/shared"
 )
 
 const goodRecipe = `name: t
@@ -190,5 +192,50 @@ func TestRecipeIntegers(t *testing.T) {
 	}
 	if _, err := ParseRecipe("r.yaml", []byte(weights)); err != nil {
 		t.Errorf("integers: %v", err)
+	}
+}
+
+// TestRecipeMessages: data-path errors name the recipe file and the key
+// (calibrate.data, eval.data); prune errors use the recipe's keys and
+// report a duplicate list index as a duplicate.
+func TestRecipeMessages(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	run := func(src string, data, evalData string) error {
+		r, err := ParseRecipe("my.yaml", []byte(src))
+		if err != nil {
+			return err
+		}
+		dir := t.TempDir()
+		_, err = Run(t.Context(), Options{Model: model, Recipe: r, RecipePath: "my.yaml", Out: filepath.Join(dir, "m.lmpk"),
+			Data: data, EvalData: evalData, Threads: 1, Version: "test"})
+		return err
+	}
+	calib, held := shared.Path(t, "tinystories-valid", "calib.txt"), shared.Path(t, "tinystories-valid", "heldout.txt")
+	missing := strings.Replace(goodRecipe, "data: calib.txt", "data: /nonexist/calib.txt", 1)
+	for _, c := range []struct {
+		name, src, data, eval string
+		want                  []string
+	}{
+		{"calibrate.data missing", missing, "", held, []string{"my.yaml", "calibrate.data /nonexist/calib.txt"}},
+		{"eval.data missing", strings.Replace(goodRecipe, "data: heldout.txt", "data: /nonexist/held.txt", 1), calib, "", []string{"my.yaml", "eval.data /nonexist/held.txt"}},
+		{"no calibrate.data", strings.Replace(goodRecipe, "  data: calib.txt\n", "", 1), "", held, []string{"my.yaml", "needs a data file", "calibrate.data"}},
+		{"no eval.data", strings.Replace(goodRecipe, "  data: heldout.txt\n", "", 1), calib, "", []string{"my.yaml", "needs a data file", "eval.data"}},
+		{"duplicate", strings.Replace(goodRecipe, "quantize:", "prune:\n  method: list:2,2,2,2\nquantize:", 1), calib, held, []string{"my.yaml", "listed twice", "duplicate"}},
+		{"list and layers", strings.Replace(goodRecipe, "quantize:", "prune:\n  method: list:2\n  layers: 2\nquantize:", 1), calib, held, []string{"prune.layers"}},
+		{"list and ratio", strings.Replace(goodRecipe, "quantize:", "prune:\n  method: list:2\n  layer_ratio: 0.5\nquantize:", 1), calib, held, []string{"my.yaml", "prune.layer_ratio"}},
+	} {
+		err := run(c.src, c.data, c.eval)
+		if !errors.Is(err, ErrRecipe) {
+			t.Errorf("%s: %v, want ErrRecipe", c.name, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want %q in it", c.name, err, w)
+			}
+		}
+		if strings.Contains(err.Error(), "--layer") {
+			t.Errorf("%s: %v names a CLI flag", c.name, err)
+		}
 	}
 }

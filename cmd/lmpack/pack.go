@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/spf13/cobra"
 )
@@ -35,6 +37,16 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
 				return fmt.Errorf("-o FILE.lmpk is required")
+			}
+			if st, err := os.Stat(args[0]); err == nil && !st.IsDir() {
+				if engine.IsArtifact(args[0]) {
+					return fmt.Errorf("INPUT %s is already an lmpack artifact; pack needs a checkpoint directory (config.json and *.safetensors)", args[0])
+				}
+				hint := ""
+				if b := filepath.Base(args[0]); b == "config.json" || strings.HasSuffix(b, ".safetensors") {
+					hint = fmt.Sprintf(" (its directory %s?)", filepath.Dir(args[0]))
+				}
+				return fmt.Errorf("INPUT %s is a file; pack needs a checkpoint directory (config.json and *.safetensors)%s", args[0], hint)
 			}
 			if err := checkOutput("-o", out, args[0], rot); err != nil {
 				return err

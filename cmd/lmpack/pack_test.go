@@ -183,3 +183,28 @@ func TestPackKVWindowBound(t *testing.T) {
 		t.Errorf("inspect of a checkpoint reports an artifact block")
 	}
 }
+
+// TestNotAnArtifactMessages: eval, run and inspect on an empty or
+// bad-magic .lmpk say it is not an lmpack artifact; pack of a file (an
+// artifact, config.json) says INPUT must be a checkpoint directory.
+func TestNotAnArtifactMessages(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	empty, junk := filepath.Join(dir, "empty.lmpk"), filepath.Join(dir, "junk.lmpk")
+	os.WriteFile(empty, nil, 0o644)
+	os.WriteFile(junk, []byte("GGUF and more bytes"), 0o644)
+	for _, args := range [][]string{
+		{"inspect", empty}, {"run", empty, "--max-tokens", "1"}, {"eval", empty, "--data", valText(t)},
+	} {
+		wantError(t, lmpack(t, nil, args...), "not an lmpack artifact", "empty")
+	}
+	for _, args := range [][]string{
+		{"inspect", junk}, {"run", junk, "--max-tokens", "1"}, {"eval", junk, "--data", valText(t)},
+	} {
+		wantError(t, lmpack(t, nil, args...), "not an lmpack artifact", `bad magic "GGUF"`)
+	}
+	art := packArtifact(t)
+	out := filepath.Join(dir, "o.lmpk")
+	wantError(t, lmpack(t, nil, "pack", art, "-o", out), "already an lmpack artifact", "checkpoint directory")
+	wantError(t, lmpack(t, nil, "pack", filepath.Join(modelDir(t), "config.json"), "-o", out), "is a file", "checkpoint directory", "its directory")
+}

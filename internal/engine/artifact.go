@@ -76,6 +76,30 @@ func IsArtifact(path string) bool {
 	return string(b) == ArtifactMagic
 }
 
+// fileModelError explains why the regular file model cannot be a MODEL
+// where a checkpoint directory (or an artifact, for commands that take
+// one) is wanted: an artifact given to a command that needs a checkpoint;
+// a .lmpk file, or any file, whose first bytes are not ArtifactMagic (an
+// empty or corrupt artifact says so, as lmpack verify does).
+func fileModelError(model string) error {
+	if IsArtifact(model) {
+		return fmt.Errorf("engine: MODEL %q is an lmpack artifact; this command needs a checkpoint directory (run, eval without --kv, and inspect accept artifacts)", model)
+	}
+	if strings.EqualFold(filepath.Ext(model), ".lmpk") {
+		b := make([]byte, len(ArtifactMagic))
+		n := 0
+		if f, err := os.Open(model); err == nil {
+			n, _ = io.ReadFull(f, b)
+			f.Close()
+		}
+		if n == 0 {
+			return fmt.Errorf("engine: MODEL %q is not an lmpack artifact: the file is empty (want magic %q; run lmpack verify)", model, ArtifactMagic)
+		}
+		return fmt.Errorf("engine: MODEL %q is not an lmpack artifact: bad magic %q, want %q (run lmpack verify)", model, b[:n], ArtifactMagic)
+	}
+	return fmt.Errorf("engine: MODEL %q is a file; want a model directory, an lmpack artifact or a Hugging Face id (the file does not start with the artifact magic %q)", model, ArtifactMagic)
+}
+
 // openArtifact opens path with ArtifactOpener and reads its description.
 func openArtifact(path string) (Artifact, *arch.Description, error) {
 	if ArtifactOpener == nil {
