@@ -215,7 +215,9 @@ func TestCompressResumeDeterminism(t *testing.T) {
 	t.Logf("sizes %+v; eval %+v", z, *repA.Eval)
 	// 35 weights of 226560 parameters at 4-bit g32 (5 bits per weight
 	// with scales and zero-points, down_proj per-channel), the rest fp32.
-	if z.SourceParams != 292800 || z.Params != 292800 || !(z.BitsPerWeight > 8 && z.BitsPerWeight < 16) || z.LZ4SavedBytes <= 0 ||
+	// Parameters as lmpack inspect counts them: 260032 (the tied lm_head
+	// copy is not a parameter).
+	if z.SourceParams != 260032 || z.Params != 260032 || !(z.BitsPerWeight > 8 && z.BitsPerWeight < 16) || z.LZ4SavedBytes <= 0 ||
 		z.ArtifactBytes != int64(len(a)) || z.ArtifactBytes*2 > z.SourceTensorBytes {
 		t.Errorf("sizes %+v", z)
 	}
@@ -495,5 +497,118 @@ func TestCompressMoEMixed(t *testing.T) {
 	}
 	if *rep.Eval != *want {
 		t.Errorf("artifact eval %+v\nquantized checkpoint %+v", *rep.Eval, *want)
+	}
+}
+
+// TestCompressCorruptCache: a cached stage whose outputs are corrupt is
+// recomputed, with every later stage, instead of being published: a byte
+// flipped in the cached artifact, the cached artifact truncated, a shard
+// of the quantized model deleted. Each rerun writes an artifact that
+// verifies and is byte-identical to the first run's.
+func TestCompressCorruptCache(t *testing.T) {
+	dir := t.TempDir()
+	work := filepath.Join(dir, "work")
+	out := filepath.Join(dir, "m.lmpk")
+	src := strings.Replace(smallRecipe, "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 32\n", 1)
+	r := mustRecipe(t, src)
+	rep, err := Run(t.Context(), testOptions(t, r, out, work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := sha256.Sum256(first); rep.SHA256 != hex.EncodeToString(sum[:]) || rep.ContentSHA256 == "" || rep.ContentSHA256 == rep.SHA256 {
+		t.Errorf("report sha256 %s, content %s; the file's sha256 is %x", rep.SHA256, rep.ContentSHA256, sum)
+	}
+	// Parameters agree with lmpack inspect (stories260K ties lm_head to
+	// the embedding and stores a copy, which is not a parameter and is
+	// not packed).
+	ins, err := engine.InspectModel(t.Context(), shared.Path(t, "stories260K-hf"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Sizes.SourceParams != ins.Params || rep.Sizes.Params != ins.Params {
+		t.Errorf("params: source %d, artifact %d; inspect says %d", rep.Sizes.SourceParams, rep.Sizes.Params, ins.Params)
+	}
+	stageDir := func(rep *Report, name string) string {
+		for _, s := range rep.Stages {
+			if s.Name == name {
+				return filepath.Join(work, name+"-"+s.Key[:24])
+			}
+		}
+		t.Fatalf("no stage %s", name)
+		return ""
+	}
+	art := filepath.Join(stageDir(rep, "pack"), "model.lmpk")
+	for _, c := range []struct {
+		name    string
+		corrupt func()
+		want    map[string]bool
+	}{
+		{"flipped byte", func() {
+			b, err := os.ReadFile(art)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/2] ^= 0x40
+			if err := os.WriteFile(art, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]bool{"calibrate": true, "quantize-weights": true, "quantize-kv": true, "pack": false, "eval": false}},
+		{"truncated artifact", func() {
+			if err := os.Truncate(art, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]bool{"calibrate": true, "quantize-weights": true, "quantize-kv": true, "pack": false, "eval": false}},
+		{"deleted shard", func() {
+			m := filepath.Join(stageDir(rep, "quantize-weights"), "model")
+			shards, err := filepath.Glob(filepath.Join(m, "*.safetensors"))
+			if err != nil || len(shards) == 0 {
+				t.Fatalf("no shards in %s: %v", m, err)
+			}
+			if err := os.Remove(shards[0]); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]bool{"calibrate": true, "quantize-weights": false, "quantize-kv": false, "pack": false, "eval": false}},
+	} {
+		c.corrupt()
+		if err := os.Remove(out); err != nil {
+			t.Fatal(err)
+		}
+		rep2, err := Run(t.Context(), testOptions(t, r, out, work))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := cachedStages(rep2); !mapsEqual(got, c.want) {
+			t.Errorf("%s: cached %v, want %v", c.name, got, c.want)
+		}
+		if _, err := pack.Verify(out); err != nil {
+			t.Errorf("%s: published artifact: %v", c.name, err)
+		}
+		if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, first) {
+			t.Errorf("%s: artifact differs from the first run's (%v)", c.name, err)
+		}
+	}
+}
+
+// TestCompressGateOlderOutput: when the gate fails and a file from an
+// earlier run is at the output path, the error says that older file is
+// left unchanged, and it is.
+func TestCompressGateOlderOutput(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.lmpk")
+	old := []byte("an older artifact")
+	if err := os.WriteFile(out, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := strings.Replace(smallRecipe, "max_kl: 10", "max_kl: 0.000000001", 1)
+	_, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, filepath.Join(dir, "work")))
+	if !errors.Is(err, ErrGate) || !strings.Contains(err.Error(), "an older file at "+out+" is left unchanged") {
+		t.Fatalf("err %v, want ErrGate saying the older file is left unchanged", err)
+	}
+	if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, old) {
+		t.Errorf("older output changed: %q, %v", b, err)
 	}
 }

@@ -18,7 +18,10 @@
 // version and the recipe up to and including that stage. A rerun reuses
 // every finished stage whose key is unchanged: a killed job resumes at the
 // stage it was in, and a changed recipe section recomputes that stage and
-// the later ones only.
+// the later ones only. A finished stage is reused only after its outputs
+// pass a check (an artifact pack.Verify, a model directory
+// engine.CheckCheckpoint, calibration and rotation files open); one that
+// fails is logged, recomputed, and every later stage with it.
 //
 // The stages call the packages that do the work (calibrate, prune,
 // quantize/wquant, quantize/oscar, pack, eval); this package only plans, caches and

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/fsx"
@@ -72,8 +73,9 @@ type StageReport struct {
 }
 
 // Sizes compares the artifact with the source checkpoint. Bytes are file
-// or tensor bytes; Params count model weights (KV rotations excluded; a
-// quantized weight counts its logical rows × cols). BitsPerWeight = 8 ·
+// or tensor bytes; Params count model weights as lmpack inspect does (KV
+// rotations, a tied lm_head copy and RoPE buffers excluded; a quantized
+// weight counts its logical rows × cols). BitsPerWeight = 8 ·
 // (raw bytes of the artifact's model tensors, a quantized weight's codes,
 // scales, zero-points and permutation included) / Params; FileBitsPerSourceWeight = 8 · ArtifactBytes / SourceParams;
 // Ratio = SourceTensorBytes / ArtifactBytes. LZ4SavedBytes is raw minus
@@ -100,18 +102,21 @@ type Gate struct {
 
 // Report is Run's final JSON report.
 type Report struct {
-	Model            string        `json:"model"`
-	Recipe           string        `json:"recipe"`
-	RecipeName       string        `json:"recipe_name,omitempty"`
-	Out              string        `json:"out"`
-	Written          bool          `json:"written"`
-	WorkDir          string        `json:"work_dir"`
-	ModelFingerprint string        `json:"model_fingerprint"`
-	DataFingerprint  string        `json:"data_fingerprint,omitempty"`
-	EvalFingerprint  string        `json:"eval_data_fingerprint,omitempty"`
-	SHA256           string        `json:"sha256"`
-	Stages           []StageReport `json:"stages"`
-	Sizes            Sizes         `json:"sizes"`
+	Model            string `json:"model"`
+	Recipe           string `json:"recipe"`
+	RecipeName       string `json:"recipe_name,omitempty"`
+	Out              string `json:"out"`
+	Written          bool   `json:"written"`
+	WorkDir          string `json:"work_dir"`
+	ModelFingerprint string `json:"model_fingerprint"`
+	DataFingerprint  string `json:"data_fingerprint,omitempty"`
+	EvalFingerprint  string `json:"eval_data_fingerprint,omitempty"`
+	// SHA256 is the artifact file's sha256 (what sha256sum prints);
+	// ContentSHA256 the hash its header stores (docs/FORMAT.md).
+	SHA256        string        `json:"sha256"`
+	ContentSHA256 string        `json:"content_sha256"`
+	Stages        []StageReport `json:"stages"`
+	Sizes         Sizes         `json:"sizes"`
 	// KVCache is the artifact's KV cache method ("fp32" when none) and
 	// KVBitsPerElement its storage (from the eval stage; 0 without one).
 	KVCache          string  `json:"kv_cache"`
@@ -151,6 +156,47 @@ func (o outputs) present(dir string) bool {
 		}
 	}
 	return true
+}
+
+// validate checks that a cached stage's outputs in dir are usable: an
+// artifact passes pack.Verify (every CRC-32C and the whole-file sha256);
+// a model directory's config.json parses and agrees with its tensors
+// (engine.CheckCheckpoint, which also catches a deleted or truncated
+// shard); calibration and rotation files open as safetensors. The error
+// names the file and what is wrong.
+func (o outputs) validate(dir string) error {
+	if o.Artifact != "" {
+		if _, err := pack.Verify(filepath.Join(dir, o.Artifact)); err != nil {
+			return err
+		}
+	}
+	if o.Model != "" {
+		m := filepath.Join(dir, o.Model)
+		d, err := arch.Load(m)
+		if err != nil {
+			return err
+		}
+		ck, err := safetensors.OpenDir(m)
+		if err != nil {
+			return err
+		}
+		err = engine.CheckCheckpoint(m, d, ck)
+		ck.Close()
+		if err != nil {
+			return err
+		}
+	}
+	for _, f := range []string{o.Calib, o.KVRotations} {
+		if f == "" {
+			continue
+		}
+		ck, err := safetensors.OpenPath(filepath.Join(dir, f))
+		if err != nil {
+			return err
+		}
+		ck.Close()
+	}
+	return nil
 }
 
 // record is a stage's completion marker, done.json, written last.
@@ -212,6 +258,9 @@ type pipeline struct {
 	st               state
 	work             string
 	packedRecipeJSON []byte
+	// invalidated is set once a cached stage failed validation and was
+	// recomputed: every later stage is recomputed too.
+	invalidated bool
 }
 
 // keyVersion changes when a stage's outputs change meaning.
@@ -301,7 +350,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		g.Passed = len(g.Failures) == 0
 		rep.Gate = g
 		if !g.Passed {
-			gateErr = fmt.Errorf("%w: %s; %s not written (the artifact stays in %s)", ErrGate, strings.Join(g.Failures, "; "), opt.Out, p.st.artifact)
+			older := ""
+			if _, err := os.Lstat(opt.Out); err == nil {
+				older = fmt.Sprintf("; an older file at %s is left unchanged", opt.Out)
+			}
+			gateErr = fmt.Errorf("%w: %s; %s not written%s (the new artifact stays in %s)", ErrGate, strings.Join(g.Failures, "; "), opt.Out, older, p.st.artifact)
 		}
 	}
 	if gateErr == nil {
@@ -330,22 +383,31 @@ func (p *pipeline) inputs(ctx context.Context) error {
 	}
 	p.srcDir = dir
 	p.st.model = dir
+	recipe := cmpOr(p.opt.RecipePath, "the recipe")
+	// dataErr names where a data path came from: the override option or
+	// the recipe's key.
+	dataErr := func(override, key, path string, err error) error {
+		if override != "" {
+			return fmt.Errorf("compress: data file %s: %w", path, err)
+		}
+		return fmt.Errorf("%w: %s: %s %s: %v", ErrRecipe, recipe, key, path, err)
+	}
 	if c := p.r.Calibrate; c != nil {
 		p.data = cmpOr(p.opt.Data, c.Data)
 		if p.data == "" {
-			return fmt.Errorf("%w: the calibrate stage needs a data file (calibrate.data in the recipe, or --data)", ErrRecipe)
+			return fmt.Errorf("%w: %s: the calibrate stage needs a data file (set calibrate.data in %s, or pass --data)", ErrRecipe, recipe, recipe)
 		}
 		if p.dataFP, err = fileFingerprint(p.data); err != nil {
-			return err
+			return dataErr(p.opt.Data, "calibrate.data", p.data, err)
 		}
 	}
 	if e := p.r.Eval; e != nil {
 		p.evalData = cmpOr(p.opt.EvalData, e.Data)
 		if p.evalData == "" {
-			return fmt.Errorf("%w: the eval stage needs a data file (eval.data in the recipe, or --eval-data)", ErrRecipe)
+			return fmt.Errorf("%w: %s: the eval stage needs a data file (set eval.data in %s, or pass --eval-data)", ErrRecipe, recipe, recipe)
 		}
 		if p.evalFP, err = fileFingerprint(p.evalData); err != nil {
-			return err
+			return dataErr(p.opt.EvalData, "eval.data", p.evalData, err)
 		}
 	}
 	return nil
@@ -410,7 +472,7 @@ func cmpOr(a, b string) string {
 func fileFingerprint(path string) (string, error) {
 	b, err := fsx.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("compress: data file: %w", err)
+		return "", err
 	}
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:]), nil
@@ -461,7 +523,20 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	t0 := time.Now()
 	final := filepath.Join(p.work, s.name+"-"+key[:24])
 	log := p.opt.Logger
-	if rec, err := readRecord(final); err == nil && rec.Key == key && rec.Stage == s.name && rec.Outputs.present(final) {
+	rec, err := readRecord(final)
+	cached := err == nil && rec.Key == key && rec.Stage == s.name && rec.Outputs.present(final)
+	if cached && p.invalidated {
+		cached = false // an earlier stage was recomputed after a failed check
+	}
+	if cached {
+		if verr := rec.Outputs.validate(final); verr != nil {
+			cached, p.invalidated = false, true
+			if log != nil {
+				log.Warn("stage cache invalid; recomputing", "stage", s.name, "dir", final, "error", verr.Error())
+			}
+		}
+	}
+	if cached {
 		p.st.apply(final, rec.Outputs)
 		if log != nil {
 			log.Info("stage cached", "stage", s.name, "key", key[:12], "dir", final)
@@ -488,8 +563,8 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	if err != nil {
 		return nil, fmt.Errorf("compress: stage %s: result: %w", s.name, err)
 	}
-	rec := record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
-	if err := writeRecord(tmp, &rec); err != nil {
+	rec = &record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
+	if err := writeRecord(tmp, rec); err != nil {
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -646,6 +721,19 @@ func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, err
 // describes the pruned model, so later stages calibrate again.
 func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) {
 	c := p.r.Prune
+	// prune.Run words its option errors for the CLI (--layers); check
+	// the recipe's keys against the model first.
+	if strings.HasPrefix(c.Method, "list:") && c.LayerRatio != 0 {
+		d, err := arch.Load(p.st.model)
+		if err != nil {
+			return outputs{}, nil, err
+		}
+		list, _ := prune.ParseList(c.Method)
+		if n, err := prune.LayerBudget(0, c.LayerRatio, len(d.Layers)); err != nil || n != len(list) {
+			return outputs{}, nil, fmt.Errorf("%w: %s: prune.method %q removes %d layer(s), but prune.layer_ratio %v of %d layers is %d; drop prune.layer_ratio",
+				ErrRecipe, p.opt.RecipePath, c.Method, len(list), c.LayerRatio, len(d.Layers), n)
+		}
+	}
 	r, err := prune.Run(ctx, prune.Options{Model: p.st.model, Calib: p.st.calib, Out: filepath.Join(dir, "model"),
 		Layers: c.Layers, LayerRatio: c.LayerRatio, Method: c.Method})
 	if err != nil {
@@ -817,7 +905,7 @@ func (p *pipeline) eval(ctx context.Context, dir string) (outputs, any, error) {
 	return outputs{}, r, nil
 }
 
-// sizes fills rep.Sizes and rep.SHA256 from the source checkpoint and the
+// sizes fills rep.Sizes, rep.SHA256 and rep.ContentSHA256 from the source checkpoint and the
 // artifact's manifest and section table.
 func (p *pipeline) sizes(rep *Report) error {
 	ck, err := safetensors.OpenDir(p.srcDir)
@@ -832,16 +920,27 @@ func (p *pipeline) sizes(rep *Report) error {
 			return fmt.Errorf("compress: %w", err)
 		}
 		s.SourceTensorBytes += int64(len(t.Data))
-		s.SourceParams += numel(t.Shape)
 	}
+	// Parameters as lmpack inspect counts them: no tied lm_head copy, no
+	// RoPE buffers.
+	srcDesc, err := arch.Load(p.srcDir)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	ins, err := engine.Inspect(p.srcDir, srcDesc, ck)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	s.SourceParams = ins.Params
 	r, err := pack.Open(p.st.artifact)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	var tensorRaw int64
+	mm := &r.Manifest().Model
 	for _, t := range r.Manifest().Tensors {
-		if r.IsKVRotation(t.Name) {
+		if r.IsKVRotation(t.Name) || (mm.TieWordEmbeddings && t.Name == cmpOr(mm.LMHead, "lm_head.weight")) || strings.HasSuffix(t.Name, "rotary_emb.inv_freq") {
 			continue
 		}
 		secs := []string{t.Section}
@@ -885,9 +984,14 @@ func (p *pipeline) sizes(rep *Report) error {
 			if err := json.Unmarshal(sr.Result, &ps); err != nil {
 				return fmt.Errorf("compress: pack stage record: %w", err)
 			}
-			rep.SHA256 = ps.SHA256
+			rep.ContentSHA256 = ps.ContentSHA256
 		}
 	}
+	sum, err := fileFingerprint(p.st.artifact)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	rep.SHA256 = sum
 	return nil
 }
 

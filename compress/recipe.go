@@ -8,11 +8,13 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
 	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/lmpack/lmpack/runtime/kvcache"
@@ -212,10 +214,54 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if err := dec.Decode(&extra); err != io.EOF {
 		return nil, fmt.Errorf("%w: %s: more than one YAML document", ErrRecipe, name)
 	}
+	// yaml.v3 truncates a float given for an int field (bits: 4.5 → 4);
+	// every integer key must be written as a YAML integer.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err == nil && len(doc.Content) == 1 {
+		if err := checkInts(doc.Content[0], reflect.TypeFor[Recipe](), ""); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrRecipe, name, err)
+		}
+	}
 	if err := r.validate(name); err != nil {
 		return nil, err
 	}
 	return &r, nil
+}
+
+// checkInts walks the mapping node n decoded into struct type t and
+// refuses a scalar that is not tagged !!int for an int (or *int) field,
+// naming its line and dotted key (prefix is the enclosing key).
+func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		for j := 0; j < t.NumField(); j++ {
+			f := t.Field(j)
+			if strings.Split(f.Tag.Get("yaml"), ",")[0] != k.Value {
+				continue
+			}
+			key := k.Value
+			if prefix != "" {
+				key = prefix + "." + key
+			}
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Int && v.Kind == yaml.ScalarNode && v.Tag != "!!int" && v.Tag != "!!null" {
+				return fmt.Errorf("line %d: %s %s: want an integer", v.Line, key, v.Value)
+			}
+			if err := checkInts(v, f.Type, key); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // validate checks values and fills defaults.
@@ -285,6 +331,22 @@ func (r *Recipe) validate(name string) error {
 			return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
 		case !isList && r.Calibrate == nil:
 			return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
+		}
+		if isList {
+			list, err := prune.ParseList(p.Method)
+			if err != nil {
+				return bad("prune.method %q: want list:L1,L2,... (comma-separated layer indices)", p.Method)
+			}
+			seen := map[int]bool{}
+			for _, l := range list {
+				if seen[l] {
+					return bad("prune.method %q: layer %d is listed twice (duplicate index)", p.Method, l)
+				}
+				seen[l] = true
+			}
+			if p.Layers != 0 && p.Layers != len(list) {
+				return bad("prune.method %q removes %d layer(s), but prune.layers is %d; drop prune.layers", p.Method, len(list), p.Layers)
+			}
 		}
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lmpack/lmpack/internal/shared"
 )
 
 const goodRecipe = `name: t
@@ -164,4 +166,76 @@ func FuzzParseRecipe(f *testing.F) {
 			t.Fatalf("no stages")
 		}
 	})
+}
+
+// TestRecipeIntegers: a fraction (or any non-integer) given for an
+// integer key is ErrRecipe naming the key and its line, not truncated.
+func TestRecipeIntegers(t *testing.T) {
+	weights := strings.Replace(goodRecipe, "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 32\n", 1)
+	for _, c := range []struct {
+		name, src, from, to, want string
+	}{
+		{"bits", weights, "bits: 4\n", "bits: 4.5\n", "line 9: quantize.weights.bits 4.5: want an integer"},
+		{"group", weights, "group: 32\n", "group: 32.9\n", "line 10: quantize.weights.group 32.9"},
+		{"tokens", goodRecipe, "tokens: 1024\n", "tokens: 2048.7\n", "line 4: calibrate.tokens 2048.7"},
+		{"max_windows", goodRecipe, "max_windows: 2\n", "max_windows: 4.9\n", "line 14: eval.max_windows 4.9"},
+		{"sink", goodRecipe, "cache: oscar2\n", "cache: oscar2\n    sink: 64.5\n", "line 9: quantize.kv.sink 64.5"},
+	} {
+		src := strings.Replace(c.src, c.from, c.to, 1)
+		if src == c.src {
+			t.Fatalf("%s: edit did not apply", c.name)
+		}
+		_, err := ParseRecipe("r.yaml", []byte(src))
+		if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "r.yaml") {
+			t.Errorf("%s: got %v, want ErrRecipe containing %q", c.name, err, c.want)
+		}
+	}
+	if _, err := ParseRecipe("r.yaml", []byte(weights)); err != nil {
+		t.Errorf("integers: %v", err)
+	}
+}
+
+// TestRecipeMessages: data-path errors name the recipe file and the key
+// (calibrate.data, eval.data); prune errors use the recipe's keys and
+// report a duplicate list index as a duplicate.
+func TestRecipeMessages(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	run := func(src string, data, evalData string) error {
+		r, err := ParseRecipe("my.yaml", []byte(src))
+		if err != nil {
+			return err
+		}
+		dir := t.TempDir()
+		_, err = Run(t.Context(), Options{Model: model, Recipe: r, RecipePath: "my.yaml", Out: filepath.Join(dir, "m.lmpk"),
+			Data: data, EvalData: evalData, Threads: 1, Version: "test"})
+		return err
+	}
+	calib, held := shared.Path(t, "tinystories-valid", "calib.txt"), shared.Path(t, "tinystories-valid", "heldout.txt")
+	missing := strings.Replace(goodRecipe, "data: calib.txt", "data: /nonexist/calib.txt", 1)
+	for _, c := range []struct {
+		name, src, data, eval string
+		want                  []string
+	}{
+		{"calibrate.data missing", missing, "", held, []string{"my.yaml", "calibrate.data /nonexist/calib.txt"}},
+		{"eval.data missing", strings.Replace(goodRecipe, "data: heldout.txt", "data: /nonexist/held.txt", 1), calib, "", []string{"my.yaml", "eval.data /nonexist/held.txt"}},
+		{"no calibrate.data", strings.Replace(goodRecipe, "  data: calib.txt\n", "", 1), "", held, []string{"my.yaml", "needs a data file", "calibrate.data"}},
+		{"no eval.data", strings.Replace(goodRecipe, "  data: heldout.txt\n", "", 1), calib, "", []string{"my.yaml", "needs a data file", "eval.data"}},
+		{"duplicate", strings.Replace(goodRecipe, "quantize:", "prune:\n  method: list:2,2,2,2\nquantize:", 1), calib, held, []string{"my.yaml", "listed twice", "duplicate"}},
+		{"list and layers", strings.Replace(goodRecipe, "quantize:", "prune:\n  method: list:2\n  layers: 2\nquantize:", 1), calib, held, []string{"prune.layers"}},
+		{"list and ratio", strings.Replace(goodRecipe, "quantize:", "prune:\n  method: list:2\n  layer_ratio: 0.5\nquantize:", 1), calib, held, []string{"my.yaml", "prune.layer_ratio"}},
+	} {
+		err := run(c.src, c.data, c.eval)
+		if !errors.Is(err, ErrRecipe) {
+			t.Errorf("%s: %v, want ErrRecipe", c.name, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want %q in it", c.name, err, w)
+			}
+		}
+		if strings.Contains(err.Error(), "--layer") {
+			t.Errorf("%s: %v names a CLI flag", c.name, err)
+		}
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -46,15 +47,21 @@ type FromOptions struct {
 }
 
 // FromCheckpoint builds an Artifact from the Hugging Face checkpoint in
-// modelDir: every tensor as a section of its own name (bytes viewed from
+// modelDir: every tensor (except an lm_head copy of a model with tied
+// embeddings, which the runtime never reads) as a section of its own name (bytes viewed from
 // the checkpoint's memory map, so the caller must Close the Artifact),
 // the embedded files as sections "file/NAME", and with opt.KVRotations
 // the per-layer OSCAR rotations as F32 [head_dim, head_dim] sections
 // "kv/oscar.layers.N.r_k" and "...r_v" plus clip ratios in the manifest.
 //
-// Errors: arch, safetensors, calibrate and oscar errors (a rotation file
-// of another model is oscar.ErrRotationModelMismatch), wrapped with
-// "pack:".
+// It refuses a checkpoint the runtime would refuse to load: config.json
+// and tensors that disagree (engine.CheckCheckpoint), a quantization
+// method other than QuantMethods (ErrFormat), invalid quantized values
+// (runtime.ReadQuantized, runtime.ErrBadWeights).
+//
+// Errors: arch, safetensors, engine, runtime, calibrate and oscar errors
+// (a rotation file of another model is oscar.ErrRotationModelMismatch),
+// wrapped with "pack:".
 func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 	desc, err := arch.Load(modelDir)
 	if err != nil {
@@ -71,6 +78,23 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 			a.Close()
 		}
 	}()
+	// Refuse what the runtime would refuse when loading the artifact: a
+	// config.json that disagrees with the tensors (a quantized tensor
+	// missing from the quantization block, a lost perm flag, a flipped
+	// symmetric flag), an unknown weights method, invalid quantized
+	// values (scales not finite and > 0, zero-points out of range, a
+	// perm that is not a permutation).
+	if err := engine.CheckCheckpoint(modelDir, desc, ck); err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	if desc.Quant != nil {
+		if err := checkQuantMethod(desc.Quant.Method); err != nil {
+			return nil, fmt.Errorf("pack: %s: config.json lmpack_quantization: %w", modelDir, err)
+		}
+		if err := checkQuantValues(desc, ck); err != nil {
+			return nil, fmt.Errorf("pack: %s: %w", modelDir, err)
+		}
+	}
 	fp, err := calibrate.ModelFingerprint(modelDir, ck)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
@@ -115,9 +139,6 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 	}
 	if desc.Quant != nil {
 		m.WeightsMethod = desc.Quant.Method
-		if m.WeightsMethod == "" {
-			m.WeightsMethod = "unknown"
-		}
 	}
 	storageOf := map[string]bool{}
 	for _, q := range quantized {
@@ -126,7 +147,9 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		}
 	}
 	for _, name := range ck.Names() {
-		if storageOf[name] {
+		if storageOf[name] || (desc.TieWordEmbeddings && name == desc.LMHead) {
+			// A tied lm_head stored in the checkpoint is a copy of the
+			// embedding, which the runtime uses instead.
 			continue
 		}
 		t, err := ck.Tensor(name)
@@ -136,8 +159,8 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		m.Tensors = append(m.Tensors, TensorEntry{Name: name, Section: name, DType: string(t.DType), Shape: append([]int{}, t.Shape...)})
 		a.Sections = append(a.Sections, Section{Name: name, ElemSize: t.DType.Size(), Data: t.Data})
 	}
-	if opt.KVSink < 0 || opt.KVRecent < 0 {
-		return nil, fmt.Errorf("pack: kv windows sink %d, recent %d: want >= 0 tokens", opt.KVSink, opt.KVRecent)
+	if err := CheckKVWindows(opt.KVSink, opt.KVRecent, desc.MaxPositionEmbeddings); err != nil {
+		return nil, fmt.Errorf("pack: %s: %w", modelDir, err)
 	}
 	cache := opt.KVCache
 	if cache == "" && opt.KVRotations != "" {

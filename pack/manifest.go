@@ -29,9 +29,9 @@ type Manifest struct {
 	KV *KVScheme `json:"kv,omitempty"`
 	// Tensors lists every tensor, sorted by name.
 	Tensors []TensorEntry `json:"tensors"`
-	// WeightsMethod is the weight-quantization method ("rtn", "gptq",
-	// "mixed"; informational, format version 2), empty when no tensor is
-	// quantized.
+	// WeightsMethod is the weight-quantization method (QuantMethods: "rtn"
+	// or "gptq"; informational, format version 2), empty when no tensor
+	// is quantized.
 	WeightsMethod string `json:"weights_method,omitempty"`
 	// Provenance says where the artifact came from.
 	Provenance Provenance `json:"provenance"`

@@ -2,16 +2,20 @@ package pack
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
 )
 
@@ -51,10 +55,13 @@ func TestRoundTripStories260K(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ck.Close()
-	if got, want := len(r.Manifest().Tensors), len(ck.Names()); got != want {
-		t.Fatalf("manifest has %d tensors, checkpoint %d", got, want)
+	// The checkpoint's lm_head.weight is a copy of the tied embedding,
+	// which is not packed (TestTiedLMHeadNotPacked).
+	names := slices.DeleteFunc(ck.Names(), func(n string) bool { return n == "lm_head.weight" })
+	if got, want := len(r.Manifest().Tensors), len(names); got != want || want != len(ck.Names())-1 {
+		t.Fatalf("manifest has %d tensors, checkpoint %d besides the tied lm_head (of %d)", got, want, len(ck.Names()))
 	}
-	for _, name := range ck.Names() {
+	for _, name := range names {
 		tt, _ := ck.Tensor(name)
 		b, err := r.Section(name)
 		if err != nil {
@@ -275,4 +282,75 @@ func FuzzHeader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSHA256IsFileHash: Stats.SHA256 and VerifyReport.SHA256 are the
+// sha256 of the file's bytes (sha256sum); ContentSHA256 is the hash the
+// header stores (the file with the hash field zeroed), and differs.
+func TestSHA256IsFileHash(t *testing.T) {
+	out, st := packStories(t, WriteOptions{})
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := sha256.Sum256(b)
+	zeroed := slices.Clone(b)
+	clear(zeroed[offSHA256:endSHA256])
+	content := sha256.Sum256(zeroed)
+	rep, err := Verify(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, wantContent := hex.EncodeToString(file[:]), hex.EncodeToString(content[:])
+	if st.SHA256 != want || rep.SHA256 != want {
+		t.Errorf("sha256: write %s, verify %s, file %s", st.SHA256, rep.SHA256, want)
+	}
+	if st.ContentSHA256 != wantContent || rep.ContentSHA256 != wantContent || wantContent != hex.EncodeToString(b[offSHA256:endSHA256]) || want == wantContent {
+		t.Errorf("content sha256: write %s, verify %s, want %s (stored %x)", st.ContentSHA256, rep.ContentSHA256, wantContent, b[offSHA256:endSHA256])
+	}
+}
+
+// TestTiedLMHeadNotPacked: stories260K ties lm_head to the embedding and
+// stores a copy; the artifact neither lists nor stores it, and the
+// engine loads it with logits equal to the checkpoint's.
+func TestTiedLMHeadNotPacked(t *testing.T) {
+	out, st := packStories(t, WriteOptions{})
+	r, err := Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	m := r.Manifest()
+	if !m.Model.TieWordEmbeddings {
+		t.Fatal("stories260K: want tie_word_embeddings")
+	}
+	for _, tn := range m.Tensors {
+		if tn.Name == "lm_head.weight" {
+			t.Errorf("manifest lists the tied lm_head.weight")
+		}
+	}
+	for _, s := range st.Sections {
+		if s.Name == "lm_head.weight" {
+			t.Errorf("section lm_head.weight stored (%d bytes)", s.Raw)
+		}
+	}
+	ea, err := engine.Open(t.Context(), out, engine.Options{Threads: 1, Artifacts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ea.Close()
+	ec, err := engine.Open(t.Context(), storiesDir(t), engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	ids := []int{1, 400, 29, 7, 90}
+	V := ec.Desc.VocabSize
+	want := forwardLogits(t, ec.Model, ids, ec.Model.NewCache(8), V)
+	got := forwardLogits(t, ea.Model, ids, ea.Model.NewCache(8), V)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("logit %d: artifact %v, checkpoint %v", i, got[i], want[i])
+		}
+	}
 }

@@ -3,12 +3,14 @@ package pack
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/pierrec/lz4/v4"
 	"golang.org/x/sys/unix"
 )
@@ -163,6 +165,18 @@ func agreement(m *Manifest, l *layout) []error {
 	return errs
 }
 
+// Info returns the manifest's format version, weights method and KV
+// scheme (cache method, "" for none, and windows) as recorded
+// (engine.Artifact; KVCache validates the scheme).
+func (r *Reader) Info() engine.ArtifactInfo {
+	m := r.manifest
+	i := engine.ArtifactInfo{FormatVersion: m.FormatVersion, WeightsMethod: m.WeightsMethod}
+	if m.KV != nil {
+		i.KVCache, i.KVSink, i.KVRecent = m.KV.Cache, m.KV.Sink, m.KV.Recent
+	}
+	return i
+}
+
 // Manifest returns the parsed manifest (shared; do not modify).
 func (r *Reader) Manifest() *Manifest { return r.manifest }
 
@@ -237,18 +251,28 @@ type Problem struct {
 }
 
 // VerifyReport is Verify's result. OK is true when Problems is empty.
+// SHA256 is the hex sha256 of the file's bytes (what sha256sum prints);
+// ContentSHA256 is the hash the header stores, of the file with the
+// header's hash field taken as zero (docs/FORMAT.md).
 type VerifyReport struct {
-	Path     string    `json:"path"`
-	OK       bool      `json:"ok"`
-	Sections int       `json:"sections"`
-	Tensors  int       `json:"tensors"`
-	Bytes    int64     `json:"file_bytes"`
-	SHA256   string    `json:"sha256"`
-	Problems []Problem `json:"problems"`
+	Path          string    `json:"path"`
+	OK            bool      `json:"ok"`
+	Sections      int       `json:"sections"`
+	Tensors       int       `json:"tensors"`
+	Bytes         int64     `json:"file_bytes"`
+	SHA256        string    `json:"sha256"`
+	ContentSHA256 string    `json:"content_sha256"`
+	Problems      []Problem `json:"problems"`
 }
 
 // Verify checks the artifact at path: everything Open checks, then every
-// section's CRC-32C and lz4 decoding, and the whole-file sha256. It
+// section's CRC-32C and lz4 decoding, the whole-file sha256, and what a
+// loader checks of the manifest (semantics): the model description
+// validates, the tensors are exactly those the model reads, the KV scheme
+// builds with its rotations and clip ratios and its windows fit
+// max_position_embeddings, the weights method is rtn or gptq, and every
+// quantized weight's scales, zero-points and permutation are valid
+// (runtime.ReadQuantized). It
 // returns a report listing every problem and, when there is one, an error
 // naming the first (wrapping ErrChecksum, ErrMismatch or ErrFormat). A
 // file whose header, table or manifest cannot be parsed gives a nil
@@ -263,6 +287,9 @@ func Verify(path string) (*VerifyReport, error) {
 		return nil, errs[0]
 	}
 	rep := &VerifyReport{Path: path, Sections: len(r.l.entries), Tensors: len(r.manifest.Tensors), Bytes: int64(len(mem))}
+	// The file's own sha256 runs alongside the other checks.
+	fileSum := make(chan [sha256.Size]byte, 1)
+	go func() { fileSum <- sha256.Sum256(mem) }()
 	var first error
 	add := func(sec string, err error) {
 		rep.Problems = append(rep.Problems, Problem{sec, err.Error()})
@@ -273,23 +300,42 @@ func Verify(path string) (*VerifyReport, error) {
 	for _, e := range errs {
 		add("", e)
 	}
+	storageSec := map[string]bool{}
+	for _, s := range r.storage {
+		storageSec[s.section] = true
+	}
+	decoded := map[string][]byte{} // quantized weights' storage sections that passed
 	for _, e := range r.l.entries {
 		if got := crc(mem[e.Offset : e.Offset+e.Stored]); got != e.CRC {
 			add(e.Name, fmt.Errorf("pack: %s: section %q: CRC-32C %08x, stored %08x: %w", path, e.Name, got, e.CRC, ErrChecksum))
 			continue
 		}
-		if _, err := r.decode(e); err != nil {
+		b, err := r.decode(e)
+		if err != nil {
 			add(e.Name, err)
+			continue
+		}
+		if storageSec[e.Name] {
+			decoded[e.Name] = b
+		}
+	}
+	if len(errs) == 0 {
+		for _, e := range r.semantics(func(sec string) ([]byte, bool) { b, ok := decoded[sec]; return b, ok }) {
+			if !errors.Is(e, ErrFormat) && !errors.Is(e, ErrMismatch) {
+				e = fmt.Errorf("%w (%w)", e, ErrFormat)
+			}
+			add("", e)
 		}
 	}
 	h := sha256.New()
 	h.Write(mem[:offSHA256])
 	h.Write(make([]byte, endSHA256-offSHA256))
 	h.Write(mem[endSHA256:])
-	sum := h.Sum(nil)
-	rep.SHA256 = hex.EncodeToString(sum)
-	if stored := hex.EncodeToString(r.l.sha[:]); stored != rep.SHA256 {
-		add("", fmt.Errorf("pack: %s: whole-file sha256 %s, stored %s: %w", path, rep.SHA256, stored, ErrChecksum))
+	rep.ContentSHA256 = hex.EncodeToString(h.Sum(nil))
+	fs := <-fileSum
+	rep.SHA256 = hex.EncodeToString(fs[:])
+	if stored := hex.EncodeToString(r.l.sha[:]); stored != rep.ContentSHA256 {
+		add("", fmt.Errorf("pack: %s: content sha256 %s, stored %s: %w", path, rep.ContentSHA256, stored, ErrChecksum))
 	}
 	rep.OK = len(rep.Problems) == 0
 	if rep.Problems == nil {

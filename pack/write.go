@@ -81,15 +81,19 @@ type DTypeStat struct {
 	Ratio      float64 `json:"ratio"`
 }
 
-// Stats describes a written artifact.
+// Stats describes a written artifact. SHA256 is the hex sha256 of the
+// file's bytes (what sha256sum prints); ContentSHA256 is the hash stored
+// in the header (the file with the header's hash field taken as zero,
+// docs/FORMAT.md).
 type Stats struct {
-	Path     string        `json:"path"`
-	FileSize int64         `json:"file_bytes"`
-	SHA256   string        `json:"sha256"`
-	Raw      int64         `json:"raw_bytes"`
-	Stored   int64         `json:"stored_bytes"`
-	ByDType  []DTypeStat   `json:"by_dtype"`
-	Sections []SectionStat `json:"sections"`
+	Path          string        `json:"path"`
+	FileSize      int64         `json:"file_bytes"`
+	SHA256        string        `json:"sha256"`
+	ContentSHA256 string        `json:"content_sha256"`
+	Raw           int64         `json:"raw_bytes"`
+	Stored        int64         `json:"stored_bytes"`
+	ByDType       []DTypeStat   `json:"by_dtype"`
+	Sections      []SectionStat `json:"sections"`
 }
 
 type encoded struct {
@@ -221,18 +225,29 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 		pos += uint64(len(b))
 	}
 	var zeros [Alignment]byte
-	put(hdr)
-	for _, e := range encs {
-		put(zeros[:e.Offset-pos])
-		put(e.data)
+	// body emits everything after the header.
+	body := func(put func([]byte), pos uint64) {
+		for _, e := range encs {
+			put(zeros[:e.Offset-pos])
+			put(e.data)
+			pos = e.Offset + uint64(len(e.data))
+		}
+		put(zeros[:tableOff-pos])
+		put(table)
+		put(man)
 	}
-	put(zeros[:tableOff-pos])
-	put(table)
-	put(man)
+	put(hdr)
+	body(put, pos)
 	if err := w.Flush(); err != nil {
 		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
 	}
 	sum := h.Sum(nil)
+	// The file's own sha256 (sha256sum): the header with the hash in place.
+	fh := sha256.New()
+	copy(hdr[offSHA256:endSHA256], sum)
+	fh.Write(hdr)
+	body(func(b []byte) { fh.Write(b) }, HeaderSize)
+	fileSum := fh.Sum(nil)
 	if _, err := tmp.WriteAt(sum, offSHA256); err != nil {
 		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
 	}
@@ -249,7 +264,7 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
 	ok = true
-	st := &Stats{Path: path, FileSize: int64(size), SHA256: hex.EncodeToString(sum)}
+	st := &Stats{Path: path, FileSize: int64(size), SHA256: hex.EncodeToString(fileSum), ContentSHA256: hex.EncodeToString(sum)}
 	by := map[string]*DTypeStat{}
 	for _, e := range encs {
 		st.Sections = append(st.Sections, SectionStat{e.Name, e.dtype, e.Codec.String(), int64(e.Raw), int64(e.Stored)})

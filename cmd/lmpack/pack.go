@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
+	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/spf13/cobra"
 )
@@ -35,6 +37,16 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
 				return fmt.Errorf("-o FILE.lmpk is required")
+			}
+			if st, err := os.Stat(args[0]); err == nil && !st.IsDir() {
+				if engine.IsArtifact(args[0]) {
+					return fmt.Errorf("INPUT %s is already an lmpack artifact; pack needs a checkpoint directory (config.json and *.safetensors)", args[0])
+				}
+				hint := ""
+				if b := filepath.Base(args[0]); b == "config.json" || strings.HasSuffix(b, ".safetensors") {
+					hint = fmt.Sprintf(" (its directory %s?)", filepath.Dir(args[0]))
+				}
+				return fmt.Errorf("INPUT %s is a file; pack needs a checkpoint directory (config.json and *.safetensors)%s", args[0], hint)
 			}
 			if err := checkOutput("-o", out, args[0], rot); err != nil {
 				return err
@@ -98,9 +110,12 @@ func newVerifyCmd(g *globalFlags) *cobra.Command {
 		Use:   "verify FILE.lmpk",
 		Short: "Check every checksum of an artifact and that its manifest and sections agree",
 		Long: `verify checks FILE.lmpk: header, section table and manifest checksums, each
-section's CRC-32C and lz4 decoding, the whole-file sha256, and that every
-manifest entry has its section and every section is named by the manifest.
-It exits non-zero on any problem, naming the section.`,
+section's CRC-32C and lz4 decoding, the header's content sha256, that every
+manifest entry has its section and every section is named by the manifest,
+and what a loader checks of the manifest (model description, tensor set,
+KV scheme and windows, quantized values). It prints the file's sha256 (as
+sha256sum does; content_sha256 in --json is the header's hash) and exits
+non-zero on any problem, naming the section.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := pack.Verify(args[0])

@@ -138,7 +138,73 @@ func TestPackQuantizedKV(t *testing.T) {
 	wantOK(t, ck)
 	strip := func(s string) string { return s[strings.Index(s, "\n"):] }
 	// inspect of the artifact additionally counts its KV rotations.
-	if !strings.Contains(in.stdout, "parameters:    260032") || !strings.Contains(in.stdout, "model.layers.0.mlp.up_proj.qweight") {
+	if !strings.Contains(in.stdout, "parameters:    260032") || !strings.Contains(in.stdout, "model.layers.0.mlp.up_proj.qweight") ||
+		!strings.Contains(in.stdout, "artifact:      format version 2, weights rtn, kv cache oscar2 (sink 0, recent 0 tokens)") {
 		t.Errorf("inspect artifact:\n%s\ncheckpoint:\n%s", in.stdout, strip(ck.stdout))
 	}
+}
+
+// TestPackKVWindowBound: KV windows beyond max_position_embeddings (512
+// for stories260K) are refused naming the bound; inspect of an artifact
+// shows its format version, weights and KV cache methods and windows, in
+// text and JSON.
+func TestPackKVWindowBound(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.lmpk")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "99999999999999,1"), "max_position_embeddings 512")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "500,13"), "max_position_embeddings 512")
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a refused pack wrote its output")
+	}
+	wantOK(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "8,32"))
+	r := lmpack(t, nil, "inspect", out)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "artifact:      format version 1, weights float (not quantized), kv cache kivi2 (sink 8, recent 32 tokens)") {
+		t.Errorf("inspect artifact:\n%s", r.stdout)
+	}
+	r = lmpack(t, nil, "inspect", out, "--json")
+	wantOK(t, r)
+	var got struct {
+		Artifact *struct {
+			FormatVersion int    `json:"format_version"`
+			KVCache       string `json:"kv_cache"`
+			KVSink        int    `json:"kv_sink"`
+			KVRecent      int    `json:"kv_recent"`
+		} `json:"artifact"`
+	}
+	decodeOneJSON(t, r.stdout, &got)
+	if a := got.Artifact; a == nil || a.FormatVersion != 1 || a.KVCache != "kivi2" || a.KVSink != 8 || a.KVRecent != 32 {
+		t.Errorf("inspect --json artifact: %+v", got.Artifact)
+	}
+	r = lmpack(t, nil, "inspect", modelDir(t), "--json")
+	wantOK(t, r)
+	if strings.Contains(r.stdout, `"artifact"`) {
+		t.Errorf("inspect of a checkpoint reports an artifact block")
+	}
+}
+
+// TestNotAnArtifactMessages: eval, run and inspect on an empty or
+// bad-magic .lmpk say it is not an lmpack artifact; pack of a file (an
+// artifact, config.json) says INPUT must be a checkpoint directory.
+func TestNotAnArtifactMessages(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	empty, junk := filepath.Join(dir, "empty.lmpk"), filepath.Join(dir, "junk.lmpk")
+	os.WriteFile(empty, nil, 0o644)
+	os.WriteFile(junk, []byte("GGUF and more bytes"), 0o644)
+	for _, args := range [][]string{
+		{"inspect", empty}, {"run", empty, "--max-tokens", "1"}, {"eval", empty, "--data", valText(t)},
+	} {
+		wantError(t, lmpack(t, nil, args...), "not an lmpack artifact", "empty")
+	}
+	for _, args := range [][]string{
+		{"inspect", junk}, {"run", junk, "--max-tokens", "1"}, {"eval", junk, "--data", valText(t)},
+	} {
+		wantError(t, lmpack(t, nil, args...), "not an lmpack artifact", `bad magic "GGUF"`)
+	}
+	art := packArtifact(t)
+	out := filepath.Join(dir, "o.lmpk")
+	wantError(t, lmpack(t, nil, "pack", art, "-o", out), "already an lmpack artifact", "checkpoint directory")
+	wantError(t, lmpack(t, nil, "pack", filepath.Join(modelDir(t), "config.json"), "-o", out), "is a file", "checkpoint directory", "its directory")
 }

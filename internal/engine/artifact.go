@@ -44,6 +44,10 @@ type Artifact interface {
 	// method name ("" for the float32 cache) and its options, reading
 	// (consuming) every rotation tensor the scheme names.
 	KVCache() (string, kvcache.Options, error)
+	// Info returns the manifest's format version, weights method and KV
+	// scheme as recorded (not validated; KVCache returns the scheme
+	// checked).
+	Info() ArtifactInfo
 	// Close unmaps the artifact.
 	Close() error
 }
@@ -70,6 +74,30 @@ func IsArtifact(path string) bool {
 		return false
 	}
 	return string(b) == ArtifactMagic
+}
+
+// fileModelError explains why the regular file model cannot be a MODEL
+// where a checkpoint directory (or an artifact, for commands that take
+// one) is wanted: an artifact given to a command that needs a checkpoint;
+// a .lmpk file, or any file, whose first bytes are not ArtifactMagic (an
+// empty or corrupt artifact says so, as lmpack verify does).
+func fileModelError(model string) error {
+	if IsArtifact(model) {
+		return fmt.Errorf("engine: MODEL %q is an lmpack artifact; this command needs a checkpoint directory (run, eval without --kv, and inspect accept artifacts)", model)
+	}
+	if strings.EqualFold(filepath.Ext(model), ".lmpk") {
+		b := make([]byte, len(ArtifactMagic))
+		n := 0
+		if f, err := os.Open(model); err == nil {
+			n, _ = io.ReadFull(f, b)
+			f.Close()
+		}
+		if n == 0 {
+			return fmt.Errorf("engine: MODEL %q is not an lmpack artifact: the file is empty (want magic %q; run lmpack verify)", model, ArtifactMagic)
+		}
+		return fmt.Errorf("engine: MODEL %q is not an lmpack artifact: bad magic %q, want %q (run lmpack verify)", model, b[:n], ArtifactMagic)
+	}
+	return fmt.Errorf("engine: MODEL %q is a file; want a model directory, an lmpack artifact or a Hugging Face id (the file does not start with the artifact magic %q)", model, ArtifactMagic)
 }
 
 // openArtifact opens path with ArtifactOpener and reads its description.
@@ -207,6 +235,18 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m, KVCache: kvMethod}, nil
 }
 
+// ArtifactInfo is what inspect adds for an artifact: its format version,
+// weight-quantization method ("" for float weights) and KV cache method
+// ("fp32" for the float32 cache) with its fp16 windows in tokens (0:
+// none, or the method's default).
+type ArtifactInfo struct {
+	FormatVersion int    `json:"format_version"`
+	WeightsMethod string `json:"weights_method,omitempty"`
+	KVCache       string `json:"kv_cache"`
+	KVSink        int    `json:"kv_sink,omitempty"`
+	KVRecent      int    `json:"kv_recent,omitempty"`
+}
+
 // InspectModel builds the inspect report for MODEL: an artifact (from its
 // manifest, reading no section) or a checkpoint directory or hub id
 // (OpenCheckpoint, then Inspect).
@@ -231,6 +271,9 @@ func InspectModel(ctx context.Context, model string, h *hub.Options) (*InspectRe
 			return nil, err
 		}
 		r.KVRotationTensors = kv
+		info := a.Info()
+		info.KVCache = cmp.Or(info.KVCache, "fp32")
+		r.Artifact = &info
 		return r, nil
 	}
 	dir, d, ck, err := OpenCheckpoint(ctx, model, h)

@@ -69,10 +69,7 @@ func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) 
 	if st, err := os.Stat(model); err == nil && st.IsDir() {
 		return model, nil
 	} else if err == nil {
-		if IsArtifact(model) {
-			return "", fmt.Errorf("engine: MODEL %q is an lmpack artifact; this command needs a checkpoint directory (run, eval without --kv, and inspect accept artifacts)", model)
-		}
-		return "", fmt.Errorf("engine: MODEL %q is a file; want a model directory or a Hugging Face id", model)
+		return "", fileModelError(model)
 	}
 	// A path whose parent exists locally (./x, /x, dir/x with dir present)
 	// is a mistyped directory, not a hub id.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
@@ -51,6 +52,9 @@ type InspectReport struct {
 	// KVRotationTensors counts an artifact's KV-cache rotation tensors
 	// (F32 [head_dim, head_dim]); they are not model parameters.
 	KVRotationTensors int `json:"kv_rotation_tensors,omitempty"`
+	// Artifact is set for an artifact: format version, weights and KV
+	// cache methods, KV windows.
+	Artifact *ArtifactInfo `json:"artifact,omitempty"`
 }
 
 // Inspect builds the report for a description and its checkpoint. Errors:
@@ -183,6 +187,14 @@ func (r *InspectReport) WriteText(out io.Writer) error {
 	fmt.Fprintf(w, "architecture:  %s\n", r.Architecture)
 	fmt.Fprintf(w, "hidden_size:   %d   vocab_size: %d   layers: %d   rope_theta: %g   tied embeddings: %v\n",
 		r.HiddenSize, r.VocabSize, r.NumLayers, r.RoPETheta, r.TiedEmbedding)
+	if a := r.Artifact; a != nil {
+		weights := cmp.Or(a.WeightsMethod, "float (not quantized)")
+		fmt.Fprintf(w, "artifact:      format version %d, weights %s, kv cache %s", a.FormatVersion, weights, a.KVCache)
+		if a.KVCache != "fp32" {
+			fmt.Fprintf(w, " (sink %d, recent %d tokens)", a.KVSink, a.KVRecent)
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "parameters:    %d (%.2fM)\n", r.Params, float64(r.Params)/1e6)
 	var dts []string
 	for k := range r.BytesByDType {
