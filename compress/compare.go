@@ -70,8 +70,8 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 		}
 		for t := 0; t+1 < ctxLen; t++ {
 			p, q := ref[t*V:(t+1)*V], got[t*V:(t+1)*V]
-			logSoftmax(p, logP)
-			logSoftmax(q, logQ)
+			eval.LogSoftmax(p, logP)
+			eval.LogSoftmax(q, logQ)
 			next := win[t+1]
 			if math.IsInf(logP[next], 0) || math.IsNaN(logP[next]) || math.IsInf(logQ[next], 0) || math.IsNaN(logQ[next]) {
 				return nil, fmt.Errorf("compress: eval window %d position %d: %w", w, t, eval.ErrNonFinite)
@@ -105,20 +105,4 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 		r.KVBitsPerElement = s.BitsPerElement()
 	}
 	return r, nil
-}
-
-// logSoftmax writes log softmax(x) into out, in float64.
-func logSoftmax(x []float32, out []float64) {
-	m := math.Inf(-1)
-	for _, v := range x {
-		m = max(m, float64(v))
-	}
-	var s float64
-	for _, v := range x {
-		s += math.Exp(float64(v) - m)
-	}
-	ls := m + math.Log(s)
-	for i, v := range x {
-		out[i] = float64(v) - ls
-	}
 }

@@ -426,12 +426,12 @@ func (p *pipeline) checkPaths() error {
 			return fmt.Errorf("compress: output %s is the input %s; refusing to overwrite an input", p.opt.Out, in)
 		}
 	}
-	model, err := realAbs(p.srcDir)
+	model, err := fsx.RealAbs(p.srcDir)
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
 	for _, x := range []struct{ what, path string }{{"work dir", p.opt.WorkDir}, {"output", filepath.Dir(p.opt.Out)}} {
-		a, err := realAbs(x.path)
+		a, err := fsx.RealAbs(x.path)
 		if err != nil {
 			return fmt.Errorf("compress: %s: %w", x.what, err)
 		}
@@ -440,25 +440,6 @@ func (p *pipeline) checkPaths() error {
 		}
 	}
 	return nil
-}
-
-// realAbs is the absolute path with symlinks resolved as far as the path
-// exists.
-func realAbs(p string) (string, error) {
-	a, err := filepath.Abs(p)
-	if err != nil {
-		return "", err
-	}
-	rest := ""
-	for d := a; ; d = filepath.Dir(d) {
-		if r, err := filepath.EvalSymlinks(d); err == nil {
-			return filepath.Join(r, rest), nil
-		}
-		if filepath.Dir(d) == d {
-			return a, nil
-		}
-		rest = filepath.Join(filepath.Base(d), rest)
-	}
 }
 
 func cmpOr(a, b string) string {
