@@ -205,6 +205,10 @@ func (w *packedLinear) dequantRows(r0, r1 int, dst []float32, codes []uint8) {
 // scale and zero in float64, storage column j going to out[Perm[j]].
 func (s *qseg) dequantRow(r int, out []float32, codes []uint8) {
 	q := s.q
+	if q.Perm == nil && q.GroupSize*q.Bits%8 == 0 && q.Bits != 8 {
+		s.dequantRowFast(r, out)
+		return
+	}
 	unpackCodes(codes, q.Codes[r*s.rb:(r+1)*s.rb], q.Bits)
 	G := q.GroupSize
 	nc := 1 << uint(q.Bits)
@@ -243,6 +247,66 @@ func (s *qseg) dequantRow(r int, out []float32, codes []uint8) {
 			p := q.Perm[g*G : (g+1)*G]
 			for j, c := range cs {
 				out[p[j]] = float32(sc * (float64(c) - z))
+			}
+		}
+	}
+}
+
+// grid returns the scale and zero-point of group g of row r, in float64
+// (exact: both are float16 values).
+func (s *qseg) grid(r, g int) (float64, float64) {
+	q := s.q
+	sc := float64(safetensors.F16ToFloat32(q.Scales[r*s.ng+g]))
+	if q.Symmetric {
+		return sc, s.zsym
+	}
+	return sc, float64(safetensors.F16ToFloat32(q.Zeros[r*s.ng+g]))
+}
+
+// dequantRowFast is dequantRow for natural column order, 1 to 4 bits and
+// groups of whole bytes: codes are decoded straight from the packed bytes
+// through each group's table of its 2^bits values.
+func (s *qseg) dequantRowFast(r int, out []float32) {
+	q := s.q
+	G := q.GroupSize
+	gb := G * q.Bits / 8
+	row := q.Codes[r*s.rb : (r+1)*s.rb]
+	if q.Bits == 4 {
+		// Integer zero-points and float16 scales: the float32 arithmetic of
+		// DequantU4 is exact, so it equals the float64 formula.
+		var zeros []uint16
+		if !q.Symmetric {
+			zeros = q.Zeros[r*s.ng : (r+1)*s.ng]
+		}
+		kernels.DequantU4Row(out, row, q.Scales[r*s.ng:(r+1)*s.ng], zeros, G, float32(s.zsym))
+		return
+	}
+	var lut [16]float32
+	for g := 0; g < s.ng; g++ {
+		sc, z := s.grid(r, g)
+		for c := 0; c < 1<<uint(q.Bits); c++ {
+			lut[c] = float32(sc * (float64(c) - z))
+		}
+		src := row[g*gb : (g+1)*gb]
+		o := out[g*G : (g+1)*G]
+		switch q.Bits {
+		case 2:
+			for i, b := range src {
+				d := o[4*i : 4*i+4 : 4*i+4]
+				d[0], d[1], d[2], d[3] = lut[b&3], lut[b>>2&3], lut[b>>4&3], lut[b>>6]
+			}
+		case 1:
+			for i, b := range src {
+				d := o[8*i : 8*i+8 : 8*i+8]
+				d[0], d[1], d[2], d[3] = lut[b&1], lut[b>>1&1], lut[b>>2&1], lut[b>>3&1]
+				d[4], d[5], d[6], d[7] = lut[b>>4&1], lut[b>>5&1], lut[b>>6&1], lut[b>>7]
+			}
+		case 3:
+			for i := 0; i+3 <= len(src); i += 3 {
+				v := uint32(src[i]) | uint32(src[i+1])<<8 | uint32(src[i+2])<<16
+				d := o[i/3*8 : i/3*8+8 : i/3*8+8]
+				d[0], d[1], d[2], d[3] = lut[v&7], lut[v>>3&7], lut[v>>6&7], lut[v>>9&7]
+				d[4], d[5], d[6], d[7] = lut[v>>12&7], lut[v>>15&7], lut[v>>18&7], lut[v>>21&7]
 			}
 		}
 	}
