@@ -60,10 +60,11 @@ type cpuModel struct {
 	attn      attnTask
 
 	// Packed matmuls (qlinear.go): the task and, per pool thread, the
-	// tile scratch [qScratchFloats(max k)] and code scratch [max k].
+	// tile scratch [qScratchFloats(max k)], code and row scratch [max k].
 	qmm    qmmTask
 	qbuf   [][]float32
 	qcodes [][]uint8
+	qrow   [][]float32
 
 	obsBlock   BlockObserver
 	obsQKV     QKVObserver
@@ -248,10 +249,11 @@ func (m *cpuModel) allocPacked() {
 		return
 	}
 	th := m.pool.Threads()
-	m.qbuf, m.qcodes = make([][]float32, th), make([][]uint8, th)
+	m.qbuf, m.qcodes, m.qrow = make([][]float32, th), make([][]uint8, th), make([][]float32, th)
 	for i := range m.qbuf {
 		m.qbuf[i] = make([]float32, qScratchFloats(maxK))
 		m.qcodes[i] = make([]uint8, maxK)
+		m.qrow[i] = make([]float32, maxK)
 	}
 }
 

@@ -128,6 +128,10 @@ func qTileRows(n, k, threads int) int {
 	return min(r, max(per, 12))
 }
 
+// qParallelMinMACs is the size m·n·k below which a packed matmul runs on
+// the calling goroutine, as kernels.Pool.MatMulNT does for float weights.
+const qParallelMinMACs = 1 << 15
+
 // qScratchFloats is the float32 scratch one thread needs for tiles of any
 // packed weight with row length at most k.
 func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
@@ -142,17 +146,18 @@ type qmmTask struct {
 	tile, tiles, unit int
 	buf               [][]float32 // per unit: [tile, k]
 	codes             [][]uint8   // per unit: [k]
+	row               [][]float32 // per unit: [k]
 }
 
 func (t *qmmTask) Run(lo, hi int) {
 	w, k := t.w, t.w.k
 	for u := lo; u < hi; u++ {
-		buf, codes := t.buf[u], t.codes[u]
+		buf, codes, row := t.buf[u], t.codes[u], t.row[u]
 		for ti := u * t.tiles / t.unit; ti < (u+1)*t.tiles/t.unit; ti++ {
 			r0 := ti * t.tile
 			r1 := min(r0+t.tile, w.n)
 			tb := buf[:(r1-r0)*k]
-			w.dequantRows(r0, r1, tb, codes)
+			w.dequantRows(r0, r1, tb, codes, row)
 			kernels.MatMulNT(t.m, r1-r0, k, t.x, t.ldx, tb, k, t.y[r0:], t.ldy)
 		}
 	}
@@ -175,14 +180,17 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	t.tile = qTileRows(n, k, th)
 	t.tiles = (n + t.tile - 1) / t.tile
 	t.unit = min(th, t.tiles)
-	t.buf, t.codes = cm.qbuf, cm.qcodes
+	if m*n*k < qParallelMinMACs {
+		t.unit = 1 // Pool.Run runs one unit on the calling goroutine
+	}
+	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
 	cm.pool.Run(t.unit, t)
 	t.w, t.x, t.y = nil, nil, nil
 }
 
 // dequantRows writes rows [r0, r1) of W into dst [(r1−r0), k] in the
-// original column order; codes is scratch of k bytes.
-func (w *packedLinear) dequantRows(r0, r1 int, dst []float32, codes []uint8) {
+// original column order; codes [k] and row [k] are scratch.
+func (w *packedLinear) dequantRows(r0, r1 int, dst []float32, codes []uint8, row []float32) {
 	k := w.k
 	si := 0
 	for r := r0; r < r1; r++ {
@@ -196,16 +204,42 @@ func (w *packedLinear) dequantRows(r0, r1 int, dst []float32, codes []uint8) {
 			copy(out, s.f[lr*k:(lr+1)*k])
 			continue
 		}
-		s.dequantRow(lr, out, codes[:k])
+		s.dequantRow(lr, out, codes[:k], row[:k])
 	}
 }
 
 // dequantRow writes row r of s's quantized weight into out [k] exactly as
 // weights.Quantized.Dequantize does: float32(scale·(code − zero)) with
 // scale and zero in float64, storage column j going to out[Perm[j]].
-func (s *qseg) dequantRow(r int, out []float32, codes []uint8) {
+func (s *qseg) dequantRow(r int, out []float32, codes []uint8, tmp []float32) {
 	q := s.q
-	if q.Perm == nil && q.GroupSize*q.Bits%8 == 0 && q.Bits != 8 {
+	if q.Bits >= 2 && q.Bits <= 4 {
+		// Integer zero-points and float16 scales: the float32 arithmetic
+		// of the kernels is exact, so it equals the float64 formula.
+		dst := out
+		if q.Perm != nil {
+			dst = tmp
+		}
+		var zeros []uint16
+		if !q.Symmetric {
+			zeros = q.Zeros[r*s.ng : (r+1)*s.ng]
+		}
+		// The row keeps its capacity to the end of Codes: the kernels may
+		// read a few bytes past it.
+		src, sc := q.Codes[r*s.rb:(r+1)*s.rb], q.Scales[r*s.ng:(r+1)*s.ng]
+		if q.Bits == 4 && q.GroupSize%2 == 0 {
+			kernels.DequantU4Row(dst, src, sc, zeros, q.GroupSize, float32(s.zsym))
+		} else {
+			kernels.DequantBitsRow(dst, src, q.Bits, sc, zeros, q.GroupSize, float32(s.zsym))
+		}
+		if q.Perm != nil {
+			for j, p := range q.Perm {
+				out[p] = tmp[j]
+			}
+		}
+		return
+	}
+	if q.Perm == nil && q.Bits == 1 && q.GroupSize%8 == 0 {
 		s.dequantRowFast(r, out)
 		return
 	}
@@ -263,51 +297,22 @@ func (s *qseg) grid(r, g int) (float64, float64) {
 	return sc, float64(safetensors.F16ToFloat32(q.Zeros[r*s.ng+g]))
 }
 
-// dequantRowFast is dequantRow for natural column order, 1 to 4 bits and
-// groups of whole bytes: codes are decoded straight from the packed bytes
+// dequantRowFast is dequantRow for natural column order, 1 bit (the
+// fractional zero-points make float32 arithmetic inexact) and groups of
+// whole bytes: codes are decoded straight from the packed bytes
 // through each group's table of its 2^bits values.
 func (s *qseg) dequantRowFast(r int, out []float32) {
 	q := s.q
 	G := q.GroupSize
-	gb := G * q.Bits / 8
 	row := q.Codes[r*s.rb : (r+1)*s.rb]
-	if q.Bits == 4 {
-		// Integer zero-points and float16 scales: the float32 arithmetic of
-		// DequantU4 is exact, so it equals the float64 formula.
-		var zeros []uint16
-		if !q.Symmetric {
-			zeros = q.Zeros[r*s.ng : (r+1)*s.ng]
-		}
-		kernels.DequantU4Row(out, row, q.Scales[r*s.ng:(r+1)*s.ng], zeros, G, float32(s.zsym))
-		return
-	}
-	var lut [16]float32
 	for g := 0; g < s.ng; g++ {
 		sc, z := s.grid(r, g)
-		for c := 0; c < 1<<uint(q.Bits); c++ {
-			lut[c] = float32(sc * (float64(c) - z))
-		}
-		src := row[g*gb : (g+1)*gb]
+		lut := [2]float32{float32(sc * (0 - z)), float32(sc * (1 - z))}
 		o := out[g*G : (g+1)*G]
-		switch q.Bits {
-		case 2:
-			for i, b := range src {
-				d := o[4*i : 4*i+4 : 4*i+4]
-				d[0], d[1], d[2], d[3] = lut[b&3], lut[b>>2&3], lut[b>>4&3], lut[b>>6]
-			}
-		case 1:
-			for i, b := range src {
-				d := o[8*i : 8*i+8 : 8*i+8]
-				d[0], d[1], d[2], d[3] = lut[b&1], lut[b>>1&1], lut[b>>2&1], lut[b>>3&1]
-				d[4], d[5], d[6], d[7] = lut[b>>4&1], lut[b>>5&1], lut[b>>6&1], lut[b>>7]
-			}
-		case 3:
-			for i := 0; i+3 <= len(src); i += 3 {
-				v := uint32(src[i]) | uint32(src[i+1])<<8 | uint32(src[i+2])<<16
-				d := o[i/3*8 : i/3*8+8 : i/3*8+8]
-				d[0], d[1], d[2], d[3] = lut[v&7], lut[v>>3&7], lut[v>>6&7], lut[v>>9&7]
-				d[4], d[5], d[6], d[7] = lut[v>>12&7], lut[v>>15&7], lut[v>>18&7], lut[v>>21&7]
-			}
+		for i, b := range row[g*G/8 : (g+1)*G/8] {
+			d := o[8*i : 8*i+8 : 8*i+8]
+			d[0], d[1], d[2], d[3] = lut[b&1], lut[b>>1&1], lut[b>>2&1], lut[b>>3&1]
+			d[4], d[5], d[6], d[7] = lut[b>>4&1], lut[b>>5&1], lut[b>>6&1], lut[b>>7]
 		}
 	}
 }

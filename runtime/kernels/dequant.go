@@ -96,3 +96,74 @@ func f16ToF32(h uint16) float32 {
 	}
 	return v
 }
+
+// DequantBitsRow is DequantU4Row for codes of bits = 1, 2, 3 or 4 bits:
+// code j of the row is bits [j·bits, (j+1)·bits) of the little-endian bit
+// stream src (least significant bit first; docs/QUANT.md), so src holds
+// at least ceil(len(dst)·bits/8) bytes, and
+//
+//	dst[j] = (float32(c_j) − z_g) · s_g,  g = j/group,
+//
+// with s_g, z_g the float16 values scales[g], zeros[g] (zsym when zeros is
+// nil). The float32 arithmetic is exact, and equals the float64 formula,
+// when the zero-points are integers. With AVX2 and F16C, groups that are
+// a multiple of 8 codes run in one assembly loop that extracts eight codes
+// per step with variable shifts; it reads up to 3 bytes past the row when
+// src's capacity allows, else the last group runs in Go. It panics (a
+// programmer error) on a bad width or inconsistent lengths.
+func DequantBitsRow(dst []float32, src []byte, bits int, scales, zeros []uint16, group int, zsym float32) {
+	n := len(dst)
+	if bits < 1 || bits > 4 {
+		panicf("DequantBitsRow: bits %d, want 1 to 4", bits)
+	}
+	if group <= 0 || n%group != 0 {
+		panicf("DequantBitsRow: group %d for %d codes, want a divisor", group, n)
+	}
+	ng := n / group
+	need := (n*bits + 7) / 8
+	if len(scales) < ng || (zeros != nil && len(zeros) < ng) || len(src) < need {
+		panicf("DequantBitsRow: %d scales, %d zeros, %d bytes for %d groups of %d codes of %d bits", len(scales), len(zeros), len(src), ng, group, bits)
+	}
+	g0 := 0
+	if useAsm && hasF16C && group%8 == 0 && ng > 0 {
+		asmGroups := ng
+		if cap(src) < need+3 {
+			asmGroups = ng - 1
+		}
+		if asmGroups > 0 {
+			var zp *uint16
+			if zeros != nil {
+				zp = &zeros[0]
+			}
+			dequantBitsRowAVX2(&dst[0], &src[0], &scales[0], zp, asmGroups, group, bits, &shiftTable[bits][0], zsym, uint32(1)<<uint(bits)-1)
+		}
+		g0 = asmGroups
+	}
+	mask := uint16(1)<<uint(bits) - 1
+	for g := g0; g < ng; g++ {
+		s, z := f16ToF32(scales[g]), zsym
+		if zeros != nil {
+			z = f16ToF32(zeros[g])
+		}
+		for j := g * group; j < (g+1)*group; j++ {
+			p := j * bits
+			b, off := p>>3, uint(p&7)
+			v := uint16(src[b])
+			if off+uint(bits) > 8 {
+				v |= uint16(src[b+1]) << 8
+			}
+			dst[j] = (float32(v>>off&mask) - z) * s
+		}
+	}
+}
+
+// shiftTable[b] holds the shifts 0, b, 2b, …, 7b that bring codes 0..7 of
+// a b-bit stream word to bit 0.
+var shiftTable = func() (t [5][8]int32) {
+	for b := range t {
+		for i := range t[b] {
+			t[b][i] = int32(i * b)
+		}
+	}
+	return t
+}()

@@ -19,3 +19,10 @@ var hasF16C = cpu.X86.HasF16C
 //
 //go:noescape
 func dequantU4RowAVX2(dst *float32, src *byte, scales, zeros *uint16, ng, group int, zsym float32)
+
+// dequantBitsRowAVX2: ng groups of group codes (a multiple of 8) of bits
+// bits; shifts points at shiftTable[bits]; reads up to 3 bytes past the
+// last group's codes (dequant_amd64.s).
+//
+//go:noescape
+func dequantBitsRowAVX2(dst *float32, src *byte, scales, zeros *uint16, ng, group, bits int, shifts *int32, zsym float32, mask uint32)

@@ -100,3 +100,59 @@ rloop:
 	JNZ  rgroup
 	VZEROUPPER
 	RET
+
+// func dequantBitsRowAVX2(dst *float32, src *byte, scales, zeros *uint16, ng, group, bits int, shifts *int32, zsym float32, mask uint32)
+// ng >= 1 groups of group codes (a multiple of 8). Eight codes take bits
+// bytes: a 32-bit load of them is broadcast to eight dwords, shifted right
+// by shifts[0..7] and masked, so lane i holds code i.
+TEXT ·dequantBitsRowAVX2(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ scales+16(FP), R8
+	MOVQ zeros+24(FP), R9
+	MOVQ ng+32(FP), R10
+	MOVQ group+40(FP), R11
+	MOVQ bits+48(FP), R12
+	MOVQ shifts+56(FP), R13
+	VMOVDQU (R13), Y10
+	VBROADCASTSS zsym+64(FP), Y1
+	MOVL mask+68(FP), AX
+	VMOVD AX, X2
+	VPBROADCASTD X2, Y2
+
+bgroup:
+	MOVWLZX (R8), AX
+	VMOVD AX, X0
+	VCVTPH2PS X0, X0
+	VBROADCASTSS X0, Y0
+	ADDQ $2, R8
+	TESTQ R9, R9
+	JZ   bcodes
+	MOVWLZX (R9), AX
+	VMOVD AX, X1
+	VCVTPH2PS X1, X1
+	VBROADCASTSS X1, Y1
+	ADDQ $2, R9
+
+bcodes:
+	MOVQ R11, CX
+
+bloop:
+	MOVL (SI), AX
+	VMOVD AX, X3
+	VPBROADCASTD X3, Y3
+	VPSRLVD Y10, Y3, Y3
+	VPAND Y2, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VSUBPS Y1, Y3, Y3
+	VMULPS Y0, Y3, Y3
+	VMOVUPS Y3, (DI)
+	ADDQ R12, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JNZ  bloop
+
+	DECQ R10
+	JNZ  bgroup
+	VZEROUPPER
+	RET

@@ -9,3 +9,7 @@ var hasF16C = false
 func dequantU4RowAVX2(dst *float32, src *byte, scales, zeros *uint16, ng, group int, zsym float32) {
 	panic(unreachable)
 }
+
+func dequantBitsRowAVX2(dst *float32, src *byte, scales, zeros *uint16, ng, group, bits int, shifts *int32, zsym float32, mask uint32) {
+	panic(unreachable)
+}

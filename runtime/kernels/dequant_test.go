@@ -96,3 +96,57 @@ func TestDequantU4Row(t *testing.T) {
 		}
 	}
 }
+
+// DequantBitsRow (AVX2+F16C, with and without room to read past the row,
+// and Go) equals the float64 formula for 1-4 bits.
+func TestDequantBitsRow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, bits := range []int{1, 2, 3, 4} {
+		for _, c := range []struct{ n, group int }{{8, 8}, {64, 32}, {1024, 64}, {96, 96}, {24, 24}, {12, 6}, {30, 10}} {
+			need := (c.n*bits + 7) / 8
+			buf := make([]byte, need+3)
+			for i := range buf {
+				buf[i] = byte(rng.IntN(256))
+			}
+			ng := c.n / c.group
+			scales, zeros := make([]uint16, ng), make([]uint16, ng)
+			for g := range scales {
+				scales[g] = uint16(1 + rng.IntN(0x7bff))
+				zeros[g] = safetensors.F16FromFloat32(float32(rng.IntN(1 << bits)))
+			}
+			for _, sym := range []bool{false, true} {
+				zs := zeros
+				if sym {
+					zs = nil
+				}
+				for _, variant := range []string{"go", "asm", "asm-tight"} {
+					if variant != "go" && !hasAsm {
+						continue
+					}
+					useAsm = variant != "go"
+					src := buf[:need]
+					if variant == "asm-tight" {
+						src = buf[:need:need]
+					}
+					dst := make([]float32, c.n)
+					zsym := float32(int(1) << uint(bits-1))
+					DequantBitsRow(dst, src, bits, scales, zs, c.group, zsym)
+					useAsm = hasAsm
+					for j := range dst {
+						g := j / c.group
+						z := float64(zsym)
+						if !sym {
+							z = float64(safetensors.F16ToFloat32(zeros[g]))
+						}
+						p := j * bits
+						code := (uint(buf[p/8]) | uint(buf[p/8+1])<<8) >> uint(p%8) & (1<<uint(bits) - 1)
+						want := float32(float64(safetensors.F16ToFloat32(scales[g])) * (float64(code) - z))
+						if dst[j] != want {
+							t.Fatalf("bits %d n %d group %d sym %v %s: dst[%d] = %v, want %v", bits, c.n, c.group, sym, variant, j, dst[j], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
