@@ -20,11 +20,19 @@ import (
 // qTileRows(…) rows of W into a per-thread scratch buffer, in the original
 // column order and with exactly the arithmetic of
 // weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
-// the tiles spread over the pool's threads. Tiles are multiples of 12 rows
-// (the GEMV kernel's 4-row groups and the GEMM micro-kernel's 3-column
-// tiles), so each logit is computed by the same kernel code in the same
-// summation order as with the dequantize-at-load path
-// (LoadOptions.DequantizeWeights) and the two give the same logits.
+// the tiles spread over the pool's threads. Rows of 1-4-bit codes are
+// decoded by kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32
+// arithmetic is exact for integer zero-points; 1-bit rows (fractional
+// zero-points) use per-group tables computed in float64; act-order rows are
+// decoded in storage order and scattered by Perm. Tiles are multiples of
+// 12 rows (the GEMV kernel's 4-row groups and the GEMM micro-kernel's
+// 3-column tiles), so on one thread every output is computed by the same
+// kernel code in the same summation order as on the dequantize-at-load
+// path (LoadOptions.DequantizeWeights): the logits are bit-identical. On
+// several threads the float path's own split of a GEMM over threads
+// changes the rounding of a few outputs (Pool.MatMulNT is not
+// split-invariant for m >= 4 with m%4 != 0), so the two paths then agree
+// to about 1e-6 of max|logit| (tests: qlinear_ext_test.go).
 
 // linear is the weight W [n, k] of one linear map y = x·Wᵀ: a float32
 // matrix f, or packed rows p. Exactly one is set.
