@@ -23,6 +23,14 @@ type TensorSource interface {
 type LoadOptions struct {
 	// Threads is the number of worker threads; <= 0 means all cores.
 	Threads int
+	// DequantizeWeights makes the CPU backend dequantize every quantized
+	// weight (docs/QUANT.md) to float32 at load, as before packed weights:
+	// 32 bits per weight in memory instead of about bits + 16/group_size
+	// (+16/group_size for zero-points). By default (false) the quantized
+	// linear weights stay packed and are dequantized tile by tile inside
+	// each matmul (runtime/qlinear.go): bit-identical logits on one thread,
+	// within ~1e-6 of max|logit| on several. The CUDA backend ignores it.
+	DequantizeWeights bool
 }
 
 // Backend loads models for one kind of device.

@@ -19,7 +19,7 @@ func (cpuBackend) Name() string { return "cpu" }
 // cpuMLP is a SwiGLU FFN with gate and up fused: gu [2I, H] (gate rows
 // first), down [H, I].
 type cpuMLP struct {
-	gu, down []float32
+	gu, down linear
 	inter    int
 }
 
@@ -36,9 +36,9 @@ type cpuLayer struct {
 	spec            *arch.Layer
 	attnNorm        []float32 // [H]
 	ffnNorm         []float32 // [H]
-	wqkv            []float32 // [qdim+2*kvdim, H]
+	wqkv            linear    // [qdim+2*kvdim, H]
 	bqkv            []float32 // [qdim+2*kvdim] or nil
-	wo              []float32 // [H, qdim]
+	wo              linear    // [H, qdim]
 	bo              []float32 // [H] or nil
 	qNorm, kNorm    []float32 // [head_dim] or nil
 	mlp             *cpuMLP
@@ -54,10 +54,17 @@ type cpuModel struct {
 	pool      *kernels.Pool
 	embed     []float32 // [V, H]
 	finalNorm []float32 // [H]
-	lmHead    []float32 // [V, H]
+	lmHead    linear    // [V, H]
 	layers    []cpuLayer
 	s         scratch
 	attn      attnTask
+
+	// Packed matmuls (qlinear.go): the task and, per pool thread, the
+	// tile scratch [qScratchFloats(max k)], code and row scratch [max k].
+	qmm    qmmTask
+	qbuf   [][]float32
+	qcodes [][]uint8
+	qrow   [][]float32
 
 	obsBlock   BlockObserver
 	obsQKV     QKVObserver
@@ -74,13 +81,32 @@ var _ Model = (*cpuModel)(nil)
 
 // Load implements Backend. It converts every tensor to float32, checks
 // shapes and finiteness, and fuses q/k/v and gate/up into single matrices.
+// Quantized weights of the attention projections, MLPs, experts and
+// lm_head stay packed (qlinear.go) unless opt.DequantizeWeights; any other
+// quantized weight is dequantized (quantized.go).
 func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSource, opt LoadOptions) (Model, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
 	H, V := d.HiddenSize, d.VocabSize
 	m := &cpuModel{d: d}
+	raw := src
 	src = WithQuant(d, src) // quantized weights are dequantized (quantized.go)
+	packed := !opt.DequantizeWeights
+	lin := func(cols int, names []string, rows []int) (linear, error) {
+		return loadLinear(d, src, raw, packed, cols, names, rows)
+	}
+	loadMLP := func(s *arch.MLP) (*cpuMLP, error) {
+		gu, err := lin(H, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize})
+		if err != nil {
+			return nil, err
+		}
+		down, err := lin(s.IntermediateSize, []string{s.Down}, []int{H})
+		if err != nil {
+			return nil, err
+		}
+		return &cpuMLP{gu: gu, down: down, inter: s.IntermediateSize}, nil
+	}
 	var err error
 	if m.embed, err = loadF32(src, d.Embedding, V, H); err != nil {
 		return nil, err
@@ -88,9 +114,9 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 	if m.finalNorm, err = loadF32(src, d.FinalNorm, H); err != nil {
 		return nil, err
 	}
-	m.lmHead = m.embed
+	m.lmHead = linear{f: m.embed}
 	if !d.TieWordEmbeddings {
-		if m.lmHead, err = loadF32(src, d.LMHead, V, H); err != nil {
+		if m.lmHead, err = lin(H, []string{d.LMHead}, []int{V}); err != nil {
 			return nil, err
 		}
 	}
@@ -117,7 +143,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 		if l.ffnNorm, err = loadF32(src, spec.FFNNorm, H); err != nil {
 			return nil, err
 		}
-		if l.wqkv, err = loadConcat(src, H, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}); err != nil {
+		if l.wqkv, err = lin(H, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}); err != nil {
 			return nil, err
 		}
 		if a.QBias != "" || a.KBias != "" || a.VBias != "" {
@@ -135,7 +161,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 				off += n
 			}
 		}
-		if l.wo, err = loadF32(src, a.O, H, l.qdim); err != nil {
+		if l.wo, err = lin(l.qdim, []string{a.O}, []int{H}); err != nil {
 			return nil, err
 		}
 		if a.OBias != "" {
@@ -152,7 +178,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 			}
 		}
 		if spec.MLP != nil {
-			if l.mlp, err = loadMLP(src, H, spec.MLP); err != nil {
+			if l.mlp, err = loadMLP(spec.MLP); err != nil {
 				return nil, err
 			}
 		}
@@ -162,14 +188,14 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 				return nil, err
 			}
 			for j := range mo.Experts {
-				x, err := loadMLP(src, H, &mo.Experts[j])
+				x, err := loadMLP(&mo.Experts[j])
 				if err != nil {
 					return nil, err
 				}
 				e.experts = append(e.experts, *x)
 			}
 			if mo.Shared != nil {
-				if e.shared, err = loadMLP(src, H, mo.Shared); err != nil {
+				if e.shared, err = loadMLP(mo.Shared); err != nil {
 					return nil, err
 				}
 			}
@@ -183,7 +209,63 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 	}
 	m.pool = kernels.NewPool(opt.Threads)
 	m.attn.m = m
+	m.allocPacked()
 	return m, nil
+}
+
+// linears calls f on every linear weight of the model.
+func (m *cpuModel) linears(f func(*linear)) {
+	f(&m.lmHead)
+	mlp := func(x *cpuMLP) {
+		if x != nil {
+			f(&x.gu)
+			f(&x.down)
+		}
+	}
+	for i := range m.layers {
+		l := &m.layers[i]
+		f(&l.wqkv)
+		f(&l.wo)
+		mlp(l.mlp)
+		if l.moe != nil {
+			for j := range l.moe.experts {
+				mlp(&l.moe.experts[j])
+			}
+			mlp(l.moe.shared)
+		}
+	}
+}
+
+// allocPacked sizes the per-thread scratch of packed matmuls (none when
+// no weight is packed).
+func (m *cpuModel) allocPacked() {
+	maxK := 0
+	m.linears(func(w *linear) {
+		if w.p != nil {
+			maxK = max(maxK, w.p.k)
+		}
+	})
+	if maxK == 0 {
+		return
+	}
+	th := m.pool.Threads()
+	m.qbuf, m.qcodes, m.qrow = make([][]float32, th), make([][]uint8, th), make([][]float32, th)
+	for i := range m.qbuf {
+		m.qbuf[i] = make([]float32, qScratchFloats(maxK))
+		m.qcodes[i] = make([]uint8, maxK)
+		m.qrow[i] = make([]float32, maxK)
+	}
+}
+
+// weightBytes returns the resident bytes of the model's linear weights
+// (lm_head counted only when untied).
+func (m *cpuModel) weightBytes() int64 {
+	var b int64
+	m.linears(func(w *linear) { b += w.bytes() })
+	if m.d.TieWordEmbeddings {
+		b -= m.lmHead.bytes()
+	}
+	return b
 }
 
 // loadConcat loads tensors [rows[i], cols] and stacks them row-wise.
@@ -206,18 +288,6 @@ func loadConcat(src TensorSource, cols int, names []string, rows []int) ([]float
 		out = append(out, w...)
 	}
 	return out, nil
-}
-
-func loadMLP(src TensorSource, H int, s *arch.MLP) (*cpuMLP, error) {
-	gu, err := loadConcat(src, H, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize})
-	if err != nil {
-		return nil, err
-	}
-	down, err := loadF32(src, s.Down, H, s.IntermediateSize)
-	if err != nil {
-		return nil, err
-	}
-	return &cpuMLP{gu: gu, down: down, inter: s.IntermediateSize}, nil
 }
 
 func (m *cpuModel) Description() *arch.Description { return m.d }
@@ -399,7 +469,7 @@ func (m *cpuModel) Forward(ctx context.Context, tokens []int, cache KVCache, log
 	for i := 0; i < rows; i++ {
 		kernels.RMSNorm(xn[i*H:(i+1)*H], x[(first+i)*H:(first+i+1)*H], m.finalNorm, eps)
 	}
-	m.pool.MatMulNT(rows, V, H, xn, H, m.lmHead, H, logits, V)
+	m.matMul(rows, V, H, xn, H, &m.lmHead, logits, V)
 	return nil
 }
 
@@ -415,7 +485,7 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 		m.obsAttn.AttnInput(li, pos, T, xn)
 	}
 	qkv := s.qkv[:T*l.qkvdim]
-	m.pool.MatMulNT(T, l.qkvdim, H, xn, H, l.wqkv, H, qkv, l.qkvdim)
+	m.matMul(T, l.qkvdim, H, xn, H, &l.wqkv, qkv, l.qkvdim)
 	k, v := s.k[:T*l.kvdim], s.v[:T*l.kvdim]
 	for i := 0; i < T; i++ {
 		row := qkv[i*l.qkvdim : (i+1)*l.qkvdim]
@@ -475,7 +545,7 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 		m.obsAttn.OProjInput(li, pos, T, att)
 	}
 	out := s.out[:T*H]
-	m.pool.MatMulNT(T, H, l.qdim, att, l.qdim, l.wo, l.qdim, out, H)
+	m.matMul(T, H, l.qdim, att, l.qdim, &l.wo, out, H)
 	for i := range x {
 		x[i] += out[i]
 	}
@@ -578,11 +648,11 @@ func (m *cpuModel) ffn(li int, l *cpuLayer, pos, T int, eps float32) {
 func (m *cpuModel) mlp(w *cpuMLP, T int, x, out []float32) []float32 {
 	H, I := m.d.HiddenSize, w.inter
 	gu := m.s.gu[:T*2*I]
-	m.pool.MatMulNT(T, 2*I, H, x, H, w.gu, H, gu, 2*I)
+	m.matMul(T, 2*I, H, x, H, &w.gu, gu, 2*I)
 	for i := 0; i < T; i++ {
 		kernels.SiLUMul(gu[i*2*I:i*2*I+I], gu[i*2*I+I:(i+1)*2*I])
 	}
-	m.pool.MatMulNT(T, H, I, gu, 2*I, w.down, I, out, H)
+	m.matMul(T, H, I, gu, 2*I, &w.down, out, H)
 	return gu
 }
 

@@ -12,10 +12,10 @@ import (
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
-// Quantized checkpoints (docs/QUANT.md): the CPU backend dequantizes every
-// quantized weight to float32 once, at load, and then runs exactly as for a
-// float checkpoint. There is no quantized matmul kernel yet, so a quantized
-// checkpoint saves disk space, not memory or time at run time.
+// Quantized checkpoints (docs/QUANT.md): WithQuant serves quantized weights
+// dequantized to float32. The CPU backend uses it for the weights it does
+// not keep packed (all of them under LoadOptions.DequantizeWeights, else
+// only those outside the attention, MLP and lm_head matmuls; qlinear.go).
 
 // quantSource serves the quantized weights of d.Quant as dequantized F32
 // tensors under their original names; every other name goes to src.

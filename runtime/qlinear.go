@@ -1,0 +1,387 @@
+package runtime
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/weights"
+	"github.com/lmpack/lmpack/runtime/kernels"
+)
+
+// Packed quantized linear weights (docs/QUANT.md, lmpack-wq v1) on the CPU.
+//
+// By default the CPU backend keeps every quantized weight of the attention
+// projections, the MLPs (experts included) and lm_head packed in memory:
+// codes at their stored width plus their F16 scales, zero-points and
+// act-order permutation, so these weights take about bits/32 of their
+// float32 size. A matmul y = x·Wᵀ with a packed W dequantizes tiles of
+// qTileRows(…) rows of W into a per-thread scratch buffer, in the original
+// column order and with exactly the arithmetic of
+// weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
+// the tiles spread over the pool's threads. Rows of 1-4-bit codes are
+// decoded by kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32
+// arithmetic is exact for integer zero-points; 1-bit rows (fractional
+// zero-points) use per-group tables computed in float64; act-order rows are
+// decoded in storage order and scattered by Perm. Tiles are multiples of
+// 12 rows (the GEMV kernel's 4-row groups and the GEMM micro-kernel's
+// 3-column tiles), so on one thread every output is computed by the same
+// kernel code in the same summation order as on the dequantize-at-load
+// path (LoadOptions.DequantizeWeights): the logits are bit-identical. On
+// several threads the float path's own split of a GEMM over threads
+// changes the rounding of a few outputs (Pool.MatMulNT is not
+// split-invariant for m >= 4 with m%4 != 0), so the two paths then agree
+// to about 1e-6 of max|logit| (tests: qlinear_ext_test.go).
+
+// linear is the weight W [n, k] of one linear map y = x·Wᵀ: a float32
+// matrix f, or packed rows p. Exactly one is set.
+type linear struct {
+	f []float32
+	p *packedLinear
+}
+
+// packedLinear is W [n, k] as row-stacked segments (q, k and v, or gate
+// and up, are fused by stacking their rows); each segment is a quantized
+// weight or float32 rows.
+type packedLinear struct {
+	n, k int
+	segs []qseg
+}
+
+type qseg struct {
+	row0, rows int
+	q          *weights.Quantized // nil: float rows f
+	f          []float32          // [rows, k] when q == nil
+	rb, ng     int                // packed row bytes, groups per row
+	zsym       float64            // implicit zero-point when symmetric
+}
+
+// bytes returns the resident bytes of w: packed codes, scales, zero-points
+// and permutations, and 4 bytes per element of float rows.
+func (w *linear) bytes() int64 {
+	if w.p == nil {
+		return 4 * int64(len(w.f))
+	}
+	var b int64
+	for _, s := range w.p.segs {
+		if s.q == nil {
+			b += 4 * int64(len(s.f))
+		} else {
+			b += s.q.Bytes()
+		}
+	}
+	return b
+}
+
+// loadLinear loads the weights names (each [rows[i], cols]) stacked by
+// rows. When packed is set and at least one of them is quantized it keeps
+// the quantized ones packed (read with ReadQuantized from raw, the source
+// without the dequantizing wrapper); otherwise it returns the float32
+// concatenation read through src. Errors wrap ErrBadWeights and name the
+// tensor.
+func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols int, names []string, rows []int) (linear, error) {
+	anyQ := false
+	if packed && d.Quant != nil {
+		for _, n := range names {
+			if _, ok := d.Quant.Tensors[n]; ok {
+				anyQ = true
+			}
+		}
+	}
+	if !anyQ {
+		f, err := loadConcat(src, cols, names, rows)
+		return linear{f: f}, err
+	}
+	p := &packedLinear{k: cols}
+	for i, n := range names {
+		s := qseg{row0: p.n, rows: rows[i]}
+		if tq, ok := d.Quant.Tensors[n]; ok {
+			q, file, err := ReadQuantized(raw, n, tq)
+			if err != nil {
+				return linear{}, err
+			}
+			if q.Rows != rows[i] || q.Cols != cols {
+				return linear{}, fmt.Errorf("runtime: %w: %s: quantized weight %q: shape [%d, %d], want [%d, %d]", ErrBadWeights, file, n, q.Rows, q.Cols, rows[i], cols)
+			}
+			// The storage may be a read-only mapping of the file that is
+			// unmapped when the checkpoint closes: keep a copy.
+			q.Codes = slices.Clone(q.Codes)
+			s.q, s.rb, s.ng = q, weights.RowBytes(cols, q.Bits), cols/q.GroupSize
+			s.zsym = float64(int(1) << uint(q.Bits-1))
+		} else {
+			f, err := loadF32(src, n, rows[i], cols)
+			if err != nil {
+				return linear{}, err
+			}
+			s.f = f
+		}
+		p.segs = append(p.segs, s)
+		p.n += rows[i]
+	}
+	return linear{p: p}, nil
+}
+
+// qTileBytes is the float32 bytes of W one dequantized tile aims at: it
+// stays in L2 while the kernel reads it.
+const qTileBytes = 96 << 10
+
+// qTileRows returns the rows of W per tile for W [n, k] on threads
+// threads: a multiple of 12, at least 12, no more than qTileBytes allows
+// (unless 12 rows already exceed it), and small enough that every thread
+// gets a tile when n allows.
+func qTileRows(n, k, threads int) int {
+	r := max(qTileBytes/(4*k)/12*12, 12)
+	per := ((n+threads-1)/threads + 11) / 12 * 12
+	return min(r, max(per, 12))
+}
+
+// qParallelMinMACs is the size m·n·k below which a packed matmul runs on
+// the calling goroutine, as kernels.Pool.MatMulNT does for float weights.
+const qParallelMinMACs = 1 << 15
+
+// qScratchFloats is the float32 scratch one thread needs for tiles of any
+// packed weight with row length at most k.
+func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
+
+// qmmTask is the pool task of a packed matmul: unit u dequantizes and
+// multiplies the tiles [u·tiles/units, (u+1)·tiles/units).
+type qmmTask struct {
+	w                 *packedLinear
+	m                 int
+	x, y              []float32
+	ldx, ldy          int
+	tile, tiles, unit int
+	buf               [][]float32 // per unit: [tile, k]
+	codes             [][]uint8   // per unit: [k]
+	row               [][]float32 // per unit: [k]
+}
+
+func (t *qmmTask) Run(lo, hi int) {
+	w, k := t.w, t.w.k
+	for u := lo; u < hi; u++ {
+		buf, codes, row := t.buf[u], t.codes[u], t.row[u]
+		for ti := u * t.tiles / t.unit; ti < (u+1)*t.tiles/t.unit; ti++ {
+			r0 := ti * t.tile
+			r1 := min(r0+t.tile, w.n)
+			tb := buf[:(r1-r0)*k]
+			w.dequantRows(r0, r1, tb, codes, row)
+			kernels.MatMulNT(t.m, r1-r0, k, t.x, t.ldx, tb, k, t.y[r0:], t.ldy)
+		}
+	}
+}
+
+// matMul computes y = x·Wᵀ for x [m, k] (leading dimension ldx) into y
+// [m, n] (leading dimension ldy), with W = w [n, k]: the pool's float32
+// GEMM, or tiles of a packed W dequantized on the fly.
+func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
+	if w.p == nil {
+		cm.pool.MatMulNT(m, n, k, x, ldx, w.f, k, y, ldy)
+		return
+	}
+	if m == 0 || n == 0 {
+		return
+	}
+	t := &cm.qmm
+	th := len(cm.qbuf)
+	t.w, t.m, t.x, t.ldx, t.y, t.ldy = w.p, m, x, ldx, y, ldy
+	t.tile = qTileRows(n, k, th)
+	t.tiles = (n + t.tile - 1) / t.tile
+	t.unit = min(th, t.tiles)
+	if m*n*k < qParallelMinMACs {
+		t.unit = 1 // Pool.Run runs one unit on the calling goroutine
+	}
+	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
+	cm.pool.Run(t.unit, t)
+	t.w, t.x, t.y = nil, nil, nil
+}
+
+// dequantRows writes rows [r0, r1) of W into dst [(r1−r0), k] in the
+// original column order; codes [k] and row [k] are scratch.
+func (w *packedLinear) dequantRows(r0, r1 int, dst []float32, codes []uint8, row []float32) {
+	k := w.k
+	si := 0
+	for r := r0; r < r1; r++ {
+		for r >= w.segs[si].row0+w.segs[si].rows {
+			si++
+		}
+		s := &w.segs[si]
+		out := dst[(r-r0)*k : (r-r0+1)*k]
+		lr := r - s.row0
+		if s.q == nil {
+			copy(out, s.f[lr*k:(lr+1)*k])
+			continue
+		}
+		s.dequantRow(lr, out, codes[:k], row[:k])
+	}
+}
+
+// dequantRow writes row r of s's quantized weight into out [k] exactly as
+// weights.Quantized.Dequantize does: float32(scale·(code − zero)) with
+// scale and zero in float64, storage column j going to out[Perm[j]].
+func (s *qseg) dequantRow(r int, out []float32, codes []uint8, tmp []float32) {
+	q := s.q
+	if q.Bits >= 2 && q.Bits <= 4 {
+		// Integer zero-points and float16 scales: the float32 arithmetic
+		// of the kernels is exact, so it equals the float64 formula.
+		dst := out
+		if q.Perm != nil {
+			dst = tmp
+		}
+		var zeros []uint16
+		if !q.Symmetric {
+			zeros = q.Zeros[r*s.ng : (r+1)*s.ng]
+		}
+		// The row keeps its capacity to the end of Codes: the kernels may
+		// read a few bytes past it.
+		src, sc := q.Codes[r*s.rb:(r+1)*s.rb], q.Scales[r*s.ng:(r+1)*s.ng]
+		if q.Bits == 4 && q.GroupSize%2 == 0 {
+			kernels.DequantU4Row(dst, src, sc, zeros, q.GroupSize, float32(s.zsym))
+		} else {
+			kernels.DequantBitsRow(dst, src, q.Bits, sc, zeros, q.GroupSize, float32(s.zsym))
+		}
+		if q.Perm != nil {
+			for j, p := range q.Perm {
+				out[p] = tmp[j]
+			}
+		}
+		return
+	}
+	if q.Perm == nil && q.Bits == 1 && q.GroupSize%8 == 0 {
+		s.dequantRowFast(r, out)
+		return
+	}
+	unpackCodes(codes, q.Codes[r*s.rb:(r+1)*s.rb], q.Bits)
+	G := q.GroupSize
+	nc := 1 << uint(q.Bits)
+	useLUT := nc < G
+	var lut [256]float32
+	for g := 0; g < s.ng; g++ {
+		sc := float64(safetensors.F16ToFloat32(q.Scales[r*s.ng+g]))
+		z := s.zsym
+		if !q.Symmetric {
+			z = float64(safetensors.F16ToFloat32(q.Zeros[r*s.ng+g]))
+		}
+		cs := codes[g*G : (g+1)*G]
+		if useLUT {
+			for c := 0; c < nc; c++ {
+				lut[c] = float32(sc * (float64(c) - z))
+			}
+			if q.Perm == nil {
+				o := out[g*G : (g+1)*G]
+				for j, c := range cs {
+					o[j] = lut[c]
+				}
+			} else {
+				p := q.Perm[g*G : (g+1)*G]
+				for j, c := range cs {
+					out[p[j]] = lut[c]
+				}
+			}
+			continue
+		}
+		if q.Perm == nil {
+			o := out[g*G : (g+1)*G]
+			for j, c := range cs {
+				o[j] = float32(sc * (float64(c) - z))
+			}
+		} else {
+			p := q.Perm[g*G : (g+1)*G]
+			for j, c := range cs {
+				out[p[j]] = float32(sc * (float64(c) - z))
+			}
+		}
+	}
+}
+
+// grid returns the scale and zero-point of group g of row r, in float64
+// (exact: both are float16 values).
+func (s *qseg) grid(r, g int) (float64, float64) {
+	q := s.q
+	sc := float64(safetensors.F16ToFloat32(q.Scales[r*s.ng+g]))
+	if q.Symmetric {
+		return sc, s.zsym
+	}
+	return sc, float64(safetensors.F16ToFloat32(q.Zeros[r*s.ng+g]))
+}
+
+// dequantRowFast is dequantRow for natural column order, 1 bit (the
+// fractional zero-points make float32 arithmetic inexact) and groups of
+// whole bytes: codes are decoded straight from the packed bytes
+// through each group's table of its 2^bits values.
+func (s *qseg) dequantRowFast(r int, out []float32) {
+	q := s.q
+	G := q.GroupSize
+	row := q.Codes[r*s.rb : (r+1)*s.rb]
+	for g := 0; g < s.ng; g++ {
+		sc, z := s.grid(r, g)
+		lut := [2]float32{float32(sc * (0 - z)), float32(sc * (1 - z))}
+		o := out[g*G : (g+1)*G]
+		for i, b := range row[g*G/8 : (g+1)*G/8] {
+			d := o[8*i : 8*i+8 : 8*i+8]
+			d[0], d[1], d[2], d[3] = lut[b&1], lut[b>>1&1], lut[b>>2&1], lut[b>>3&1]
+			d[4], d[5], d[6], d[7] = lut[b>>4&1], lut[b>>5&1], lut[b>>6&1], lut[b>>7]
+		}
+	}
+}
+
+// unpackCodes unpacks len(dst) codes of width bits (1, 2, 3, 4 or 8) from
+// the LSB-first bit stream src (weights.PackRow's layout).
+func unpackCodes(dst []uint8, src []byte, bits int) {
+	n := len(dst)
+	j := 0
+	switch bits {
+	case 8:
+		copy(dst, src[:n])
+		return
+	case 4:
+		for ; j+2 <= n; j += 2 {
+			b := src[j>>1]
+			dst[j], dst[j+1] = b&15, b>>4
+		}
+	case 2:
+		for ; j+4 <= n; j += 4 {
+			b := src[j>>2]
+			dst[j], dst[j+1], dst[j+2], dst[j+3] = b&3, b>>2&3, b>>4&3, b>>6
+		}
+	case 1:
+		for ; j+8 <= n; j += 8 {
+			b := src[j>>3]
+			d := dst[j : j+8 : j+8]
+			d[0], d[1], d[2], d[3] = b&1, b>>1&1, b>>2&1, b>>3&1
+			d[4], d[5], d[6], d[7] = b>>4&1, b>>5&1, b>>6&1, b>>7
+		}
+	case 3:
+		for ; j+8 <= n; j += 8 {
+			p := j / 8 * 3
+			v := uint32(src[p]) | uint32(src[p+1])<<8 | uint32(src[p+2])<<16
+			d := dst[j : j+8 : j+8]
+			for i := range d {
+				d[i] = uint8(v >> (3 * uint(i)) & 7)
+			}
+		}
+	}
+	for ; j < n; j++ { // the tail, bit by bit
+		p := j * bits
+		b, off := p>>3, uint(p&7)
+		v := uint16(src[b])
+		if off+uint(bits) > 8 {
+			v |= uint16(src[b+1]) << 8
+		}
+		dst[j] = uint8(v >> off & (1<<uint(bits) - 1))
+	}
+}
+
+// LinearWeightBytes returns the bytes that the linear weights of a CPU
+// model (attention q/k/v/o, MLP and expert gate/up/down, and lm_head when
+// untied from the embedding) take in memory: 4 per element for float32
+// weights, and for packed quantized weights their packed codes, F16
+// scales and zero-points and int32 permutations (weights.Quantized.Bytes).
+// It returns -1 for a model of another backend.
+func LinearWeightBytes(m Model) int64 {
+	cm, ok := m.(*cpuModel)
+	if !ok {
+		return -1
+	}
+	return cm.weightBytes()
+}

@@ -1,0 +1,211 @@
+package runtime
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	goruntime "runtime"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/weights"
+)
+
+// memSource serves tensors from memory.
+type memSource map[string]*safetensors.Tensor
+
+func (s memSource) Tensor(name string) (*safetensors.Tensor, error) {
+	if t, ok := s[name]; ok {
+		return t, nil
+	}
+	return nil, fmt.Errorf("memSource: tensor %q: %w", name, safetensors.ErrMissingTensor)
+}
+
+// putQuantized adds the lmpack-wq storage tensors of q (docs/QUANT.md)
+// for the weight name to s.
+func (s memSource) putQuantized(name string, q *weights.Quantized) {
+	p := arch.QuantPrefix(name)
+	f16 := func(v []uint16) []byte {
+		b := make([]byte, 2*len(v))
+		for i, h := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], h)
+		}
+		return b
+	}
+	ng := q.Cols / q.GroupSize
+	s[p+arch.SuffixQWeight] = &safetensors.Tensor{Name: p + arch.SuffixQWeight, File: "(mem)", DType: safetensors.U8, Shape: []int{q.Rows, weights.RowBytes(q.Cols, q.Bits)}, Data: q.Codes}
+	s[p+arch.SuffixScales] = &safetensors.Tensor{Name: p + arch.SuffixScales, File: "(mem)", DType: safetensors.F16, Shape: []int{q.Rows, ng}, Data: f16(q.Scales)}
+	if !q.Symmetric {
+		s[p+arch.SuffixQZeros] = &safetensors.Tensor{Name: p + arch.SuffixQZeros, File: "(mem)", DType: safetensors.F16, Shape: []int{q.Rows, ng}, Data: f16(q.Zeros)}
+	}
+}
+
+// benchQuant is a quantization of the benchmark model's linear weights.
+type benchQuant struct {
+	name string
+	o    weights.Options
+}
+
+var benchQuants = []benchQuant{
+	{"4bit-g32", weights.Options{Bits: 4, GroupSize: 32}},
+	{"3bit-g64-sym", weights.Options{Bits: 3, GroupSize: 64, Symmetric: true}},
+}
+
+var benchModelCache = map[string]func() (*arch.Description, memSource){}
+var benchModelMu sync.Mutex
+
+// benchQuantModel is a synthetic Llama (hidden 1024, 8 layers, 16 heads,
+// 4 KV heads, FFN 2816, vocab 512, tied embeddings: 79.7M linear weights)
+// whose linear weights are RTN-quantized with bq.o, built in memory once
+// per quantization: N(0, 1/fan_in) weights from a fixed seed, quantized
+// tensor by tensor with weights.QuantizeRTN.
+func benchQuantModel(bq benchQuant) (*arch.Description, memSource) {
+	benchModelMu.Lock()
+	f, ok := benchModelCache[bq.name]
+	if !ok {
+		f = sync.OnceValues(func() (*arch.Description, memSource) { return buildBenchQuantModel(bq.o) })
+		benchModelCache[bq.name] = f
+	}
+	benchModelMu.Unlock()
+	return f()
+}
+
+func buildBenchQuantModel(o weights.Options) (*arch.Description, memSource) {
+	cfg := map[string]any{
+		"architectures": []string{"LlamaForCausalLM"}, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
+		"num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 512, "rms_norm_eps": 1e-5,
+		"max_position_embeddings": 1024, "rope_theta": 10000.0, "tie_word_embeddings": true,
+	}
+	raw, _ := json.Marshal(cfg)
+	d, err := arch.Parse(raw)
+	if err != nil {
+		panic(err)
+	}
+	d.Quant = &arch.Quantization{Format: arch.QuantFormat, Version: arch.QuantVersion, Method: "rtn", Tensors: map[string]arch.TensorQuant{}}
+	sh := shapes(d)
+	names := make([]string, 0, len(sh))
+	for n := range sh {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	rng := rand.New(rand.NewPCG(10, 24))
+	src := memSource{}
+	for _, n := range names {
+		s := sh[n]
+		size := 1
+		for _, x := range s {
+			size *= x
+		}
+		v := make([]float32, size)
+		for i := range v {
+			if len(s) == 1 {
+				v[i] = 1
+			} else {
+				v[i] = float32(rng.NormFloat64() / math.Sqrt(float64(s[len(s)-1])))
+			}
+		}
+		if len(s) == 2 && n != d.Embedding {
+			q, err := weights.QuantizeRTN(v, s[0], s[1], o)
+			if err != nil {
+				panic(err)
+			}
+			src.putQuantized(n, q)
+			d.Quant.Tensors[n] = arch.TensorQuant{Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric}
+			continue
+		}
+		t := safetensors.FromFloat32(n, s, v)
+		src[n] = &safetensors.Tensor{Name: n, File: "(mem)", DType: t.DType, Shape: t.Shape, Data: t.Data}
+	}
+	return d, src
+}
+
+func heapInUse() uint64 {
+	goruntime.GC()
+	goruntime.GC()
+	var ms goruntime.MemStats
+	goruntime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkQuantDecode measures single-token decode (the cache refilled
+// from empty every 128 tokens) of the synthetic model at each of
+// benchQuants, packed
+// (default) and dequantized at load, in tokens/s, and reports the bytes
+// of the loaded linear weights (LinearWeightBytes) and the Go heap the
+// loaded model holds (HeapAlloc after load minus before, after GC).
+func BenchmarkQuantDecode(b *testing.B) {
+	for _, bq := range benchQuants {
+		for _, mode := range []string{"packed", "dequantized"} {
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%s/%s/threads=%d", bq.name, mode, threads), func(b *testing.B) {
+					d, src := benchQuantModel(bq)
+					before := heapInUse()
+					m, err := NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: threads, DequantizeWeights: mode == "dequantized"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer m.Close()
+					heap := int64(heapInUse()) - int64(before)
+					c := m.NewCache(129)
+					logits := make([]float32, d.VocabSize)
+					tok := []int{1}
+					ctx := context.Background()
+					b.ReportAllocs()
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						if c.Len() == 128 {
+							c.Truncate(0)
+						}
+						if err := m.Forward(ctx, tok, c, logits, false); err != nil {
+							b.Fatal(err)
+						}
+						tok[0] = Argmax(logits)
+					}
+					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+					b.ReportMetric(float64(LinearWeightBytes(m))/(1<<20), "weight_MiB")
+					b.ReportMetric(float64(heap)/(1<<20), "heap_MiB")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkQuantPrefill measures a 128-token prompt from an empty cache on
+// the synthetic model at each of benchQuants, packed and dequantized, on 2
+// threads, in tokens/s.
+func BenchmarkQuantPrefill(b *testing.B) {
+	for _, bq := range benchQuants {
+		for _, mode := range []string{"packed", "dequantized"} {
+			b.Run(bq.name+"/"+mode, func(b *testing.B) {
+				d, src := benchQuantModel(bq)
+				m, err := NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: 2, DequantizeWeights: mode == "dequantized"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer m.Close()
+				const T = 128
+				c := m.NewCache(T)
+				logits := make([]float32, d.VocabSize)
+				toks := make([]int, T)
+				for i := range toks {
+					toks[i] = (i*31 + 7) % d.VocabSize
+				}
+				ctx := context.Background()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					c.Truncate(0)
+					if err := m.Forward(ctx, toks, c, logits, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.N*T)/b.Elapsed().Seconds(), "tokens/s")
+			})
+		}
+	}
+}
