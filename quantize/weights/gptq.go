@@ -1,7 +1,6 @@
 package weights
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	goruntime "runtime"
@@ -10,7 +9,6 @@ import (
 	"github.com/lmpack/lmpack/runtime/kernels"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas64"
-	"gonum.org/v1/gonum/mat"
 )
 
 // Hessian accumulates the GPTQ proxy Hessian of one Linear layer from its
@@ -232,14 +230,13 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 	for i := 0; i < cols; i++ {
 		H[i*cols+i] += damp * mean
 	}
-	U, err := invCholUpper(H, cols)
+	pool := kernels.NewPool(threads)
+	defer pool.Close()
+	U, err := invCholUpper(H, cols, pool)
 	if err != nil {
 		return nil, err
 	}
 	H = nil
-
-	pool := kernels.NewPool(threads)
-	defer pool.Close()
 	g := &gptqRun{rows: rows, cols: cols, group: group, bs: bs, opt: opt.Options, U: U,
 		q: newQuantized(rows, cols, group, opt.Options), rb: RowBytes(cols, opt.Bits)}
 	g.prepare(w, perm, dead)
@@ -417,47 +414,4 @@ func (t *gptqUpdate) Run(lo, hi int) {
 			}
 		}
 	}
-}
-
-// invCholUpper returns U, [n, n] row-major upper triangular with
-// H⁻¹ = UᵀU, for symmetric positive definite H [n, n] (overwritten). With
-// J the reversal permutation, the lower Cholesky factor L of JHJ gives
-// H = ŨŨᵀ with Ũ = JLJ upper triangular, so H⁻¹ = Ũ⁻ᵀŨ⁻¹ and U = Ũ⁻¹:
-// one factorization and one triangular inverse (about 2n³/3 flops).
-func invCholUpper(H []float64, n int) ([]float64, error) {
-	// Reverse rows and columns in place: (JHJ)[i][j] = H[n-1-i][n-1-j].
-	for i, k := 0, n*n-1; i < k; i, k = i+1, k-1 {
-		H[i], H[k] = H[k], H[i]
-	}
-	var c mat.Cholesky
-	if !c.Factorize(mat.NewSymDense(n, H)) {
-		return nil, fmt.Errorf("%w: Cholesky of the damped Hessian failed", ErrNotPositiveDefinite)
-	}
-	// gonum keeps the upper factor R = Lᵀ of JHJ = RᵀR; Ũ[i][j] = L[n-1-i][n-1-j] = R[n-1-j][n-1-i].
-	var r mat.TriDense
-	c.UTo(&r)
-	raw := r.RawTriangular()
-	ut := mat.NewTriDense(n, mat.Upper, nil)
-	ur := ut.RawTriangular()
-	for i := 0; i < n; i++ {
-		for j := i; j < n; j++ {
-			ur.Data[i*ur.Stride+j] = raw.Data[(n-1-j)*raw.Stride+n-1-i]
-		}
-	}
-	if err := ut.InverseTri(ut); err != nil {
-		var cond mat.Condition
-		if !errors.As(err, &cond) {
-			return nil, fmt.Errorf("%w: inverting the Cholesky factor: %v", ErrNotPositiveDefinite, err)
-		}
-	}
-	U := make([]float64, n*n)
-	for i := 0; i < n; i++ {
-		copy(U[i*n+i:(i+1)*n], ur.Data[i*ur.Stride+i:i*ur.Stride+n])
-	}
-	for i := 0; i < n; i++ {
-		if d := U[i*n+i]; !(d > 0) || math.IsInf(d, 0) {
-			return nil, fmt.Errorf("%w: inverse Cholesky factor has diagonal %v at %d", ErrNotPositiveDefinite, d, i)
-		}
-	}
-	return U, nil
 }

@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sort"
+	"testing"
+
+	"github.com/lmpack/lmpack/runtime/kernels"
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas64"
@@ -197,4 +201,135 @@ func invCholUpperRef(H []float64, n int) ([]float64, error) {
 		copy(U[i*n+i:(i+1)*n], raw.Data[i*raw.Stride+i:i*raw.Stride+n])
 	}
 	return U, nil
+}
+
+// TestInvCholUpperMatchesGonum compares the blocked, pooled factor with
+// gonum's factor → invert → factor on SPD matrices whose sizes are not
+// multiples of the block or tile, on 1 and 2 threads.
+func TestInvCholUpperMatchesGonum(t *testing.T) {
+	for _, n := range []int{1, 5, 64, 203, 300} {
+		rng := rand.New(rand.NewPCG(uint64(n), 3))
+		X := correlatedX(rng, 2*n+8, n, 1)
+		H := hessianOf(t, X, 2*n+8, n).Matrix()
+		for i := 0; i < n; i++ {
+			H[i*n+i] += 0.01
+		}
+		want, err := invCholUpperRef(append([]float64(nil), H...), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, threads := range []int{1, 2} {
+			pool := kernels.NewPool(threads)
+			got, err := invCholUpper(append([]float64(nil), H...), n, pool)
+			pool.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for i := 0; i < n; i++ {
+				scale := math.Abs(want[i*n+i])
+				for j := 0; j < n; j++ {
+					worst = math.Max(worst, math.Abs(got[i*n+j]-want[i*n+j])/scale)
+				}
+			}
+			if worst > 1e-9 {
+				t.Errorf("n %d threads %d: max |ΔU_ij|/U_ii = %.3g, want ≤ 1e-9", n, threads, worst)
+			}
+		}
+	}
+	pool := kernels.NewPool(2)
+	defer pool.Close()
+	bad := []float64{1, 2, 2, 1} // eigenvalues 3, −1
+	if _, err := invCholUpper(bad, 2, pool); !errors.Is(err, ErrNotPositiveDefinite) {
+		t.Errorf("indefinite H: got %v, want ErrNotPositiveDefinite", err)
+	}
+}
+
+// TestGPTQMatchesReference runs the float32 fast path and the float64
+// reference on random 64×256 problems (plain, act-order, per-channel,
+// 3 and 4 bits, 2 threads). The two round the same values except where
+// float32 rounding moves a weight across a decision boundary, so at most
+// 0.5% of codes may differ, scales may differ by a float16 step, every
+// dequantized weight must agree within 1.02 grid steps (one step plus the
+// scale's float16 step times the code), and the output errors ‖X(W − Ŵ)ᵀ‖² must agree within 1%.
+func TestGPTQMatchesReference(t *testing.T) {
+	rows, cols, n := 64, 256, 1024
+	rng := rand.New(rand.NewPCG(21, 22))
+	X := correlatedX(rng, n, cols, 1)
+	w := randMatrix(rng, rows, cols)
+	h := hessianOf(t, X, n, cols)
+	for _, o := range []GPTQOptions{
+		{Options: Options{Bits: 4, GroupSize: 128}},
+		{Options: Options{Bits: 3, GroupSize: 32}, ActOrder: true},
+		{Options: Options{Bits: 4}, ActOrder: true},
+		{Options: Options{Bits: 2, GroupSize: 64, MSEClip: true}, BlockSize: 64},
+	} {
+		o.Threads = 2
+		got, err := QuantizeGPTQ(w, rows, cols, h, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := quantizeGPTQRef(w, rows, cols, h, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (got.Perm == nil) != (want.Perm == nil) {
+			t.Fatalf("%+v: Perm nil %v, reference %v", o, got.Perm == nil, want.Perm == nil)
+		}
+		for i := range got.Perm {
+			if got.Perm[i] != want.Perm[i] {
+				t.Fatalf("%+v: Perm[%d] = %d, reference %d", o, i, got.Perm[i], want.Perm[i])
+			}
+		}
+		dg, dw := make([]float32, rows*cols), make([]float32, rows*cols)
+		got.Dequantize(dg)
+		want.Dequantize(dw)
+		rb := RowBytes(cols, o.Bits)
+		diff := 0 // codes that differ
+		for r := 0; r < rows; r++ {
+			for c := 0; c < cols; c++ {
+				if getCode(got.Codes[r*rb:], c, o.Bits) != getCode(want.Codes[r*rb:], c, o.Bits) {
+					diff++
+				}
+			}
+		}
+		// A group's scale may move by a float16 step when its range is
+		// computed on float32-updated weights; a moved code shifts the
+		// value by one grid step.
+		worst := 0.0
+		for i, s := range got.Scales {
+			a, b := f16ToFloat(s), f16ToFloat(want.Scales[i])
+			if math.Abs(a-b) > b/512 {
+				t.Errorf("%+v: scale %d is %g, reference %g: more than a float16 step apart", o, i, a, b)
+			}
+		}
+		ng := cols / got.GroupSize
+		for r := 0; r < rows; r++ {
+			for c := 0; c < cols; c++ {
+				gi := c / got.GroupSize
+				if got.Perm != nil { // the group of column c in quantization order
+					for j, p := range got.Perm {
+						if int(p) == c {
+							gi = j / got.GroupSize
+						}
+					}
+				}
+				step := f16ToFloat(want.Scales[r*ng+gi])
+				worst = math.Max(worst, math.Abs(float64(dg[r*cols+c]-dw[r*cols+c]))/step)
+			}
+		}
+		eg, ew := outErr(X, n, w, got), outErr(X, n, w, want)
+		frac := float64(diff) / float64(rows*cols)
+		t.Logf("%+v: %d of %d codes differ (%.3f%%); dequantized weights differ by ≤ %.3f steps; output error %.6g vs reference %.6g",
+			o, diff, rows*cols, 100*frac, worst, eg, ew)
+		if frac > 0.005 {
+			t.Errorf("%+v: %.3f%% of codes differ from the reference, want ≤ 0.5%%", o, 100*frac)
+		}
+		if worst > 1.02 {
+			t.Errorf("%+v: a dequantized weight differs by %.3f grid steps, want ≤ 1.02", o, worst)
+		}
+		if math.Abs(eg-ew) > 0.01*ew {
+			t.Errorf("%+v: output error %g vs reference %g, want within 1%%", o, eg, ew)
+		}
+	}
 }
