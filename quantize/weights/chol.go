@@ -3,6 +3,7 @@ package weights
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/lmpack/lmpack/runtime/kernels"
 )
@@ -18,30 +19,26 @@ const (
 	cholTile  = 32 // rows (Cholesky) or columns (inverse) per parallel unit
 )
 
-// invCholUpper returns U, [n, n] row-major upper triangular with
-// H⁻¹ = UᵀU, for symmetric positive definite H [n, n] (overwritten), in
-// float64. With J the reversal permutation, the lower Cholesky factor L of
-// JHJ gives H = ŨŨᵀ with Ũ = JLJ upper triangular, so H⁻¹ = Ũ⁻ᵀŨ⁻¹ and
+// invCholUpperT returns Uᵀ, [n, n] row-major lower triangular (zeros
+// above the diagonal), where U is upper triangular with H⁻¹ = UᵀU, for
+// symmetric positive definite H [n, n] (overwritten), in float64. With J
+// the reversal permutation, the lower Cholesky factor L of JHJ gives
+// H = ŨŨᵀ with Ũ = JLJ upper triangular, so H⁻¹ = Ũ⁻ᵀŨ⁻¹ and
 // U = Ũ⁻¹ = J·L⁻¹·J: one factorization and one triangular inverse (about
-// 2n³/3 flops, against 4n³/3 for factor → invert → factor again).
+// 2n³/3 flops, against 4n³/3 for factor → invert → factor again). The
+// transpose is what GPTQ's float32 update wants, and it is (L⁻¹)ᵀ stored
+// in reverse, so no strided copy is needed.
 // Errors: ErrNotPositiveDefinite when a pivot is not positive.
-func invCholUpper(H []float64, n int, pool *kernels.Pool) ([]float64, error) {
+func invCholUpperT(H []float64, n int, pool *kernels.Pool) ([]float64, error) {
 	// JHJ is H's row-major storage reversed.
-	for i, k := 0, n*n-1; i < k; i, k = i+1, k-1 {
-		H[i], H[k] = H[k], H[i]
-	}
+	slices.Reverse(H)
 	if err := cholLower(H, n, pool); err != nil {
 		return nil, err
 	}
+	// Uᵀ[i][j] = U[j][i] = M[n-1-j][n-1-i] = Mᵀ[n-1-i][n-1-j].
 	Mt := invLowerT(H, n, pool)
-	// U[i][j] = M[n-1-i][n-1-j] = Mt[n-1-j][n-1-i].
-	U := make([]float64, n*n)
-	for i := 0; i < n; i++ {
-		for j := i; j < n; j++ {
-			U[i*n+j] = Mt[(n-1-j)*n+n-1-i]
-		}
-	}
-	return U, nil
+	slices.Reverse(Mt)
+	return Mt, nil
 }
 
 // cholLower overwrites the lower triangle of A, [n, n] row-major
@@ -72,7 +69,14 @@ func cholLower(A []float64, n int, pool *kernels.Pool) error {
 		t.tiles = (n - k1 + cholTile - 1) / cholTile
 		t.trailing = false
 		pool.Run((t.tiles+1)/2, t)
-		t.trailing = true // reads the panel rows of every tile
+		// Pack the solved panel rows contiguously: the trailing update
+		// reads them all for every row tile, and rows n apart would each
+		// cost their own cache lines and TLB entries.
+		t.panel = t.panel[:0]
+		for i := k1; i < n; i++ {
+			t.panel = append(t.panel, A[i*n+k0:i*n+k1]...)
+		}
+		t.trailing = true
 		pool.Run((t.tiles+1)/2, t)
 	}
 	return nil
@@ -87,6 +91,7 @@ type cholTask struct {
 	n, k0, k1 int
 	tiles     int
 	trailing  bool
+	panel     []float64 // L21 rows [n−k1, k1−k0], packed
 }
 
 func (t *cholTask) Run(lo, hi int) {
@@ -105,7 +110,8 @@ func (t *cholTask) tile(v int) {
 	if t.trailing {
 		// A[i][j] −= L21[i]·L21[j] for k1 ≤ j < r1 (j > i lands in the
 		// unused upper triangle).
-		subMulNT(r1-r0, r1-k1, k1-k0, A[r0*n+k0:], n, A[k1*n+k0:], n, A[r0*n+k1:], n)
+		kb := k1 - k0
+		subMulNT(r1-r0, r1-k1, kb, t.panel[(r0-k1)*kb:], kb, t.panel, kb, A[r0*n+k1:], n)
 		return
 	}
 	// Panel: L21 = A21·L11⁻ᵀ, row by row.
@@ -205,12 +211,15 @@ func dot64(a, b []float64) float64 {
 
 // subMulNT computes c[i·ldc+j] −= Σ_{p<k} a[i·lda+p]·b[j·ldb+p] for i < m,
 // j < n (float64, row-major, both operands contiguous in p), in 2×4
-// register tiles (AVX2 when available) over slices of subMulK along p, so
-// that the slices of a and b a tile sweeps stay in L2.
+// register tiles (AVX2 when available) over slices of subMulK along p and
+// subMulN along j, so that the slice of b swept for each pair of rows
+// stays in L2.
 func subMulNT(m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
-	const subMulK = 256
+	const subMulK, subMulN = 256, 64
 	for p0 := 0; p0 < k; p0 += subMulK {
-		subMulNTSlice(m, n, min(subMulK, k-p0), a[p0:], lda, b[p0:], ldb, c, ldc)
+		for j0 := 0; j0 < n; j0 += subMulN {
+			subMulNTSlice(m, min(subMulN, n-j0), min(subMulK, k-p0), a[p0:], lda, b[j0*ldb+p0:], ldb, c[j0:], ldc)
+		}
 	}
 }
 

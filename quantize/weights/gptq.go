@@ -232,12 +232,12 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 	}
 	pool := kernels.NewPool(threads)
 	defer pool.Close()
-	U, err := invCholUpper(H, cols, pool)
+	Ut, err := invCholUpperT(H, cols, pool)
 	if err != nil {
 		return nil, err
 	}
 	H = nil
-	g := &gptqRun{rows: rows, cols: cols, group: group, bs: bs, opt: opt.Options, U: U,
+	g := &gptqRun{rows: rows, cols: cols, group: group, bs: bs, opt: opt.Options, ut: Ut,
 		q: newQuantized(rows, cols, group, opt.Options), rb: RowBytes(cols, opt.Bits)}
 	g.prepare(w, perm, dead)
 	for g.i1 = 0; g.i1 < cols; g.i1 += bs {
@@ -245,7 +245,7 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 		g.nb = g.i2 - g.i1
 		for a := 0; a < g.nb; a++ {
 			for b := a; b < g.nb; b++ {
-				g.ub[a*g.nb+b] = float32(U[(g.i1+a)*cols+g.i1+b])
+				g.ub[a*g.nb+b] = float32(Ut[(g.i1+b)*cols+g.i1+a])
 			}
 		}
 		pool.Run(len(g.errs), (*gptqBlock)(g))
@@ -300,7 +300,7 @@ type gptqRun struct {
 	opt                   Options
 	q                     *Quantized
 	rb                    int
-	U                     []float64 // [cols, cols] upper factor of H⁻¹
+	ut                    []float64 // Uᵀ, [cols, cols] (lower); H⁻¹ = UᵀU
 	lt                    []float32 // Uᵀ, [cols, cols] float32 (lower)
 	wt                    []float32 // [cols, rows]
 	e                     []float32 // the block's errors, [B, rows]
@@ -315,24 +315,27 @@ type gptqRun struct {
 func (g *gptqRun) prepare(w []float32, perm []int, dead []bool) {
 	rows, cols := g.rows, g.cols
 	g.wt = make([]float32, cols*rows)
-	for c := 0; c < cols; c++ {
-		src := c
-		if perm != nil {
-			src = perm[c]
-		}
-		if dead[src] {
-			continue
-		}
-		dst := g.wt[c*rows : (c+1)*rows]
-		for r := range dst {
-			dst[r] = w[r*cols+src]
+	const tile = 32 // transpose in tiles so reads and writes stay in cache
+	for c0 := 0; c0 < cols; c0 += tile {
+		for r0 := 0; r0 < rows; r0 += tile {
+			for c := c0; c < min(c0+tile, cols); c++ {
+				src := c
+				if perm != nil {
+					src = perm[c]
+				}
+				if dead[src] {
+					continue
+				}
+				dst := g.wt[c*rows : (c+1)*rows]
+				for r := r0; r < min(r0+tile, rows); r++ {
+					dst[r] = w[r*cols+src]
+				}
+			}
 		}
 	}
 	g.lt = make([]float32, cols*cols)
-	for i := 0; i < cols; i++ {
-		for j := i; j < cols; j++ {
-			g.lt[j*cols+i] = float32(g.U[i*cols+j])
-		}
+	for i, v := range g.ut {
+		g.lt[i] = float32(v)
 	}
 	g.e = make([]float32, g.bs*rows)
 	g.et = make([]float32, rows*g.bs)
@@ -375,7 +378,7 @@ func (t *gptqBlock) Run(lo, hi int) {
 					g.q.setGrid(r, c/g.group, gr)
 				}
 			}
-			d := g.U[c*g.cols+c]
+			d := g.ut[c*g.cols+c]
 			col := g.wt[c*rows+r0 : c*rows+r1]
 			ec := g.e[(c-i1)*rows+r0 : (c-i1)*rows+r1]
 			for i, v := range col {
