@@ -83,3 +83,19 @@ func BenchmarkInvCholUpperT(b *testing.B) {
 	}
 	b.ReportMetric(2*float64(n)*float64(n)*float64(n)/3*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+// BenchmarkHessianAdd accumulates 1024 input rows of width 4096 into a
+// Hessian (float64, upper triangle, GOMAXPROCS threads); SetBytes counts
+// the float32 inputs.
+func BenchmarkHessianAdd(b *testing.B) {
+	n, cols := 1024, 4096
+	x := randMatrix(rand.New(rand.NewPCG(4, 4)), n, cols)
+	h := NewHessian(cols)
+	b.SetBytes(int64(4 * n * cols))
+	for b.Loop() {
+		if err := h.Add(x, n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(n)*float64(cols)*float64(cols)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}

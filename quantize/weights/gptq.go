@@ -7,8 +7,6 @@ import (
 	"sort"
 
 	"github.com/lmpack/lmpack/runtime/kernels"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas64"
 )
 
 // Hessian accumulates the GPTQ proxy Hessian of one Linear layer from its
@@ -55,28 +53,75 @@ func (h *Hessian) Cols() int { return h.cols }
 func (h *Hessian) Samples() int64 { return h.n }
 
 // Add accumulates n input rows x, [n, cols] float32 row-major (the
-// activations entering the layer, one token per row).
+// activations entering the layer, one token per row), in float64 on
+// GOMAXPROCS threads (an AVX2 float64 kernel where available). x is
+// checked before anything is accumulated, so on error h is unchanged.
 // Errors: ErrShape, ErrNonFinite naming the element [row, col].
 func (h *Hessian) Add(x []float32, n int) error {
 	if n < 0 || len(x) != n*h.cols {
 		return fmt.Errorf("%w: input has %d elements, want n×cols = %d×%d", ErrShape, len(x), n, h.cols)
 	}
+	for i, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("%w: input [%d, %d] is %v", ErrNonFinite, i/h.cols, i%h.cols, v)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
 	const chunk = 256
-	buf := make([]float64, min(n, chunk)*h.cols)
+	cols := h.cols
+	t := &syrkTask{sum: h.sum, cols: cols, tiles: (cols + cholTile - 1) / cholTile}
+	t.xt = make([]float64, min(n, chunk)*cols)
+	t.nxt = make([]float64, len(t.xt))
+	pool := kernels.NewPool(goruntime.GOMAXPROCS(0))
+	defer pool.Close()
 	for r0 := 0; r0 < n; r0 += chunk {
 		m := min(chunk, n-r0)
-		for i, v := range x[r0*h.cols : (r0+m)*h.cols] {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return fmt.Errorf("%w: input [%d, %d] is %v", ErrNonFinite, r0+i/h.cols, i%h.cols, v)
+		t.m = m
+		// xt = chunkᵀ, [cols, m], so the products below are dot products.
+		const tile = 32
+		for c0 := 0; c0 < cols; c0 += tile {
+			for q0 := 0; q0 < m; q0 += tile {
+				for c := c0; c < min(c0+tile, cols); c++ {
+					for q := q0; q < min(q0+tile, m); q++ {
+						v := float64(x[(r0+q)*cols+c])
+						t.xt[c*m+q] = v
+						t.nxt[c*m+q] = -v
+					}
+				}
 			}
-			buf[i] = float64(v)
 		}
-		blas64.Syrk(blas.Trans, 1,
-			blas64.General{Rows: m, Cols: h.cols, Stride: h.cols, Data: buf[:m*h.cols]}, 1,
-			blas64.Symmetric{Uplo: blas.Upper, N: h.cols, Stride: h.cols, Data: h.sum})
+		pool.Run((t.tiles+1)/2, t)
 	}
 	h.n += int64(n)
 	return nil
+}
+
+// syrkTask adds xtᵀ·xt's upper triangle to sum ([cols, cols]) for row
+// tiles of cholTile rows, pairing tiles u and tiles−1−u per unit so the
+// shares of the triangle are even. nxt = −xt, since subMulNT subtracts.
+type syrkTask struct {
+	xt, nxt, sum   []float64
+	cols, m, tiles int
+}
+
+func (t *syrkTask) Run(lo, hi int) {
+	for u := lo; u < hi; u++ {
+		t.tile(u)
+		if v := t.tiles - 1 - u; v != u {
+			t.tile(v)
+		}
+	}
+}
+
+func (t *syrkTask) tile(v int) {
+	c, m := t.cols, t.m
+	i0 := v * cholTile
+	i1 := min(c, i0+cholTile)
+	// Columns from i0: the diagonal tile's few j < i land in the unused
+	// lower triangle.
+	subMulNT(i1-i0, c-i0, m, t.nxt[i0*m:], m, t.xt[i0*m:], m, t.sum[i0*c+i0:], c)
 }
 
 // Matrix returns a new copy of H = (2/N)·Σ x xᵀ, [cols, cols] float64

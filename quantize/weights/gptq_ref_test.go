@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/runtime/kernels"
@@ -357,6 +358,30 @@ func TestGPTQMatchesReference(t *testing.T) {
 		}
 		if math.Abs(eg-ew) > 0.001*ew {
 			t.Errorf("%+v: output error %g vs reference %g, want within 0.1%%", o, eg, ew)
+		}
+	}
+}
+
+// TestHessianAddRejectsWhole checks that an input with a non-finite
+// element leaves the accumulator unchanged, even when the bad element is
+// in a later 256-row chunk than good ones.
+func TestHessianAddRejectsWhole(t *testing.T) {
+	cols, n := 8, 300
+	x := make([]float32, n*cols)
+	for i := range x {
+		x[i] = float32(i%7) - 3
+	}
+	x[290*cols+3] = float32(math.NaN())
+	h := NewHessian(cols)
+	if err := h.Add(x, n); !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), "input [290, 3]") {
+		t.Fatalf("got %v, want ErrNonFinite naming input [290, 3]", err)
+	}
+	if h.Samples() != 0 {
+		t.Errorf("Samples = %d after a rejected Add, want 0", h.Samples())
+	}
+	for i, v := range h.Matrix() {
+		if v != 0 {
+			t.Fatalf("H[%d] = %g after a rejected Add, want 0", i, v)
 		}
 	}
 }
