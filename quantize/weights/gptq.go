@@ -17,7 +17,7 @@ import (
 type Hessian struct {
 	cols int
 	n    int64     // input rows accumulated
-	sum  []float64 // Σ x xᵀ, upper triangle valid, [cols, cols]
+	sum  []float64 // Σ x xᵀ, [cols, cols]; only the upper triangle is valid
 }
 
 // NewHessian returns an empty accumulator for inputs of width cols (the
@@ -191,8 +191,9 @@ type GPTQOptions struct {
 // in-block updates (the reference reads them from the matrix before the
 // current block's updates).
 //
-// Memory: 4·rows·cols (weights) + 8·cols² (Hessian) + 2·8·cols² (factors,
-// transiently) + 4·cols² (float32 factor) bytes.
+// Memory: 4·rows·cols (float32 weights, transposed) plus at most
+// 16·cols² bytes for the factors (the float64 Hessian copy and the
+// inverse while it is formed; then Uᵀ in float64 and float32, 12·cols²).
 // Errors: as QuantizeRTN, plus ErrShape (Hessian width, no samples),
 // ErrOptions (Damp, BlockSize, Threads), ErrNonFinite,
 // ErrNotPositiveDefinite.
