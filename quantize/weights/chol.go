@@ -123,7 +123,7 @@ func (t *cholTask) tile(v int) {
 }
 
 // invLowerT returns Mᵀ, [n, n] row-major (upper triangular), for
-// M = L⁻¹ with L the lower triangle of L, [n, n] row-major. Row block I
+// M = L⁻¹, L the lower triangle of the [n, n] row-major argument. Row block I
 // of M is L[I,I]⁻¹·(E_I − L[I, :i0]·M[:i0, :]), computed in column tiles
 // in parallel; storing Mᵀ keeps the products in dot form.
 func invLowerT(L []float64, n int, pool *kernels.Pool) []float64 {
