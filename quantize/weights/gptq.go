@@ -133,10 +133,15 @@ func (h *Hessian) Matrix() []float64 {
 		return out
 	}
 	f := 2 / float64(h.n)
-	for i := 0; i < c; i++ {
-		for j := i; j < c; j++ {
-			v := f * h.sum[i*c+j]
-			out[i*c+j], out[j*c+i] = v, v
+	const tile = 32 // mirror in tiles so the transposed writes stay in cache
+	for i0 := 0; i0 < c; i0 += tile {
+		for j0 := i0; j0 < c; j0 += tile {
+			for i := i0; i < min(i0+tile, c); i++ {
+				for j := max(i, j0); j < min(j0+tile, c); j++ {
+					v := f * h.sum[i*c+j]
+					out[i*c+j], out[j*c+i] = v, v
+				}
+			}
 		}
 	}
 	return out
