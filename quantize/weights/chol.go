@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/lmpack/lmpack/runtime/kernels"
 )
@@ -15,7 +16,8 @@ import (
 // GPTQ's time for a 4096-wide layer.
 
 const (
-	cholBlock = 64 // panel width of the blocked factorization and inverse
+	cholBlock = 64 // panel width of the blocked factorization
+	invBlock  = 32 // row block of the inverse (its substitution is scalar)
 	cholTile  = 32 // rows (Cholesky) or columns (inverse) per parallel unit
 )
 
@@ -129,8 +131,8 @@ func (t *cholTask) tile(v int) {
 func invLowerT(L []float64, n int, pool *kernels.Pool) []float64 {
 	Mt := make([]float64, n*n)
 	t := &invTask{l: L, mt: Mt, n: n}
-	for i0 := 0; i0 < n; i0 += cholBlock {
-		i1 := min(i0+cholBlock, n)
+	for i0 := 0; i0 < n; i0 += invBlock {
+		i1 := min(i0+invBlock, n)
 		// Diagonal block: M[I,I] = L[I,I]⁻¹ by forward substitution.
 		for j := i0; j < i1; j++ {
 			Mt[j*n+j] = 1 / L[j*n+j]
@@ -162,7 +164,7 @@ type invTask struct {
 }
 
 func (t *invTask) Run(lo, hi int) {
-	tmp := make([]float64, cholBlock*cholTile)
+	tmp := make([]float64, invBlock*cholTile)
 	for u := lo; u < hi; u++ {
 		t.tile(u, tmp)
 		if v := t.tiles - 1 - u; v != u {
@@ -212,16 +214,46 @@ func dot64(a, b []float64) float64 {
 // subMulNT computes c[i·ldc+j] −= Σ_{p<k} a[i·lda+p]·b[j·ldb+p] for i < m,
 // j < n (float64, row-major, both operands contiguous in p), in 2×4
 // register tiles (AVX2 when available) over slices of subMulK along p and
-// subMulN along j, so that the slice of b swept for each pair of rows
-// stays in L2.
+// subMulN along j. Strided operands are first packed into contiguous
+// scratch: rows a whole matrix row apart each start a new page and
+// prefetch stream, which halved the kernel's speed.
 func subMulNT(m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
 	const subMulK, subMulN = 256, 64
+	if m == 0 || n == 0 || k == 0 {
+		return
+	}
+	sp := packPool.Get().(*[]float64)
+	defer packPool.Put(sp)
+	need := (m + subMulN) * min(k, subMulK)
+	if cap(*sp) < need {
+		*sp = make([]float64, need)
+	}
+	scratch := (*sp)[:need]
 	for p0 := 0; p0 < k; p0 += subMulK {
+		kk := min(subMulK, k-p0)
+		pa, lpa := a[p0:], lda
+		if lda != kk {
+			pa, lpa = scratch[:m*kk], kk
+			for i := 0; i < m; i++ {
+				copy(pa[i*kk:(i+1)*kk], a[i*lda+p0:i*lda+p0+kk])
+			}
+		}
 		for j0 := 0; j0 < n; j0 += subMulN {
-			subMulNTSlice(m, min(subMulN, n-j0), min(subMulK, k-p0), a[p0:], lda, b[j0*ldb+p0:], ldb, c[j0:], ldc)
+			nn := min(subMulN, n-j0)
+			pb, lpb := b[j0*ldb+p0:], ldb
+			if ldb != kk {
+				pb, lpb = scratch[m*kk:m*kk+nn*kk], kk
+				for j := 0; j < nn; j++ {
+					copy(pb[j*kk:(j+1)*kk], b[(j0+j)*ldb+p0:(j0+j)*ldb+p0+kk])
+				}
+			}
+			subMulNTSlice(m, nn, kk, pa, lpa, pb, lpb, c[j0:], ldc)
 		}
 	}
 }
+
+// packPool holds subMulNT's packing scratch, one buffer per concurrent call.
+var packPool = sync.Pool{New: func() any { return new([]float64) }}
 
 func subMulNTSlice(m, n, k int, a []float64, lda int, b []float64, ldb int, c []float64, ldc int) {
 	i := 0
