@@ -3,6 +3,8 @@ package weights
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/lmpack/lmpack/runtime/kernels"
 )
 
 // BenchmarkRTN quantizes a 4096×4096 layer (4-bit, group 128, asymmetric);
@@ -49,4 +51,51 @@ func BenchmarkGPTQ(b *testing.B) {
 	}
 	b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/layer")
 	b.ReportMetric(float64(rows*cols)*float64(b.N)/b.Elapsed().Seconds(), "weights/s")
+}
+
+// BenchmarkInvCholUpperT factors the damped inverse of a 2048-wide
+// Hessian (float64, blocked Cholesky + triangular inverse on GOMAXPROCS
+// threads). Reports GFLOP/s counting 2n³/3 flops.
+func BenchmarkInvCholUpperT(b *testing.B) {
+	n := 2048
+	rng := rand.New(rand.NewPCG(3, 3))
+	A := make([]float64, n*n)
+	for i := range A {
+		A[i] = rng.NormFloat64()
+	}
+	H := make([]float64, n*n) // AAᵀ/n + I
+	subMulNT(n, n, n, A, n, A, n, H, n)
+	for i := range H {
+		H[i] /= -float64(n)
+	}
+	for i := 0; i < n; i++ {
+		H[i*n+i]++
+	}
+	pool := kernels.NewPool(0)
+	defer pool.Close()
+	work := make([]float64, n*n)
+	b.ResetTimer()
+	for b.Loop() {
+		copy(work, H)
+		if _, err := invCholUpperT(work, n, pool); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(2*float64(n)*float64(n)*float64(n)/3*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}
+
+// BenchmarkHessianAdd accumulates 1024 input rows of width 4096 into a
+// Hessian (float64, upper triangle, GOMAXPROCS threads); SetBytes counts
+// the float32 inputs.
+func BenchmarkHessianAdd(b *testing.B) {
+	n, cols := 1024, 4096
+	x := randMatrix(rand.New(rand.NewPCG(4, 4)), n, cols)
+	h := NewHessian(cols)
+	b.SetBytes(int64(4 * n * cols))
+	for b.Loop() {
+		if err := h.Add(x, n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(n)*float64(cols)*float64(cols)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }

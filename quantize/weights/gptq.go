@@ -1,14 +1,12 @@
 package weights
 
 import (
-	"errors"
 	"fmt"
 	"math"
+	goruntime "runtime"
 	"sort"
 
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas64"
-	"gonum.org/v1/gonum/mat"
+	"github.com/lmpack/lmpack/runtime/kernels"
 )
 
 // Hessian accumulates the GPTQ proxy Hessian of one Linear layer from its
@@ -19,7 +17,7 @@ import (
 type Hessian struct {
 	cols int
 	n    int64     // input rows accumulated
-	sum  []float64 // Σ x xᵀ, upper triangle valid, [cols, cols]
+	sum  []float64 // Σ x xᵀ, [cols, cols]; only the upper triangle is valid
 }
 
 // NewHessian returns an empty accumulator for inputs of width cols (the
@@ -55,28 +53,75 @@ func (h *Hessian) Cols() int { return h.cols }
 func (h *Hessian) Samples() int64 { return h.n }
 
 // Add accumulates n input rows x, [n, cols] float32 row-major (the
-// activations entering the layer, one token per row).
+// activations entering the layer, one token per row), in float64 on
+// GOMAXPROCS threads (an AVX2 float64 kernel where available). x is
+// checked before anything is accumulated, so on error h is unchanged.
 // Errors: ErrShape, ErrNonFinite naming the element [row, col].
 func (h *Hessian) Add(x []float32, n int) error {
 	if n < 0 || len(x) != n*h.cols {
 		return fmt.Errorf("%w: input has %d elements, want n×cols = %d×%d", ErrShape, len(x), n, h.cols)
 	}
+	for i, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("%w: input [%d, %d] is %v", ErrNonFinite, i/h.cols, i%h.cols, v)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
 	const chunk = 256
-	buf := make([]float64, min(n, chunk)*h.cols)
+	cols := h.cols
+	t := &syrkTask{sum: h.sum, cols: cols, tiles: (cols + cholTile - 1) / cholTile}
+	t.xt = make([]float64, min(n, chunk)*cols)
+	t.nxt = make([]float64, len(t.xt))
+	pool := kernels.NewPool(goruntime.GOMAXPROCS(0))
+	defer pool.Close()
 	for r0 := 0; r0 < n; r0 += chunk {
 		m := min(chunk, n-r0)
-		for i, v := range x[r0*h.cols : (r0+m)*h.cols] {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return fmt.Errorf("%w: input [%d, %d] is %v", ErrNonFinite, r0+i/h.cols, i%h.cols, v)
+		t.m = m
+		// xt = chunkᵀ, [cols, m], so the products below are dot products.
+		const tile = 32
+		for c0 := 0; c0 < cols; c0 += tile {
+			for q0 := 0; q0 < m; q0 += tile {
+				for c := c0; c < min(c0+tile, cols); c++ {
+					for q := q0; q < min(q0+tile, m); q++ {
+						v := float64(x[(r0+q)*cols+c])
+						t.xt[c*m+q] = v
+						t.nxt[c*m+q] = -v
+					}
+				}
 			}
-			buf[i] = float64(v)
 		}
-		blas64.Syrk(blas.Trans, 1,
-			blas64.General{Rows: m, Cols: h.cols, Stride: h.cols, Data: buf[:m*h.cols]}, 1,
-			blas64.Symmetric{Uplo: blas.Upper, N: h.cols, Stride: h.cols, Data: h.sum})
+		pool.Run((t.tiles+1)/2, t)
 	}
 	h.n += int64(n)
 	return nil
+}
+
+// syrkTask adds xtᵀ·xt's upper triangle to sum ([cols, cols]) for row
+// tiles of cholTile rows, pairing tiles u and tiles−1−u per unit so the
+// shares of the triangle are even. nxt = −xt, since subMulNT subtracts.
+type syrkTask struct {
+	xt, nxt, sum   []float64
+	cols, m, tiles int
+}
+
+func (t *syrkTask) Run(lo, hi int) {
+	for u := lo; u < hi; u++ {
+		t.tile(u)
+		if v := t.tiles - 1 - u; v != u {
+			t.tile(v)
+		}
+	}
+}
+
+func (t *syrkTask) tile(v int) {
+	c, m := t.cols, t.m
+	i0 := v * cholTile
+	i1 := min(c, i0+cholTile)
+	// Columns from i0: the diagonal tile's few j < i land in the unused
+	// lower triangle.
+	subMulNT(i1-i0, c-i0, m, t.nxt[i0*m:], m, t.xt[i0*m:], m, t.sum[i0*c+i0:], c)
 }
 
 // Matrix returns a new copy of H = (2/N)·Σ x xᵀ, [cols, cols] float64
@@ -88,10 +133,15 @@ func (h *Hessian) Matrix() []float64 {
 		return out
 	}
 	f := 2 / float64(h.n)
-	for i := 0; i < c; i++ {
-		for j := i; j < c; j++ {
-			v := f * h.sum[i*c+j]
-			out[i*c+j], out[j*c+i] = v, v
+	const tile = 32 // mirror in tiles so the transposed writes stay in cache
+	for i0 := 0; i0 < c; i0 += tile {
+		for j0 := i0; j0 < c; j0 += tile {
+			for i := i0; i < min(i0+tile, c); i++ {
+				for j := max(i, j0); j < min(j0+tile, c); j++ {
+					v := f * h.sum[i*c+j]
+					out[i*c+j], out[j*c+i] = v, v
+				}
+			}
 		}
 	}
 	return out
@@ -110,6 +160,10 @@ type GPTQOptions struct {
 	// the group size, so a group never crosses a block boundary and its
 	// scales are computed on weights that carry all earlier updates.
 	BlockSize int
+	// Threads is the number of threads the quantization runs on
+	// (0 means GOMAXPROCS; negative is an error). The result does not
+	// depend on it.
+	Threads int
 }
 
 // QuantizeGPTQ quantizes w, [rows, cols] float32 row-major (Linear weight
@@ -121,24 +175,33 @@ type GPTQOptions struct {
 //     reference implementation.
 //  2. ActOrder: columns sorted by decreasing H_ii (stable).
 //  3. H += Damp·mean(diag H)·I; U = upper Cholesky factor of H⁻¹
-//     (H⁻¹ = UᵀU).
+//     (H⁻¹ = UᵀU), in float64.
 //  4. Columns in order, in blocks of BlockSize: when a group starts, its
 //     scale/zero are found per row (as QuantizeRTN does) on the current,
 //     error-updated weights; each column is rounded, its error
 //     e = (w − q)/U_cc is fed back into the rest of the block, and after a
 //     block the trailing columns get the batched update W −= E·U[block, rest].
 //
+// As in the GPTQ reference, the weights, errors and U used in the updates
+// of step 4 are float32 (the batched update runs on the runtime/kernels
+// AVX2 GEMM); codes, scales and errors are computed in float64 from them.
+// Rows are split over opt.Threads threads within a block, and the batched
+// update over the trailing columns.
+//
 // With ActOrder and several groups per row, codes and groups stay in the
 // quantization (permuted) order and Perm maps them back (see Quantized);
 // with per-channel groups the codes are un-permuted and Perm is nil.
-// Differences from the reference: arithmetic is float64, rounding ties go
-// to even, scales are float16 rounded up (see QuantizeRTN), and group
-// parameters see the in-block updates (the reference reads them from the
-// matrix before the current block's updates).
+// Other differences from the reference: rounding ties go to even, scales
+// are float16 rounded up (see QuantizeRTN), and group parameters see the
+// in-block updates (the reference reads them from the matrix before the
+// current block's updates).
 //
-// Memory: 8·rows·cols (weights) + 3·8·cols² (Hessian, factors) bytes.
+// Memory: 4·rows·cols (float32 weights, transposed) plus at most
+// 16·cols² bytes for the factors (the float64 Hessian copy and the
+// inverse while it is formed; then Uᵀ in float64 and float32, 12·cols²).
 // Errors: as QuantizeRTN, plus ErrShape (Hessian width, no samples),
-// ErrOptions (Damp, BlockSize), ErrNonFinite, ErrNotPositiveDefinite.
+// ErrOptions (Damp, BlockSize, Threads), ErrNonFinite,
+// ErrNotPositiveDefinite.
 func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Quantized, error) {
 	group, err := validate(w, rows, cols, opt.Options)
 	if err != nil {
@@ -171,6 +234,14 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 	if group < cols {
 		bs = (bs + group - 1) / group * group
 	}
+	bs = min(bs, cols)
+	threads := opt.Threads
+	if threads < 0 {
+		return nil, fmt.Errorf("%w: threads %d, want ≥ 0", ErrOptions, threads)
+	}
+	if threads == 0 {
+		threads = goruntime.GOMAXPROCS(0)
+	}
 
 	H := h.Matrix()
 	for i, v := range H {
@@ -178,16 +249,11 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 			return nil, fmt.Errorf("%w: Hessian [%d, %d] is %v", ErrNonFinite, i/cols, i%cols, v)
 		}
 	}
-	W := make([]float64, rows*cols)
-	for i, v := range w {
-		W[i] = float64(v)
-	}
+	dead := make([]bool, cols)
 	for i := 0; i < cols; i++ {
 		if H[i*cols+i] == 0 {
 			H[i*cols+i] = 1
-			for r := 0; r < rows; r++ {
-				W[r*cols+i] = 0
-			}
+			dead[i] = true
 		}
 	}
 
@@ -205,14 +271,6 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 			}
 		}
 		H = Hp
-		tmp := make([]float64, cols)
-		for r := 0; r < rows; r++ {
-			row := W[r*cols : (r+1)*cols]
-			for j, pj := range perm {
-				tmp[j] = row[pj]
-			}
-			copy(row, tmp)
-		}
 	}
 
 	mean := 0.0
@@ -223,59 +281,38 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 	for i := 0; i < cols; i++ {
 		H[i*cols+i] += damp * mean
 	}
-	U, err := invCholUpper(H, cols)
+	pool := kernels.NewPool(threads)
+	defer pool.Close()
+	Ut, err := invCholUpperT(H, cols, pool)
 	if err != nil {
 		return nil, err
 	}
 	H = nil
-
-	q := newQuantized(rows, cols, group, opt.Options)
-	rb := RowBytes(cols, opt.Bits)
-	grids := make([]grid, rows)
-	errs := make([]float64, rows*bs)
-	for i1 := 0; i1 < cols; i1 += bs {
-		i2 := min(i1+bs, cols)
-		nb := i2 - i1
-		for c := i1; c < i2; c++ {
-			if c%group == 0 {
-				for r := 0; r < rows; r++ {
-					seg := W[r*cols+c : r*cols+c+group]
-					gr, err := findGrid(func(f func(float64)) {
-						for _, v := range seg {
-							f(v)
-						}
-					}, opt.Bits, opt.Symmetric, opt.MSEClip)
-					if err != nil {
-						return nil, fmt.Errorf("weights: row %d group %d: %w", r, c/group, err)
-					}
-					grids[r] = gr
-					q.setGrid(r, c/group, gr)
-				}
-			}
-			d := U[c*cols+c]
-			urow := U[c*cols+c+1 : c*cols+i2]
-			for r := 0; r < rows; r++ {
-				wr := W[r*cols : (r+1)*cols]
-				code := grids[r].code(wr[c])
-				putCode(q.Codes[r*rb:(r+1)*rb], c, opt.Bits, code)
-				e := (wr[c] - grids[r].value(code)) / d
-				errs[r*nb+(c-i1)] = e
-				rest := wr[c+1 : i2]
-				for k, u := range urow {
-					rest[k] -= e * u
-				}
+	g := &gptqRun{rows: rows, cols: cols, group: group, bs: bs, opt: opt.Options, ut: Ut,
+		q: newQuantized(rows, cols, group, opt.Options), rb: RowBytes(cols, opt.Bits)}
+	g.prepare(w, perm, dead)
+	for g.i1 = 0; g.i1 < cols; g.i1 += bs {
+		g.i2 = min(g.i1+bs, cols)
+		g.nb = g.i2 - g.i1
+		for a := 0; a < g.nb; a++ {
+			for b := a; b < g.nb; b++ {
+				g.ub[a*g.nb+b] = float32(Ut[(g.i1+b)*cols+g.i1+a])
 			}
 		}
-		if i2 < cols {
-			blas64.Gemm(blas.NoTrans, blas.NoTrans, -1,
-				blas64.General{Rows: rows, Cols: nb, Stride: nb, Data: errs[:rows*nb]},
-				blas64.General{Rows: nb, Cols: cols - i2, Stride: cols, Data: U[i1*cols+i2:]},
-				1,
-				blas64.General{Rows: rows, Cols: cols - i2, Stride: cols, Data: W[i2:]})
+		pool.Run(len(g.errs), (*gptqBlock)(g))
+		for _, err := range g.errs {
+			if err != nil {
+				return nil, err
+			}
+		}
+		if g.i2 < cols {
+			pool.Run((cols-g.i2+updateRows-1)/updateRows, (*gptqUpdate)(g))
 		}
 	}
 
+	q := g.q
 	if perm != nil {
+		rb := g.rb
 		if group == cols {
 			codes := make([]uint8, cols)
 			for r := 0; r < rows; r++ {
@@ -295,30 +332,140 @@ func QuantizeGPTQ(w []float32, rows, cols int, h *Hessian, opt GPTQOptions) (*Qu
 	return q, nil
 }
 
-// invCholUpper returns U, [n, n] row-major upper triangular with
-// H⁻¹ = UᵀU, for symmetric positive definite H [n, n].
-func invCholUpper(H []float64, n int) ([]float64, error) {
-	var c mat.Cholesky
-	if !c.Factorize(mat.NewSymDense(n, H)) {
-		return nil, fmt.Errorf("%w: Cholesky of the damped Hessian failed", ErrNotPositiveDefinite)
+// Tiles of the batched update: updateRows trailing columns (rows of the
+// transposed weights) by updateCols weight rows per MatMulNT call, so the
+// error tile (updateCols·B float32) and the product stay in L2.
+const (
+	updateRows = 64
+	updateCols = 256
+	// blockRows is how many weight rows a thread carries through one
+	// block at a time, so its B columns (blockRows·B float32) stay in L2.
+	blockRows = 256
+)
+
+// gptqRun is the state of one QuantizeGPTQ call. Weights are held
+// transposed, wt [cols, rows] float32 in quantization order, so a column
+// is contiguous and the in-block updates are axpys over rows.
+type gptqRun struct {
+	rows, cols, group, bs int
+	opt                   Options
+	q                     *Quantized
+	rb                    int
+	ut                    []float64 // Uᵀ, [cols, cols] (lower); H⁻¹ = UᵀU
+	lt                    []float32 // Uᵀ, [cols, cols] float32 (lower)
+	wt                    []float32 // [cols, rows]
+	e                     []float32 // the block's errors, [B, rows]
+	et                    []float32 // the same transposed, [rows, B]
+	ub                    []float32 // U[block, block], [B, B]
+	grids                 []grid    // current group of each row
+	errs                  []error   // per row chunk of the current block
+	i1, i2, nb            int       // current block
+}
+
+// prepare fills wt (permuted, dead columns zeroed), lt and the buffers.
+func (g *gptqRun) prepare(w []float32, perm []int, dead []bool) {
+	rows, cols := g.rows, g.cols
+	g.wt = make([]float32, cols*rows)
+	const tile = 32 // transpose in tiles so reads and writes stay in cache
+	for c0 := 0; c0 < cols; c0 += tile {
+		for r0 := 0; r0 < rows; r0 += tile {
+			for c := c0; c < min(c0+tile, cols); c++ {
+				src := c
+				if perm != nil {
+					src = perm[c]
+				}
+				if dead[src] {
+					continue
+				}
+				dst := g.wt[c*rows : (c+1)*rows]
+				for r := r0; r < min(r0+tile, rows); r++ {
+					dst[r] = w[r*cols+src]
+				}
+			}
+		}
 	}
-	var inv mat.SymDense
-	// A mat.Condition error only warns of ill-conditioning; the inverse is
-	// still computed, and the second factorization decides.
-	var cond mat.Condition
-	if err := c.InverseTo(&inv); err != nil && !errors.As(err, &cond) {
-		return nil, fmt.Errorf("%w: inverting the damped Hessian: %v", ErrNotPositiveDefinite, err)
+	g.lt = make([]float32, cols*cols)
+	for i, v := range g.ut {
+		g.lt[i] = float32(v)
 	}
-	var c2 mat.Cholesky
-	if !c2.Factorize(&inv) {
-		return nil, fmt.Errorf("%w: Cholesky of the inverse Hessian failed", ErrNotPositiveDefinite)
+	g.e = make([]float32, g.bs*rows)
+	g.et = make([]float32, rows*g.bs)
+	g.ub = make([]float32, g.bs*g.bs)
+	g.grids = make([]grid, rows)
+	g.errs = make([]error, (rows+blockRows-1)/blockRows)
+}
+
+// gptqBlock quantizes the current block's columns for weight rows
+// [lo·blockRows, hi·blockRows): group grids, codes, errors and the
+// in-block updates.
+type gptqBlock gptqRun
+
+func (t *gptqBlock) Run(lo, hi int) {
+	g := (*gptqRun)(t)
+	rows, nb, i1 := g.rows, g.nb, g.i1
+	var seg []float64
+	for ci := lo; ci < hi; ci++ {
+		r0, r1 := ci*blockRows, min(rows, (ci+1)*blockRows)
+		g.errs[ci] = nil
+		for c := i1; c < g.i2; c++ {
+			if c%g.group == 0 {
+				if seg == nil {
+					seg = make([]float64, g.group)
+				}
+				for r := r0; r < r1; r++ {
+					for k := range seg {
+						seg[k] = float64(g.wt[(c+k)*rows+r])
+					}
+					gr, err := findGrid(func(f func(float64)) {
+						for _, v := range seg {
+							f(v)
+						}
+					}, g.opt.Bits, g.opt.Symmetric, g.opt.MSEClip)
+					if err != nil {
+						g.errs[ci] = fmt.Errorf("weights: row %d group %d: %w", r, c/g.group, err)
+						return
+					}
+					g.grids[r] = gr
+					g.q.setGrid(r, c/g.group, gr)
+				}
+			}
+			d := g.ut[c*g.cols+c]
+			col := g.wt[c*rows+r0 : c*rows+r1]
+			ec := g.e[(c-i1)*rows+r0 : (c-i1)*rows+r1]
+			for i, v := range col {
+				r := r0 + i
+				gr := &g.grids[r]
+				code := gr.code(float64(v))
+				putCode(g.q.Codes[r*g.rb:(r+1)*g.rb], c, g.opt.Bits, code)
+				e := float32((float64(v) - gr.value(code)) / d)
+				ec[i] = e
+				g.et[r*nb+c-i1] = e
+			}
+			urow := g.ub[(c-i1)*nb : (c-i1+1)*nb]
+			for k := c + 1; k < g.i2; k++ {
+				kernels.Axpy(-urow[k-i1], ec, g.wt[k*rows+r0:k*rows+r1])
+			}
+		}
 	}
-	var u mat.TriDense
-	c2.UTo(&u)
-	raw := u.RawTriangular()
-	U := make([]float64, n*n)
-	for i := 0; i < n; i++ {
-		copy(U[i*n+i:(i+1)*n], raw.Data[i*raw.Stride+i:i*raw.Stride+n])
+}
+
+// gptqUpdate applies the batched update to trailing columns
+// [i2 + lo·updateRows, i2 + hi·updateRows): wt[j, :] −= Σ_p U[i1+p, j]·E[p, :].
+type gptqUpdate gptqRun
+
+func (t *gptqUpdate) Run(lo, hi int) {
+	g := (*gptqRun)(t)
+	rows, cols, nb := g.rows, g.cols, g.nb
+	tmp := make([]float32, updateRows*updateCols)
+	for u := lo; u < hi; u++ {
+		j0 := g.i2 + u*updateRows
+		j1 := min(cols, j0+updateRows)
+		for n0 := 0; n0 < rows; n0 += updateCols {
+			nn := min(updateCols, rows-n0)
+			kernels.MatMulNT(j1-j0, nn, nb, g.lt[j0*cols+g.i1:], cols, g.et[n0*nb:], nb, tmp, nn)
+			for j := j0; j < j1; j++ {
+				kernels.Axpy(-1, tmp[(j-j0)*nn:(j-j0+1)*nn], g.wt[j*rows+n0:j*rows+n0+nn])
+			}
+		}
 	}
-	return U, nil
 }
