@@ -96,7 +96,7 @@ func (p *pipeline) allocate(ctx context.Context) (*alloc.Plan, []spec, error) {
 					continue
 				}
 				seen[o] = true
-				q, dq, err := quantizeOne(w, t, p.opt.Method, o, p.opt.ActOrder, p.opt.Damp, h)
+				q, dq, err := quantizeOne(w, t, p.opt.Method, o, p.opt.ActOrder, p.opt.Damp, h, p.opt.Threads)
 				if err != nil {
 					return nil, nil, err
 				}

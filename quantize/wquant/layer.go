@@ -227,12 +227,13 @@ func outputError(w, wq []float32, rows, cols int, H []float64) (errv, energy flo
 }
 
 // quantizeOne quantizes w ([rows, cols]) with method ("rtn" or "gptq")
-// and options, returning the packed result and its dequantized matrix.
-func quantizeOne(w []float32, t Target, method string, o weights.Options, actOrder bool, damp float64, h *weights.Hessian) (*weights.Quantized, []float32, error) {
+// and options on threads workers (≤ 0: all cores), returning the packed
+// result and its dequantized matrix.
+func quantizeOne(w []float32, t Target, method string, o weights.Options, actOrder bool, damp float64, h *weights.Hessian, threads int) (*weights.Quantized, []float32, error) {
 	var q *weights.Quantized
 	var err error
 	if method == MethodGPTQ {
-		q, err = weights.QuantizeGPTQ(w, t.Rows, t.Cols, h, weights.GPTQOptions{Options: o, Damp: damp, ActOrder: actOrder})
+		q, err = weights.QuantizeGPTQ(w, t.Rows, t.Cols, h, weights.GPTQOptions{Options: o, Damp: damp, ActOrder: actOrder, Threads: max(threads, 0)})
 	} else {
 		q, err = weights.QuantizeRTN(w, t.Rows, t.Cols, o)
 	}

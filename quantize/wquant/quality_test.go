@@ -72,7 +72,7 @@ func TestGPTQBeatsRTN(t *testing.T) {
 					}
 					oo := o
 					oo.GroupSize = effectiveGroup(o.GroupSize, tg.Cols)
-					_, dq, err := quantizeOne(w, tg, method, oo, false, 0, hs.h[tg.input])
+					_, dq, err := quantizeOne(w, tg, method, oo, false, 0, hs.h[tg.input], 0)
 					if err != nil {
 						t.Fatal(err)
 					}

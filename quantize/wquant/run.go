@@ -564,7 +564,7 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 				// bits a column with groups) is not in the allocation's
 				// costs: experts then keep the natural order unless per-channel.
 				ao := p.opt.ActOrder && !(t.IsExpert() && p.opt.MoEBudget > 0 && sp.o.GroupSize > 0 && sp.o.GroupSize < t.Cols)
-				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, ao, p.opt.Damp, h)
+				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, ao, p.opt.Damp, h, p.opt.Threads)
 				if err != nil {
 					return err
 				}
