@@ -134,6 +134,9 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	for _, l := range e.Desc.Layers {
 		moe = moe || l.MoE != nil
 	}
+	if opt.AllExperts && !moe {
+		return nil, fmt.Errorf("calibrate: --calibrate-all-experts: %s has no mixture-of-experts layer", e.Dir)
+	}
 	progress := opt.Progress
 	if moe && progress != nil {
 		// Three passes: OSCAR (2) and the expert statistics.

@@ -124,11 +124,14 @@ type Report struct {
 	// WeightsMethod and WeightsBitsPerWeight describe the quantize-weights
 	// stage ("" and 0 without one): the method and the storage bits per
 	// quantized weight (codes, scales, zero-points, permutations).
-	WeightsMethod        string      `json:"weights_method,omitempty"`
-	WeightsBitsPerWeight float64     `json:"weights_bits_per_weight,omitempty"`
-	Eval                 *EvalResult `json:"eval,omitempty"`
-	Gate                 *Gate       `json:"gate,omitempty"`
-	Seconds              float64     `json:"seconds"`
+	WeightsMethod        string  `json:"weights_method,omitempty"`
+	WeightsBitsPerWeight float64 `json:"weights_bits_per_weight,omitempty"`
+	// ExpertBitsPerWeight is the storage bits per routed-expert weight
+	// under a moe_budget (GEMQ); 0 otherwise.
+	ExpertBitsPerWeight float64     `json:"expert_bits_per_weight,omitempty"`
+	Eval                *EvalResult `json:"eval,omitempty"`
+	Gate                *Gate       `json:"gate,omitempty"`
+	Seconds             float64     `json:"seconds"`
 }
 
 // outputs are the files a stage produced (paths relative to its
@@ -322,6 +325,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 				return nil, fmt.Errorf("compress: quantize-weights stage record: %w", err)
 			}
 			rep.WeightsMethod, rep.WeightsBitsPerWeight = ws.Method, ws.BitsPerWeight
+			rep.ExpertBitsPerWeight = ws.ExpertBitsPerWeight
 		}
 		if s.name == "eval" {
 			var ev EvalResult
@@ -384,6 +388,24 @@ func (p *pipeline) inputs(ctx context.Context) error {
 	p.srcDir = dir
 	p.st.model = dir
 	recipe := cmpOr(p.opt.RecipePath, "the recipe")
+	// Settings that only fit some models are checked before any stage
+	// runs, so a mistake costs no calibration.
+	if q := p.r.Quantize; q != nil && q.Weights != nil {
+		d, err := arch.Load(dir)
+		if err != nil {
+			return fmt.Errorf("compress: %w", err)
+		}
+		moe := false
+		for _, l := range d.Layers {
+			moe = moe || l.MoE != nil
+		}
+		switch w := q.Weights; {
+		case w.MoEBudget > 0 && !moe:
+			return fmt.Errorf("%w: %s: quantize.weights.moe_budget: %s is a dense model (no mixture-of-experts layer); remove moe_budget or use bits/target_bpw", ErrRecipe, recipe, dir)
+		case w.TargetBPW > 0 && moe:
+			return fmt.Errorf("%w: %s: quantize.weights.target_bpw: %s is a mixture-of-experts model; use bits with moe_budget for the experts", ErrRecipe, recipe, dir)
+		}
+	}
 	// dataErr names where a data path came from: the override option or
 	// the recipe's key.
 	dataErr := func(override, key, path string, err error) error {
@@ -534,10 +556,16 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	if err != nil {
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
+	renamed := false
+	defer func() {
+		// A failed or interrupted stage leaves nothing behind (after a
+		// kill the next run removes the temporary directory).
+		if !renamed {
+			os.RemoveAll(tmp)
+		}
+	}()
 	out, res, err := s.run(ctx, tmp)
 	if err != nil {
-		// The temporary directory stays, as after a kill; the next run
-		// removes it and recomputes the stage.
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
 	rb, err := json.Marshal(res)
@@ -551,6 +579,7 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
+	renamed = true
 	syncDir(p.work)
 	p.st.apply(final, out)
 	if log != nil {

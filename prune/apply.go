@@ -33,9 +33,10 @@ var (
 var layerRE = regexp.MustCompile(`(^|\.)layers\.(\d+)\.`)
 
 // Sizes counts a checkpoint's stored tensors: Params is the number of
-// elements of every tensor in the files (a tied lm_head.weight stored
-// separately counts, unlike in `lmpack inspect`), Bytes the bytes of their
-// data in their stored dtype (file headers not counted).
+// model parameters, the elements of every tensor in the files except a
+// tied lm_head.weight copy (as `lmpack inspect` counts them), Bytes the
+// bytes of all stored tensor data in its dtype, that copy included (file
+// headers not counted).
 type Sizes struct {
 	Params int64 `json:"params"`
 	Bytes  int64 `json:"bytes"`
@@ -69,7 +70,7 @@ type Sizes struct {
 // ErrConfig when config.json is unreadable, not a JSON object, or its
 // num_hidden_layers differs from plan.Layers; a tensor naming a block
 // index >= plan.Layers; I/O errors (wrapped, naming the file).
-func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, out string) (before, after Sizes, err error) {
+func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, out, tiedLMHead string) (before, after Sizes, err error) {
 	if err := checkOut(modelDir, out); err != nil {
 		return before, after, err
 	}
@@ -90,6 +91,9 @@ func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, o
 			return before, after, fmt.Errorf("prune: %w", err)
 		}
 		n := int64(t.NumElements())
+		if name == tiedLMHead {
+			n = 0 // a copy of the embedding, not a parameter
+		}
 		before.Params += n
 		before.Bytes += int64(len(t.Data))
 		newName := name

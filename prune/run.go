@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -245,7 +246,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			return nil, fmt.Errorf("prune: %w", err)
 		}
 	}
-	before, after, err := ApplyDepth(dir, ck, plan, opt.Out)
+	before, after, err := ApplyDepth(dir, ck, plan, opt.Out, tiedHead(desc))
 	if err != nil {
 		return nil, err
 	}
@@ -271,4 +272,13 @@ func leading(S []float64, m, k int) []float64 {
 		out = append(out, S[i*m:i*m+k]...)
 	}
 	return out
+}
+
+// tiedHead is d's lm_head tensor name when it is tied to the embedding
+// (a stored copy is not a parameter), else "".
+func tiedHead(d *arch.Description) string {
+	if d.TieWordEmbeddings {
+		return d.LMHead
+	}
+	return ""
 }

@@ -141,7 +141,9 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		if err != nil {
 			return nil, fmt.Errorf("prune: %w", err)
 		}
-		r.Before.Params += int64(t.NumElements())
+		if name != tiedHead(desc) {
+			r.Before.Params += int64(t.NumElements())
+		}
 		r.Before.Bytes += int64(len(t.Data))
 		wt := safetensors.WriteTensor{Name: name, DType: t.DType, Shape: t.Shape, Data: t.Data}
 		if nt, ok := w.changed[name]; ok {
@@ -154,7 +156,9 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 				return nil, fmt.Errorf("prune: %w", err)
 			}
 		}
-		r.After.Params += int64(numElements(wt.Shape))
+		if name != tiedHead(desc) {
+			r.After.Params += int64(numElements(wt.Shape))
+		}
 		r.After.Bytes += int64(len(wt.Data))
 		ts = append(ts, wt)
 	}

@@ -61,7 +61,7 @@ var benchModelCache = map[string]func() (*arch.Description, memSource){}
 var benchModelMu sync.Mutex
 
 // benchQuantModel is a synthetic Llama (hidden 1024, 8 layers, 16 heads,
-// 4 KV heads, FFN 2816, vocab 512, tied embeddings: 79.7M linear weights)
+// 4 KV heads, FFN 2816, vocab 512, tied embeddings: 90.2M linear weights)
 // whose linear weights are RTN-quantized with bq.o, built in memory once
 // per quantization: N(0, 1/fan_in) weights from a fixed seed, quantized
 // tensor by tensor with weights.QuantizeRTN.

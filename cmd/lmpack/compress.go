@@ -142,7 +142,11 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/weight, lz4 saved %d bytes, kv cache %s\n",
 		z.SourceTensorBytes, z.ArtifactBytes, z.Ratio, z.SourceParams, z.Params, z.BitsPerWeight, z.LZ4SavedBytes, r.KVCache)
 	if r.WeightsMethod != "" {
-		fmt.Fprintf(&b, "weights %s, %.3f bits per quantized weight (codes, scales, zero-points)\n", r.WeightsMethod, r.WeightsBitsPerWeight)
+		fmt.Fprintf(&b, "weights %s, %.3f bits per quantized weight (codes, scales, zero-points)", r.WeightsMethod, r.WeightsBitsPerWeight)
+		if r.ExpertBitsPerWeight > 0 {
+			fmt.Fprintf(&b, ", routed experts %.3f", r.ExpertBitsPerWeight)
+		}
+		b.WriteString("\n")
 	}
 	if g := r.Gate; g != nil {
 		if g.Passed {

@@ -27,7 +27,7 @@ func newPackCmd(g *globalFlags) *cobra.Command {
 (docs/FORMAT.md): every tensor in a 64-byte aligned section (the quantized
 weights of a checkpoint from "lmpack quantize weights" as packed codes,
 scales, zero-points and permutations, with their format per tensor in the
-manifest; run and eval dequantize them at load), the config and
+manifest; run and eval keep them packed), the config and
 tokenizer files, width-pruned per-layer sizes, the KV-cache scheme (--kv-cache, with the rotations of
 --kv-rotations for oscar2/oscar4: run and eval then use that cache), and a
 JSON manifest with the model description and provenance. Sections are lz4-compressed (bf16/f16

@@ -21,8 +21,17 @@ import (
 const pruneEvalWindows = "16"
 
 // layerParams counts, from the original checkpoint, the elements of all
-// tensors and of each "model.layers.N." block.
+// tensors and of each "model.layers.N." block. The models tie lm_head to
+// the embedding: its stored copy (tied elements) is not a parameter, so
+// total excludes it (as prune's report and lmpack inspect count).
 func layerParams(t *testing.T, dir string) (total int64, perLayer map[int]int64) {
+	total, perLayer, _ = layerParamsTied(t, dir)
+	return total, perLayer
+}
+
+// layerParamsTied is layerParams plus the elements of the stored tied
+// lm_head copy.
+func layerParamsTied(t *testing.T, dir string) (total int64, perLayer map[int]int64, tied int64) {
 	t.Helper()
 	ck, err := safetensors.OpenDir(dir)
 	if err != nil {
@@ -39,6 +48,10 @@ func layerParams(t *testing.T, dir string) (total int64, perLayer map[int]int64)
 		for _, s := range ti.Shape {
 			n *= int64(s)
 		}
+		if name == "lm_head.weight" {
+			tied = n
+			continue
+		}
 		total += n
 		var l int
 		var rest string
@@ -46,7 +59,7 @@ func layerParams(t *testing.T, dir string) (total int64, perLayer map[int]int64)
 			perLayer[l] += n
 		}
 	}
-	return total, perLayer
+	return total, perLayer, tied
 }
 
 func heldoutPPL(t *testing.T, model string) float64 {
@@ -77,7 +90,7 @@ func TestPruneDepth(t *testing.T) {
 	if err != nil || !c.Has(calibrate.StatLoRP) || len(c.Similarity) != 36 {
 		t.Fatalf("calibration: %v, statistics %v, %d similarity values", err, c.Header.Statistics, len(c.Similarity))
 	}
-	total, perLayer := layerParams(t, model)
+	total, perLayer, tied := layerParamsTied(t, model)
 	if len(perLayer) != 5 {
 		t.Fatalf("%d layers in the checkpoint", len(perLayer))
 	}
@@ -177,7 +190,7 @@ func TestPruneDepth(t *testing.T) {
 		if l < 1 || l > 3 {
 			t.Fatalf("%s removed layer %d; only 1..3 are eligible", method, l)
 		}
-		if rep.Before.Params != total || rep.After.Params != total-perLayer[l] || rep.Before.Bytes != 4*total || rep.After.Bytes != 4*(total-perLayer[l]) {
+		if rep.Before.Params != total || rep.After.Params != total-perLayer[l] || rep.Before.Bytes != 4*(total+tied) || rep.After.Bytes != 4*(total+tied-perLayer[l]) {
 			t.Errorf("%s sizes %+v -> %+v; want %d -> %d params (F32)", method, rep.Before, rep.After, total, total-perLayer[l])
 		}
 		bi := 1 - c.Similarity[l*6+l+1]

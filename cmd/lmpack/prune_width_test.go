@@ -22,7 +22,7 @@ func TestPruneWidth(t *testing.T) {
 	model := modelDir(t)
 	cal := filepath.Join(dir, "calib.safetensors")
 	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", calibText(t), "--tokens", "1024", "--ctx", "256", "--threads", "1", "-o", cal))
-	total, _ := layerParams(t, model)
+	total, _, tied := layerParamsTied(t, model)
 
 	out := filepath.Join(dir, "proxy")
 	r := lmpack(t, nil, "prune", model, "--calib", cal, "-o", out, "--head-groups", "4", "--head-method", "proxy", "--ffn-ratio", "0.25", "--threads", "1", "--json")
@@ -36,7 +36,7 @@ func TestPruneWidth(t *testing.T) {
 	}
 	// 4 groups × (q 16 + k 8 + v 8 rows + o 16 columns) × 64, and 43 FFN
 	// nodes × 3 × 64 per layer.
-	if want := total - 4*48*64 - 5*43*3*64; rep.After.Params != want || rep.After.Bytes != 4*want {
+	if want := total - 4*48*64 - 5*43*3*64; rep.After.Params != want || rep.After.Bytes != 4*(want+tied) {
 		t.Errorf("after %+v, want %d params", rep.After, want)
 	}
 	var cfg struct {

@@ -88,7 +88,7 @@ func newQuantizeWeightsCmd(g *globalFlags) *cobra.Command {
 of MODEL and writes OUT, a new checkpoint directory (docs/QUANT.md): one
 safetensors shard per block with packed codes, fp16 scales and fp16
 zero-points, config.json with an lmpack_quantization block, tokenizer files
-copied. run and eval execute it (weights are dequantized at load).
+copied. run and eval execute it (weights stay packed in memory).
 Embeddings, norms and lm_head stay float. MODEL is never modified; OUT must
 not exist and must not lie inside MODEL.
 

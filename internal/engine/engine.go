@@ -76,6 +76,9 @@ func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) 
 	if filepath.IsAbs(model) || strings.HasPrefix(model, ".") || dirExists(filepath.Dir(model)) && filepath.Dir(model) != "." {
 		return "", fmt.Errorf("engine: MODEL %q: no such directory", model)
 	}
+	if strings.HasSuffix(model, ".lmpk") {
+		return "", fmt.Errorf("engine: MODEL %q: no such artifact file", model)
+	}
 	if h == nil {
 		h = HubOptions(nil)
 	}

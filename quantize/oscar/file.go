@@ -33,7 +33,7 @@ var (
 	// ErrRotationModelMismatch: the rotation file was computed for another
 	// model. It wraps calibrate.ErrModelMismatch for callers that test
 	// either.
-	ErrRotationModelMismatch = fmt.Errorf("rotation file is from another model (%w)", calibrate.ErrModelMismatch)
+	ErrRotationModelMismatch error = rotationMismatch{}
 	// ErrVersion: format_version is not FormatVersion.
 	ErrVersion = errors.New("unsupported rotation format version")
 	// ErrBadRotation: a rotation tensor is missing, has the wrong dtype or
@@ -227,3 +227,10 @@ func checkRotation(path, name string, r []float32, d int) error {
 	}
 	return nil
 }
+
+// rotationMismatch is ErrRotationModelMismatch: its message speaks of the
+// rotation file, and it unwraps to calibrate.ErrModelMismatch.
+type rotationMismatch struct{}
+
+func (rotationMismatch) Error() string { return "rotation file is from another model" }
+func (rotationMismatch) Unwrap() error { return calibrate.ErrModelMismatch }

@@ -3,6 +3,7 @@ package wquant
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/lmpack/lmpack/calibrate"
@@ -90,11 +91,11 @@ func (p *pipeline) allocateMoE(ctx context.Context) (*gemq.Allocation, error) {
 		return nil, err
 	}
 	if lo := p.moeMinBPW(false); p.opt.MoEBudget < lo {
-		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation, every expert at %d bit: %.4f (fp16 scales and zero-points counted)", ErrOptions, p.opt.MoEBudget, MoEWidths[0], lo)
+		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation, every expert at %d bit: %.4f (fp16 scales and zero-points counted)", ErrOptions, p.opt.MoEBudget, MoEWidths[0], ceil4(lo))
 	}
 	if lo := p.moeMinBPW(true); p.opt.MoERule && p.opt.MoEBudget < lo {
 		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation under the per-layer rule (one expert at %d bits and another at %d in every layer, the rest at %d): %.4f (fp16 scales and zero-points counted)",
-			ErrOptions, p.opt.MoEBudget, MoEWidths[len(MoEWidths)-1], MoEWidths[len(MoEWidths)-2], MoEWidths[0], lo)
+			ErrOptions, p.opt.MoEBudget, MoEWidths[len(MoEWidths)-1], MoEWidths[len(MoEWidths)-2], MoEWidths[0], ceil4(lo))
 	}
 	m, err := runtime.NewCPU().Load(ctx, p.d, p.ck, runtime.LoadOptions{Threads: p.opt.Threads})
 	if err != nil {
@@ -181,3 +182,7 @@ func (p *pipeline) expertHessians(l, e int) (hIn, hDown *weights.Hessian, warn s
 	}
 	return hIn, hDown, warn, nil
 }
+
+// ceil4 rounds x up to 4 decimals, so that a minimum printed with %.4f is
+// itself accepted.
+func ceil4(x float64) float64 { return math.Ceil(x*1e4) / 1e4 }
