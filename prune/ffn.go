@@ -97,10 +97,10 @@ func (c *ffnCapture) FFNInput(layer, pos, n int, x, h []float32) {
 // top-scoring nodes (width.SelectFFN), slices gate/up rows and replaces
 // down_proj by the least-squares refit on the kept nodes
 // (width.RefitDown, damping RefitDamping) or, with noRefit, by its kept
-// columns. It returns each layer's sizes.
-// pruneFFN prunes every layer's FFN in order (see the package doc);
-// keepAll keeps every node (refit only; tests).
-func pruneFFN(ctx context.Context, w *workState, windows [][]int, ratio float64, noRefit, keepAll bool, threads int) ([]FFNLayer, error) {
+// columns. keepOf gives the nodes kept of an F-node FFN (FFNKeepCount for
+// a ratio, F − removed for a sparsity, F to refit only in tests). It
+// returns each layer's sizes.
+func pruneFFN(ctx context.Context, w *workState, windows [][]int, keepOf func(F int) (int, error), noRefit bool, threads int) ([]FFNLayer, error) {
 	longest := 0
 	for _, win := range windows {
 		longest = max(longest, len(win))
@@ -114,13 +114,9 @@ func pruneFFN(ctx context.Context, w *workState, windows [][]int, ratio float64,
 	for l := range w.desc.Layers {
 		spec := w.desc.Layers[l].MLP
 		F := spec.IntermediateSize
-		keep := F
-		if !keepAll {
-			k, err := FFNKeepCount(F, ratio)
-			if err != nil {
-				return nil, fmt.Errorf("layer %d: %w", l, err)
-			}
-			keep = k
+		keep, err := keepOf(F)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
 		}
 		if !noRefit && tokens < RefitTokensPerUnit*F {
 			return nil, fmt.Errorf("%w: the calibration file holds %d tokens; the least-squares down_proj refit of layer %d's %d intermediate units needs at least %d (%d per unit): calibrate with more --tokens, or pass --no-refit",

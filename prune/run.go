@@ -56,6 +56,13 @@ type Options struct {
 	// NoRefit keeps the kept down_proj columns instead of the
 	// least-squares refit.
 	NoRefit bool
+	// Sparsity in (0, 1), when not 0, is the fraction of decoder
+	// parameters to remove by Putri's budget split (docs/METHODS.md §6,
+	// SparsityPlan): it sets the head groups and the FFN keep count, so
+	// HeadGroups, HeadRatio and FFNRatio must be 0 (and no layer removal).
+	// HeadMethod, HeadStep and NoRefit apply as usual. Errors (ErrOptions)
+	// name the sparsities the model can reach.
+	Sparsity float64
 	// keepAllFFN (tests) refits every FFN with all nodes kept.
 	keepAllFFN bool
 	// Threads is the CPU worker count for the model runs; <= 0: all cores.
@@ -110,6 +117,9 @@ type Report struct {
 	// LayerSizes is each layer's shape after width pruning (the
 	// layer_configs written to config.json).
 	LayerSizes []LayerSize `json:"layer_sizes,omitempty"`
+	// Sparsity is the budget Options.Sparsity resolved to and the
+	// decoder-parameter sparsity achieved (nil without Sparsity).
+	Sparsity *SparsityPlan `json:"sparsity,omitempty"`
 }
 
 // LayerBudget turns Options.Layers / LayerRatio into a block count for an
@@ -161,7 +171,7 @@ func ParseList(spec string) ([]int, error) {
 // ErrProtectedLayer, ErrLayerRange); ApplyDepth's errors.
 //
 // When opt asks for head groups or FFN units (HeadGroups, HeadRatio,
-// FFNRatio) Run does width pruning instead (see the package doc): the
+// FFNRatio, Sparsity) Run does width pruning instead (see the package doc): the
 // report then has HeadsRemoved, FFN and LayerSizes, Method "none" and no
 // Plan. Extra errors: ErrOptions (depth and width together, an MoE model,
 // a head count that breaks GQA grouping, bad ratios or method);

@@ -25,7 +25,7 @@ type LayerSize struct {
 
 // wantsWidth reports whether opt asks for head or FFN pruning.
 func (opt *Options) wantsWidth() bool {
-	return opt.HeadGroups != 0 || opt.HeadRatio != 0 || opt.FFNRatio != 0
+	return opt.HeadGroups != 0 || opt.HeadRatio != 0 || opt.FFNRatio != 0 || opt.Sparsity != 0
 }
 
 // wantsDepth reports whether opt asks for layer removal.
@@ -48,12 +48,23 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 	if opt.FFNRatio != 0 && !(opt.FFNRatio > 0 && opt.FFNRatio < 1) {
 		return nil, fmt.Errorf("%w: FFN ratio %v: want in (0, 1)", ErrOptions, opt.FFNRatio)
 	}
-	wantHeads := opt.HeadGroups != 0 || opt.HeadRatio != 0
+	var plan *SparsityPlan
+	if opt.Sparsity != 0 {
+		if opt.HeadGroups != 0 || opt.HeadRatio != 0 || opt.FFNRatio != 0 {
+			return nil, fmt.Errorf("%w: a sparsity sets the head groups and FFN sizes itself: give it without head groups, head ratio or FFN ratio", ErrOptions)
+		}
+		var err error
+		if plan, err = sparsityPlan(desc, ck, opt.Sparsity); err != nil {
+			return nil, err
+		}
+	}
+	wantHeads := opt.HeadGroups != 0 || opt.HeadRatio != 0 || (plan != nil && plan.HeadGroups > 0)
+	wantFFN := opt.FFNRatio != 0 || (plan != nil && plan.FFNRemoved > 0)
 	method := opt.HeadMethod
 	if method == "" {
 		method = HeadPutri
 	}
-	if wantHeads && method != HeadPutri && method != HeadProxy {
+	if (wantHeads || plan != nil) && method != HeadPutri && method != HeadProxy {
 		return nil, fmt.Errorf("%w: head method %q: want putri or proxy", ErrOptions, opt.HeadMethod)
 	}
 	total := 0
@@ -61,7 +72,9 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		total += ly.NumKVHeads
 	}
 	nGroups := 0
-	if wantHeads {
+	if plan != nil {
+		nGroups = plan.HeadGroups
+	} else if wantHeads {
 		var err error
 		if nGroups, err = HeadBudget(opt.HeadGroups, opt.HeadRatio, total, len(desc.Layers)); err != nil {
 			return nil, err
@@ -79,7 +92,7 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	windows := c.CalibrationWindows()
-	needTokens := opt.FFNRatio != 0 || (wantHeads && method == HeadPutri)
+	needTokens := wantFFN || (wantHeads && method == HeadPutri)
 	if needTokens && windows == nil {
 		return nil, fmt.Errorf("%w: calibration file %s lacks %s (needed to rerun the model): re-run lmpack calibrate", ErrNoStatistic, opt.Calib, calibrate.TokensTensor)
 	}
@@ -122,8 +135,15 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		})
 		r.HeadsRemoved = removed
 	}
-	if opt.FFNRatio != 0 {
-		if r.FFN, err = pruneFFN(ctx, w, windows, opt.FFNRatio, opt.NoRefit, opt.keepAllFFN, opt.Threads); err != nil {
+	if wantFFN {
+		keepOf := func(F int) (int, error) { return FFNKeepCount(F, opt.FFNRatio) }
+		switch {
+		case opt.keepAllFFN:
+			keepOf = func(F int) (int, error) { return F, nil }
+		case plan != nil:
+			keepOf = func(F int) (int, error) { return F - plan.FFNRemoved, nil }
+		}
+		if r.FFN, err = pruneFFN(ctx, w, windows, keepOf, opt.NoRefit, opt.Threads); err != nil {
 			return nil, err
 		}
 		r.Refit = !opt.NoRefit
@@ -161,6 +181,13 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		}
 		r.After.Bytes += int64(len(wt.Data))
 		ts = append(ts, wt)
+	}
+	if plan != nil {
+		// Only attention and FFN tensors change, so the parameter
+		// difference is the decoder parameters removed.
+		plan.RemovedParams = r.Before.Params - r.After.Params
+		plan.Achieved = float64(plan.RemovedParams) / float64(plan.DecoderParams)
+		r.Sparsity = plan
 	}
 	slices.SortFunc(ts, func(a, b safetensors.WriteTensor) int { return strings.Compare(a.Name, b.Name) })
 	if err := writeDir(dir, opt.Out, ts, cfg); err != nil {

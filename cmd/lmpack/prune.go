@@ -15,7 +15,7 @@ func newPruneCmd(g *globalFlags) *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | [--head-groups N | --head-ratio r] [--head-method putri|proxy] [--ffn-ratio r] [--no-refit])",
+		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | ([--head-groups N | --head-ratio r] [--ffn-ratio r] | --sparsity s) [--head-method putri|proxy] [--no-refit])",
 		Short: "Remove decoder blocks (LoRP, ShortGPT, a list) or attention head groups and FFN units (Putri) and write a smaller checkpoint",
 		Long: `prune removes decoder blocks from MODEL and writes OUT, a new Hugging Face
 checkpoint directory (model.safetensors with the kept blocks renumbered
@@ -35,7 +35,12 @@ on the first calibration window (--head-method putri, --head-step groups
 per round) or by the calibration file's head proxy (--head-method proxy).
 --ffn-ratio r removes round(r*I) intermediate units of every FFN, layer by
 layer on the already-pruned earlier layers, refitting down_proj by least
-squares (--no-refit keeps the original columns). The result's config.json
+squares (--no-refit keeps the original columns). --sparsity s instead
+removes the fraction s of the decoder's attention and FFN parameters by
+Putri's budget split: n_attn = round(L*s^((P_mlp/P_attn)/1.5)) layers'
+worth of attention parameters go as GQA head groups (n_attn times the
+groups per layer), and the rest of the budget comes evenly from every FFN;
+the report gives the achieved sparsity. The result's config.json
 gets a "layer_configs" list of per-layer sizes that lmpack reads; stock
 Hugging Face loaders cannot load a width-pruned checkpoint.`,
 		Args: cobra.ExactArgs(1),
@@ -47,14 +52,21 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 				return err
 			}
 			fl := cmd.Flags()
-			isWidth := fl.Changed("head-groups") || fl.Changed("head-ratio") || fl.Changed("ffn-ratio")
+			isSparsity := fl.Changed("sparsity")
+			isWidth := fl.Changed("head-groups") || fl.Changed("head-ratio") || fl.Changed("ffn-ratio") || isSparsity
 			isList := strings.HasPrefix(opt.Method, "list:")
 			switch {
 			case isWidth && (fl.Changed("layers") || fl.Changed("layer-ratio") || fl.Changed("layer-method")):
-				return fmt.Errorf("--layers/--layer-ratio/--layer-method and --head-groups/--head-ratio/--ffn-ratio cannot be combined in one run: remove layers first, calibrate the result, then prune heads or FFNs")
+				return fmt.Errorf("--layers/--layer-ratio/--layer-method and --head-groups/--head-ratio/--ffn-ratio/--sparsity cannot be combined in one run: remove layers first, calibrate the result, then prune heads or FFNs")
 			case isWidth:
 				if opt.Calib == "" {
 					return fmt.Errorf("--calib CALIB is required for head and FFN pruning")
+				}
+				if isSparsity && !(opt.Sparsity > 0 && opt.Sparsity < 1) {
+					return fmt.Errorf("--sparsity %v: want in (0, 1), the fraction of decoder parameters to remove", opt.Sparsity)
+				}
+				if isSparsity && (fl.Changed("head-groups") || fl.Changed("head-ratio") || fl.Changed("ffn-ratio")) {
+					return fmt.Errorf("--sparsity sets the head groups and FFN sizes itself: drop --head-groups/--head-ratio/--ffn-ratio")
 				}
 				if fl.Changed("head-groups") && fl.Changed("head-ratio") {
 					return fmt.Errorf("give at most one of --head-groups N and --head-ratio r")
@@ -74,16 +86,16 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 				if opt.HeadStep < 1 {
 					return fmt.Errorf("--head-step %d: want >= 1", opt.HeadStep)
 				}
-				headFlags := fl.Changed("head-groups") || fl.Changed("head-ratio")
+				headFlags := fl.Changed("head-groups") || fl.Changed("head-ratio") || isSparsity
 				if !headFlags && (fl.Changed("head-method") || fl.Changed("head-step")) {
-					return fmt.Errorf("--head-method and --head-step need --head-groups N or --head-ratio r")
+					return fmt.Errorf("--head-method and --head-step need --head-groups N, --head-ratio r or --sparsity s")
 				}
-				if !fl.Changed("ffn-ratio") && fl.Changed("no-refit") {
-					return fmt.Errorf("--no-refit needs --ffn-ratio r")
+				if !fl.Changed("ffn-ratio") && !isSparsity && fl.Changed("no-refit") {
+					return fmt.Errorf("--no-refit needs --ffn-ratio r or --sparsity s")
 				}
 				opt.Method = ""
 			case fl.Changed("no-refit") || fl.Changed("head-method") || fl.Changed("head-step"):
-				return fmt.Errorf("--no-refit, --head-method and --head-step need --head-groups, --head-ratio or --ffn-ratio")
+				return fmt.Errorf("--no-refit, --head-method and --head-step need --head-groups, --head-ratio, --ffn-ratio or --sparsity")
 			}
 			if !isList && !isWidth {
 				if opt.Method != "lorp" && opt.Method != "shortgpt" {
@@ -97,7 +109,7 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 				}
 				if (opt.Layers != 0) == (opt.LayerRatio != 0) {
 					if opt.Layers == 0 {
-						return fmt.Errorf("nothing to prune: give --layers N or --layer-ratio r (layer pruning), or --head-groups N, --head-ratio r or --ffn-ratio r (width pruning)")
+						return fmt.Errorf("nothing to prune: give --layers N or --layer-ratio r (layer pruning), or --head-groups N, --head-ratio r, --ffn-ratio r or --sparsity s (width pruning)")
 					}
 					return fmt.Errorf("give exactly one of --layers N and --layer-ratio r")
 				}
@@ -128,6 +140,7 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 	f.StringVar(&opt.HeadMethod, "head-method", prune.HeadPutri, "head group scores: putri (masked perplexity) or proxy (calibration head proxy)")
 	f.IntVar(&opt.HeadStep, "head-step", 1, "head groups removed per Putri round")
 	f.Float64Var(&opt.FFNRatio, "ffn-ratio", 0, "fraction of every FFN's intermediate units to remove, in (0, 1)")
+	f.Float64Var(&opt.Sparsity, "sparsity", 0, "fraction of decoder attention+FFN parameters to remove, in (0, 1), split between head groups and FFN nodes by Putri's rule")
 	f.BoolVar(&opt.NoRefit, "no-refit", false, "keep the original down_proj columns instead of the least-squares refit")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads for the model runs (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
@@ -136,7 +149,7 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 
 func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 	var b strings.Builder
-	if r.Plan == nil && (r.HeadMethod != "" || r.FFN != nil) {
+	if r.Plan == nil && (r.HeadMethod != "" || r.FFN != nil || r.Sparsity != nil) {
 		return writeWidthReport(cmd, r)
 	}
 	fmt.Fprintf(&b, "wrote %s: %d -> %d layers (method %s)\n", r.Out, r.LayersBefore, r.LayersAfter, r.Method)
@@ -168,6 +181,10 @@ func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 func writeWidthReport(cmd *cobra.Command, r *prune.Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "wrote %s: %d layers, width-pruned (config.json layer_configs; stock loaders cannot load it)\n", r.Out, r.LayersAfter)
+	if p := r.Sparsity; p != nil {
+		fmt.Fprintf(&b, "sparsity %.4g: %d attention unit(s) -> %d head group(s) removed, every FFN keeps %d (%d removed); decoder parameters %d -> %d, achieved sparsity %.4f\n",
+			p.Sparsity, p.AttentionUnits, p.HeadGroups, p.FFNKeep, p.FFNRemoved, p.DecoderParams, p.DecoderParams-p.RemovedParams, p.Achieved)
+	}
 	if r.HeadMethod != "" {
 		score := "proxy"
 		if r.HeadMethod == prune.HeadPutri {
