@@ -37,6 +37,15 @@
 //     the scores, selection and least-squares refit). Each layer reloads
 //     the partly pruned model and the pass stops after layer l, so the
 //     cost is about L/2 full passes over the calibration tokens.
+//   - A sparsity budget (Options.Sparsity, --sparsity s) instead of explicit
+//     counts: Putri's split removes n_attn = round(L·s^((P_mlp/P_attn)/1.5))
+//     layers' worth of attention parameters as head groups (each unit is
+//     P_attn/P_group groups, i.e. the groups of one layer) and takes the
+//     rest of s·(decoder parameters) evenly from every FFN, rounded to whole
+//     nodes (SparsityPlan). Decoder parameters are the attention and FFN
+//     projections. Sparsities that would strip a layer of its last group or
+//     an FFN of its last node, or that round to nothing, are refused with
+//     the reachable range.
 //
 // Output of width pruning: config.json keeps its stock fields and gains
 // "layer_configs", one {num_attention_heads, num_key_value_heads,
