@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -400,26 +401,20 @@ func (p *pipeline) inputs(ctx context.Context) error {
 		for _, l := range d.Layers {
 			moe = moe || l.MoE != nil
 		}
-		if wantsWidth && moe {
-			return fmt.Errorf("%w: %s: prune.%s: %s is a mixture-of-experts model; width pruning (head_groups, head_ratio, ffn_ratio) supports dense models only (layers or layer_ratio work on MoE models)",
-				ErrRecipe, recipe, p.r.Prune.widthKey(), dir)
-		}
-		if wantsWidth && !p.r.Prune.wantsDepth() {
-			if err := p.r.Prune.checkHeadBudget(recipe, d); err != nil {
+		if wantsWidth {
+			if moe {
+				return fmt.Errorf("%w: %s: prune.%s: %s is a mixture-of-experts model; width pruning (head_groups, head_ratio, ffn_ratio) supports dense models only (layers or layer_ratio work on MoE models)",
+					ErrRecipe, recipe, p.r.Prune.widthKey(), dir)
+			}
+			if err := p.r.Prune.checkHeadBudget(recipe, afterDepth(p.r.Prune, d)); err != nil {
 				return err
 			}
 		}
-	}
-	if q := p.r.Quantize; q != nil && q.Weights != nil {
-		d, err := arch.Load(dir)
-		if err != nil {
-			return fmt.Errorf("compress: %w", err)
+		var w WeightsStage
+		if q != nil && q.Weights != nil {
+			w = *q.Weights
 		}
-		moe := false
-		for _, l := range d.Layers {
-			moe = moe || l.MoE != nil
-		}
-		switch w := q.Weights; {
+		switch {
 		case w.MoEBudget > 0 && !moe:
 			return fmt.Errorf("%w: %s: quantize.weights.moe_budget: %s is a dense model (no mixture-of-experts layer); remove moe_budget or use bits/target_bpw", ErrRecipe, recipe, dir)
 		case w.TargetBPW > 0 && moe:
@@ -802,13 +797,41 @@ func (c *PruneStage) checkHeadBudget(recipe string, d *arch.Description) error {
 	}
 	n, err := prune.HeadBudget(c.HeadGroups, c.HeadRatio, total, len(d.Layers))
 	if err != nil {
-		if c.HeadGroups != 0 {
-			n = c.HeadGroups
+		n = c.HeadGroups
+		if n == 0 {
+			n = max(1, int(math.Round(c.HeadRatio*float64(total))))
 		}
 		return fmt.Errorf("%w: %s: prune.%s: removing %d of the %d KV head groups of the %d-layer model leaves a layer without one; at most %d can go",
 			ErrRecipe, recipe, c.widthKey(), n, total, len(d.Layers), total-len(d.Layers))
 	}
 	return nil
+}
+
+// afterDepth returns the model d as the prune section's layer removal
+// leaves it, as far as the head budget cares (its layers' KV head
+// counts): d itself without layer removal, or when the removed layers
+// are not known before the prune-layers stage runs and the layers differ
+// in KV heads (the stage then checks the budget on its result).
+func afterDepth(c *PruneStage, d *arch.Description) *arch.Description {
+	if !c.wantsDepth() {
+		return d
+	}
+	L := len(d.Layers)
+	n := 0
+	if list, err := prune.ParseList(c.Method); err == nil {
+		n = len(list)
+	} else if n, err = prune.LayerBudget(c.Layers, c.LayerRatio, L); err != nil {
+		return d
+	}
+	for _, l := range d.Layers {
+		if l.NumKVHeads != d.Layers[0].NumKVHeads {
+			return d
+		}
+	}
+	if n <= 0 || n >= L {
+		return d
+	}
+	return &arch.Description{Layers: d.Layers[:L-n]}
 }
 
 // widthSummary is the prune-width stage's result: prune's report and,

@@ -228,6 +228,12 @@ func TestCompressWidthMoE(t *testing.T) {
 	if _, err := os.Stat(work); !os.IsNotExist(err) {
 		t.Errorf("work dir created before the refusal: %v", err)
 	}
+	// head_ratio 0.9 of 20 groups is 18; the 5 layers keep at least 5.
+	src := strings.Replace(smallRecipe, "quantize:\n", "prune:\n  head_ratio: 0.9\nquantize:\n", 1)
+	_, err = Run(t.Context(), testOptions(t, mustRecipe(t, src), filepath.Join(dir, "m.lmpk"), work))
+	if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "prune.head_ratio: removing 18 of the 20") {
+		t.Fatalf("head_ratio 0.9: got %v", err)
+	}
 }
 
 // TestCompressWidthRecipe: recipes/prune-width-w4-kv-int2.yaml runs on
@@ -254,5 +260,21 @@ func TestCompressWidthRecipe(t *testing.T) {
 	}
 	if rep.Sizes.Params >= rep.Sizes.SourceParams || !(rep.WeightsBitsPerWeight > 4 && rep.WeightsBitsPerWeight < 6) {
 		t.Errorf("params %d of %d, weights %.3f bits per weight", rep.Sizes.Params, rep.Sizes.SourceParams, rep.WeightsBitsPerWeight)
+	}
+}
+
+// TestCompressLayersWidthBudget: with layer removal, the head budget is
+// checked against the layers that remain, before any stage runs.
+func TestCompressLayersWidthBudget(t *testing.T) {
+	dir := t.TempDir()
+	work := filepath.Join(dir, "work")
+	// 4 layers × 4 KV heads remain: at most 12 groups can go.
+	src := strings.Replace(smallRecipe, "quantize:\n", "prune:\n  layers: 1\n  head_groups: 13\nquantize:\n", 1)
+	_, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), filepath.Join(dir, "m.lmpk"), work))
+	if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "prune.head_groups") || !strings.Contains(err.Error(), "at most 12") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := os.Stat(work); !os.IsNotExist(err) {
+		t.Errorf("work dir created before the refusal: %v", err)
 	}
 }
