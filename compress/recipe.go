@@ -360,7 +360,7 @@ func (r *Recipe) validate(name string) error {
 			return bad("calibrate.tokens %d: want at least one window of calibrate.ctx %d tokens", c.Tokens, c.Ctx)
 		}
 	}
-	if p := r.Prune; p != nil {
+	if r.Prune != nil {
 		if err := r.validatePrune(bad); err != nil {
 			return err
 		}
