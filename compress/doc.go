@@ -1,15 +1,16 @@
 // Package compress is the `lmpack compress` batch job: one recipe (YAML)
-// drives the stages calibrate → prune → quantize-weights → quantize-kv →
-// pack → eval over a checkpoint and yields one verified .lmpk artifact and
-// a JSON report.
+// drives the stages calibrate → prune-layers → prune-width →
+// quantize-weights → quantize-kv → pack → eval over a checkpoint and
+// yields one verified .lmpk artifact and a JSON report.
 //
 // Order of the quantization stages: weights first (quantize/wquant, RTN or
 // GPTQ, on the calibration of the current model), then the KV cache. A
-// stage that changes the model (prune, quantize-weights) invalidates the
-// calibration, so the next stage that needs one calibrates the changed
-// model itself: the OSCAR rotations and clip ratios are fitted to the keys
-// and values of the quantized model, which is the model the artifact
-// runs.
+// stage that changes the model (prune-layers, prune-width,
+// quantize-weights) invalidates the calibration, so the next stage that
+// needs one calibrates the changed model itself: prune-width scores head
+// groups and refits FFNs on the layer-pruned model, and the OSCAR
+// rotations and clip ratios are fitted to the keys and values of the
+// quantized model, which is the model the artifact runs.
 //
 // Each stage writes its outputs into a work directory, in a private
 // temporary directory renamed into place only after its completion marker

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,8 +53,8 @@ type Options struct {
 	// discards them.
 	Logger *slog.Logger
 	// Progress, when set, is called with the stage name and its progress
-	// (calibrate, quantize-kv and quantize-weights:calibrate: tokens
-	// forwarded; quantize-weights: decoder blocks; eval: windows).
+	// (calibrate, quantize-kv, prune-width:calibrate and
+	// quantize-weights:calibrate: tokens forwarded; quantize-weights: decoder blocks; eval: windows).
 	Progress func(stage string, done, total int)
 }
 
@@ -390,7 +391,8 @@ func (p *pipeline) inputs(ctx context.Context) error {
 	recipe := cmpOr(p.opt.RecipePath, "the recipe")
 	// Settings that only fit some models are checked before any stage
 	// runs, so a mistake costs no calibration.
-	if q := p.r.Quantize; q != nil && q.Weights != nil {
+	wantsWidth := p.r.Prune != nil && p.r.Prune.wantsWidth()
+	if q := p.r.Quantize; (q != nil && q.Weights != nil) || wantsWidth {
 		d, err := arch.Load(dir)
 		if err != nil {
 			return fmt.Errorf("compress: %w", err)
@@ -399,7 +401,20 @@ func (p *pipeline) inputs(ctx context.Context) error {
 		for _, l := range d.Layers {
 			moe = moe || l.MoE != nil
 		}
-		switch w := q.Weights; {
+		if wantsWidth {
+			if moe {
+				return fmt.Errorf("%w: %s: prune.%s: %s is a mixture-of-experts model; width pruning (head_groups, head_ratio, ffn_ratio) supports dense models only (layers or layer_ratio work on MoE models)",
+					ErrRecipe, recipe, p.r.Prune.widthKey(), dir)
+			}
+			if err := p.r.Prune.checkHeadBudget(recipe, afterDepth(p.r.Prune, d)); err != nil {
+				return err
+			}
+		}
+		var w WeightsStage
+		if q != nil && q.Weights != nil {
+			w = *q.Weights
+		}
+		switch {
 		case w.MoEBudget > 0 && !moe:
 			return fmt.Errorf("%w: %s: quantize.weights.moe_budget: %s is a dense model (no mixture-of-experts layer); remove moe_budget or use bits/target_bpw", ErrRecipe, recipe, dir)
 		case w.TargetBPW > 0 && moe:
@@ -500,8 +515,11 @@ func (p *pipeline) stages() []stage {
 	if r.Calibrate != nil {
 		out = append(out, stage{"calibrate", section(r.Calibrate), p.calibrate})
 	}
-	if r.Prune != nil {
-		out = append(out, stage{"prune", section(r.Prune), p.prune})
+	if r.Prune != nil && r.Prune.wantsDepth() {
+		out = append(out, stage{"prune-layers", r.Prune.depthParams(), p.prune})
+	}
+	if r.Prune != nil && r.Prune.wantsWidth() {
+		out = append(out, stage{"prune-width", r.Prune.widthParams(), p.pruneWidth})
 	}
 	if r.Quantize != nil && r.Quantize.Weights != nil {
 		out = append(out, stage{"quantize-weights", section(r.Quantize.Weights), p.quantizeWeights})
@@ -727,8 +745,9 @@ func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, err
 	return outputs{Calib: "calib.safetensors"}, s, nil
 }
 
-// prune runs prune.Run on the current model; the calibration no longer
-// describes the pruned model, so later stages calibrate again.
+// prune (the prune-layers stage) runs prune.Run's layer removal on the
+// current model; the calibration no longer describes the pruned model, so
+// later stages calibrate again.
 func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) {
 	c := p.r.Prune
 	// prune.Run words its option errors for the CLI (--layers); check
@@ -751,6 +770,127 @@ func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) 
 	}
 	r.Model, r.Out = "", "model"
 	return outputs{Model: "model", ClearCalib: true}, r, nil
+}
+
+// widthKey names the recipe key that asks for width pruning (the first
+// of head_groups, head_ratio and ffn_ratio given).
+func (c *PruneStage) widthKey() string {
+	switch {
+	case c.HeadGroups != 0:
+		return "head_groups"
+	case c.HeadRatio != 0:
+		return "head_ratio"
+	}
+	return "ffn_ratio"
+}
+
+// checkHeadBudget refuses, in the recipe's words, a head_groups or
+// head_ratio that leaves some layer of the model d without a KV head
+// group (prune.HeadBudget). recipe names the recipe file.
+func (c *PruneStage) checkHeadBudget(recipe string, d *arch.Description) error {
+	if !c.wantsHeads() {
+		return nil
+	}
+	total := 0
+	for _, l := range d.Layers {
+		total += l.NumKVHeads
+	}
+	n, err := prune.HeadBudget(c.HeadGroups, c.HeadRatio, total, len(d.Layers))
+	if err != nil {
+		n = c.HeadGroups
+		if n == 0 {
+			n = max(1, int(math.Round(c.HeadRatio*float64(total))))
+		}
+		return fmt.Errorf("%w: %s: prune.%s: removing %d of the %d KV head groups of the %d-layer model leaves a layer without one; at most %d can go",
+			ErrRecipe, recipe, c.widthKey(), n, total, len(d.Layers), total-len(d.Layers))
+	}
+	return nil
+}
+
+// afterDepth returns the model d as the prune section's layer removal
+// leaves it, as far as the head budget cares (its layers' KV head
+// counts): d itself without layer removal, or when the removed layers
+// are not known before the prune-layers stage runs and the layers differ
+// in KV heads (the stage then checks the budget on its result).
+func afterDepth(c *PruneStage, d *arch.Description) *arch.Description {
+	if !c.wantsDepth() {
+		return d
+	}
+	L := len(d.Layers)
+	n := 0
+	if list, err := prune.ParseList(c.Method); err == nil {
+		n = len(list)
+	} else if n, err = prune.LayerBudget(c.Layers, c.LayerRatio, L); err != nil {
+		return d
+	}
+	for _, l := range d.Layers {
+		if l.NumKVHeads != d.Layers[0].NumKVHeads {
+			return d
+		}
+	}
+	if n <= 0 || n >= L {
+		return d
+	}
+	return &arch.Description{Layers: d.Layers[:L-n]}
+}
+
+// widthSummary is the prune-width stage's result: prune's report and,
+// when an earlier stage changed the model, the calibration the stage
+// made of it.
+type widthSummary struct {
+	*prune.Report
+	// Recalibrated says the stage calibrated the (layer-pruned) model
+	// itself.
+	Recalibrated bool               `json:"recalibrated,omitempty"`
+	Calibration  *calibrate.Summary `json:"calibration,omitempty"`
+}
+
+// pruneWidth (the prune-width stage) runs prune.Run's head-group and FFN
+// pruning (Putri) on the current model, calibrating it first when an
+// earlier stage (prune-layers) changed it: Putri's masked perplexity and
+// the FFN refit rerun the model on the calibration's token ids. Later
+// stages calibrate the width-pruned model again.
+func (p *pipeline) pruneWidth(ctx context.Context, dir string) (outputs, any, error) {
+	c := p.r.Prune
+	d, err := arch.Load(p.st.model)
+	if err != nil {
+		return outputs{}, nil, err
+	}
+	if err := c.checkHeadBudget(cmpOr(p.opt.RecipePath, "the recipe"), d); err != nil {
+		return outputs{}, nil, err
+	}
+	s := &widthSummary{}
+	calib := p.st.calib
+	if calib == "" {
+		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "prune-width:calibrate"); err != nil {
+			return outputs{}, nil, err
+		}
+		s.Recalibrated = true
+	}
+	noRefit := c.Refit != nil && !*c.Refit
+	if s.Report, err = prune.Run(ctx, prune.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
+		HeadGroups: c.HeadGroups, HeadRatio: c.HeadRatio, HeadMethod: c.HeadMethod, FFNRatio: c.FFNRatio, NoRefit: noRefit,
+		Threads: p.opt.Threads}); err != nil {
+		return outputs{}, nil, err
+	}
+	s.Report.Model, s.Report.Out = "", "model"
+	return outputs{Model: "model", ClearCalib: true}, s, nil
+}
+
+// recalibrate calibrates the current model with the recipe's calibrate
+// settings into dir/calib.safetensors (a stage that needs statistics of
+// a model an earlier stage changed) and returns the file's path and
+// summary; progress is reported under the stage label name.
+func (p *pipeline) recalibrate(ctx context.Context, dir, name string) (string, *calibrate.Summary, error) {
+	c := p.r.Calibrate
+	calib := filepath.Join(dir, "calib.safetensors")
+	cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
+		Out: calib, Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress(name)})
+	if err != nil {
+		return "", nil, err
+	}
+	cs.Path = "calib.safetensors"
+	return calib, cs, nil
 }
 
 // weightsSummary is the quantize-weights stage's result: wquant's report
@@ -801,15 +941,11 @@ func (p *pipeline) quantizeWeights(ctx context.Context, dir string) (outputs, an
 	}
 	calib := p.st.calib
 	if calib == "" {
-		c := p.r.Calibrate
-		calib = filepath.Join(dir, "calib.safetensors")
-		cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-			Out: calib, Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-weights:calibrate")})
-		if err != nil {
+		var err error
+		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "quantize-weights:calibrate"); err != nil {
 			return outputs{}, nil, err
 		}
-		cs.Path = "calib.safetensors"
-		s.Recalibrated, s.Calibration = true, cs
+		s.Recalibrated = true
 	}
 	rep, err := wquant.Run(ctx, wquant.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
 		Method: w.Method, Bits: w.Bits, GroupSize: group, Symmetric: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW,
@@ -847,15 +983,11 @@ func (p *pipeline) quantizeKV(ctx context.Context, dir string) (outputs, any, er
 	}
 	calib := p.st.calib
 	if calib == "" {
-		c := p.r.Calibrate
-		calib = filepath.Join(dir, "calib.safetensors")
-		cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-			Out: calib, Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-kv")})
-		if err != nil {
+		var err error
+		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "quantize-kv"); err != nil {
 			return outputs{}, nil, err
 		}
-		cs.Path = "calib.safetensors"
-		s.Recalibrated, s.Calibration = true, cs
+		s.Recalibrated = true
 	}
 	rs, err := oscar.QuantizeKV(ctx, oscar.KVOptions{Model: p.st.model, Calib: calib, Method: oscar.Method,
 		ClipK: kv.ClipK, ClipV: kv.ClipV, Out: filepath.Join(dir, "rot.safetensors"), Version: p.opt.Version})

@@ -53,13 +53,58 @@ type CalibrateStage struct {
 	Ctx    int    `yaml:"ctx" json:"ctx"`
 }
 
-// PruneStage configures prune.Run (depth pruning): remove Layers blocks,
-// or round(LayerRatio·L), chosen by Method ("lorp", "shortgpt",
-// "list:3,7"; default lorp).
+// PruneStage configures prune.Run. Layer removal (depth): remove Layers
+// blocks, or round(LayerRatio·L), chosen by Method ("lorp", "shortgpt",
+// "list:3,7"; default lorp). Width pruning (Putri, docs/METHODS.md §6;
+// dense models only): remove HeadGroups GQA groups (one KV head and its
+// query heads) over all layers, or round(HeadRatio·groups), scored by
+// HeadMethod ("putri", default, or "proxy"), and round(FFNRatio·F)
+// intermediate units of every FFN, with down_proj refit by least squares
+// unless Refit is false (default true). A recipe asking for both runs
+// them as two stages, prune-layers then prune-width, the second on a
+// calibration of the layer-pruned model.
 type PruneStage struct {
 	Layers     int     `yaml:"layers" json:"layers,omitempty"`
 	LayerRatio float64 `yaml:"layer_ratio" json:"layer_ratio,omitempty"`
-	Method     string  `yaml:"method" json:"method"`
+	Method     string  `yaml:"method" json:"method,omitempty"`
+	HeadGroups int     `yaml:"head_groups" json:"head_groups,omitempty"`
+	HeadRatio  float64 `yaml:"head_ratio" json:"head_ratio,omitempty"`
+	HeadMethod string  `yaml:"head_method" json:"head_method,omitempty"`
+	FFNRatio   float64 `yaml:"ffn_ratio" json:"ffn_ratio,omitempty"`
+	Refit      *bool   `yaml:"refit" json:"refit,omitempty"`
+}
+
+// wantsDepth reports whether the section removes layers.
+func (p *PruneStage) wantsDepth() bool {
+	return p.Layers != 0 || p.LayerRatio != 0 || strings.HasPrefix(p.Method, "list:")
+}
+
+// wantsWidth reports whether the section prunes head groups or FFN units.
+func (p *PruneStage) wantsWidth() bool {
+	return p.HeadGroups != 0 || p.HeadRatio != 0 || p.FFNRatio != 0
+}
+
+// wantsHeads reports whether the section prunes head groups.
+func (p *PruneStage) wantsHeads() bool { return p.HeadGroups != 0 || p.HeadRatio != 0 }
+
+// depthParams is the prune-layers stage's part of its cache key.
+func (p *PruneStage) depthParams() []byte {
+	return section(struct {
+		Layers     int     `json:"layers,omitempty"`
+		LayerRatio float64 `json:"layer_ratio,omitempty"`
+		Method     string  `json:"method"`
+	}{p.Layers, p.LayerRatio, p.Method})
+}
+
+// widthParams is the prune-width stage's part of its cache key.
+func (p *PruneStage) widthParams() []byte {
+	return section(struct {
+		HeadGroups int     `json:"head_groups,omitempty"`
+		HeadRatio  float64 `json:"head_ratio,omitempty"`
+		HeadMethod string  `json:"head_method,omitempty"`
+		FFNRatio   float64 `json:"ffn_ratio,omitempty"`
+		Refit      *bool   `json:"refit,omitempty"`
+	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit})
 }
 
 // QuantizeStage holds the quantization stages: Weights runs before KV,
@@ -315,38 +360,9 @@ func (r *Recipe) validate(name string) error {
 			return bad("calibrate.tokens %d: want at least one window of calibrate.ctx %d tokens", c.Tokens, c.Ctx)
 		}
 	}
-	if p := r.Prune; p != nil {
-		if p.Method == "" {
-			p.Method = depth.MethodLoRP
-		}
-		isList := strings.HasPrefix(p.Method, "list:")
-		switch {
-		case !isList && p.Method != depth.MethodLoRP && p.Method != depth.MethodShortGPT:
-			return bad("prune.method %q: want lorp, shortgpt or list:L1,L2,...", p.Method)
-		case !isList && (p.Layers != 0) == (p.LayerRatio != 0):
-			return bad("prune: give exactly one of layers and layer_ratio")
-		case p.Layers < 0:
-			return bad("prune.layers %d: want > 0", p.Layers)
-		case p.LayerRatio != 0 && !(p.LayerRatio > 0 && p.LayerRatio < 1):
-			return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
-		case !isList && r.Calibrate == nil:
-			return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
-		}
-		if isList {
-			list, err := prune.ParseList(p.Method)
-			if err != nil {
-				return bad("prune.method %q: want list:L1,L2,... (comma-separated layer indices)", p.Method)
-			}
-			seen := map[int]bool{}
-			for _, l := range list {
-				if seen[l] {
-					return bad("prune.method %q: layer %d is listed twice (duplicate index)", p.Method, l)
-				}
-				seen[l] = true
-			}
-			if p.Layers != 0 && p.Layers != len(list) {
-				return bad("prune.method %q removes %d layer(s), but prune.layers is %d; drop prune.layers", p.Method, len(list), p.Layers)
-			}
+	if r.Prune != nil {
+		if err := r.validatePrune(bad); err != nil {
+			return err
 		}
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {
@@ -386,6 +402,92 @@ func (r *Recipe) validate(name string) error {
 			return bad("eval.max_windows %d: want >= 0 (0: all)", e.MaxWindows)
 		case !(e.MaxDeltaPPL >= 0) || !(e.MaxKL >= 0):
 			return bad("eval max_delta_ppl %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPL, e.MaxKL)
+		}
+	}
+	return nil
+}
+
+// validatePrune checks the prune section and fills its defaults (method
+// lorp for layer removal, head_method putri, refit true).
+func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
+	p := r.Prune
+	if !p.wantsDepth() && !p.wantsWidth() {
+		if p.Method != "" {
+			return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it", p.Method)
+		}
+		return bad("prune: give layers, layer_ratio or method list:L1,L2,... (layer removal), or head_groups, head_ratio or ffn_ratio (width pruning)")
+	}
+	if p.wantsDepth() {
+		if err := r.validateDepth(bad); err != nil {
+			return err
+		}
+	} else if p.Method != "" {
+		return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it, or drop it for width pruning alone", p.Method)
+	}
+	if !p.wantsWidth() {
+		return nil
+	}
+	switch {
+	case p.HeadGroups < 0:
+		return bad("prune.head_groups %d: want > 0 (KV head groups to remove over all layers)", p.HeadGroups)
+	case p.HeadGroups != 0 && p.HeadRatio != 0:
+		return bad("prune: give at most one of head_groups and head_ratio")
+	case p.HeadRatio != 0 && !(p.HeadRatio > 0 && p.HeadRatio < 1):
+		return bad("prune.head_ratio %v: want in (0, 1)", p.HeadRatio)
+	case p.FFNRatio != 0 && !(p.FFNRatio > 0 && p.FFNRatio < 1):
+		return bad("prune.ffn_ratio %v: want in (0, 1) (the share of every FFN's intermediate units to remove)", p.FFNRatio)
+	case p.HeadMethod != "" && !p.wantsHeads():
+		return bad("prune.head_method needs head_groups or head_ratio")
+	case p.HeadMethod != "" && p.HeadMethod != prune.HeadPutri && p.HeadMethod != prune.HeadProxy:
+		return bad("prune.head_method %q: want putri or proxy", p.HeadMethod)
+	case p.Refit != nil && p.FFNRatio == 0:
+		return bad("prune.refit needs ffn_ratio (it refits the pruned FFNs' down_proj)")
+	case r.Calibrate == nil:
+		return bad("prune: width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section (token ids and head statistics of the model)")
+	}
+	if p.wantsHeads() && p.HeadMethod == "" {
+		p.HeadMethod = prune.HeadPutri
+	}
+	if p.FFNRatio != 0 && p.Refit == nil {
+		t := true
+		p.Refit = &t
+	}
+	return nil
+}
+
+// validateDepth checks the layer-removal keys of the prune section.
+func (r *Recipe) validateDepth(bad func(string, ...any) error) error {
+	p := r.Prune
+	if p.Method == "" {
+		p.Method = depth.MethodLoRP
+	}
+	isList := strings.HasPrefix(p.Method, "list:")
+	switch {
+	case !isList && p.Method != depth.MethodLoRP && p.Method != depth.MethodShortGPT:
+		return bad("prune.method %q: want lorp, shortgpt or list:L1,L2,...", p.Method)
+	case !isList && (p.Layers != 0) == (p.LayerRatio != 0):
+		return bad("prune: give exactly one of layers and layer_ratio")
+	case p.Layers < 0:
+		return bad("prune.layers %d: want > 0", p.Layers)
+	case p.LayerRatio != 0 && !(p.LayerRatio > 0 && p.LayerRatio < 1):
+		return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
+	case !isList && r.Calibrate == nil:
+		return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
+	}
+	if isList {
+		list, err := prune.ParseList(p.Method)
+		if err != nil {
+			return bad("prune.method %q: want list:L1,L2,... (comma-separated layer indices)", p.Method)
+		}
+		seen := map[int]bool{}
+		for _, l := range list {
+			if seen[l] {
+				return bad("prune.method %q: layer %d is listed twice (duplicate index)", p.Method, l)
+			}
+			seen[l] = true
+		}
+		if p.Layers != 0 && p.Layers != len(list) {
+			return bad("prune.method %q removes %d layer(s), but prune.layers is %d; drop prune.layers", p.Method, len(list), p.Layers)
 		}
 	}
 	return nil

@@ -84,6 +84,18 @@ func TestRecipeValues(t *testing.T) {
 		{"moe budget with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3\n    moe_budget: 2.5\n", "remove target_bpw", ErrRecipe},
 		{"moe weighting alone", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_weighting: kl\n", "moe_weighting needs moe_budget", ErrRecipe},
 		{"moe weighting", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2\n    moe_weighting: grad\n", `moe_weighting "grad"`, ErrRecipe},
+		{"ffn ratio 1", "quantize:", "prune:\n  ffn_ratio: 1\nquantize:", "prune.ffn_ratio 1: want in (0, 1)", ErrRecipe},
+		{"ffn ratio negative", "quantize:", "prune:\n  ffn_ratio: -0.1\nquantize:", "prune.ffn_ratio -0.1", ErrRecipe},
+		{"head method", "quantize:", "prune:\n  head_ratio: 0.2\n  head_method: foo\nquantize:", `prune.head_method "foo": want putri or proxy`, ErrRecipe},
+		{"head method alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_method: proxy\nquantize:", "prune.head_method needs head_groups or head_ratio", ErrRecipe},
+		{"head groups and ratio", "quantize:", "prune:\n  head_groups: 2\n  head_ratio: 0.2\nquantize:", "at most one of head_groups and head_ratio", ErrRecipe},
+		{"head groups negative", "quantize:", "prune:\n  head_groups: -2\nquantize:", "prune.head_groups -2", ErrRecipe},
+		{"head ratio 1", "quantize:", "prune:\n  head_ratio: 1\nquantize:", "prune.head_ratio 1: want in (0, 1)", ErrRecipe},
+		{"refit alone", "quantize:", "prune:\n  head_groups: 2\n  refit: false\nquantize:", "prune.refit needs ffn_ratio", ErrRecipe},
+		{"prune empty", "quantize:", "prune:\n  method: lorp\nquantize:", `prune.method "lorp" chooses the layers to remove`, ErrRecipe},
+		{"prune nothing", "quantize:", "prune: {}\nquantize:", "give layers, layer_ratio", ErrRecipe},
+		{"width no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\nquantize:\n  kv:\n    cache: oscar2\n", "prune:\n  ffn_ratio: 0.25\n", "width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section", ErrRecipe},
+		{"width unknown key", "quantize:", "prune:\n  ffn_ratio: 0.25\n  ffn_method: putri\nquantize:", `line 8: unknown key "ffn_method" in prune`, ErrRecipe},
 		{"two documents", "name: t\n", "name: t\n---\nname: u\n", "more than one YAML document", ErrRecipe},
 		{"syntax", "name: t\n", "name: [t\n", "r.yaml", ErrRecipe},
 	} {
@@ -112,9 +124,10 @@ func TestExampleRecipes(t *testing.T) {
 		is     error
 	}{
 		{"kv-int2.yaml", []string{"calibrate", "quantize-kv", "pack", "eval"}, nil},
-		{"prune-kv-int2.yaml", []string{"calibrate", "prune", "quantize-kv", "pack", "eval"}, nil},
+		{"prune-kv-int2.yaml", []string{"calibrate", "prune-layers", "quantize-kv", "pack", "eval"}, nil},
 		{"w4-kv-int2.yaml", []string{"calibrate", "quantize-weights", "quantize-kv", "pack", "eval"}, nil},
 		{"moe-mixed.yaml", []string{"calibrate", "quantize-weights", "pack", "eval"}, nil},
+		{"prune-width-w4-kv-int2.yaml", []string{"calibrate", "prune-width", "quantize-weights", "quantize-kv", "pack", "eval"}, nil},
 	} {
 		path := filepath.Join("..", "recipes", c.file)
 		r, err := LoadRecipe(path)
@@ -179,6 +192,7 @@ func TestRecipeIntegers(t *testing.T) {
 		{"group", weights, "group: 32\n", "group: 32.9\n", "line 10: quantize.weights.group 32.9"},
 		{"tokens", goodRecipe, "tokens: 1024\n", "tokens: 2048.7\n", "line 4: calibrate.tokens 2048.7"},
 		{"max_windows", goodRecipe, "max_windows: 2\n", "max_windows: 4.9\n", "line 14: eval.max_windows 4.9"},
+		{"head_groups", goodRecipe, "quantize:\n", "prune:\n  head_groups: 2.5\nquantize:\n", "line 7: prune.head_groups 2.5: want an integer"},
 		{"sink", goodRecipe, "cache: oscar2\n", "cache: oscar2\n    sink: 64.5\n", "line 9: quantize.kv.sink 64.5"},
 	} {
 		src := strings.Replace(c.src, c.from, c.to, 1)

@@ -21,9 +21,10 @@ func newCompressCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "compress MODEL --recipe RECIPE.yaml -o OUT.lmpk [--work-dir DIR] [--data FILE] [--eval-data FILE] [--json]",
 		Short: "Run a compression recipe (calibrate, prune, quantize weights and KV, pack, eval) and write one artifact",
-		Long: `compress runs the stages of RECIPE.yaml over MODEL: calibrate, prune (layers),
-quantize weights (RTN or GPTQ), quantize the KV cache (on the quantized
-model), pack and eval, and writes OUT.lmpk when the eval gate
+		Long: `compress runs the stages of RECIPE.yaml over MODEL: calibrate, prune layers,
+prune width (head groups and FFN units, on a calibration of the
+layer-pruned model), quantize weights (RTN or GPTQ), quantize the KV cache
+(on the quantized model), pack and eval, and writes OUT.lmpk when the eval gate
 passes (ΔPPL and KL within the recipe's max_delta_ppl and max_kl). A failed
 gate exits with status 3 and writes no OUT.
 
@@ -75,7 +76,7 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 						last.finish()
 					}
 					b = &bar{}
-					unit := "tokens" // calibrate, quantize-kv and quantize-weights:calibrate (calibrating a changed model)
+					unit := "tokens" // calibrate, quantize-kv, prune-width:calibrate and quantize-weights:calibrate (calibrating a changed model)
 					switch stage {
 					case "eval":
 						unit = "windows"
