@@ -780,6 +780,8 @@ func (c *PruneStage) widthKey() string {
 		return "head_groups"
 	case c.HeadRatio != 0:
 		return "head_ratio"
+	case c.Sparsity != 0:
+		return "sparsity"
 	}
 	return "ffn_ratio"
 }
@@ -788,8 +790,8 @@ func (c *PruneStage) widthKey() string {
 // head_ratio that leaves some layer of the model d without a KV head
 // group (prune.HeadBudget). recipe names the recipe file.
 func (c *PruneStage) checkHeadBudget(recipe string, d *arch.Description) error {
-	if !c.wantsHeads() {
-		return nil
+	if c.HeadGroups == 0 && c.HeadRatio == 0 {
+		return nil // sparsity: prune checks its budget against the model
 	}
 	total := 0
 	for _, l := range d.Layers {
@@ -870,7 +872,7 @@ func (p *pipeline) pruneWidth(ctx context.Context, dir string) (outputs, any, er
 	noRefit := c.Refit != nil && !*c.Refit
 	if s.Report, err = prune.Run(ctx, prune.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
 		HeadGroups: c.HeadGroups, HeadRatio: c.HeadRatio, HeadMethod: c.HeadMethod, FFNRatio: c.FFNRatio, NoRefit: noRefit,
-		Threads: p.opt.Threads}); err != nil {
+		HeadStep: max(c.HeadStep, 1), Sparsity: c.Sparsity, Threads: p.opt.Threads}); err != nil {
 		return outputs{}, nil, err
 	}
 	s.Report.Model, s.Report.Out = "", "model"

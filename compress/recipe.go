@@ -72,6 +72,11 @@ type PruneStage struct {
 	HeadMethod string  `yaml:"head_method" json:"head_method,omitempty"`
 	FFNRatio   float64 `yaml:"ffn_ratio" json:"ffn_ratio,omitempty"`
 	Refit      *bool   `yaml:"refit" json:"refit,omitempty"`
+	// HeadStep is the number of head groups Putri removes per round
+	// (default 1); Sparsity (in (0, 1)) instead sets head groups and FFN
+	// units from Putri's budget split (prune.Options.Sparsity).
+	HeadStep int     `yaml:"head_step" json:"head_step,omitempty"`
+	Sparsity float64 `yaml:"sparsity" json:"sparsity,omitempty"`
 }
 
 // wantsDepth reports whether the section removes layers.
@@ -81,11 +86,11 @@ func (p *PruneStage) wantsDepth() bool {
 
 // wantsWidth reports whether the section prunes head groups or FFN units.
 func (p *PruneStage) wantsWidth() bool {
-	return p.HeadGroups != 0 || p.HeadRatio != 0 || p.FFNRatio != 0
+	return p.HeadGroups != 0 || p.HeadRatio != 0 || p.FFNRatio != 0 || p.Sparsity != 0
 }
 
 // wantsHeads reports whether the section prunes head groups.
-func (p *PruneStage) wantsHeads() bool { return p.HeadGroups != 0 || p.HeadRatio != 0 }
+func (p *PruneStage) wantsHeads() bool { return p.HeadGroups != 0 || p.HeadRatio != 0 || p.Sparsity != 0 }
 
 // depthParams is the prune-layers stage's part of its cache key.
 func (p *PruneStage) depthParams() []byte {
@@ -104,7 +109,9 @@ func (p *PruneStage) widthParams() []byte {
 		HeadMethod string  `json:"head_method,omitempty"`
 		FFNRatio   float64 `json:"ffn_ratio,omitempty"`
 		Refit      *bool   `json:"refit,omitempty"`
-	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit})
+		HeadStep   int     `json:"head_step,omitempty"`
+		Sparsity   float64 `json:"sparsity,omitempty"`
+	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit, p.HeadStep, p.Sparsity})
 }
 
 // QuantizeStage holds the quantization stages: Weights runs before KV,
@@ -440,15 +447,23 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 		return bad("prune.head_method needs head_groups or head_ratio")
 	case p.HeadMethod != "" && p.HeadMethod != prune.HeadPutri && p.HeadMethod != prune.HeadProxy:
 		return bad("prune.head_method %q: want putri or proxy", p.HeadMethod)
-	case p.Refit != nil && p.FFNRatio == 0:
-		return bad("prune.refit needs ffn_ratio (it refits the pruned FFNs' down_proj)")
+	case p.Sparsity != 0 && !(p.Sparsity > 0 && p.Sparsity < 1):
+		return bad("prune.sparsity %v: want in (0, 1) (the share of the decoder's attention and FFN parameters to remove)", p.Sparsity)
+	case p.Sparsity != 0 && (p.HeadGroups != 0 || p.HeadRatio != 0 || p.FFNRatio != 0):
+		return bad("prune.sparsity sets head groups and FFN units itself: remove head_groups, head_ratio and ffn_ratio")
+	case p.HeadStep < 0:
+		return bad("prune.head_step %d: want >= 1", p.HeadStep)
+	case p.HeadStep != 0 && !p.wantsHeads():
+		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
+	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
+		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	case r.Calibrate == nil:
 		return bad("prune: width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section (token ids and head statistics of the model)")
 	}
 	if p.wantsHeads() && p.HeadMethod == "" {
 		p.HeadMethod = prune.HeadPutri
 	}
-	if p.FFNRatio != 0 && p.Refit == nil {
+	if (p.FFNRatio != 0 || p.Sparsity != 0) && p.Refit == nil {
 		t := true
 		p.Refit = &t
 	}

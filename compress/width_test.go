@@ -278,3 +278,35 @@ func TestCompressLayersWidthBudget(t *testing.T) {
 		t.Errorf("work dir created before the refusal: %v", err)
 	}
 }
+
+// TestCompressSparsity: prune.sparsity in a recipe runs Putri's budget
+// split in the prune-width stage: at s = 0.2 on stories260K no head group
+// goes (n_attn rounds to 0) and every FFN keeps 125 of 172 units (prune's
+// TestSparsity derives these counts), the achieved sparsity is within a
+// node's worth of 0.2, and head_step reaches prune.
+func TestCompressSparsity(t *testing.T) {
+	src := strings.Replace(smallRecipe, "quantize:\n", "prune:\n  sparsity: 0.2\n  head_step: 2\nquantize:\n", 1)
+	dir := t.TempDir()
+	o := testOptions(t, mustRecipe(t, src), filepath.Join(dir, "s.lmpk"), filepath.Join(dir, "work"))
+	rep, err := Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws widthSummary
+	if err := json.Unmarshal(rep.Stages[1].Result, &ws); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Stages[1].Name != "prune-width" || ws.Report == nil || ws.Sparsity == nil {
+		t.Fatalf("stage %s result %s", rep.Stages[1].Name, rep.Stages[1].Result)
+	}
+	sp := ws.Sparsity
+	t.Logf("sparsity %+v; eval %+v", *sp, *rep.Eval)
+	if sp.HeadGroups != 0 || sp.FFNKeep != 125 || !(sp.Achieved > 0.19 && sp.Achieved < 0.21) {
+		t.Errorf("sparsity plan %+v: want 0 head groups, FFN keep 125, achieved ≈ 0.2", *sp)
+	}
+	for _, f := range ws.FFN {
+		if f.After != 125 {
+			t.Errorf("layer %d FFN %d -> %d, want 125", f.Layer, f.Before, f.After)
+		}
+	}
+}
