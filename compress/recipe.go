@@ -90,7 +90,9 @@ func (p *PruneStage) wantsWidth() bool {
 }
 
 // wantsHeads reports whether the section prunes head groups.
-func (p *PruneStage) wantsHeads() bool { return p.HeadGroups != 0 || p.HeadRatio != 0 || p.Sparsity != 0 }
+func (p *PruneStage) wantsHeads() bool {
+	return p.HeadGroups != 0 || p.HeadRatio != 0 || p.Sparsity != 0
+}
 
 // depthParams is the prune-layers stage's part of its cache key.
 func (p *PruneStage) depthParams() []byte {
