@@ -360,6 +360,7 @@ func TestRunOptions(t *testing.T) {
 		{"data missing", func(o *Options) { o.Data = filepath.Join(tmp, "missing.txt") }, "missing.txt"},
 		{"data short", func(o *Options) { o.Data = short }, "fewer than the 64 requested"},
 		{"out is another file", func(o *Options) { o.Out = short }, "is not an lmpack calibration file; refusing to overwrite"},
+		{"negative expert memory", func(o *Options) { o.MaxExpertBytes = -1 }, "max expert memory -1 bytes: want >= 0"},
 		{"all experts on a dense model", func(o *Options) { o.AllExperts = true }, "--calibrate-all-experts: " + dir + " has no mixture-of-experts layer"},
 	} {
 		o := ok

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -143,6 +144,56 @@ func ExpertTensorName(layer, expert int, stat string) string {
 		s += "experts." + strconv.Itoa(expert) + "."
 	}
 	return s + stat
+}
+
+// ExpertLayerBytes returns the bytes CollectExperts holds for decoder
+// layer l of d while it collects: the float64 Hessian accumulators
+// 8·((E+1)·H² + Σ_e I_e²) (pooled_in, h_in and h_down, which become the
+// results in place) plus the float64 copies of the experts' gate_proj and
+// up_proj weights 8·2·Σ_e I_e·H, with E experts, hidden size H and expert
+// e's intermediate size I_e. It is 0 when l is not an MoE layer (or out of
+// range). Qwen3-30B-A3B (H 2048, E 128, I 768) needs about 8.1e9 bytes per
+// layer.
+func ExpertLayerBytes(d *arch.Description, l int) int64 {
+	if l < 0 || l >= len(d.Layers) || d.Layers[l].MoE == nil {
+		return 0
+	}
+	mo := d.Layers[l].MoE
+	H := int64(d.HiddenSize)
+	n := int64(len(mo.Experts)+1) * H * H
+	for _, x := range mo.Experts {
+		I := int64(x.IntermediateSize)
+		n += I*I + 2*I*H
+	}
+	return 8 * n
+}
+
+// ExpertPasses splits the MoE layers of d, in layer order, into groups of
+// consecutive MoE layers whose ExpertLayerBytes sum to at most maxBytes,
+// filling each group greedily: one CollectExperts pass per group
+// (ExpertOptions.Layers). maxBytes <= 0 means no limit: one group of every
+// MoE layer. It returns nil when d has no MoE layer. Errors: an MoE layer
+// that alone needs more than maxBytes (naming the layer and the bytes
+// needed).
+func ExpertPasses(d *arch.Description, maxBytes int64) ([][]int, error) {
+	var groups [][]int
+	var used int64
+	for l := range d.Layers {
+		need := ExpertLayerBytes(d, l)
+		if need == 0 {
+			continue
+		}
+		if maxBytes > 0 && need > maxBytes {
+			return nil, fmt.Errorf("calibrate: expert statistics memory budget of %d bytes is below the %d bytes MoE layer %d needs; want at least %d", maxBytes, need, l, need)
+		}
+		if len(groups) == 0 || (maxBytes > 0 && used+need > maxBytes) {
+			groups = append(groups, nil)
+			used = 0
+		}
+		groups[len(groups)-1] = append(groups[len(groups)-1], l)
+		used += need
+	}
+	return groups, nil
 }
 
 // CollectExperts runs m over the windows (each from position 0 in a fresh
@@ -365,16 +416,23 @@ func gemmNT(X []float64, n, k int, W []float64, m int, C []float64) {
 		blas64.General{Rows: n, Cols: m, Stride: m, Data: C})
 }
 
-// meanOf mirrors the upper-triangle sum u [d, d] and divides it by n (zero
-// when n is 0).
+// meanOf turns the upper-triangle sum u [d, d] into the mean in place: it
+// mirrors the upper triangle into the lower one and divides by n (zero when
+// n is 0), and returns u. In place, so that a layer's results take no
+// memory beyond its accumulators.
 func meanOf(u []float64, d int, n int64) []float64 {
-	m := mirror(u, d)
-	if n > 0 {
-		scale(m, 1/float64(n))
-	} else {
-		clear(m)
+	if n == 0 {
+		clear(u)
+		return u
 	}
-	return m
+	s := 1 / float64(n)
+	for i := 0; i < d; i++ {
+		for j := i; j < d; j++ {
+			v := u[i*d+j] * s
+			u[i*d+j], u[j*d+i] = v, v
+		}
+	}
+	return u
 }
 
 func (a *expertsAcc) result(T int) ([]ExpertLayer, error) {
@@ -390,6 +448,7 @@ func (a *expertsAcc) result(T int) ([]ExpertLayer, error) {
 		}
 		for e := range la.experts {
 			ea := &la.experts[e]
+			ea.gate, ea.up = nil, nil // no longer needed
 			s := ExpertStat{Routed: ea.routed, Samples: ea.smp, Inter: ea.inter,
 				HIn: meanOf(ea.hin, la.H, ea.smp), HDown: meanOf(ea.hdown, ea.inter, ea.smp)}
 			for _, m := range [][]float64{s.HIn, s.HDown} {
@@ -416,7 +475,9 @@ func expertTensors(path string, ls []ExpertLayer, tokens int) ([]safetensors.Wri
 		if i := firstNonFinite(m); i >= 0 {
 			return fmt.Errorf("calibrate: %s: tensor %q: element %d is %v: %w", path, name, i, m[i], ErrBadStatistic)
 		}
-		ts = append(ts, safetensors.WriteTensor{Name: name, DType: safetensors.F64, Shape: []int{d, d}, Data: f64Bytes(m)})
+		// Streamed (f64WriteTo), not copied: the encoded bytes would double
+		// the memory of the statistics.
+		ts = append(ts, safetensors.WriteTensor{Name: name, DType: safetensors.F64, Shape: []int{d, d}, WriteTo: f64WriteTo(m)})
 		return nil
 	}
 	prev := -1
@@ -453,6 +514,25 @@ func expertTensors(path string, ls []ExpertLayer, tokens int) ([]safetensors.Wri
 		}
 	}
 	return ts, nil
+}
+
+// f64WriteTo returns a safetensors.WriteTensor.WriteTo that writes v as
+// little-endian float64 (the bytes of f64Bytes) through a 64 KiB buffer.
+func f64WriteTo(v []float64) func(io.Writer) error {
+	return func(w io.Writer) error {
+		var buf [64 << 10]byte
+		for len(v) > 0 {
+			n := min(len(v), len(buf)/8)
+			for i, x := range v[:n] {
+				binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(x))
+			}
+			if _, err := w.Write(buf[:8*n]); err != nil {
+				return err
+			}
+			v = v[n:]
+		}
+		return nil
+	}
 }
 
 // readExperts reads StatExperts. With d, the layers must be exactly d's

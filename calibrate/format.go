@@ -174,7 +174,12 @@ func Fingerprint(b []byte) string {
 // are filled in; Statistics is set from the statistics c holds. The output
 // is deterministic. Errors: a layer whose matrices are not [d, d] or hold
 // NaN/Inf (ErrBadStatistic, naming the tensor), and I/O errors.
-func Write(path string, c *Calibration) error {
+func Write(path string, c *Calibration) error { return write(path, c, nil) }
+
+// write is Write; when c.Experts is nil and experts is not, the
+// StatExperts tensors come from experts (already encoded and checked, e.g.
+// streamed from the per-pass files of Run) in place of c.Experts.
+func write(path string, c *Calibration, experts []safetensors.WriteTensor) error {
 	h := c.Header
 	h.Kind, h.FormatVersion = Kind, FormatVersion
 	h.Statistics = nil
@@ -235,6 +240,9 @@ func Write(path string, c *Calibration) error {
 		}
 		h.Statistics = append(h.Statistics, StatExperts)
 		ts = append(ts, et...)
+	} else if experts != nil {
+		h.Statistics = append(h.Statistics, StatExperts)
+		ts = append(ts, experts...)
 	}
 	js, err := json.Marshal(h)
 	if err != nil {

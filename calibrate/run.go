@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"time"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -31,7 +33,8 @@ type Options struct {
 	// Version is the lmpack version recorded in the file.
 	Version string
 	// Progress, when not nil, is called after each window with the tokens
-	// forwarded so far and the total (2·Tokens: two passes).
+	// forwarded so far and the total (2·Tokens: two passes; for an MoE
+	// model (2+P)·Tokens with P the expert passes).
 	Progress func(done, total int)
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
@@ -41,6 +44,15 @@ type Options struct {
 	// MinExpertTokens is the sparse-expert report threshold in routed
 	// tokens (ExpertOptions.MinTokens); 0 means DefaultMinExpertTokens.
 	MinExpertTokens int
+	// MaxExpertBytes (MoE models) bounds the memory of the expert
+	// statistics, in bytes: the MoE layers are split into groups of
+	// consecutive layers whose ExpertLayerBytes sum to at most it
+	// (ExpertPasses), each collected in its own pass over the windows and
+	// written to a temporary file beside Out, and the file is assembled
+	// from those at the end; it is byte-identical to a single pass's. 0
+	// means no limit (one pass, every layer held in memory until Write);
+	// negative is an error.
+	MaxExpertBytes int64
 }
 
 // Summary reports a finished Run.
@@ -55,7 +67,7 @@ type Summary struct {
 	Tokens  int `json:"tokens"`
 	Windows int `json:"windows"`
 	Ctx     int `json:"ctx"`
-	// Seconds is the wall time of the collection (both passes).
+	// Seconds is the wall time of the collection (all passes).
 	Seconds float64 `json:"seconds"`
 	// TokensPerSecond is calibration tokens per second: Tokens / Seconds
 	// (each token is forwarded twice).
@@ -63,6 +75,10 @@ type Summary struct {
 	// ExpertLayers is the number of MoE layers with expert statistics
 	// (StatExperts; 0 for a dense model).
 	ExpertLayers int `json:"expert_layers,omitempty"`
+	// ExpertPasses is the number of passes over the windows that
+	// collected the expert statistics (Options.MaxExpertBytes; 0 for a
+	// dense model).
+	ExpertPasses int `json:"expert_passes,omitempty"`
 	// SparseExperts lists the experts routed fewer than MinExpertTokens
 	// tokens; their Hessians fall back as ExpertLayer.Hessians documents
 	// (not with AllExperts, where every expert sees every token).
@@ -74,11 +90,18 @@ type Summary struct {
 // `lmpack eval` does), splits the first opt.Tokens tokens into windows of
 // opt.Ctx tokens (Windows), collects the OSCAR, block-similarity and
 // head-proxy statistics (CollectStats), for an MoE model also the expert
-// statistics (CollectExperts, a third pass; sparse experts are logged as
-// warnings and listed in the Summary),
-// and writes the calibration file opt.Out (Write, atomic).
+// statistics (CollectExperts: one more pass per group of MoE layers that
+// fits opt.MaxExpertBytes, see ExpertPasses; sparse experts are logged as
+// warnings and listed in the Summary), and writes the calibration file
+// opt.Out (Write, atomic). With more than one expert pass, each pass's
+// statistics go to a temporary safetensors file in a directory beside
+// opt.Out (removed at the end) and the final write copies them from there,
+// so that memory holds one group at a time; the output bytes do not depend
+// on the grouping.
 //
-// Errors: invalid options; the output directory missing; the data file
+// Errors: invalid options; an MoE layer needing more than
+// opt.MaxExpertBytes (ExpertPasses, naming the bytes needed); the output
+// directory missing; the data file
 // unreadable, empty, not UTF-8 or shorter than opt.Tokens tokens; model
 // errors from engine.Open; collection and write errors.
 func Run(ctx context.Context, opt Options) (*Summary, error) {
@@ -91,6 +114,8 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		return nil, fmt.Errorf("calibrate: no output file")
 	case opt.Data == "":
 		return nil, fmt.Errorf("calibrate: no data file")
+	case opt.MaxExpertBytes < 0:
+		return nil, fmt.Errorf("calibrate: max expert memory %d bytes: want >= 0 (0: no limit)", opt.MaxExpertBytes)
 	}
 	if st, err := os.Stat(filepath.Dir(opt.Out)); err != nil {
 		return nil, fmt.Errorf("calibrate: output %s: %w", opt.Out, err)
@@ -137,10 +162,14 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	if opt.AllExperts && !moe {
 		return nil, fmt.Errorf("calibrate: --calibrate-all-experts: %s has no mixture-of-experts layer", e.Dir)
 	}
+	groups, err := ExpertPasses(e.Desc, opt.MaxExpertBytes)
+	if err != nil {
+		return nil, err
+	}
 	progress := opt.Progress
 	if moe && progress != nil {
-		// Three passes: OSCAR (2) and the expert statistics.
-		progress = func(done, _ int) { opt.Progress(done, 3*opt.Tokens) }
+		// OSCAR (2 passes) and the expert statistics (one per group).
+		progress = func(done, _ int) { opt.Progress(done, (2+len(groups))*opt.Tokens) }
 	}
 	st, err := CollectStats(ctx, e.Model, windows, progress)
 	if err != nil {
@@ -148,17 +177,57 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	}
 	var experts []ExpertLayer
 	var sparse []SparseExpert
+	var passFiles []string // with more than one expert pass
+	nExpertLayers := 0
 	if moe {
-		var ep func(done, total int)
-		if opt.Progress != nil {
-			ep = func(done, _ int) { opt.Progress(2*opt.Tokens+done, 3*opt.Tokens) }
+		var need int64
+		for _, g := range groups {
+			for _, l := range g {
+				need += ExpertLayerBytes(e.Desc, l)
+			}
 		}
-		experts, err = CollectExperts(ctx, e.Model, e.Desc, e.Checkpoint, windows, ExpertOptions{AllExperts: opt.AllExperts, MinTokens: opt.MinExpertTokens}, ep)
-		if err != nil {
-			return nil, err
+		log.Info("expert statistics", "passes", len(groups), "moe_layers", countLayers(groups),
+			"bytes_all_layers", need, "max_expert_bytes", opt.MaxExpertBytes)
+		if len(groups) > 1 {
+			tmp, err := os.MkdirTemp(filepath.Dir(opt.Out), "."+filepath.Base(opt.Out)+".experts-*")
+			if err != nil {
+				return nil, fmt.Errorf("calibrate: expert statistics: %w", err)
+			}
+			defer os.RemoveAll(tmp)
+			for k := range groups {
+				passFiles = append(passFiles, filepath.Join(tmp, fmt.Sprintf("pass-%d.safetensors", k)))
+			}
 		}
-		for i := range experts {
-			sparse = append(sparse, experts[i].Sparse(opt.MinExpertTokens)...)
+		for k, g := range groups {
+			var ep func(done, total int)
+			if opt.Progress != nil {
+				ep = func(done, _ int) { opt.Progress((2+k)*opt.Tokens+done, (2+len(groups))*opt.Tokens) }
+			}
+			eo := ExpertOptions{AllExperts: opt.AllExperts, MinTokens: opt.MinExpertTokens}
+			if passFiles != nil {
+				eo.Layers = g
+			}
+			ls, err := CollectExperts(ctx, e.Model, e.Desc, e.Checkpoint, windows, eo, ep)
+			if err != nil {
+				return nil, err
+			}
+			nExpertLayers += len(ls)
+			for i := range ls {
+				sparse = append(sparse, ls[i].Sparse(opt.MinExpertTokens)...)
+			}
+			if passFiles == nil {
+				experts = ls
+				continue
+			}
+			if err := writePass(passFiles[k], ls, opt.Tokens); err != nil {
+				return nil, err
+			}
+			log.Info("expert statistics pass", "pass", k+1, "of", len(groups), "layers", g)
+			// Free this group's statistics before the next group's are
+			// allocated, so that the heap holds one group at a time (one
+			// GC per pass over the data costs nothing in comparison).
+			ls = nil
+			goruntime.GC()
 		}
 		for _, s := range sparse {
 			fb := "its Hessians fall back to the layer's pooled input Hessian (gate/up) and the identity (down)"
@@ -183,14 +252,78 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		HeadProxy:  st.HeadProxy,
 		Experts:    experts,
 	}
-	if err := Write(opt.Out, c); err != nil {
+	var streamed []safetensors.WriteTensor
+	if passFiles != nil {
+		var closeAll func()
+		if streamed, closeAll, err = passTensors(passFiles); err != nil {
+			return nil, err
+		}
+		defer closeAll()
+	}
+	if err := write(opt.Out, c, streamed); err != nil {
 		return nil, err
 	}
 	s := &Summary{Path: opt.Out, ModelFingerprint: fp, DataFingerprint: c.Header.DataFingerprint,
 		Tokens: opt.Tokens, Windows: len(windows), Ctx: opt.Ctx, Seconds: secs, TokensPerSecond: float64(opt.Tokens) / secs,
-		ExpertLayers: len(experts), SparseExperts: sparse}
+		ExpertLayers: nExpertLayers, ExpertPasses: len(groups), SparseExperts: sparse}
 	log.Info("calibration written", "path", opt.Out, "seconds", secs, "tokens_per_second", s.TokensPerSecond)
 	return s, nil
+}
+
+// countLayers returns the number of layers in groups.
+func countLayers(groups [][]int) int {
+	n := 0
+	for _, g := range groups {
+		n += len(g)
+	}
+	return n
+}
+
+// writePass writes one expert pass's statistics (expertTensors, checked)
+// to path as a plain safetensors file.
+func writePass(path string, ls []ExpertLayer, tokens int) error {
+	ts, err := expertTensors(path, ls, tokens)
+	if err != nil {
+		return err
+	}
+	if err := safetensors.WriteFile(path, ts, nil); err != nil {
+		return fmt.Errorf("calibrate: expert statistics: %w", err)
+	}
+	return nil
+}
+
+// passTensors opens the pass files written by writePass and returns their
+// tensors as WriteTensors that copy the bytes from the files' mappings
+// (WriteTo), and a function closing the files (to call after the write).
+// Errors: safetensors.Open errors.
+func passTensors(paths []string) ([]safetensors.WriteTensor, func(), error) {
+	var files []*safetensors.File
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	var ts []safetensors.WriteTensor
+	for _, p := range paths {
+		f, err := safetensors.Open(p)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("calibrate: expert statistics: %w", err)
+		}
+		files = append(files, f)
+		for _, ti := range f.Tensors() {
+			name := ti.Name
+			ts = append(ts, safetensors.WriteTensor{Name: name, DType: ti.DType, Shape: ti.Shape, WriteTo: func(w io.Writer) error {
+				t, err := f.Tensor(name)
+				if err != nil {
+					return err
+				}
+				_, err = w.Write(t.Data)
+				return err
+			}})
+		}
+	}
+	return ts, closeAll, nil
 }
 
 // tokenize encodes text as one string with the tokenizer's special tokens
