@@ -12,6 +12,10 @@ import (
 // ids of the data file are held in memory.
 const maxCalibTokens = 1 << 30
 
+// defaultMaxExpertMemory is the --max-expert-memory default in bytes
+// (8 GiB): about one Qwen3-30B-A3B MoE layer's expert statistics per pass.
+const defaultMaxExpertMemory = 8 << 30
+
 func newCalibrateCmd(g *globalFlags) *cobra.Command {
 	var (
 		opt    calibrate.Options
@@ -34,7 +38,16 @@ similarity of every pair of block inputs (lorp.similarity), which
 "lmpack prune" uses to choose layers; the mean squared attention output of
 every (layer, KV group) (heads.layers.N.proxy, the --head-method proxy
 score); and the token ids (calibration.tokens), which prune reruns for
-Putri's masked-perplexity head scores and FFN statistics. Memory does not grow with --tokens.`,
+Putri's masked-perplexity head scores and FFN statistics. Memory does not grow with --tokens.
+
+For a mixture-of-experts model it also collects per-expert routing counts
+and gate/up and down_proj input Hessians (experts.layers.N.*), one more pass
+per group of consecutive MoE layers whose statistics fit --max-expert-memory
+bytes (per layer 8·((E+1)·H² + Σ I_e² + 2·Σ I_e·H) bytes: the Hessians and
+float64 copies of the gate/up weights; about 8.1e9 for Qwen3-30B-A3B).
+Each group is written to a temporary file beside -o and the file is
+assembled at the end; the output does not depend on the grouping.
+--max-expert-memory 0 collects every layer in one pass in memory.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Data == "" {
@@ -58,6 +71,9 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
+			if opt.MaxExpertBytes < 0 {
+				return fmt.Errorf("--max-expert-memory %d: want bytes >= 0 (0: no limit)", opt.MaxExpertBytes)
+			}
 			if opt.MinExpertTokens < 1 {
 				return fmt.Errorf("--min-expert-tokens %d: want >= 1", opt.MinExpertTokens)
 			}
@@ -71,7 +87,7 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			var finish func()
-			opt.Progress, finish = newProgress(cmd, g, "calibrate (2 passes)", "calibrate progress", "tokens")
+			opt.Progress, finish = newProgress(cmd, g, "calibrate", "calibrate progress", "tokens")
 			s, err := calibrate.Run(cmd.Context(), opt)
 			finish()
 			if err != nil {
@@ -85,8 +101,12 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 				return err
 			}
 			if s.ExpertLayers > 0 {
-				if _, err = fmt.Fprintf(cmd.OutOrStdout(), "expert statistics for %d MoE layers; %d experts routed fewer than %d tokens\n",
-					s.ExpertLayers, len(s.SparseExperts), opt.MinExpertTokens); err != nil {
+				passes := "passes"
+				if s.ExpertPasses == 1 {
+					passes = "pass"
+				}
+				if _, err = fmt.Fprintf(cmd.OutOrStdout(), "expert statistics for %d MoE layers in %d %s; %d experts routed fewer than %d tokens\n",
+					s.ExpertLayers, s.ExpertPasses, passes, len(s.SparseExperts), opt.MinExpertTokens); err != nil {
 					return err
 				}
 				for _, x := range s.SparseExperts {
@@ -107,6 +127,7 @@ Putri's masked-perplexity head scores and FFN statistics. Memory does not grow w
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&opt.AllExperts, "calibrate-all-experts", false, "MoE: add every token to every expert's Hessians (statistics only)")
 	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", calibrate.DefaultMinExpertTokens, "MoE: report experts routed fewer tokens than this")
+	f.Int64Var(&opt.MaxExpertBytes, "max-expert-memory", defaultMaxExpertMemory, "MoE: memory budget of the expert statistics in bytes, one pass per group of layers that fits (0: no limit, one pass)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

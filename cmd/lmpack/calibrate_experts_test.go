@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/shared"
 )
 
@@ -54,4 +58,45 @@ func TestCalibrateExperts(t *testing.T) {
 		}
 	}
 	wantError(t, lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--min-expert-tokens", "0", "-o", filepath.Join(dir, "x")), "--min-expert-tokens 0: want >= 1")
+}
+
+// TestCalibrateExpertMemory: --max-expert-memory of one MoE layer's
+// statistics collects them in 5 passes and writes the same bytes as the
+// default (one pass on this small model); a budget below one layer and a
+// negative one are refused naming the flag or the bytes needed.
+func TestCalibrateExpertMemory(t *testing.T) {
+	moe := shared.Path(t, "stories260K-moe-hf")
+	d, err := arch.Load(moe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := calibrate.ExpertLayerBytes(d, 0)
+	dir := t.TempDir()
+	ref, split := filepath.Join(dir, "ref.safetensors"), filepath.Join(dir, "split.safetensors")
+	args := []string{"calibrate", moe, "--data", calibText(t), "--tokens", "256", "--ctx", "128", "--threads", "1"}
+	r := lmpack(t, nil, append(args, "-o", ref)...)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "expert statistics for 5 MoE layers in 1 pass;") {
+		t.Errorf("default budget: stdout lacks the single pass:\n%s", r.stdout)
+	}
+	r = lmpack(t, nil, append(args, "--max-expert-memory", strconv.FormatInt(one, 10), "-o", split)...)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "expert statistics for 5 MoE layers in 5 passes;") || !strings.Contains(r.stderr, "passes=5") {
+		t.Errorf("one-layer budget: output lacks the 5 passes:\n%s\n%s", r.stdout, r.stderr)
+	}
+	a, err := os.ReadFile(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(split)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Errorf("5-pass file (%d bytes) differs from the 1-pass file (%d bytes)", len(b), len(a))
+	}
+	wantError(t, lmpack(t, nil, append(args, "--max-expert-memory", strconv.FormatInt(one-1, 10), "-o", filepath.Join(dir, "x"))...),
+		strconv.FormatInt(one, 10)+" bytes MoE layer 0 needs")
+	wantError(t, lmpack(t, nil, append(args, "--max-expert-memory", "-1", "-o", filepath.Join(dir, "x"))...),
+		"--max-expert-memory -1: want bytes >= 0")
 }
