@@ -3,13 +3,16 @@ package calibrate
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
 )
 
@@ -103,5 +106,115 @@ func BenchmarkCalibrate(b *testing.B) {
 			b.ReportMetric(float64(peak), "peak-heap-B")
 			b.ReportMetric(float64(ms1.TotalAlloc-ms0.TotalAlloc)/float64(n*b.N), "alloc-B/token")
 		})
+	}
+}
+
+// BenchmarkCalibrateExpertPasses measures calibrate on stories260K-moe-hf
+// (512 tokens in windows of 128, one thread) with MaxExpertBytes unlimited
+// (one expert pass holding all 5 MoE layers) and with one layer's
+// ExpertLayerBytes (5 passes, one layer each, streamed through temporary
+// files). Sub-benchmark run is the whole Run; experts is the expert phase
+// only (collectExpertPasses and the write of the expert tensors, with the
+// model open and the windows made beforehand). peak-heap-B is the peak live
+// heap (sampled; it includes garbage not yet collected) above the live
+// heap before (after a GC); expert-B-per-pass is the ExpertLayerBytes of
+// the largest group. The model is tiny (one layer's expert statistics are
+// about 1.8 MB), so Run's peak is dominated by tokenizing the whole data
+// file and the budget shows mostly in the experts phase.
+func BenchmarkCalibrateExpertPasses(b *testing.B) {
+	model := shared.Path(b, "stories260K-moe-hf")
+	data := shared.Path(b, "tinystories-valid", "calib.txt")
+	e := openEngine(b, "stories260K-moe-hf")
+	d := e.Desc
+	text, err := os.ReadFile(data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const tokens = 512
+	windows, err := Windows(tokenize(e, string(text)), tokens, 128)
+	if err != nil {
+		b.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	one := ExpertLayerBytes(d, 0)
+	for _, c := range []struct {
+		name   string
+		budget int64
+	}{{"unlimited", 0}, {"one-layer", one}} {
+		groups, err := ExpertPasses(d, c.budget)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var perPass int64
+		for _, g := range groups {
+			var n int64
+			for _, l := range g {
+				n += ExpertLayerBytes(d, l)
+			}
+			perPass = max(perPass, n)
+		}
+		opt := Options{Model: model, Data: data, Tokens: tokens, Ctx: 128, Threads: 1, MaxExpertBytes: c.budget}
+		phases := []struct {
+			name string
+			f    func(b *testing.B, dir string)
+		}{
+			{"run", func(b *testing.B, dir string) {
+				o := opt
+				o.Out = filepath.Join(dir, "calib.safetensors")
+				s, err := Run(context.Background(), o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if s.ExpertPasses != len(groups) {
+					b.Fatalf("%d expert passes, want %d", s.ExpertPasses, len(groups))
+				}
+			}},
+			{"experts", func(b *testing.B, dir string) {
+				tmp := ""
+				if len(groups) > 1 {
+					tmp = dir
+				}
+				r, err := collectExpertPasses(context.Background(), e, windows, groups, opt, tmp, log, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ts []safetensors.WriteTensor
+				if r.passFiles != nil {
+					var closeAll func()
+					if ts, closeAll, err = passTensors(r.passFiles); err != nil {
+						b.Fatal(err)
+					}
+					defer closeAll()
+				}
+				c := &Calibration{Header: Header{Tokens: tokens, Ctx: 128}, Experts: r.experts}
+				if err := write(filepath.Join(dir, "experts.safetensors"), c, ts); err != nil {
+					b.Fatal(err)
+				}
+			}},
+		}
+		for _, ph := range phases {
+			b.Run(c.name+"/"+ph.name, func(b *testing.B) {
+				var peak uint64
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					dir := b.TempDir()
+					runtime.GC()
+					base := heapNow(heapSample())
+					s := startHeapSampler()
+					b.StartTimer()
+					ph.f(b, dir)
+					b.StopTimer()
+					p := s.stop()
+					peak = max(peak, p-min(base, p))
+					b.StartTimer()
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(peak), "peak-heap-B")
+				b.ReportMetric(float64(perPass), "expert-B-per-pass")
+				b.ReportMetric(float64(len(groups)), "passes")
+				b.ReportMetric(float64(tokens)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+			})
+		}
 	}
 }

@@ -188,47 +188,22 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		}
 		log.Info("expert statistics", "passes", len(groups), "moe_layers", countLayers(groups),
 			"bytes_all_layers", need, "max_expert_bytes", opt.MaxExpertBytes)
+		tmp := ""
 		if len(groups) > 1 {
-			tmp, err := os.MkdirTemp(filepath.Dir(opt.Out), "."+filepath.Base(opt.Out)+".experts-*")
-			if err != nil {
+			if tmp, err = os.MkdirTemp(filepath.Dir(opt.Out), "."+filepath.Base(opt.Out)+".experts-*"); err != nil {
 				return nil, fmt.Errorf("calibrate: expert statistics: %w", err)
 			}
 			defer os.RemoveAll(tmp)
-			for k := range groups {
-				passFiles = append(passFiles, filepath.Join(tmp, fmt.Sprintf("pass-%d.safetensors", k)))
-			}
 		}
-		for k, g := range groups {
-			var ep func(done, total int)
-			if opt.Progress != nil {
-				ep = func(done, _ int) { opt.Progress((2+k)*opt.Tokens+done, (2+len(groups))*opt.Tokens) }
-			}
-			eo := ExpertOptions{AllExperts: opt.AllExperts, MinTokens: opt.MinExpertTokens}
-			if passFiles != nil {
-				eo.Layers = g
-			}
-			ls, err := CollectExperts(ctx, e.Model, e.Desc, e.Checkpoint, windows, eo, ep)
-			if err != nil {
-				return nil, err
-			}
-			nExpertLayers += len(ls)
-			for i := range ls {
-				sparse = append(sparse, ls[i].Sparse(opt.MinExpertTokens)...)
-			}
-			if passFiles == nil {
-				experts = ls
-				continue
-			}
-			if err := writePass(passFiles[k], ls, opt.Tokens); err != nil {
-				return nil, err
-			}
-			log.Info("expert statistics pass", "pass", k+1, "of", len(groups), "layers", g)
-			// Free this group's statistics before the next group's are
-			// allocated, so that the heap holds one group at a time (one
-			// GC per pass over the data costs nothing in comparison).
-			ls = nil
-			goruntime.GC()
+		var ep func(done int)
+		if opt.Progress != nil {
+			ep = func(done int) { opt.Progress(2*opt.Tokens+done, (2+len(groups))*opt.Tokens) }
 		}
+		er, err := collectExpertPasses(ctx, e, windows, groups, opt, tmp, log, ep)
+		if err != nil {
+			return nil, err
+		}
+		experts, passFiles, nExpertLayers, sparse = er.experts, er.passFiles, er.layers, er.sparse
 		for _, s := range sparse {
 			fb := "its Hessians fall back to the layer's pooled input Hessian (gate/up) and the identity (down)"
 			if opt.AllExperts {
@@ -268,6 +243,68 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		ExpertLayers: nExpertLayers, ExpertPasses: len(groups), SparseExperts: sparse}
 	log.Info("calibration written", "path", opt.Out, "seconds", secs, "tokens_per_second", s.TokensPerSecond)
 	return s, nil
+}
+
+// expertRun is what collectExpertPasses collected.
+type expertRun struct {
+	// experts holds every layer's statistics after a single pass; nil
+	// after several.
+	experts []ExpertLayer
+	// passFiles are the files of the passes (writePass), one per group,
+	// when there were several; nil after a single pass.
+	passFiles []string
+	// layers is the number of MoE layers collected.
+	layers int
+	// sparse lists the sparse experts of every pass, in layer order.
+	sparse []SparseExpert
+}
+
+// collectExpertPasses runs CollectExperts once per group of MoE layers
+// (ExpertPasses) with opt's AllExperts and MinExpertTokens. One group is
+// kept in memory (expertRun.experts, every MoE layer); with several, each
+// group's statistics are written to tmpDir/pass-K.safetensors (writePass)
+// and released (with a GC) before the next pass, so that the heap holds one
+// group at a time. progress, when not nil, gets the tokens forwarded over
+// all the passes so far. Errors: those of CollectExperts and writePass.
+func collectExpertPasses(ctx context.Context, e *engine.Engine, windows [][]int, groups [][]int, opt Options, tmpDir string, log *slog.Logger, progress func(done int)) (*expertRun, error) {
+	r := &expertRun{}
+	T := 0
+	for _, w := range windows {
+		T += len(w)
+	}
+	for k, g := range groups {
+		var ep func(done, total int)
+		if progress != nil {
+			ep = func(done, _ int) { progress(k*T + done) }
+		}
+		eo := ExpertOptions{AllExperts: opt.AllExperts, MinTokens: opt.MinExpertTokens}
+		if len(groups) > 1 {
+			eo.Layers = g
+		}
+		ls, err := CollectExperts(ctx, e.Model, e.Desc, e.Checkpoint, windows, eo, ep)
+		if err != nil {
+			return nil, err
+		}
+		r.layers += len(ls)
+		for i := range ls {
+			r.sparse = append(r.sparse, ls[i].Sparse(opt.MinExpertTokens)...)
+		}
+		if len(groups) == 1 {
+			r.experts = ls
+			break
+		}
+		path := filepath.Join(tmpDir, fmt.Sprintf("pass-%d.safetensors", k))
+		if err := writePass(path, ls, T); err != nil {
+			return nil, err
+		}
+		r.passFiles = append(r.passFiles, path)
+		log.Info("expert statistics pass", "pass", k+1, "of", len(groups), "layers", g)
+		// Free this group's statistics before the next group's are
+		// allocated (one GC per pass over the data costs nothing in
+		// comparison).
+		goruntime.GC()
+	}
+	return r, nil
 }
 
 // countLayers returns the number of layers in groups.
