@@ -24,8 +24,11 @@
 // each GQA group's attention output at the o_proj input (StatHeads,
 // CollectStats, also during the first pass). Putri's masked-perplexity
 // head score is iterative and is computed by lmpack prune from the token
-// ids. Later stages (expert counts,
-// Hessians) add a statistic name to Header.Statistics and their own tensor
+// ids. "experts" (StatExperts, MoE models): per-expert routing counts and
+// input Hessians (CollectExperts), collected in one pass per group of MoE
+// layers that fits Options.MaxExpertBytes (ExpertPasses), each group
+// written to a temporary file and copied into the output at the end so
+// that memory holds one group. Later statistics add a statistic name to Header.Statistics and their own tensor
 // prefix ("<statistic>.layers.N.<name>"); Read ignores statistics it does
 // not know, so old readers keep reading newer files of the same
 // FormatVersion.

@@ -206,8 +206,10 @@ func ExpertPasses(d *arch.Description, maxBytes int64) ([][]int, error) {
 // opt.AllExperts every token (statistics only; the model's output follows
 // its own routing). Routing counts come from the runtime's
 // RouterObserver, the block input x from its FFNObserver. Memory: per MoE
-// layer (E+1)·H² + Σ_e I_e² float64, plus one window's block inputs;
-// independent of the number of windows. progress, when not nil, is called
+// layer collected ExpertLayerBytes ((E+1)·H² + Σ_e I_e² float64 Hessians,
+// which become the results in place, and the float64 gate/up weights),
+// plus one window's block inputs; independent of the number of windows
+// (opt.Layers bounds it; Run's Options.MaxExpertBytes does so). progress, when not nil, is called
 // after each window with the tokens forwarded so far and the total.
 //
 // Errors: no windows or an empty window; an opt.Layers entry that is not
