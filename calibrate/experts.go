@@ -184,7 +184,7 @@ func ExpertPasses(d *arch.Description, maxBytes int64) ([][]int, error) {
 			continue
 		}
 		if maxBytes > 0 && need > maxBytes {
-			return nil, fmt.Errorf("calibrate: expert statistics memory budget of %d bytes is below the %d bytes MoE layer %d needs; want at least %d", maxBytes, need, l, need)
+			return nil, fmt.Errorf("calibrate: expert statistics memory budget (--max-expert-memory) of %d bytes is below the %d bytes MoE layer %d needs; want at least %d", maxBytes, need, l, need)
 		}
 		if len(groups) == 0 || (maxBytes > 0 && used+need > maxBytes) {
 			groups = append(groups, nil)

@@ -3,6 +3,7 @@ package calibrate
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -128,6 +129,19 @@ func TestRunExpertPasses(t *testing.T) {
 	_, err := Run(context.Background(), Options{Model: model, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1, MaxExpertBytes: one - 1})
 	if err == nil || !strings.Contains(err.Error(), strconv.FormatInt(one, 10)+" bytes MoE layer 0 needs") {
 		t.Errorf("budget %d: error %v, want one naming the %d bytes needed", one-1, err, one)
+	}
+	// Cancelled during the third expert pass: an error, no output, and
+	// the pass files are removed.
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err = Run(cctx, Options{Model: model, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1, MaxExpertBytes: one,
+		Progress: func(done, _ int) {
+			if done > 4*tokens {
+				cancel()
+			}
+		}})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled in an expert pass: error %v, want context.Canceled", err)
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
