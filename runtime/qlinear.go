@@ -45,8 +45,21 @@ type linear struct {
 // and up, are fused by stacking their rows); each segment is a quantized
 // weight or float32 rows.
 type packedLinear struct {
-	n, k int
-	segs []qseg
+	n, k  int
+	segs  []qseg
+	fused bool // every quantized segment suits kernels.DotQRow
+}
+
+// qFusedMaxM is the most rows of x for which a packed matmul uses the
+// fused GEMV (kernels.DotQRow per row of W and row of x) when
+// packedLinear.fused; larger m (prefill) dequantizes tiles. Tests and
+// benchmarks set it to 0 to measure the tile path.
+var qFusedMaxM = 4
+
+// fusable reports whether s can run kernels.DotQRow: float rows, or
+// 1-4-bit codes in natural column order (no act-order permutation).
+func (s *qseg) fusable() bool {
+	return s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil)
 }
 
 type qseg struct {
@@ -119,6 +132,7 @@ func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols in
 		p.segs = append(p.segs, s)
 		p.n += rows[i]
 	}
+	p.setFused()
 	return linear{p: p}, nil
 }
 
@@ -144,9 +158,20 @@ const qParallelMinMACs = 1 << 15
 // packed weight with row length at most k.
 func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
 
+// setFused sets w.fused from its segments.
+func (w *packedLinear) setFused() {
+	w.fused = true
+	for i := range w.segs {
+		w.fused = w.fused && w.segs[i].fusable()
+	}
+}
+
 // qmmTask is the pool task of a packed matmul: unit u dequantizes and
-// multiplies the tiles [u·tiles/units, (u+1)·tiles/units).
+// multiplies the tiles [u·tiles/units, (u+1)·tiles/units), or, when gemv
+// is set, computes rows [u·n/units, (u+1)·n/units) of W with the fused
+// GEMV (gemvRows).
 type qmmTask struct {
+	gemv              bool
 	w                 *packedLinear
 	m                 int
 	x, y              []float32
@@ -159,6 +184,10 @@ type qmmTask struct {
 
 func (t *qmmTask) Run(lo, hi int) {
 	w, k := t.w, t.w.k
+	if t.gemv {
+		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit)
+		return
+	}
 	for u := lo; u < hi; u++ {
 		buf, codes, row := t.buf[u], t.codes[u], t.row[u]
 		for ti := u * t.tiles / t.unit; ti < (u+1)*t.tiles/t.unit; ti++ {
@@ -167,6 +196,39 @@ func (t *qmmTask) Run(lo, hi int) {
 			tb := buf[:(r1-r0)*k]
 			w.dequantRows(r0, r1, tb, codes, row)
 			kernels.MatMulNT(t.m, r1-r0, k, t.x, t.ldx, tb, k, t.y[r0:], t.ldy)
+		}
+	}
+}
+
+// gemvRows computes y[i, r] = x[i]·W[r] for rows r in [r0, r1) of W and
+// every row i < t.m of x: kernels.DotQRow on the packed codes of quantized
+// rows (each packed byte read once per row of x), kernels.Dot on float
+// rows.
+func (t *qmmTask) gemvRows(r0, r1 int) {
+	w, k := t.w, t.w.k
+	for si := range w.segs {
+		s := &w.segs[si]
+		a, b := max(r0, s.row0), min(r1, s.row0+s.rows)
+		for r := a; r < b; r++ {
+			lr := r - s.row0
+			if s.q == nil {
+				wr := s.f[lr*k : (lr+1)*k]
+				for i := 0; i < t.m; i++ {
+					t.y[i*t.ldy+r] = kernels.Dot(t.x[i*t.ldx:i*t.ldx+k], wr)
+				}
+				continue
+			}
+			q := s.q
+			var zeros []uint16
+			if !q.Symmetric {
+				zeros = q.Zeros[lr*s.ng : (lr+1)*s.ng]
+			}
+			// The row keeps its capacity to the end of Codes: the kernel
+			// may read a few bytes past it.
+			src, sc := q.Codes[lr*s.rb:], q.Scales[lr*s.ng:(lr+1)*s.ng]
+			for i := 0; i < t.m; i++ {
+				t.y[i*t.ldy+r] = kernels.DotQRow(t.x[i*t.ldx:i*t.ldx+k], src, q.Bits, sc, zeros, q.GroupSize, float32(s.zsym))
+			}
 		}
 	}
 }
@@ -185,6 +247,16 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	t := &cm.qmm
 	th := len(cm.qbuf)
 	t.w, t.m, t.x, t.ldx, t.y, t.ldy = w.p, m, x, ldx, y, ldy
+	if w.p.fused && m <= qFusedMaxM {
+		t.gemv = true
+		t.unit = min(th, n)
+		if m*n*k < qParallelMinMACs {
+			t.unit = 1
+		}
+		cm.pool.Run(t.unit, t)
+		t.gemv, t.w, t.x, t.y = false, nil, nil, nil
+		return
+	}
 	t.tile = qTileRows(n, k, th)
 	t.tiles = (n + t.tile - 1) / t.tile
 	t.unit = min(th, t.tiles)

@@ -1,0 +1,137 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// func dotU4RowAVX2(x *float32, src *byte, scales, zeros *uint16, ng, group int, zsym float32) float32
+// ng >= 1 groups of group codes (a multiple of 16). Per group, 16 codes
+// per step are decoded as in dequantU4RowAVX2, the zero-point subtracted,
+// and multiplied into two float32 accumulators with x (FMA); at the end of
+// the group their sum is scaled by s_g into the total (FMA), which is
+// reduced horizontally once at the end.
+TEXT ·dotU4RowAVX2(SB), NOSPLIT, $0-60
+	MOVQ x+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ scales+16(FP), R8
+	MOVQ zeros+24(FP), R9
+	MOVQ ng+32(FP), R10
+	MOVQ group+40(FP), R11
+	VBROADCASTSS zsym+48(FP), Y1
+	VPCMPEQD Y2, Y2, Y2
+	VPSRLD $28, Y2, Y2
+	VXORPS Y12, Y12, Y12
+
+qgroup:
+	MOVWLZX (R8), AX
+	VMOVD AX, X0
+	VCVTPH2PS X0, X0
+	VBROADCASTSS X0, Y0
+	ADDQ $2, R8
+	TESTQ R9, R9
+	JZ   qcodes
+	MOVWLZX (R9), AX
+	VMOVD AX, X1
+	VCVTPH2PS X1, X1
+	VBROADCASTSS X1, Y1
+	ADDQ $2, R9
+
+qcodes:
+	MOVQ R11, CX
+	VXORPS Y13, Y13, Y13
+	VXORPS Y14, Y14, Y14
+
+qloop:
+	VPMOVZXBD (SI), Y3
+	VPAND Y2, Y3, Y4
+	VPSRLD $4, Y3, Y5
+	VPUNPCKLDQ Y5, Y4, Y6
+	VPUNPCKHDQ Y5, Y4, Y7
+	VPERM2I128 $0x20, Y7, Y6, Y8
+	VPERM2I128 $0x31, Y7, Y6, Y9
+	VCVTDQ2PS Y8, Y8
+	VCVTDQ2PS Y9, Y9
+	VSUBPS Y1, Y8, Y8
+	VSUBPS Y1, Y9, Y9
+	VFMADD231PS (DI), Y8, Y13
+	VFMADD231PS 32(DI), Y9, Y14
+	ADDQ $8, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ  qloop
+
+	VADDPS Y14, Y13, Y13
+	VFMADD231PS Y0, Y13, Y12
+	DECQ R10
+	JNZ  qgroup
+
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VHADDPS X12, X12, X12
+	VHADDPS X12, X12, X12
+	VZEROUPPER
+	MOVSS X12, ret+56(FP)
+	RET
+
+// func dotBitsRowAVX2(x *float32, src *byte, scales, zeros *uint16, ng, group, bits int, shifts *int32, zsym float32, mask uint32) float32
+// ng >= 1 groups of group codes (a multiple of 8). Eight codes (bits
+// bytes) per step are extracted as in dequantBitsRowAVX2 and multiplied
+// into a float32 accumulator with x; the group's sum is scaled by s_g
+// into the total.
+TEXT ·dotBitsRowAVX2(SB), NOSPLIT, $0-76
+	MOVQ x+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ scales+16(FP), R8
+	MOVQ zeros+24(FP), R9
+	MOVQ ng+32(FP), R10
+	MOVQ group+40(FP), R11
+	MOVQ bits+48(FP), R12
+	MOVQ shifts+56(FP), R13
+	VMOVDQU (R13), Y10
+	VBROADCASTSS zsym+64(FP), Y1
+	MOVL mask+68(FP), AX
+	VMOVD AX, X2
+	VPBROADCASTD X2, Y2
+	VXORPS Y12, Y12, Y12
+
+pgroup:
+	MOVWLZX (R8), AX
+	VMOVD AX, X0
+	VCVTPH2PS X0, X0
+	VBROADCASTSS X0, Y0
+	ADDQ $2, R8
+	TESTQ R9, R9
+	JZ   pcodes
+	MOVWLZX (R9), AX
+	VMOVD AX, X1
+	VCVTPH2PS X1, X1
+	VBROADCASTSS X1, Y1
+	ADDQ $2, R9
+
+pcodes:
+	MOVQ R11, CX
+	VXORPS Y13, Y13, Y13
+
+ploop:
+	MOVL (SI), AX
+	VMOVD AX, X3
+	VPBROADCASTD X3, Y3
+	VPSRLVD Y10, Y3, Y3
+	VPAND Y2, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VSUBPS Y1, Y3, Y3
+	VFMADD231PS (DI), Y3, Y13
+	ADDQ R12, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JNZ  ploop
+
+	VFMADD231PS Y0, Y13, Y12
+	DECQ R10
+	JNZ  pgroup
+
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VHADDPS X12, X12, X12
+	VHADDPS X12, X12, X12
+	VZEROUPPER
+	MOVSS X12, ret+72(FP)
+	RET
