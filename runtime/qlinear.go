@@ -52,9 +52,11 @@ type packedLinear struct {
 
 // qFusedMaxM is the most rows of x for which a packed matmul uses the
 // fused GEMV (kernels.DotQRow per row of W and row of x) when
-// packedLinear.fused; larger m (prefill) dequantizes tiles. Tests and
-// benchmarks set it to 0 to measure the tile path.
-var qFusedMaxM = 4
+// packedLinear.fused; larger m (prefill) dequantizes tiles. The fused
+// GEMV decodes the codes once per row of x, so for m = 2 and 4 it is
+// slower than the tiles (BenchmarkPackedMatMul); it pays for m = 1 only.
+// Tests set it to 0 or 4 to exercise both paths.
+var qFusedMaxM = 1
 
 // fusable reports whether s can run kernels.DotQRow: float rows, or
 // 1-4-bit codes in natural column order (no act-order permutation).

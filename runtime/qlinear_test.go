@@ -149,7 +149,7 @@ func TestPackedMatMulTiles(t *testing.T) {
 					}
 					cm.matMul(m, n, k, x, k, &linear{p: p}, got, n)
 					cm.pool.Close()
-					qFusedMaxM = 4
+					qFusedMaxM = 1
 					var diff float64
 					for i := range got {
 						d := math.Abs(float64(got[i] - want[i]))
