@@ -187,7 +187,7 @@ type qmmTask struct {
 func (t *qmmTask) Run(lo, hi int) {
 	w, k := t.w, t.w.k
 	if t.gemv {
-		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit)
+		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit, t.row[lo][:k])
 		return
 	}
 	for u := lo; u < hi; u++ {
@@ -204,32 +204,47 @@ func (t *qmmTask) Run(lo, hi int) {
 
 // gemvRows computes y[i, r] = x[i]·W[r] for rows r in [r0, r1) of W and
 // every row i < t.m of x: kernels.DotQRow on the packed codes of quantized
-// rows (each packed byte read once per row of x), kernels.Dot on float
-// rows.
-func (t *qmmTask) gemvRows(r0, r1 int) {
+// rows (each packed byte read once per row of x) — for 4-bit groups of
+// multiples of 16 codes kernels.DotU4RowIL on x interleaved once into xi
+// [k] (scratch) — and kernels.Dot on float rows.
+func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 	w, k := t.w, t.w.k
-	for si := range w.segs {
-		s := &w.segs[si]
-		a, b := max(r0, s.row0), min(r1, s.row0+s.rows)
-		for r := a; r < b; r++ {
-			lr := r - s.row0
+	for i := 0; i < t.m; i++ {
+		x := t.x[i*t.ldx : i*t.ldx+k]
+		interleaved := false
+		for si := range w.segs {
+			s := &w.segs[si]
+			a, b := max(r0, s.row0), min(r1, s.row0+s.rows)
+			if a >= b {
+				continue
+			}
 			if s.q == nil {
-				wr := s.f[lr*k : (lr+1)*k]
-				for i := 0; i < t.m; i++ {
-					t.y[i*t.ldy+r] = kernels.Dot(t.x[i*t.ldx:i*t.ldx+k], wr)
+				for r := a; r < b; r++ {
+					lr := r - s.row0
+					t.y[i*t.ldy+r] = kernels.Dot(x, s.f[lr*k:(lr+1)*k])
 				}
 				continue
 			}
 			q := s.q
-			var zeros []uint16
-			if !q.Symmetric {
-				zeros = q.Zeros[lr*s.ng : (lr+1)*s.ng]
+			il := q.Bits == 4 && q.GroupSize%16 == 0
+			if il && !interleaved {
+				kernels.InterleaveU4(xi, x)
+				interleaved = true
 			}
-			// The row keeps its capacity to the end of Codes: the kernel
-			// may read a few bytes past it.
-			src, sc := q.Codes[lr*s.rb:], q.Scales[lr*s.ng:(lr+1)*s.ng]
-			for i := 0; i < t.m; i++ {
-				t.y[i*t.ldy+r] = kernels.DotQRow(t.x[i*t.ldx:i*t.ldx+k], src, q.Bits, sc, zeros, q.GroupSize, float32(s.zsym))
+			for r := a; r < b; r++ {
+				lr := r - s.row0
+				var zeros []uint16
+				if !q.Symmetric {
+					zeros = q.Zeros[lr*s.ng : (lr+1)*s.ng]
+				}
+				// The row keeps its capacity to the end of Codes: the
+				// kernel may read a few bytes past it.
+				src, sc := q.Codes[lr*s.rb:], q.Scales[lr*s.ng:(lr+1)*s.ng]
+				if il {
+					t.y[i*t.ldy+r] = kernels.DotU4RowIL(xi, src, sc, zeros, q.GroupSize, float32(s.zsym))
+				} else {
+					t.y[i*t.ldy+r] = kernels.DotQRow(x, src, q.Bits, sc, zeros, q.GroupSize, float32(s.zsym))
+				}
 			}
 		}
 	}
@@ -237,7 +252,9 @@ func (t *qmmTask) gemvRows(r0, r1 int) {
 
 // matMul computes y = x·Wᵀ for x [m, k] (leading dimension ldx) into y
 // [m, n] (leading dimension ldy), with W = w [n, k]: the pool's float32
-// GEMM, or tiles of a packed W dequantized on the fly.
+// GEMM; for a packed W and m <= qFusedMaxM (decode) the fused GEMV, its
+// rows split over the pool's threads, when W allows it (packedLinear.fused);
+// otherwise tiles of a packed W dequantized on the fly.
 func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
 	if w.p == nil {
 		cm.pool.MatMulNT(m, n, k, x, ldx, w.f, k, y, ldy)
@@ -249,6 +266,7 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	t := &cm.qmm
 	th := len(cm.qbuf)
 	t.w, t.m, t.x, t.ldx, t.y, t.ldy = w.p, m, x, ldx, y, ldy
+	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
 	if w.p.fused && m <= qFusedMaxM {
 		t.gemv = true
 		t.unit = min(th, n)
@@ -265,7 +283,6 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	if m*n*k < qParallelMinMACs {
 		t.unit = 1 // Pool.Run runs one unit on the calling goroutine
 	}
-	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
 	cm.pool.Run(t.unit, t)
 	t.w, t.x, t.y = nil, nil, nil
 }

@@ -90,3 +90,68 @@ func dotQRowGo(x []float32, src []byte, bits int, scales, zeros []uint16, group 
 	}
 	return sum
 }
+
+// InterleaveU4 writes x [n] (n a multiple of 16) into dst [n] in the order
+// of the codes of a 4-bit row split into nibbles: in every block of 16,
+// the 8 even-indexed elements, then the 8 odd-indexed ones,
+//
+//	dst[16b+i] = x[16b+2i],  dst[16b+8+i] = x[16b+2i+1],  i < 8,
+//
+// the layout DotU4RowIL takes, so that its loop needs no shuffle of the
+// decoded codes. It panics (a programmer error) if n is not a multiple of
+// 16 or dst is short.
+func InterleaveU4(dst, x []float32) {
+	n := len(x)
+	if n%16 != 0 || len(dst) < n {
+		panicf("InterleaveU4: %d elements into %d, want a multiple of 16", n, len(dst))
+	}
+	for b := 0; b < n; b += 16 {
+		xs, d := x[b:b+16:b+16], dst[b:b+16:b+16]
+		for i := 0; i < 8; i++ {
+			d[i], d[8+i] = xs[2*i], xs[2*i+1]
+		}
+	}
+}
+
+// DotU4RowIL is DotQRow for 4-bit codes and groups that are a multiple of
+// 16, with x given interleaved by InterleaveU4 (xi [n]): the same sum,
+// Σ_g s_g·Σ_j (c_j − z_g)·x[j], to the same bound. A GEMV interleaves x
+// once and calls it for every row of W; with AVX2, FMA and F16C each step
+// decodes 16 codes with one zero-extension, a mask and a shift. It panics
+// (a programmer error) on inconsistent lengths.
+func DotU4RowIL(xi []float32, src []byte, scales, zeros []uint16, group int, zsym float32) float32 {
+	n := len(xi)
+	if group <= 0 || group%16 != 0 || n%group != 0 {
+		panicf("DotU4RowIL: group %d for %d codes, want a multiple of 16 that divides it", group, n)
+	}
+	ng := n / group
+	if len(scales) < ng || (zeros != nil && len(zeros) < ng) || len(src) < n/2 {
+		panicf("DotU4RowIL: %d scales, %d zeros, %d bytes for %d groups of %d codes", len(scales), len(zeros), len(src), ng, group)
+	}
+	if ng == 0 {
+		return 0
+	}
+	if useAsm && hasF16C {
+		var zp *uint16
+		if zeros != nil {
+			zp = &zeros[0]
+		}
+		return dotU4RowILAVX2(&xi[0], &src[0], &scales[0], zp, ng, group, zsym)
+	}
+	var sum float32
+	for g := 0; g < ng; g++ {
+		z := zsym
+		if zeros != nil {
+			z = f16ToF32(zeros[g])
+		}
+		var acc float32
+		for b := g * group; b < (g+1)*group; b += 16 {
+			xs, bs := xi[b:b+16:b+16], src[b/2:b/2+8:b/2+8]
+			for i, v := range bs {
+				acc += (float32(v&15)-z)*xs[i] + (float32(v>>4)-z)*xs[8+i]
+			}
+		}
+		sum += f16ToF32(scales[g]) * acc
+	}
+	return sum
+}

@@ -15,3 +15,9 @@ func dotU4RowAVX2(x *float32, src *byte, scales, zeros *uint16, ng, group int, z
 //
 //go:noescape
 func dotBitsRowAVX2(x *float32, src *byte, scales, zeros *uint16, ng, group, bits int, shifts *int32, zsym float32, mask uint32) float32
+
+// dotU4RowILAVX2: dotU4RowAVX2 with x interleaved by InterleaveU4
+// (qdot_amd64.s).
+//
+//go:noescape
+func dotU4RowILAVX2(xi *float32, src *byte, scales, zeros *uint16, ng, group int, zsym float32) float32

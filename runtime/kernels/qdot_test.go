@@ -32,7 +32,8 @@ func qdotRef(x []float32, src []byte, bits int, scales, zeros []uint16, group in
 }
 
 // DotQRow (AVX2 row loops, with and without room to read past the row,
-// and Go) agrees with the float64 dot product of x with the dequantized
+// and Go), and DotU4RowIL on InterleaveU4's x for 4-bit groups of 16s,
+// agree with the float64 dot product of x with the dequantized
 // row to (n/8 + n/group + 8)·2^−23 of Σ|terms|, for 1-4 bits, groups of
 // 8, 32, 64, 128 and per-channel (group = n), odd row counts (rows are
 // independent calls; each row of a 7-row matrix is checked), symmetric
@@ -83,6 +84,17 @@ func TestDotQRow(t *testing.T) {
 						if d := math.Abs(float64(got) - want); !(d <= bound) {
 							t.Fatalf("bits %d n %d group %d sym %v asm %v row %d: got %v, want %v (diff %g, bound %g)", bits, c.n, c.group, sym, asm, r, got, want, d, bound)
 						}
+						if bits != 4 || c.group%16 != 0 {
+							continue
+						}
+						xi := make([]float32, c.n)
+						InterleaveU4(xi, x)
+						useAsm = asm
+						got = DotU4RowIL(xi, src, sc, zs, c.group, zsym)
+						useAsm = hasAsm
+						if d := math.Abs(float64(got) - want); !(d <= bound) {
+							t.Fatalf("DotU4RowIL n %d group %d sym %v asm %v row %d: got %v, want %v (diff %g, bound %g)", c.n, c.group, sym, asm, r, got, want, d, bound)
+						}
 					}
 				}
 			}
@@ -107,7 +119,8 @@ func TestDotQRowPanics(t *testing.T) {
 }
 
 // BenchmarkDotQRow reports the packed bytes (codes, scales, zero-points)
-// read per second by DotQRow over a [1024, 1024] matrix, against Dot over
+// read per second by DotQRow (and for 4 bits DotU4RowIL after
+// InterleaveU4) over a [1024, 1024] matrix, against Dot over
 // the float32 matrix (4 bytes per element), one thread.
 func BenchmarkDotQRow(b *testing.B) {
 	const n, k = 1024, 1024
@@ -128,6 +141,19 @@ func BenchmarkDotQRow(b *testing.B) {
 			for i := range scales {
 				scales[i] = safetensors.F16FromFloat32(0.01)
 				zeros[i] = safetensors.F16FromFloat32(float32(rng.IntN(1 << uint(bits))))
+			}
+			if bits == 4 {
+				b.Run(fmt.Sprintf("bits4-il/g%d", group), func(b *testing.B) {
+					xi := make([]float32, k)
+					for b.Loop() {
+						InterleaveU4(xi, x)
+						for r := 0; r < n; r++ {
+							y[r] = DotU4RowIL(xi, codes[r*rb:], scales[r*ng:(r+1)*ng], zeros[r*ng:(r+1)*ng], group, 0)
+						}
+					}
+					bytes := float64(len(codes) + 2*len(scales) + 2*len(zeros))
+					b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
 			}
 			b.Run(fmt.Sprintf("bits%d/g%d", bits, group), func(b *testing.B) {
 				for b.Loop() {
