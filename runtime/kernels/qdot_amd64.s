@@ -73,9 +73,9 @@ qloop:
 
 // func dotBitsRowAVX2(x *float32, src *byte, scales, zeros *uint16, ng, group, bits int, shifts *int32, zsym float32, mask uint32) float32
 // ng >= 1 groups of group codes (a multiple of 8). Eight codes (bits
-// bytes) per step are extracted as in dequantBitsRowAVX2 and multiplied
-// into a float32 accumulator with x; the group's sum is scaled by s_g
-// into the total.
+// bytes) are extracted as in dequantBitsRowAVX2 and multiplied into a
+// float32 accumulator with x, 16 per step into two accumulators while
+// they last; the group's sum is scaled by s_g into the total.
 TEXT ·dotBitsRowAVX2(SB), NOSPLIT, $0-76
 	MOVQ x+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -93,27 +93,43 @@ TEXT ·dotBitsRowAVX2(SB), NOSPLIT, $0-76
 	VXORPS Y12, Y12, Y12
 
 pgroup:
-	MOVWLZX (R8), AX
-	VMOVD AX, X0
-	VCVTPH2PS X0, X0
-	VBROADCASTSS X0, Y0
+	VPBROADCASTW (R8), X0
+	VCVTPH2PS X0, Y0
 	ADDQ $2, R8
 	TESTQ R9, R9
 	JZ   pcodes
-	MOVWLZX (R9), AX
-	VMOVD AX, X1
-	VCVTPH2PS X1, X1
-	VBROADCASTSS X1, Y1
+	VPBROADCASTW (R9), X1
+	VCVTPH2PS X1, Y1
 	ADDQ $2, R9
 
 pcodes:
 	MOVQ R11, CX
 	VXORPS Y13, Y13, Y13
+	VXORPS Y14, Y14, Y14
+
+ploop16:
+	CMPQ CX, $16
+	JL   ploop
+	VPBROADCASTD (SI), Y3
+	VPBROADCASTD (SI)(R12*1), Y4
+	VPSRLVD Y10, Y3, Y3
+	VPSRLVD Y10, Y4, Y4
+	VPAND Y2, Y3, Y3
+	VPAND Y2, Y4, Y4
+	VCVTDQ2PS Y3, Y3
+	VCVTDQ2PS Y4, Y4
+	VSUBPS Y1, Y3, Y3
+	VSUBPS Y1, Y4, Y4
+	VFMADD231PS (DI), Y3, Y13
+	VFMADD231PS 32(DI), Y4, Y14
+	LEAQ (SI)(R12*2), SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JNZ  ploop16
+	JMP  pend
 
 ploop:
-	MOVL (SI), AX
-	VMOVD AX, X3
-	VPBROADCASTD X3, Y3
+	VPBROADCASTD (SI), Y3
 	VPSRLVD Y10, Y3, Y3
 	VPAND Y2, Y3, Y3
 	VCVTDQ2PS Y3, Y3
@@ -122,8 +138,10 @@ ploop:
 	ADDQ R12, SI
 	ADDQ $32, DI
 	SUBQ $8, CX
-	JNZ  ploop
+	JNZ  ploop16
 
+pend:
+	VADDPS Y14, Y13, Y13
 	VFMADD231PS Y0, Y13, Y12
 	DECQ R10
 	JNZ  pgroup
