@@ -16,9 +16,20 @@ import (
 // projections, the MLPs (experts included) and lm_head packed in memory:
 // codes at their stored width plus their F16 scales, zero-points and
 // act-order permutation, so these weights take about bits/32 of their
-// float32 size. A matmul y = x·Wᵀ with a packed W dequantizes tiles of
-// qTileRows(…) rows of W into a per-thread scratch buffer, in the original
-// column order and with exactly the arithmetic of
+// float32 size.
+//
+// A matmul y = x·Wᵀ with one row of x (decode) and a W whose quantized
+// parts are 1-4-bit codes in natural column order runs a fused GEMV
+// (qmmTask.gemvRows): every row of W is dotted with x straight from its
+// packed codes by kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups
+// of multiples of 16 codes, the rows split over the pool's threads. Each
+// packed byte is read once; each group's sum is accumulated in float32
+// and scaled once, so the result differs from the float path in rounding
+// (within 1e-5·max|logit| on the test models).
+//
+// Every other packed matmul (prefill, act-order or 8-bit weights)
+// dequantizes tiles of qTileRows(…) rows of W into a per-thread scratch
+// buffer, in the original column order and with exactly the arithmetic of
 // weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
 // the tiles spread over the pool's threads. Rows of 1-4-bit codes are
 // decoded by kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32
@@ -28,9 +39,9 @@ import (
 // 12 rows (the GEMV kernel's 4-row groups and the GEMM micro-kernel's
 // 3-column tiles), so on one thread every output is computed by the same
 // kernel code in the same summation order as on the dequantize-at-load
-// path (LoadOptions.DequantizeWeights): the logits are bit-identical. On
-// several threads the float path's own split of a GEMM over threads
-// changes the rounding of a few outputs (Pool.MatMulNT is not
+// path (LoadOptions.DequantizeWeights): the prefill logits are
+// bit-identical. On several threads the float path's own split of a GEMM
+// over threads changes the rounding of a few outputs (Pool.MatMulNT is not
 // split-invariant for m >= 4 with m%4 != 0), so the two paths then agree
 // to about 1e-6 of max|logit| (tests: qlinear_ext_test.go).
 
