@@ -16,9 +16,20 @@ import (
 // projections, the MLPs (experts included) and lm_head packed in memory:
 // codes at their stored width plus their F16 scales, zero-points and
 // act-order permutation, so these weights take about bits/32 of their
-// float32 size. A matmul y = x·Wᵀ with a packed W dequantizes tiles of
-// qTileRows(…) rows of W into a per-thread scratch buffer, in the original
-// column order and with exactly the arithmetic of
+// float32 size.
+//
+// A matmul y = x·Wᵀ with one row of x (decode) and a W whose quantized
+// parts are 1-4-bit codes in natural column order runs a fused GEMV
+// (qmmTask.gemvRows): every row of W is dotted with x straight from its
+// packed codes by kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups
+// of multiples of 16 codes, the rows split over the pool's threads. Each
+// packed byte is read once; each group's sum is accumulated in float32
+// and scaled once, so the result differs from the float path in rounding
+// (within 1e-5·max|logit| on the test models).
+//
+// Every other packed matmul (prefill, act-order or 8-bit weights)
+// dequantizes tiles of qTileRows(…) rows of W into a per-thread scratch
+// buffer, in the original column order and with exactly the arithmetic of
 // weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
 // the tiles spread over the pool's threads. Rows of 1-4-bit codes are
 // decoded by kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32
@@ -28,9 +39,9 @@ import (
 // 12 rows (the GEMV kernel's 4-row groups and the GEMM micro-kernel's
 // 3-column tiles), so on one thread every output is computed by the same
 // kernel code in the same summation order as on the dequantize-at-load
-// path (LoadOptions.DequantizeWeights): the logits are bit-identical. On
-// several threads the float path's own split of a GEMM over threads
-// changes the rounding of a few outputs (Pool.MatMulNT is not
+// path (LoadOptions.DequantizeWeights): the prefill logits are
+// bit-identical. On several threads the float path's own split of a GEMM
+// over threads changes the rounding of a few outputs (Pool.MatMulNT is not
 // split-invariant for m >= 4 with m%4 != 0), so the two paths then agree
 // to about 1e-6 of max|logit| (tests: qlinear_ext_test.go).
 
@@ -45,8 +56,23 @@ type linear struct {
 // and up, are fused by stacking their rows); each segment is a quantized
 // weight or float32 rows.
 type packedLinear struct {
-	n, k int
-	segs []qseg
+	n, k  int
+	segs  []qseg
+	fused bool // every quantized segment suits kernels.DotQRow
+}
+
+// qFusedMaxM is the most rows of x for which a packed matmul uses the
+// fused GEMV (kernels.DotQRow per row of W and row of x) when
+// packedLinear.fused; larger m (prefill) dequantizes tiles. The fused
+// GEMV decodes the codes once per row of x, so for m = 2 and 4 it is
+// slower than the tiles (BenchmarkPackedMatMul); it pays for m = 1 only.
+// Tests set it to 0 or 4 to exercise both paths.
+var qFusedMaxM = 1
+
+// fusable reports whether s can run kernels.DotQRow: float rows, or
+// 1-4-bit codes in natural column order (no act-order permutation).
+func (s *qseg) fusable() bool {
+	return s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil)
 }
 
 type qseg struct {
@@ -119,6 +145,7 @@ func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols in
 		p.segs = append(p.segs, s)
 		p.n += rows[i]
 	}
+	p.setFused()
 	return linear{p: p}, nil
 }
 
@@ -144,9 +171,20 @@ const qParallelMinMACs = 1 << 15
 // packed weight with row length at most k.
 func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
 
+// setFused sets w.fused from its segments.
+func (w *packedLinear) setFused() {
+	w.fused = true
+	for i := range w.segs {
+		w.fused = w.fused && w.segs[i].fusable()
+	}
+}
+
 // qmmTask is the pool task of a packed matmul: unit u dequantizes and
-// multiplies the tiles [u·tiles/units, (u+1)·tiles/units).
+// multiplies the tiles [u·tiles/units, (u+1)·tiles/units), or, when gemv
+// is set, computes rows [u·n/units, (u+1)·n/units) of W with the fused
+// GEMV (gemvRows).
 type qmmTask struct {
+	gemv              bool
 	w                 *packedLinear
 	m                 int
 	x, y              []float32
@@ -159,6 +197,10 @@ type qmmTask struct {
 
 func (t *qmmTask) Run(lo, hi int) {
 	w, k := t.w, t.w.k
+	if t.gemv {
+		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit, t.row[lo][:k])
+		return
+	}
 	for u := lo; u < hi; u++ {
 		buf, codes, row := t.buf[u], t.codes[u], t.row[u]
 		for ti := u * t.tiles / t.unit; ti < (u+1)*t.tiles/t.unit; ti++ {
@@ -171,9 +213,59 @@ func (t *qmmTask) Run(lo, hi int) {
 	}
 }
 
+// gemvRows computes y[i, r] = x[i]·W[r] for rows r in [r0, r1) of W and
+// every row i < t.m of x: kernels.DotQRow on the packed codes of quantized
+// rows (each packed byte read once per row of x) — for 4-bit groups of
+// multiples of 16 codes kernels.DotU4RowIL on x interleaved once into xi
+// [k] (scratch) — and kernels.Dot on float rows.
+func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
+	w, k := t.w, t.w.k
+	for i := 0; i < t.m; i++ {
+		x := t.x[i*t.ldx : i*t.ldx+k]
+		interleaved := false
+		for si := range w.segs {
+			s := &w.segs[si]
+			a, b := max(r0, s.row0), min(r1, s.row0+s.rows)
+			if a >= b {
+				continue
+			}
+			if s.q == nil {
+				for r := a; r < b; r++ {
+					lr := r - s.row0
+					t.y[i*t.ldy+r] = kernels.Dot(x, s.f[lr*k:(lr+1)*k])
+				}
+				continue
+			}
+			q := s.q
+			il := q.Bits == 4 && q.GroupSize%16 == 0
+			if il && !interleaved {
+				kernels.InterleaveU4(xi, x)
+				interleaved = true
+			}
+			for r := a; r < b; r++ {
+				lr := r - s.row0
+				var zeros []uint16
+				if !q.Symmetric {
+					zeros = q.Zeros[lr*s.ng : (lr+1)*s.ng]
+				}
+				// The row keeps its capacity to the end of Codes: the
+				// kernel may read a few bytes past it.
+				src, sc := q.Codes[lr*s.rb:], q.Scales[lr*s.ng:(lr+1)*s.ng]
+				if il {
+					t.y[i*t.ldy+r] = kernels.DotU4RowIL(xi, src, sc, zeros, q.GroupSize, float32(s.zsym))
+				} else {
+					t.y[i*t.ldy+r] = kernels.DotQRow(x, src, q.Bits, sc, zeros, q.GroupSize, float32(s.zsym))
+				}
+			}
+		}
+	}
+}
+
 // matMul computes y = x·Wᵀ for x [m, k] (leading dimension ldx) into y
 // [m, n] (leading dimension ldy), with W = w [n, k]: the pool's float32
-// GEMM, or tiles of a packed W dequantized on the fly.
+// GEMM; for a packed W and m <= qFusedMaxM (decode) the fused GEMV, its
+// rows split over the pool's threads, when W allows it (packedLinear.fused);
+// otherwise tiles of a packed W dequantized on the fly.
 func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
 	if w.p == nil {
 		cm.pool.MatMulNT(m, n, k, x, ldx, w.f, k, y, ldy)
@@ -185,13 +277,23 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	t := &cm.qmm
 	th := len(cm.qbuf)
 	t.w, t.m, t.x, t.ldx, t.y, t.ldy = w.p, m, x, ldx, y, ldy
+	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
+	if w.p.fused && m <= qFusedMaxM {
+		t.gemv = true
+		t.unit = min(th, n)
+		if m*n*k < qParallelMinMACs {
+			t.unit = 1
+		}
+		cm.pool.Run(t.unit, t)
+		t.gemv, t.w, t.x, t.y = false, nil, nil, nil
+		return
+	}
 	t.tile = qTileRows(n, k, th)
 	t.tiles = (n + t.tile - 1) / t.tile
 	t.unit = min(th, t.tiles)
 	if m*n*k < qParallelMinMACs {
 		t.unit = 1 // Pool.Run runs one unit on the calling goroutine
 	}
-	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
 	cm.pool.Run(t.unit, t)
 	t.w, t.x, t.y = nil, nil, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/weights"
+	"github.com/lmpack/lmpack/runtime/kernels"
 )
 
 // memSource serves tensors from memory.
@@ -135,15 +136,20 @@ func heapInUse() uint64 {
 
 // BenchmarkQuantDecode measures single-token decode (the cache refilled
 // from empty every 128 tokens) of the synthetic model at each of
-// benchQuants, packed
-// (default) and dequantized at load, in tokens/s, and reports the bytes
+// benchQuants, packed (default: the fused GEMV), packed with the fused
+// GEMV off (packed-tile: tiles dequantized into scratch) and dequantized
+// at load, in tokens/s, and reports the bytes
 // of the loaded linear weights (LinearWeightBytes) and the Go heap the
 // loaded model holds (HeapAlloc after load minus before, after GC).
 func BenchmarkQuantDecode(b *testing.B) {
 	for _, bq := range benchQuants {
-		for _, mode := range []string{"packed", "dequantized"} {
+		for _, mode := range []string{"packed", "packed-tile", "dequantized"} {
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%s/%s/threads=%d", bq.name, mode, threads), func(b *testing.B) {
+					if mode == "packed-tile" {
+						qFusedMaxM = 0
+						defer func() { qFusedMaxM = 1 }()
+					}
 					d, src := benchQuantModel(bq)
 					before := heapInUse()
 					m, err := NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: threads, DequantizeWeights: mode == "dequantized"})
@@ -205,6 +211,42 @@ func BenchmarkQuantPrefill(b *testing.B) {
 					}
 				}
 				b.ReportMetric(float64(b.N*T)/b.Elapsed().Seconds(), "tokens/s")
+			})
+		}
+	}
+}
+
+// BenchmarkPackedMatMul measures one packed matmul y = x·Wᵀ, W [1024,
+// 1024] 4-bit with groups of 32, x [m, 1024], on one thread, with the
+// fused GEMV (kernels.DotQRow) and with dequantized tiles, in GB/s of
+// packed bytes (codes, scales, zero-points) read per matmul.
+func BenchmarkPackedMatMul(b *testing.B) {
+	const n, k = 1024, 1024
+	rng := rand.New(rand.NewPCG(3, 4))
+	q := randQuantized(rng, n, k, 4, 32, false, false)
+	p := &packedLinear{n: n, k: k, segs: []qseg{{rows: n, q: q, rb: weights.RowBytes(k, 4), ng: k / 32, zsym: 8}}}
+	p.setFused()
+	w := &linear{p: p}
+	cm := &cpuModel{pool: kernels.NewPool(1), layers: []cpuLayer{{wqkv: *w}}}
+	cm.allocPacked()
+	defer cm.pool.Close()
+	for _, m := range []int{1, 2, 4} {
+		x := make([]float32, m*k)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		y := make([]float32, m*n)
+		for _, path := range []string{"fused", "tile"} {
+			b.Run(fmt.Sprintf("m=%d/%s", m, path), func(b *testing.B) {
+				qFusedMaxM = 4 // fused for every m here
+				if path == "tile" {
+					qFusedMaxM = 0
+				}
+				defer func() { qFusedMaxM = 1 }()
+				for b.Loop() {
+					cm.matMul(m, n, k, x, k, w, y, n)
+				}
+				b.ReportMetric(float64(q.Bytes())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 			})
 		}
 	}

@@ -81,9 +81,14 @@ func runLogits(t *testing.T, m runtime.Model, ids []int, n0 int) []float32 {
 
 // comparePackedDequant checks that the packed model's logits equal the
 // dequantize-at-load model's within 1e-5·max|logit| (prefill and decode,
-// 1 and 3 threads), bit for bit on one thread, and that the packed linear
-// weights take less than a quarter of the float32 bytes.
-func comparePackedDequant(t *testing.T, label, dir string) {
+// 1 and 3 threads) and that the packed linear weights take less than a
+// quarter of the float32 bytes. When prefillExact is set, the prefill
+// logits must also be bit for bit equal on one thread: prefill runs the
+// tile path, the same kernels in the same summation order as the float
+// weights. Decode (m = 1) runs the fused GEMV (kernels.DotQRow) where the
+// weight allows it, whose summation order differs, so only the bound
+// applies; so does it to MoE prefill, whose experts see few tokens each.
+func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
 	t.Helper()
 	ids := make([]int, 40)
 	for i := range ids {
@@ -93,22 +98,26 @@ func comparePackedDequant(t *testing.T, label, dir string) {
 		pm, dm := loadQ(t, dir, th, false), loadQ(t, dir, th, true)
 		a, b := runLogits(t, pm, ids, 33), runLogits(t, dm, ids, 33)
 		var diff, mx float64
-		identical := true
+		identical, prefillIdentical := true, true
+		V := pm.Description().VocabSize
 		for i := range a {
 			diff = math.Max(diff, math.Abs(float64(a[i]-b[i])))
 			mx = math.Max(mx, math.Abs(float64(b[i])))
 			identical = identical && a[i] == b[i]
+			if i < 33*V {
+				prefillIdentical = prefillIdentical && a[i] == b[i]
+			}
 		}
 		pb, db := runtime.LinearWeightBytes(pm), runtime.LinearWeightBytes(dm)
-		t.Logf("%s threads %d: max|logit diff| %.3g (max|logit| %.3g, bit-identical %v); linear weights %d bytes packed, %d dequantized",
-			label, th, diff, mx, identical, pb, db)
+		t.Logf("%s threads %d: max|logit diff| %.3g (max|logit| %.3g, bit-identical %v, prefill %v); linear weights %d bytes packed, %d dequantized",
+			label, th, diff, mx, identical, prefillIdentical, pb, db)
 		if !(mx > 0) || diff > 1e-5*mx {
 			t.Errorf("%s threads %d: packed logits differ from dequantized by %g (bound %g)", label, th, diff, 1e-5*mx)
 		}
-		// On one thread both paths run the same kernels in the same
-		// summation order (tiles of 12 rows; qlinear.go).
-		if th == 1 && !identical {
-			t.Errorf("%s: one thread: packed logits are not bit-identical to dequantized (max diff %g)", label, diff)
+		// On one thread the prefill runs the same kernels in the same
+		// summation order on both paths (tiles of 12 rows; qlinear.go).
+		if th == 1 && prefillExact && !prefillIdentical {
+			t.Errorf("%s: one thread: packed prefill logits are not bit-identical to dequantized", label)
 		}
 		if pb <= 0 || pb >= db/4 {
 			t.Errorf("%s: packed linear weights %d bytes, want > 0 and < a quarter of %d", label, pb, db)
@@ -161,7 +170,7 @@ func TestPackedLogitsMatchDequantized(t *testing.T) {
 					t.Fatal("GPTQ act-order checkpoint has no permuted tensor: the test would not cover perm")
 				}
 			}
-			comparePackedDequant(t, tc.label, dir)
+			comparePackedDequant(t, tc.label, dir, true)
 		})
 	}
 }
@@ -191,7 +200,7 @@ func TestPackedMoEMatchesDequantized(t *testing.T) {
 		t.Fatal("no MoE layer")
 	}
 	dir := quantizeShared(t, name, calibFor(t, name), wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32, PerTensor: per})
-	comparePackedDequant(t, fmt.Sprintf("moe, %d expert weights at 1-4 bits", len(per)), dir)
+	comparePackedDequant(t, fmt.Sprintf("moe, %d expert weights at 1-4 bits", len(per)), dir, false)
 }
 
 // A steady-state decode step of a packed model allocates nothing.

@@ -74,7 +74,8 @@ func TestUnpackCodesMatchesUnpackRow(t *testing.T) {
 // GEMM on the matrix weights.Quantized.Dequantize gives, for row counts
 // that are not multiples of the tile, every width, permutations, stacked
 // segments of mixed widths and float rows, decode and prefill shapes, and
-// 1-3 threads.
+// 1-3 threads, with the fused GEMV (kernels.DotQRow) for m <= 4 where the
+// weight allows it and with tiles only; both within 1e-5·max|y|.
 func TestPackedMatMulTiles(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	type part struct {
@@ -117,6 +118,14 @@ func TestPackedMatMulTiles(t *testing.T) {
 			p.n += pt.rows
 			full = append(full, f...)
 		}
+		p.setFused()
+		wantFused := true
+		for _, pt := range c.parts {
+			wantFused = wantFused && (pt.float || (pt.bits <= 4 && !pt.perm))
+		}
+		if p.fused != wantFused {
+			t.Errorf("case %d: fused %v, want %v", ci, p.fused, wantFused)
+		}
 		n := p.n
 		for _, m := range []int{1, 2, 4, 7} {
 			x := make([]float32, m*k)
@@ -129,24 +138,28 @@ func TestPackedMatMulTiles(t *testing.T) {
 			for _, v := range want {
 				mx = math.Max(mx, math.Abs(float64(v)))
 			}
-			for _, th := range []int{1, 2, 3} {
-				cm := &cpuModel{pool: kernels.NewPool(th), layers: []cpuLayer{{wqkv: linear{p: p}}}}
-				cm.allocPacked()
-				got := make([]float32, m*n)
-				for i := range got {
-					got[i] = float32(math.NaN())
-				}
-				cm.matMul(m, n, k, x, k, &linear{p: p}, got, n)
-				cm.pool.Close()
-				var diff float64
-				for i := range got {
-					d := math.Abs(float64(got[i] - want[i]))
-					if !(d <= diff) {
-						diff = d
+			for _, fusedMaxM := range []int{0, 4} {
+				for _, th := range []int{1, 2, 3} {
+					qFusedMaxM = fusedMaxM
+					cm := &cpuModel{pool: kernels.NewPool(th), layers: []cpuLayer{{wqkv: linear{p: p}}}}
+					cm.allocPacked()
+					got := make([]float32, m*n)
+					for i := range got {
+						got[i] = float32(math.NaN())
 					}
-				}
-				if !(diff <= 1e-5*mx) {
-					t.Errorf("case %d (n %d, k %d) m %d threads %d: max diff %g, bound %g", ci, n, k, m, th, diff, 1e-5*mx)
+					cm.matMul(m, n, k, x, k, &linear{p: p}, got, n)
+					cm.pool.Close()
+					qFusedMaxM = 1
+					var diff float64
+					for i := range got {
+						d := math.Abs(float64(got[i] - want[i]))
+						if !(d <= diff) {
+							diff = d
+						}
+					}
+					if !(diff <= 1e-5*mx) {
+						t.Errorf("case %d (n %d, k %d) m %d threads %d fused m<=%d: max diff %g, bound %g", ci, n, k, m, th, fusedMaxM, diff, 1e-5*mx)
+					}
 				}
 			}
 		}
