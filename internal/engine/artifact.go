@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/hub"
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/cuda"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
@@ -148,7 +149,8 @@ func artifactTokenizer(a Artifact) (*tokenizer.Tokenizer, error) {
 }
 
 // kvModel is a loaded model whose NewCache builds the artifact's KV-cache
-// scheme (runtime/kvcache) instead of the float32 cache.
+// scheme: a runtime/kvcache cache on the CPU backend, a cuda.DeviceCache
+// (deviceKV's options) when the model is on the CUDA backend.
 type kvModel struct {
 	runtime.Model
 	method string
@@ -157,9 +159,19 @@ type kvModel struct {
 }
 
 // NewCache implements runtime.Model. The scheme was built once for a
-// 1-token cache when the artifact was opened, so only a capacity < 1 (a
-// caller's bug) can fail here.
+// 1-token cache when the artifact was opened (on the device too, for a
+// *cuda.Model), so only a capacity < 1 (a caller's bug) or, on the GPU,
+// device memory running out can fail here (a panic, as cuda.Model's
+// NewCache).
 func (m *kvModel) NewCache(capacity int) runtime.KVCache {
+	if cm, ok := m.Model.(*cuda.Model); ok {
+		o, _ := deviceKV(m.method, m.opt)
+		c, err := cm.NewDeviceCache(capacity, o)
+		if err != nil {
+			panic(fmt.Sprintf("engine: device kv cache %s for %d tokens: %v", m.method, capacity, err))
+		}
+		return c
+	}
 	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
 	if err != nil {
 		panic(fmt.Sprintf("engine: kv cache %s for %d tokens: %v", m.method, capacity, err))
@@ -167,8 +179,27 @@ func (m *kvModel) NewCache(capacity int) runtime.KVCache {
 	return c
 }
 
-// openArtifactEngine loads an artifact on the CPU backend with the
-// manifest's KV-cache scheme (Model.NewCache then builds that cache, with
+// deviceKV maps an artifact's KV-cache scheme (a runtime/kvcache method
+// and its options) to the CUDA backend's device cache. The device
+// implements fp16 and oscar2 (cuda.CacheOptions: the same Sink and Recent
+// windows in tokens and the manifest's rotations and clip ratios); for any
+// other method ("kivi2", "int4", ...) blocker says why the artifact cannot
+// run on the GPU (loadModel's blocker). method "" (the float32 cache) runs
+// on the device's fp16 cache, as checkpoints do.
+func deviceKV(method string, opt kvcache.Options) (o cuda.CacheOptions, blocker string) {
+	switch method {
+	case "":
+		return cuda.CacheOptions{Method: "fp16"}, ""
+	case "fp16", "oscar2":
+		return cuda.CacheOptions{Method: method, Sink: opt.Sink, Recent: opt.Recent, Rotations: opt.Rotations}, ""
+	}
+	return cuda.CacheOptions{}, fmt.Sprintf("the artifact's KV cache scheme %s runs on the CPU backend only (the CUDA backend's device cache implements fp16 and oscar2)", method)
+}
+
+// openArtifactEngine loads an artifact on the backend --device selects
+// (the CPU when the KV scheme is one the CUDA device cache lacks, see
+// deviceKV) with the manifest's KV-cache scheme (Model.NewCache then
+// builds that cache, with
 // the stored rotations, clip ratios and windows) and fails when the
 // scheme does not build for the model or any manifest tensor, rotations
 // included, went unconsumed (a tied lm_head stored explicitly and RoPE
@@ -202,18 +233,26 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", path, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
-	blocker := ""
-	if kvMethod != "" {
-		// The artifact's KV scheme runs on the CPU caches of
-		// runtime/kvcache; the CUDA backend's device caches are not wired
-		// to artifacts yet.
-		blocker = fmt.Sprintf("the artifact's KV cache scheme %s runs on the CPU backend only (the CUDA backend does not read artifact KV schemes yet)", kvMethod)
-	}
+	_, blocker := deviceKV(kvMethod, kvOpt)
 	be, m, err := loadModel(ctx, opt.Device, opt.Logger, d, a, opt.Threads, blocker)
 	if err != nil {
 		return nil, err
 	}
 	if kvMethod != "" {
+		if cm, ok := m.(*cuda.Model); ok {
+			// Build the device cache once, as kvcache.New was above, so a
+			// bad scheme fails here rather than in NewCache.
+			o, _ := deviceKV(kvMethod, kvOpt)
+			c, err := cm.NewDeviceCache(1, o)
+			if err != nil {
+				m.Close()
+				return nil, fmt.Errorf("engine: %s: manifest kv cache %s on the CUDA device: %w", path, kvMethod, err)
+			}
+			if err := c.Free(); err != nil {
+				m.Close()
+				return nil, fmt.Errorf("engine: %s: %w", path, err)
+			}
+		}
 		m = &kvModel{Model: m, method: kvMethod, layers: kvLayers, opt: kvOpt}
 	}
 	var extra []string
