@@ -70,11 +70,23 @@ func probeSources() []Source {
 // expert).
 var ErrUnsupported = errors.New("cuda: unsupported model")
 
-// dw is a device weight matrix [rows, cols], binary16 or bfloat16.
+// dw is a device weight matrix [rows, cols], binary16 or bfloat16 at p,
+// or packed (q non-nil, p = 0).
 type dw struct {
 	p          DevPtr
 	bf16       bool
 	rows, cols int
+	q          *qw
+}
+
+// qw is a quantized weight kept packed on the device (docs/QUANT.md
+// layout, no permutation): codes U8 [rows, ⌈cols·bits/8⌉], scales and
+// zeros binary16 [rows, cols/group] (zeros 0 when symmetric). Decode rows
+// run gemv_q on it; prefill dequantizes it with dequant_q into
+// Model.s.deq and runs gemm_f16.
+type qw struct {
+	codes, scales, zeros DevPtr
+	bits, group          int
 }
 
 type mlpW struct {
@@ -116,6 +128,9 @@ type Model struct {
 	allocs []DevPtr
 	rope   map[int]*ropeDev // by head_dim
 	s      scratchDev
+	// deqBytes is the binary16 size of the largest packed weight: the
+	// prefill scratch s.deq.
+	deqBytes int64
 	// caches is the memory of the live DeviceCaches, freed by Close.
 	cachesMu sync.Mutex
 	caches   map[*cacheMem]struct{}
@@ -165,9 +180,11 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 		return nil, err
 	}
 	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
-	// Quantized weights are dequantized on the host, then converted and
-	// uploaded like float ones (the packed gemv_q kernel is not used yet).
-	if err := m.load(ctx, runtime.WithQuant(d, src)); err != nil {
+	// Quantized attention, MLP and lm_head weights stay packed on the
+	// device when packable (see packed); the rest (act-order permutations,
+	// 1-bit, MoE experts, mixed stacks) are dequantized on the host and
+	// uploaded like float ones.
+	if err := m.load(ctx, runtime.WithQuant(d, src), src); err != nil {
 		m.Close()
 		return nil, err
 	}
@@ -176,7 +193,10 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 
 const maxHeadDim = 256
 
-func (m *Model) load(ctx context.Context, src runtime.TensorSource) error {
+// load uploads the weights: src serves every weight as float (quantized
+// ones dequantized), raw the checkpoint's own tensors (for packed
+// weights).
+func (m *Model) load(ctx context.Context, src, raw runtime.TensorSource) error {
 	d := m.d
 	H, V := d.HiddenSize, d.VocabSize
 	var err error
@@ -188,7 +208,7 @@ func (m *Model) load(ctx context.Context, src runtime.TensorSource) error {
 	}
 	m.lmHead = m.embed
 	if !d.TieWordEmbeddings {
-		if m.lmHead, err = m.weight(src, []string{d.LMHead}, []int{V}, H); err != nil {
+		if m.lmHead, err = m.linear(src, raw, []string{d.LMHead}, []int{V}, H); err != nil {
 			return err
 		}
 	}
@@ -212,7 +232,7 @@ func (m *Model) load(ctx context.Context, src runtime.TensorSource) error {
 		if l.ffnNorm, err = m.vec(src, spec.FFNNorm, H); err != nil {
 			return err
 		}
-		if l.wqkv, err = m.weight(src, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}, H); err != nil {
+		if l.wqkv, err = m.linear(src, raw, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}, H); err != nil {
 			return err
 		}
 		if a.QBias != "" || a.KBias != "" || a.VBias != "" {
@@ -233,7 +253,7 @@ func (m *Model) load(ctx context.Context, src runtime.TensorSource) error {
 				return err
 			}
 		}
-		if l.wo, err = m.weight(src, []string{a.O}, []int{H}, l.qdim); err != nil {
+		if l.wo, err = m.linear(src, raw, []string{a.O}, []int{H}, l.qdim); err != nil {
 			return err
 		}
 		if a.OBias != "" {
@@ -251,10 +271,10 @@ func (m *Model) load(ctx context.Context, src runtime.TensorSource) error {
 		}
 		if s := spec.MLP; s != nil {
 			l.mlp = &mlpW{inter: s.IntermediateSize}
-			if l.mlp.gu, err = m.weight(src, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize}, H); err != nil {
+			if l.mlp.gu, err = m.linear(src, raw, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize}, H); err != nil {
 				return err
 			}
-			if l.mlp.down, err = m.weight(src, []string{s.Down}, []int{H}, s.IntermediateSize); err != nil {
+			if l.mlp.down, err = m.linear(src, raw, []string{s.Down}, []int{H}, s.IntermediateSize); err != nil {
 				return err
 			}
 		}
@@ -317,6 +337,112 @@ func loadF32(src runtime.TensorSource, name string, want ...int) ([]float32, err
 		}
 	}
 	return v, nil
+}
+
+// linear loads the matmul weight names (stacked row-wise, [rows[i], cols]
+// each) packed when packable(m.d.Quant, names, cols), else as weight does.
+// Errors: those of runtime.ReadQuantized (wrapping runtime.ErrBadWeights,
+// naming the tensor), a quantized shape other than [rows[i], cols],
+// weight's errors, device errors.
+func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int, cols int) (dw, error) {
+	tq, ok := packable(m.d.Quant, names, cols)
+	if !ok {
+		return m.weight(src, names, rows, cols)
+	}
+	var codes []byte
+	var scales, zeros []uint16
+	total := 0
+	for i, n := range names {
+		q, file, err := runtime.ReadQuantized(raw, n, tq)
+		if err != nil {
+			return dw{}, fmt.Errorf("cuda: %w", err)
+		}
+		if q.Rows != rows[i] || q.Cols != cols {
+			return dw{}, fmt.Errorf("cuda: %w: %s: quantized weight %q: shape [%d, %d], want [%d, %d]", runtime.ErrBadWeights, file, n, q.Rows, q.Cols, rows[i], cols)
+		}
+		if qMaxAbs(q.Scales, q.Zeros, q.Bits) > 65504 {
+			// dequant_q's binary16 output would overflow: the host path
+			// picks bfloat16 instead.
+			return m.weight(src, names, rows, cols)
+		}
+		codes = append(codes, q.Codes...)
+		scales = append(scales, q.Scales...)
+		zeros = append(zeros, q.Zeros...)
+		total += rows[i]
+	}
+	w := dw{rows: total, cols: cols, q: &qw{bits: tq.Bits, group: tq.GroupSize}}
+	up := func(p *DevPtr, n int, v any) error {
+		var err error
+		if *p, err = m.dev.Alloc(int64(n)); err != nil {
+			return err
+		}
+		m.allocs = append(m.allocs, *p)
+		switch v := v.(type) {
+		case []byte:
+			return Upload(m.dev, *p, v)
+		case []uint16:
+			return Upload(m.dev, *p, v)
+		}
+		return nil
+	}
+	if err := up(&w.q.codes, len(codes), codes); err != nil {
+		return dw{}, err
+	}
+	if err := up(&w.q.scales, 2*len(scales), scales); err != nil {
+		return dw{}, err
+	}
+	if len(zeros) > 0 {
+		if err := up(&w.q.zeros, 2*len(zeros), zeros); err != nil {
+			return dw{}, err
+		}
+	}
+	m.deqBytes = max(m.deqBytes, 2*int64(total)*int64(cols))
+	return w, nil
+}
+
+// packable reports whether the weights names (each [·, cols]) can stay
+// packed on the device, and their common quantization: every one is in
+// q.Tensors with the same bits, group size and symmetry, no act-order
+// permutation (those use the host-dequantized binary16 path), bits 2, 3,
+// 4 or 8 (gemv_q's; 1-bit weights use the host path) and a group size
+// that is a multiple of 8 or cols (gemv_q reads 8 codes per group).
+func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant, bool) {
+	if q == nil || len(names) == 0 {
+		return arch.TensorQuant{}, false
+	}
+	tq, ok := q.Tensors[names[0]]
+	if !ok || tq.Perm {
+		return tq, false
+	}
+	for _, n := range names[1:] {
+		if t, ok := q.Tensors[n]; !ok || t != tq {
+			return tq, false
+		}
+	}
+	switch tq.Bits {
+	case 2, 3, 4, 8:
+	default:
+		return tq, false
+	}
+	if tq.GroupSize <= 0 || (tq.GroupSize%8 != 0 && tq.GroupSize != cols) {
+		return tq, false
+	}
+	return tq, true
+}
+
+// qMaxAbs bounds |Ŵ| = scale·|code − zero| over a packed weight's groups
+// (scales and zeros binary16 bits, zeros nil: 2^(bits−1)).
+func qMaxAbs(scales, zeros []uint16, bits int) float64 {
+	maxq := float64(int(1)<<bits - 1)
+	worst := 0.0
+	for i, h := range scales {
+		z := float64(int(1) << (bits - 1))
+		if zeros != nil {
+			z = float64(kvq.F16ToFloat32(zeros[i]))
+		}
+		worst = max(worst, float64(kvq.F16ToFloat32(h))*max(z, maxq-z))
+	}
+	return worst
 }
 
 // weight loads tensors names[i] ([rows[i], cols] each), stacks them

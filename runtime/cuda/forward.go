@@ -19,6 +19,7 @@ type scratchDev struct {
 	moeLogits, moeW   DevPtr
 	moeSel, moeY      DevPtr
 	moeGU             DevPtr
+	deq               DevPtr // binary16 [Model.deqBytes/2]: prefill's dequantized weight
 	sizes             map[*DevPtr]int64
 }
 
@@ -294,6 +295,11 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 			return err
 		}
 	}
+	if R > 16 && m.deqBytes > 0 {
+		if err := s.grow(dev, &s.deq, m.deqBytes); err != nil {
+			return err
+		}
+	}
 	if E > 0 {
 		for _, g := range []struct {
 			p *DevPtr
@@ -313,9 +319,20 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 // matmulX computes y[R, w.rows] (row stride ldy) = x[R, w.cols] (row
 // stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel (8 rows
 // per block) for R ≤ 16 rows (decode, batches up to 16), the tiled GEMM
-// otherwise.
+// otherwise. A packed weight runs gemv_q (4 rows per block) for R ≤ 16,
+// else dequant_q into m.s.deq and gemm_f16.
 func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
 	N, K := w.rows, w.cols
+	if q := w.q; q != nil {
+		if R <= 16 {
+			return k.Launch("gemv_q", Dim{(N + 3) / 4, (R + 3) / 4, 1}, Dim{128, 1, 1}, y, ldy, x, ldx,
+				q.codes, q.scales, q.zeros, DevPtr(0), R, N, K, q.bits, q.group, beta)
+		}
+		if err := k.Launch("dequant_q", Dim{N, (K + 255) / 256, 1}, Dim{256, 1, 1}, m.s.deq, q.codes, q.scales, q.zeros, N, K, q.bits, q.group); err != nil {
+			return err
+		}
+		w = dw{p: m.s.deq, rows: N, cols: K}
+	}
 	suffix := "_f16"
 	if w.bf16 {
 		suffix = "_bf16"

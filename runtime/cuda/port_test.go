@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime/kvcache"
@@ -780,5 +781,107 @@ func TestKernelPortClipTau(t *testing.T) {
 	y := []float32{nan, nan, nan, nan}
 	if got := clipTauPort(y, 2); !math.IsInf(float64(got), 1) {
 		t.Errorf("all-NaN row: τ %g, want +Inf", got)
+	}
+}
+
+// dequantQPort ports dequant_q over its grid (N, ⌈K/256⌉) of 256-thread
+// blocks: w [N, K] binary16 bits.
+func dequantQPort(codes []byte, scales, zeros []uint16, N, K, bits, group int) []uint16 {
+	w := make([]uint16, N*K)
+	for bx := 0; bx < N; bx++ {
+		for by := 0; by < (K+255)/256; by++ {
+			for tid := 0; tid < 256; tid++ {
+				n, j := bx, by*256+tid
+				if n >= N || j >= K {
+					continue
+				}
+				rb := (K*bits + 7) / 8
+				G, g := K/group, j/group
+				s := kvq.F16ToFloat32(scales[n*G+g])
+				z := float32(int(1) << (bits - 1))
+				if zeros != nil {
+					z = kvq.F16ToFloat32(zeros[n*G+g])
+				}
+				// get_code
+				row := codes[n*rb:]
+				p := j * bits
+				b, off := p>>3, p&7
+				c := uint32(row[b])
+				if off+bits > 8 && b+1 < rb {
+					c |= uint32(row[b+1]) << 8
+				}
+				c = c >> off & (uint32(1)<<bits - 1)
+				w[n*K+j] = kvq.F16FromFloat32(s * (float32(c) - z))
+			}
+		}
+	}
+	return w
+}
+
+// TestKernelPortDequantQ: dequant_q's binary16 output is exactly
+// Quantized.Dequantize rounded to binary16 (what the host path uploads),
+// for 2, 3, 4 and 8 bits, groups 32 and 64 and per channel (K = 300, not
+// a multiple of 8 nor of 256, so a partial block), symmetric and not.
+func TestKernelPortDequantQ(t *testing.T) {
+	r := rand.New(rand.NewPCG(53, 54))
+	for _, bits := range []int{2, 3, 4, 8} {
+		for _, tc := range []struct{ K, group int }{{320, 32}, {320, 64}, {300, 0}} {
+			for _, sym := range []bool{false, true} {
+				const N = 6
+				w := randVec(r, N*tc.K, 0.05)
+				q, err := weights.QuantizeRTN(w, N, tc.K, weights.Options{Bits: bits, GroupSize: tc.group, Symmetric: sym})
+				if err != nil {
+					t.Fatal(err)
+				}
+				deq := make([]float32, N*tc.K)
+				q.Dequantize(deq)
+				got := dequantQPort(q.Codes, q.Scales, q.Zeros, N, tc.K, bits, q.GroupSize)
+				for i, h := range got {
+					if want := kvq.F16FromFloat32(deq[i]); h != want {
+						t.Fatalf("bits %d K %d group %d sym %v: element [%d, %d]: %#04x (%v), want %#04x (%v)", bits, tc.K, tc.group, sym,
+							i/tc.K, i%tc.K, h, kvq.F16ToFloat32(h), want, deq[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestPackable: which quantized weights stay packed on the device.
+func TestPackable(t *testing.T) {
+	q4 := arch.TensorQuant{Bits: 4, GroupSize: 32}
+	q := &arch.Quantization{Tensors: map[string]arch.TensorQuant{
+		"a": q4, "b": q4, "c": {Bits: 4, GroupSize: 64}, "p": {Bits: 4, GroupSize: 32, Perm: true},
+		"one": {Bits: 1, GroupSize: 32}, "g12": {Bits: 4, GroupSize: 12}, "pc": {Bits: 3, GroupSize: 100},
+	}}
+	for _, tc := range []struct {
+		names []string
+		cols  int
+		want  bool
+	}{
+		{[]string{"a"}, 64, true},
+		{[]string{"a", "b"}, 64, true},
+		{[]string{"a", "c"}, 64, false},     // different groups: not stackable
+		{[]string{"a", "float"}, 64, false}, // one part not quantized
+		{[]string{"float"}, 64, false},
+		{[]string{"p"}, 64, false},   // act-order: host path
+		{[]string{"one"}, 64, false}, // 1-bit: host path
+		{[]string{"g12"}, 48, false}, // group not a multiple of 8
+		{[]string{"pc"}, 100, true},  // per channel, K not a multiple of 8
+	} {
+		if _, ok := packable(q, tc.names, tc.cols); ok != tc.want {
+			t.Errorf("packable(%v, %d) = %v, want %v", tc.names, tc.cols, ok, tc.want)
+		}
+	}
+	if _, ok := packable(nil, []string{"a"}, 64); ok {
+		t.Error("packable without a quantization block")
+	}
+	// qMaxAbs: scale 2, zero 1 at 2 bits: |code − zero| ≤ 2 → 4; symmetric
+	// 3 bits, scale 0.5, zero 4: ≤ 4 → 2.
+	if got := qMaxAbs([]uint16{kvq.F16FromFloat32(1), kvq.F16FromFloat32(2)}, []uint16{kvq.F16FromFloat32(0), kvq.F16FromFloat32(1)}, 2); got != 4 {
+		t.Errorf("qMaxAbs asymmetric = %v, want 4", got)
+	}
+	if got := qMaxAbs([]uint16{kvq.F16FromFloat32(0.5)}, nil, 3); got != 2 {
+		t.Errorf("qMaxAbs symmetric = %v, want 2", got)
 	}
 }

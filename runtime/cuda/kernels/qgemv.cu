@@ -73,3 +73,18 @@ extern "C" __global__ void gemv_q(float* y, int ldy, const float* x, int ldx, co
     }
   }
 }
+
+// dequant_q: w [N, K] binary16 (row stride K) = Ŵ of the packed weight
+// (layout above, no permutation), rounded to nearest even: the prefill path
+// dequantizes one weight into a scratch buffer and runs gemm_f16 on it.
+// One thread per element: grid (N, ceil(K/256)), block 256.
+extern "C" __global__ void dequant_q(u16* w, const u8* codes, const u16* scales, const u16* zeros, int N, int K, int bits,
+                                     int group) {
+  int n = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (n >= N || j >= K) return;
+  int rb = (K * bits + 7) / 8;
+  int G = K / group, g = j / group;
+  float s = h2f(scales[(i64)n * G + g]);
+  float z = zeros ? h2f(zeros[(i64)n * G + g]) : (float)(1 << (bits - 1));
+  w[(i64)n * K + j] = f2h(s * ((float)get_code(codes + (i64)n * rb, j, bits, rb) - z));
+}
