@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the CUDA backend (issue 7), about 2–3 minutes on an H200
 # (5 at most): every kernel against the CPU code, stories260K (fp16 and
-# oscar2 KV) and its MoE variant against the CPU backend, then the
+# oscar2 KV, RTN-quantized weights kept packed: TestGPUStories260KQuant),
+# an oscar2 artifact opened through the engine with --device cuda
+# (TestGPUArtifactOscar2) and the MoE variant against the CPU backend, then the
 # benchmarks: device copy bandwidth, the INT2 decode attention in GB/s
 # against it, and decode tokens/s with fp16 and oscar2 KV at 4k/16k/32k
 # context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
@@ -93,7 +95,9 @@ run() { (cd runtime/cuda && "$bin" "$@") 2>&1 | tee -a "$log"; }
 say "== parity tests"
 # The tests the binary holds must be the ones the sources define (a stale
 # or broken binary listing none would otherwise pass with zero tests), and
-# every one must pass (a skip is a failure here).
+# every one must pass (a skip is a failure here). The count covers the
+# external package cuda_test too (gpu_artifact_test.go), which go test -c
+# builds into the same binary.
 pattern='^(TestCompileKernels|TestGPU[A-Za-z0-9_]*)$'
 want=$(cat runtime/cuda/*_test.go | grep -Ec '^func (TestCompileKernels|TestGPU[A-Za-z0-9_]*)\(') || true
 if ! list=$(cd runtime/cuda && "$bin" -test.list "$pattern"); then
