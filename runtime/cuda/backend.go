@@ -116,7 +116,16 @@ type layerW struct {
 
 // Model is a model loaded on the GPU (runtime.Model). Weights are stored
 // binary16 (bfloat16 for BF16 tensors and for tensors with |w| > 65504),
-// activations float32. Not safe for concurrent Forward calls.
+// activations float32. Quantized checkpoints (docs/QUANT.md): the
+// attention, MLP and lm_head weights that packable accepts stay packed
+// (bits/8 bytes per weight plus binary16 scales and zeros per group);
+// decode rows (≤ 16 per call) run gemv_q on them, and a prefill of more
+// rows dequantizes each into one binary16 scratch buffer the size of the
+// largest packed weight (2 bytes per element, allocated at the first
+// such prefill) before gemm_f16. The others (act-order permutations,
+// 1-bit, MoE experts, |Ŵ| > 65504) are dequantized on the host and stored
+// like float weights (2 bytes per weight). Not safe for concurrent
+// Forward calls.
 type Model struct {
 	d      *arch.Description
 	dev    *Device
