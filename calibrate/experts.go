@@ -37,6 +37,12 @@ const StatExperts = "experts"
 // expert with fewer routed tokens is reported as sparse.
 const DefaultMinExpertTokens = 16
 
+// DefaultMaxExpertBytes is the expert-statistics memory budget, in bytes,
+// that the CLI (--max-expert-memory) and compress recipes
+// (calibrate.max_expert_memory) use when none is given: 8 GiB, about one
+// Qwen3-30B-A3B MoE layer's expert statistics per pass (Options.MaxExpertBytes).
+const DefaultMaxExpertBytes = 8 << 30
+
 // ExpertOptions configures CollectExperts.
 type ExpertOptions struct {
 	// AllExperts accumulates every token into every expert's Hessians (for
@@ -184,7 +190,7 @@ func ExpertPasses(d *arch.Description, maxBytes int64) ([][]int, error) {
 			continue
 		}
 		if maxBytes > 0 && need > maxBytes {
-			return nil, fmt.Errorf("calibrate: expert statistics memory budget (--max-expert-memory) of %d bytes is below the %d bytes MoE layer %d needs; want at least %d", maxBytes, need, l, need)
+			return nil, fmt.Errorf("calibrate: expert statistics memory budget (calibrate --max-expert-memory, recipe calibrate.max_expert_memory) of %d bytes is below the %d bytes MoE layer %d needs; want at least %d", maxBytes, need, l, need)
 		}
 		if len(groups) == 0 || (maxBytes > 0 && used+need > maxBytes) {
 			groups = append(groups, nil)

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/pack"
@@ -450,17 +451,41 @@ func TestCompressMoEMixed(t *testing.T) {
 	dir := t.TempDir()
 	o := testOptions(t, r, filepath.Join(dir, "moe.lmpk"), filepath.Join(dir, "work"))
 	o.Model = shared.Path(t, "stories260K-moe-hf")
+	// A budget of one MoE layer's statistics: one calibration pass per
+	// MoE layer (calibrate.max_expert_memory reaches calibrate.Run).
+	d, err := arch.Load(o.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one int64
+	moeLayers := 0
+	for l := range d.Layers {
+		if b := calibrate.ExpertLayerBytes(d, l); b > 0 {
+			one = max(one, b)
+			moeLayers++
+		}
+	}
+	r.Calibrate.MaxExpertMemory = &one
 	rep, err := Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ws weightsSummary
+	var cs calibrate.Summary
 	for _, s := range rep.Stages {
-		if s.Name == "quantize-weights" {
+		switch s.Name {
+		case "quantize-weights":
 			if err := json.Unmarshal(s.Result, &ws); err != nil {
 				t.Fatal(err)
 			}
+		case "calibrate":
+			if err := json.Unmarshal(s.Result, &cs); err != nil {
+				t.Fatal(err)
+			}
 		}
+	}
+	if moeLayers < 2 || cs.ExpertPasses != moeLayers {
+		t.Errorf("calibrate stage: %d expert passes under a one-layer budget of %d bytes, want one per MoE layer (%d)", cs.ExpertPasses, one, moeLayers)
 	}
 	t.Logf("experts %.4f bits per weight (budget %.1f), all weights %.4f; eval %+v", ws.ExpertBitsPerWeight, ws.MoEBudget, rep.WeightsBitsPerWeight, *rep.Eval)
 	if rep.ExpertBitsPerWeight != ws.ExpertBitsPerWeight {

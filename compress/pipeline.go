@@ -737,7 +737,7 @@ func (p *pipeline) progress(name string) func(done, total int) {
 func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, error) {
 	c := p.r.Calibrate
 	s, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-		Out: filepath.Join(dir, "calib.safetensors"), Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("calibrate")})
+		Out: filepath.Join(dir, "calib.safetensors"), Threads: p.opt.Threads, MaxExpertBytes: c.maxExpertBytes(), Version: p.opt.Version, Progress: p.progress("calibrate")})
 	if err != nil {
 		return outputs{}, nil, err
 	}
@@ -887,7 +887,7 @@ func (p *pipeline) recalibrate(ctx context.Context, dir, name string) (string, *
 	c := p.r.Calibrate
 	calib := filepath.Join(dir, "calib.safetensors")
 	cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-		Out: calib, Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress(name)})
+		Out: calib, Threads: p.opt.Threads, MaxExpertBytes: c.maxExpertBytes(), Version: p.opt.Version, Progress: p.progress(name)})
 	if err != nil {
 		return "", nil, err
 	}

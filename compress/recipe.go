@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -51,6 +52,19 @@ type CalibrateStage struct {
 	Data   string `yaml:"data" json:"-"`
 	Tokens int    `yaml:"tokens" json:"tokens"`
 	Ctx    int    `yaml:"ctx" json:"ctx"`
+	// MaxExpertMemory (MoE models) bounds the expert statistics' memory in
+	// bytes (calibrate.Options.MaxExpertBytes); nil means
+	// calibrate.DefaultMaxExpertBytes (8 GiB), 0 no limit. The file is the
+	// same whatever the budget, so it is not part of the stage's cache key.
+	MaxExpertMemory *int64 `yaml:"max_expert_memory" json:"-"`
+}
+
+// maxExpertBytes is c's expert-statistics budget in bytes.
+func (c *CalibrateStage) maxExpertBytes() int64 {
+	if c.MaxExpertMemory == nil {
+		return calibrate.DefaultMaxExpertBytes
+	}
+	return *c.MaxExpertMemory
 }
 
 // PruneStage configures prune.Run. Layer removal (depth): remove Layers
@@ -367,6 +381,9 @@ func (r *Recipe) validate(name string) error {
 		}
 		if c.Tokens < c.Ctx {
 			return bad("calibrate.tokens %d: want at least one window of calibrate.ctx %d tokens", c.Tokens, c.Ctx)
+		}
+		if c.MaxExpertMemory != nil && *c.MaxExpertMemory < 0 {
+			return bad("calibrate.max_expert_memory %d: want bytes >= 0 (0: no limit)", *c.MaxExpertMemory)
 		}
 	}
 	if r.Prune != nil {

@@ -63,6 +63,7 @@ func TestRecipeValues(t *testing.T) {
 	}{
 		{"tokens", "tokens: 1024", "tokens: 0", "calibrate.tokens 0", ErrRecipe},
 		{"ctx", "  ctx: 256\nquantize", "  ctx: 1\nquantize", "calibrate.ctx 1", ErrRecipe},
+		{"expert memory", "  ctx: 256\nquantize", "  ctx: 256\n  max_expert_memory: -1\nquantize", "calibrate.max_expert_memory -1", ErrRecipe},
 		{"cache", "cache: oscar2", "cache: oscar9", `quantize.kv.cache "oscar9"`, ErrRecipe},
 		{"clip", "cache: oscar2", "cache: oscar2\n    clip_k: 1.5", "clip_k 1.5", ErrRecipe},
 		{"clip without rotation", "cache: oscar2", "cache: kivi2\n    clip_k: 0.9", "takes no rotations", ErrRecipe},

@@ -12,10 +12,6 @@ import (
 // ids of the data file are held in memory.
 const maxCalibTokens = 1 << 30
 
-// defaultMaxExpertMemory is the --max-expert-memory default in bytes
-// (8 GiB): about one Qwen3-30B-A3B MoE layer's expert statistics per pass.
-const defaultMaxExpertMemory = 8 << 30
-
 func newCalibrateCmd(g *globalFlags) *cobra.Command {
 	var (
 		opt    calibrate.Options
@@ -127,7 +123,7 @@ assembled at the end; the output does not depend on the grouping.
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&opt.AllExperts, "calibrate-all-experts", false, "MoE: add every token to every expert's Hessians (statistics only)")
 	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", calibrate.DefaultMinExpertTokens, "MoE: report experts routed fewer tokens than this")
-	f.Int64Var(&opt.MaxExpertBytes, "max-expert-memory", defaultMaxExpertMemory, "MoE: memory budget of the expert statistics in bytes, one pass per group of layers that fits (0: no limit, one pass)")
+	f.Int64Var(&opt.MaxExpertBytes, "max-expert-memory", calibrate.DefaultMaxExpertBytes, "MoE: memory budget of the expert statistics in bytes, one pass per group of layers that fits (0: no limit, one pass)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }
