@@ -74,7 +74,9 @@ func (c *CalibrateStage) maxExpertBytes() int64 {
 // query heads) over all layers, or round(HeadRatio·groups), scored by
 // HeadMethod ("putri", default, or "proxy"), and round(FFNRatio·F)
 // intermediate units of every FFN, with down_proj refit by least squares
-// unless Refit is false (default true). A recipe asking for both runs
+// unless Refit is false (default true); HeadRefit (default false) refits
+// o_proj of the layers that lose head groups (prune.Options.HeadRefit). A
+// recipe asking for both runs
 // them as two stages, prune-layers then prune-width, the second on a
 // calibration of the layer-pruned model.
 type PruneStage struct {
@@ -89,8 +91,9 @@ type PruneStage struct {
 	// HeadStep is the number of head groups Putri removes per round
 	// (default 1); Sparsity (in (0, 1)) instead sets head groups and FFN
 	// units from Putri's budget split (prune.Options.Sparsity).
-	HeadStep int     `yaml:"head_step" json:"head_step,omitempty"`
-	Sparsity float64 `yaml:"sparsity" json:"sparsity,omitempty"`
+	HeadStep  int     `yaml:"head_step" json:"head_step,omitempty"`
+	Sparsity  float64 `yaml:"sparsity" json:"sparsity,omitempty"`
+	HeadRefit bool    `yaml:"head_refit" json:"head_refit,omitempty"`
 }
 
 // wantsDepth reports whether the section removes layers.
@@ -127,7 +130,8 @@ func (p *PruneStage) widthParams() []byte {
 		Refit      *bool   `json:"refit,omitempty"`
 		HeadStep   int     `json:"head_step,omitempty"`
 		Sparsity   float64 `json:"sparsity,omitempty"`
-	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit, p.HeadStep, p.Sparsity})
+		HeadRefit  bool    `json:"head_refit,omitempty"`
+	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit, p.HeadStep, p.Sparsity, p.HeadRefit})
 }
 
 // QuantizeStage holds the quantization stages: Weights runs before KV,
@@ -474,6 +478,8 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 		return bad("prune.head_step %d: want >= 1", p.HeadStep)
 	case p.HeadStep != 0 && !p.wantsHeads():
 		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
+	case p.HeadRefit && !p.wantsHeads():
+		return bad("prune.head_refit needs head_groups, head_ratio or sparsity (it refits o_proj after head removal)")
 	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
 		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	case r.Calibrate == nil:

@@ -89,6 +89,7 @@ func TestRecipeValues(t *testing.T) {
 		{"sparsity 1", "quantize:", "prune:\n  sparsity: 1\nquantize:", "prune.sparsity 1: want in (0, 1)", ErrRecipe},
 		{"sparsity with ffn ratio", "quantize:", "prune:\n  sparsity: 0.2\n  ffn_ratio: 0.1\nquantize:", "remove head_groups, head_ratio and ffn_ratio", ErrRecipe},
 		{"head step alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_step: 2\nquantize:", "prune.head_step needs", ErrRecipe},
+		{"head refit alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_refit: true\nquantize:", "prune.head_refit needs", ErrRecipe},
 		{"head step fraction", "quantize:", "prune:\n  head_ratio: 0.2\n  head_step: 1.5\nquantize:", "head_step", ErrRecipe},
 		{"ffn ratio negative", "quantize:", "prune:\n  ffn_ratio: -0.1\nquantize:", "prune.ffn_ratio -0.1", ErrRecipe},
 		{"head method", "quantize:", "prune:\n  head_ratio: 0.2\n  head_method: foo\nquantize:", `prune.head_method "foo": want putri or proxy`, ErrRecipe},

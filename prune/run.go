@@ -56,6 +56,12 @@ type Options struct {
 	// NoRefit keeps the kept down_proj columns instead of the
 	// least-squares refit.
 	NoRefit bool
+	// HeadRefit replaces the o_proj of every layer that loses head groups
+	// by the least-squares refit on its kept input channels (Putri's
+	// optional o_proj update, docs/METHODS.md §6; headsRefit), instead of
+	// slicing its columns. It needs the calibration tokens and at least
+	// RefitTokensPerUnit tokens per kept channel.
+	HeadRefit bool
 	// Sparsity in (0, 1), when not 0, is the fraction of decoder
 	// parameters to remove by Putri's budget split (docs/METHODS.md §6,
 	// SparsityPlan): it sets the head groups and the FFN keep count, so
@@ -110,6 +116,9 @@ type Report struct {
 	HeadBasePPL float64 `json:"head_base_ppl,omitempty"`
 	// HeadsRemoved lists the removed groups by (layer, group).
 	HeadsRemoved []RemovedGroup `json:"heads_removed,omitempty"`
+	// HeadRefit tells whether o_proj was refit by least squares
+	// (Options.HeadRefit) in the layers that lost head groups.
+	HeadRefit bool `json:"head_refit,omitempty"`
 	// FFN lists every layer's FFN size before and after (FFN pruning).
 	FFN []FFNLayer `json:"ffn,omitempty"`
 	// Refit tells whether down_proj was refit by least squares.

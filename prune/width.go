@@ -92,7 +92,10 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	windows := c.CalibrationWindows()
-	needTokens := wantFFN || (wantHeads && method == HeadPutri)
+	if opt.HeadRefit && !wantHeads {
+		return nil, fmt.Errorf("%w: the o_proj refit (--head-refit) applies to head pruning: give head groups, a head ratio or a sparsity that removes heads", ErrOptions)
+	}
+	needTokens := wantFFN || (wantHeads && (method == HeadPutri || opt.HeadRefit))
 	if needTokens && windows == nil {
 		return nil, fmt.Errorf("%w: calibration file %s lacks %s (needed to rerun the model): re-run lmpack calibrate", ErrNoStatistic, opt.Calib, calibrate.TokensTensor)
 	}
@@ -124,7 +127,12 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 				return nil, err
 			}
 		}
-		if err := applyHeads(w, removed); err != nil {
+		if opt.HeadRefit {
+			if _, err := headsRefit(ctx, w, windows, removed, opt.Threads); err != nil {
+				return nil, err
+			}
+			r.HeadRefit = true
+		} else if err := applyHeads(w, removed); err != nil {
 			return nil, err
 		}
 		slices.SortFunc(removed, func(a, b RemovedGroup) int {

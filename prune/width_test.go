@@ -336,10 +336,17 @@ func TestWidthBad(t *testing.T) {
 	if err := calibrate.Write(few, c); err != nil {
 		t.Fatal(err)
 	}
+	tiny := filepath.Join(dir, "tiny.safetensors")
+	c.TokenIDs, c.Header.Tokens = c2.TokenIDs[:128], 128
+	if err := calibrate.Write(tiny, c); err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range []struct {
 		opt  Options
 		want []string
 	}{
+		{Options{HeadGroups: 1, HeadRefit: true, Calib: tiny}, []string{"holds 128 tokens", "o_proj refit", "needs at least 144", "--head-refit"}},
+		{Options{FFNRatio: 0.25, HeadRefit: true}, []string{"o_proj refit (--head-refit) applies to head pruning"}},
 		{Options{FFNRatio: 0.001}, []string{"removes round(0.001·172) = 0 of the 172"}},
 		{Options{FFNRatio: 0.999}, []string{"removes all 172", "at most 171"}},
 		{Options{FFNRatio: 0.25, Calib: few}, []string{"holds 256 tokens", "needs at least 516", "--no-refit"}},
@@ -381,4 +388,77 @@ func TestWidthBad(t *testing.T) {
 		t.Errorf("a failed run created %s", out)
 	}
 
+}
+
+// TestHeadRefit: the same head groups removed with and without the
+// least-squares o_proj refit (proxy scores, so the choice is fixed); the
+// refit keeps the sliced shapes, changes only o_proj of the layers that
+// lost groups, and gives the lower heldout perplexity.
+func TestHeadRefit(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, model)
+	dir := t.TempDir()
+	ppl := map[bool]float64{}
+	reports := map[bool]*Report{}
+	for _, refit := range []bool{false, true} {
+		out := filepath.Join(dir, map[bool]string{false: "slice", true: "refit"}[refit])
+		r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, HeadGroups: 6, HeadMethod: HeadProxy, HeadRefit: refit, Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.HeadRefit != refit || len(r.HeadsRemoved) != 6 {
+			t.Fatalf("report: head refit %v, %d groups removed", r.HeadRefit, len(r.HeadsRemoved))
+		}
+		reports[refit] = r
+		ppl[refit] = heldoutPPL(t, out)
+	}
+	if !slices.Equal(reports[false].HeadsRemoved, reports[true].HeadsRemoved) {
+		t.Fatalf("removed groups differ: %v vs %v", reports[false].HeadsRemoved, reports[true].HeadsRemoved)
+	}
+	lost := map[int]bool{}
+	for _, g := range reports[true].HeadsRemoved {
+		lost[g.Layer] = true
+	}
+	a, err := safetensors.OpenDir(filepath.Join(dir, "slice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := safetensors.OpenDir(filepath.Join(dir, "refit"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	changed := 0
+	for _, name := range a.Names() {
+		ta, _ := a.Tensor(name)
+		tb, err := b.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ta.Shape, tb.Shape) {
+			t.Errorf("%s: shape %v with refit, %v without", name, tb.Shape, ta.Shape)
+			continue
+		}
+		if string(ta.Data) == string(tb.Data) {
+			continue
+		}
+		changed++
+		isO := strings.HasSuffix(name, ".self_attn.o_proj.weight")
+		layer := -1
+		if isO {
+			layer = int(name[len("model.layers.")] - '0')
+		}
+		if !isO || !lost[layer] {
+			t.Errorf("%s changed by the o_proj refit", name)
+		}
+	}
+	if changed != len(lost) {
+		t.Errorf("%d tensors changed, want the o_proj of the %d layers that lost groups", changed, len(lost))
+	}
+	base := heldoutPPL(t, model)
+	t.Logf("heldout.txt PPL (ctx 512, 16 windows): unpruned %.4f; 6 head groups removed (proxy) sliced %.4f, o_proj refit %.4f", base, ppl[false], ppl[true])
+	if !(ppl[true] < ppl[false]) {
+		t.Errorf("o_proj refit PPL %.4f is not below the sliced model's %.4f", ppl[true], ppl[false])
+	}
 }

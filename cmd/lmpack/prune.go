@@ -15,7 +15,7 @@ func newPruneCmd(g *globalFlags) *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | ([--head-groups N | --head-ratio r] [--ffn-ratio r] | --sparsity s) [--head-method putri|proxy] [--no-refit])",
+		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | ([--head-groups N | --head-ratio r] [--ffn-ratio r] | --sparsity s) [--head-method putri|proxy] [--head-refit] [--no-refit])",
 		Short: "Remove decoder blocks (LoRP, ShortGPT, a list) or attention head groups and FFN units (Putri) and write a smaller checkpoint",
 		Long: `prune removes decoder blocks from MODEL and writes OUT, a new Hugging Face
 checkpoint directory (model.safetensors with the kept blocks renumbered
@@ -32,7 +32,9 @@ Width pruning (Putri; dense models only, not together with --layers):
 --head-groups N / --head-ratio r remove GQA groups (one KV head and its
 query heads; every layer keeps at least one), scored by masked perplexity
 on the first calibration window (--head-method putri, --head-step groups
-per round) or by the calibration file's head proxy (--head-method proxy).
+per round) or by the calibration file's head proxy (--head-method proxy);
+--head-refit refits o_proj by least squares on the kept heads' channels
+of every layer that loses groups, instead of slicing its columns.
 --ffn-ratio r removes round(r*I) intermediate units of every FFN, layer by
 layer on the already-pruned earlier layers, refitting down_proj by least
 squares (--no-refit keeps the original columns). --sparsity s instead
@@ -87,15 +89,15 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 					return fmt.Errorf("--head-step %d: want >= 1", opt.HeadStep)
 				}
 				headFlags := fl.Changed("head-groups") || fl.Changed("head-ratio") || isSparsity
-				if !headFlags && (fl.Changed("head-method") || fl.Changed("head-step")) {
-					return fmt.Errorf("--head-method and --head-step need --head-groups N, --head-ratio r or --sparsity s")
+				if !headFlags && (fl.Changed("head-method") || fl.Changed("head-step") || fl.Changed("head-refit")) {
+					return fmt.Errorf("--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s")
 				}
 				if !fl.Changed("ffn-ratio") && !isSparsity && fl.Changed("no-refit") {
 					return fmt.Errorf("--no-refit needs --ffn-ratio r or --sparsity s")
 				}
 				opt.Method = ""
-			case fl.Changed("no-refit") || fl.Changed("head-method") || fl.Changed("head-step"):
-				return fmt.Errorf("--no-refit, --head-method and --head-step need --head-groups, --head-ratio, --ffn-ratio or --sparsity")
+			case fl.Changed("no-refit") || fl.Changed("head-method") || fl.Changed("head-step") || fl.Changed("head-refit"):
+				return fmt.Errorf("--no-refit, --head-method, --head-step and --head-refit need --head-groups, --head-ratio, --ffn-ratio or --sparsity")
 			}
 			if !isList && !isWidth {
 				if opt.Method != "lorp" && opt.Method != "shortgpt" {
@@ -142,6 +144,7 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 	f.Float64Var(&opt.FFNRatio, "ffn-ratio", 0, "fraction of every FFN's intermediate units to remove, in (0, 1)")
 	f.Float64Var(&opt.Sparsity, "sparsity", 0, "fraction of decoder attention+FFN parameters to remove, in (0, 1), split between head groups and FFN nodes by Putri's rule")
 	f.BoolVar(&opt.NoRefit, "no-refit", false, "keep the original down_proj columns instead of the least-squares refit")
+	f.BoolVar(&opt.HeadRefit, "head-refit", false, "refit o_proj by least squares on the kept heads' channels of every layer that loses head groups (Putri's optional update)")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads for the model runs (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
@@ -192,6 +195,9 @@ func writeWidthReport(cmd *cobra.Command, r *prune.Report) error {
 			fmt.Fprintf(&b, "head groups removed: %d (method putri, unmasked PPL %.4f)\n", len(r.HeadsRemoved), r.HeadBasePPL)
 		} else {
 			fmt.Fprintf(&b, "head groups removed: %d (method proxy)\n", len(r.HeadsRemoved))
+		}
+		if r.HeadRefit {
+			b.WriteString("o_proj: least-squares refit on the kept heads' channels\n")
 		}
 		fmt.Fprintf(&b, "%-6s %6s %12s %6s\n", "layer", "group", score, "round")
 		for _, h := range r.HeadsRemoved {

@@ -291,7 +291,7 @@ func TestPruneBad(t *testing.T) {
 		{[]string{"--calib", cal, "-o", out}, []string{"nothing to prune", "--ffn-ratio"}},
 		{[]string{"--calib", cal, "-o", out, "--layers", "0"}, []string{"--layers 0: want > 0"}},
 		{[]string{"-o", out, "--layer-method", "LIST:1"}, []string{`--layer-method "LIST:1"`}},
-		{[]string{"--calib", cal, "-o", out, "--ffn-ratio", "0.25", "--head-method", "proxy"}, []string{"--head-method and --head-step need"}},
+		{[]string{"--calib", cal, "-o", out, "--ffn-ratio", "0.25", "--head-method", "proxy"}, []string{"--head-method, --head-step and --head-refit need"}},
 		{[]string{"--calib", cal, "-o", out, "--head-groups", "2", "--no-refit"}, []string{"--no-refit needs --ffn-ratio"}},
 		{[]string{"--calib", cal, "-o", out, "--layers", "1", "--layer-ratio", "0.2"}, []string{"exactly one of"}},
 		{[]string{"--calib", cal, "-o", out, "--layer-ratio", "1.5"}, []string{"--layer-ratio 1.5: want in (0, 1)"}},
