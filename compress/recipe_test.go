@@ -259,3 +259,18 @@ func TestRecipeMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestWidthParamsHeadRefit: head_refit is part of the prune-width stage's
+// cache key, so a cached stage without the o_proj refit is not reused for
+// a recipe asking for it.
+func TestWidthParamsHeadRefit(t *testing.T) {
+	a := PruneStage{HeadGroups: 2, HeadMethod: "proxy"}
+	b := a
+	b.HeadRefit = true
+	if string(a.widthParams()) == string(b.widthParams()) {
+		t.Fatalf("head_refit does not change the prune-width key: %s", a.widthParams())
+	}
+	if !strings.Contains(string(b.widthParams()), `"head_refit":true`) {
+		t.Errorf("prune-width key %s lacks head_refit", b.widthParams())
+	}
+}
