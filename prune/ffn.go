@@ -52,18 +52,43 @@ func FFNKeepCount(F int, r float64) (int, error) {
 // 172: 128 tokens gave perplexity 610 with the refit against 53 without).
 const RefitTokensPerUnit = 3
 
-// ffnCapture is the FFNObserver collecting layer's down_proj input X and
-// output Y = X·Wᵀ into st; it cancels the forward pass after that layer
-// (later layers do not matter for layer's statistics).
-type ffnCapture struct {
+// linearCapture accumulates one Linear's input X [n, f] and output
+// Y = X·Wᵀ (W [d, f], float32 GEMM as the runtime) of one layer into st,
+// cancelling the forward pass after that layer (later layers do not matter
+// for its statistics). what names the Linear in errors.
+type linearCapture struct {
 	layer  int
-	w      []float32 // down_proj [D, F]
+	what   string
+	w      []float32
 	d, f   int
 	st     *width.FFNStats
 	y      []float32
 	cancel context.CancelFunc
 	err    error
 }
+
+// add accumulates n rows of x; x holds at least n·f values.
+func (c *linearCapture) add(n int, x []float32) {
+	if len(x) < n*c.f {
+		c.err = fmt.Errorf("prune: layer %d: %s input of %d values for %d tokens, want %d per token", c.layer, c.what, len(x), n, c.f)
+		return
+	}
+	if cap(c.y) < n*c.d {
+		c.y = make([]float32, n*c.d)
+	}
+	y := c.y[:n*c.d]
+	blas32.Gemm(blas.NoTrans, blas.Trans, 1,
+		blas32.General{Rows: n, Cols: c.f, Stride: c.f, Data: x[:n*c.f]},
+		blas32.General{Rows: c.d, Cols: c.f, Stride: c.f, Data: c.w},
+		0, blas32.General{Rows: n, Cols: c.d, Stride: c.d, Data: y})
+	if err := c.st.Add(x[:n*c.f], y, n); err != nil && c.err == nil {
+		c.err = fmt.Errorf("prune: %s statistics of layer %d: %w", c.what, c.layer, err)
+	}
+}
+
+// ffnCapture is the FFNObserver collecting layer's down_proj input and
+// output (linearCapture).
+type ffnCapture struct{ linearCapture }
 
 // FFNInput implements runtime.FFNObserver.
 func (c *ffnCapture) FFNInput(layer, pos, n int, x, h []float32) {
@@ -75,18 +100,44 @@ func (c *ffnCapture) FFNInput(layer, pos, n int, x, h []float32) {
 		c.err = fmt.Errorf("prune: layer %d has no dense FFN", layer)
 		return
 	}
-	if cap(c.y) < n*c.d {
-		c.y = make([]float32, n*c.d)
+	c.add(n, h)
+}
+
+// collectLayer loads w's current state on the CPU runtime and runs every
+// calibration window from position 0 with the observer obs (a
+// linearCapture wrapper for layer, whose cancel it sets per window), which
+// stops each pass after that layer. Errors: model load and forward errors,
+// the capture's error, and a layer the observer never saw.
+func collectLayer(ctx context.Context, w *workState, windows [][]int, threads int, obs any, c *linearCapture) error {
+	longest := 0
+	for _, win := range windows {
+		longest = max(longest, len(win))
 	}
-	y := c.y[:n*c.d]
-	// Y [n, D] = X [n, F] · Wᵀ, W [D, F] (float32 GEMM, as the runtime).
-	blas32.Gemm(blas.NoTrans, blas.Trans, 1,
-		blas32.General{Rows: n, Cols: c.f, Stride: c.f, Data: h[:n*c.f]},
-		blas32.General{Rows: c.d, Cols: c.f, Stride: c.f, Data: c.w},
-		0, blas32.General{Rows: n, Cols: c.d, Stride: c.d, Data: y})
-	if err := c.st.Add(h[:n*c.f], y, n); err != nil && c.err == nil {
-		c.err = fmt.Errorf("prune: FFN statistics of layer %d: %w", layer, err)
+	m, err := runtime.NewCPU().Load(ctx, w.desc, w, runtime.LoadOptions{Threads: threads})
+	if err != nil {
+		return fmt.Errorf("prune: loading the partly pruned model: %w", err)
 	}
+	defer m.Close()
+	cache := m.NewCache(longest)
+	logits := make([]float32, w.desc.VocabSize)
+	m.SetObserver(obs)
+	for _, win := range windows {
+		wctx, cancel := context.WithCancel(ctx)
+		c.cancel = cancel
+		cache.Truncate(0)
+		err := m.Forward(wctx, win, cache, logits, false)
+		cancel()
+		if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() == nil) {
+			return fmt.Errorf("prune: %s statistics of layer %d: %w", c.what, c.layer, err)
+		}
+		if c.err != nil {
+			return c.err
+		}
+	}
+	if c.st.Tokens() == 0 {
+		return fmt.Errorf("prune: %s statistics of layer %d: the runtime reported no input", c.what, c.layer)
+	}
+	return nil
 }
 
 // pruneFFN is Putri's sequential FFN stage (docs/METHODS.md §6): for each
@@ -101,10 +152,6 @@ func (c *ffnCapture) FFNInput(layer, pos, n int, x, h []float32) {
 // a ratio, F − removed for a sparsity, F to refit only in tests). It
 // returns each layer's sizes.
 func pruneFFN(ctx context.Context, w *workState, windows [][]int, keepOf func(F int) (int, error), noRefit bool, threads int) ([]FFNLayer, error) {
-	longest := 0
-	for _, win := range windows {
-		longest = max(longest, len(win))
-	}
 	var out []FFNLayer
 	H := w.desc.HiddenSize
 	tokens := 0
@@ -133,29 +180,10 @@ func pruneFFN(ctx context.Context, w *workState, windows [][]int, keepOf func(F 
 		if err != nil {
 			return nil, err
 		}
-		m, err := runtime.NewCPU().Load(ctx, w.desc, w, runtime.LoadOptions{Threads: threads})
-		if err != nil {
-			return nil, fmt.Errorf("prune: loading the partly pruned model: %w", err)
+		capt := &ffnCapture{linearCapture{layer: l, what: "FFN", w: down, d: H, f: F, st: st}}
+		if err := collectLayer(ctx, w, windows, threads, capt, &capt.linearCapture); err != nil {
+			return nil, err
 		}
-		cache := m.NewCache(longest)
-		logits := make([]float32, w.desc.VocabSize)
-		for _, win := range windows {
-			wctx, cancel := context.WithCancel(ctx)
-			capt := &ffnCapture{layer: l, w: down, d: H, f: F, st: st, cancel: cancel}
-			m.SetObserver(capt)
-			cache.Truncate(0)
-			err := m.Forward(wctx, win, cache, logits, false)
-			cancel()
-			if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() == nil) {
-				m.Close()
-				return nil, fmt.Errorf("prune: FFN statistics of layer %d: %w", l, err)
-			}
-			if capt.err != nil {
-				m.Close()
-				return nil, capt.err
-			}
-		}
-		m.Close()
 		kept, _, err := width.SelectFFN(st, down, keep)
 		if err != nil {
 			return nil, fmt.Errorf("prune: layer %d FFN: %w", l, err)

@@ -2,28 +2,16 @@ package prune
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/lmpack/lmpack/prune/width"
-	"github.com/lmpack/lmpack/runtime"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
 )
 
-// oprojCapture is the AttnOutputObserver collecting layer's o_proj input X
-// [n, num_heads·head_dim] (every head, none masked) and output Y = X·Wᵀ
-// into st; it cancels the forward pass after that layer.
-type oprojCapture struct {
-	layer  int
-	w      []float32 // o_proj [D, Q]
-	d, q   int
-	st     *width.FFNStats
-	y      []float32
-	cancel context.CancelFunc
-	err    error
-}
+// oprojCapture is the AttnOutputObserver collecting layer's o_proj input
+// X [n, num_heads·head_dim] (every head, none masked) and output
+// Y = X·Wᵀ (linearCapture).
+type oprojCapture struct{ linearCapture }
 
 // AttnOutput implements runtime.AttnOutputObserver.
 func (c *oprojCapture) AttnOutput(layer, pos, n int, att []float32) {
@@ -31,21 +19,7 @@ func (c *oprojCapture) AttnOutput(layer, pos, n int, att []float32) {
 		return
 	}
 	defer c.cancel()
-	if len(att) < n*c.q {
-		c.err = fmt.Errorf("prune: layer %d: attention output of %d values for %d tokens, want %d per token", layer, len(att), n, c.q)
-		return
-	}
-	if cap(c.y) < n*c.d {
-		c.y = make([]float32, n*c.d)
-	}
-	y := c.y[:n*c.d]
-	blas32.Gemm(blas.NoTrans, blas.Trans, 1,
-		blas32.General{Rows: n, Cols: c.q, Stride: c.q, Data: att[:n*c.q]},
-		blas32.General{Rows: c.d, Cols: c.q, Stride: c.q, Data: c.w},
-		0, blas32.General{Rows: n, Cols: c.d, Stride: c.d, Data: y})
-	if err := c.st.Add(att[:n*c.q], y, n); err != nil && c.err == nil {
-		c.err = fmt.Errorf("prune: o_proj statistics of layer %d: %w", layer, err)
-	}
+	c.add(n, att)
 }
 
 // headsRefit removes the head groups in removed from w layer by layer and,
@@ -76,9 +50,8 @@ func headsRefit(ctx context.Context, w *workState, windows [][]int, removed []Re
 		layers = append(layers, l)
 	}
 	slices.Sort(layers)
-	longest, tokens := 0, 0
+	tokens := 0
 	for _, win := range windows {
-		longest = max(longest, len(win))
 		tokens += len(win)
 	}
 	H := w.desc.HiddenSize
@@ -114,33 +87,10 @@ func headsRefit(ctx context.Context, w *workState, windows [][]int, removed []Re
 		if err != nil {
 			return 0, err
 		}
-		m, err := runtime.NewCPU().Load(ctx, w.desc, w, runtime.LoadOptions{Threads: threads})
-		if err != nil {
-			return 0, fmt.Errorf("prune: loading the partly pruned model: %w", err)
+		capt := &oprojCapture{linearCapture{layer: l, what: "o_proj", w: o, d: H, f: Q, st: st}}
+		if err := collectLayer(ctx, w, windows, threads, capt, &capt.linearCapture); err != nil {
+			return 0, err
 		}
-		cache := m.NewCache(longest)
-		logits := make([]float32, w.desc.VocabSize)
-		for _, win := range windows {
-			wctx, cancel := context.WithCancel(ctx)
-			capt := &oprojCapture{layer: l, w: o, d: H, q: Q, st: st, cancel: cancel}
-			m.SetObserver(capt)
-			cache.Truncate(0)
-			err := m.Forward(wctx, win, cache, logits, false)
-			cancel()
-			if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() == nil) {
-				m.Close()
-				return 0, fmt.Errorf("prune: o_proj statistics of layer %d: %w", l, err)
-			}
-			if capt.err != nil {
-				m.Close()
-				return 0, capt.err
-			}
-			if st.Tokens() == 0 {
-				m.Close()
-				return 0, fmt.Errorf("prune: o_proj statistics of layer %d: the runtime reported no attention output", l)
-			}
-		}
-		m.Close()
 		nw, err := width.RefitDown(st, kept, RefitDamping)
 		if err != nil {
 			return 0, fmt.Errorf("prune: layer %d o_proj refit: %w", l, err)
