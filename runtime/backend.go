@@ -27,9 +27,10 @@ type LoadOptions struct {
 	// weight (docs/QUANT.md) to float32 at load, as before packed weights:
 	// 32 bits per weight in memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
-	// linear weights stay packed and are dequantized tile by tile inside
-	// each matmul (runtime/qlinear.go): bit-identical logits on one thread,
-	// within ~1e-6 of max|logit| on several. The CUDA backend ignores it.
+	// linear weights stay packed (runtime/qlinear.go): prefill dequantizes
+	// tiles inside each matmul (bit-identical logits on one thread), decode
+	// runs a fused dequantize-and-dot GEMV (logits within 1e-5·max|logit|;
+	// docs/QUANT.md "Runtime"). The CUDA backend ignores it.
 	DequantizeWeights bool
 }
 

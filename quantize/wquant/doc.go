@@ -57,6 +57,7 @@
 // that the allocator skips 2 bits entirely (1→3 is cheaper per unit of
 // error); with clipping it uses it.
 //
-// Not for: shared experts (refused), TargetBPW on MoE models, or quantized
-// matmul at run time (the runtime dequantizes at load).
+// Not for: shared experts (refused), TargetBPW on MoE models, or running
+// the result (the runtime keeps the written weights packed and decodes
+// them inside its matmuls: docs/QUANT.md "Runtime").
 package wquant
