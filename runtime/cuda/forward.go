@@ -71,6 +71,39 @@ func (m *Model) attnSplit(nTok, base int) (splitLen, nsplit int) {
 	return splitLen, (nTok + splitLen - 1) / splitLen
 }
 
+// attnGrid returns attention's launch shape for layer l with R query rows
+// over nTok positions: mg q heads per block (the smallest of 1, 2, 4, 8
+// covering the GQA group, so one attn_split_g{mg} kernel), chunks blocks
+// per KV head, and the split length and count (attnSplit with base
+// nkv·chunks·R blocks per split).
+func (m *Model) attnGrid(l *layerW, R, nTok int) (mg, chunks, splitLen, nsplit int) {
+	group := l.nh / l.nkv
+	mg = 8
+	for _, g := range []int{1, 2, 4} {
+		if group <= g {
+			mg = g
+			break
+		}
+	}
+	chunks = (group + mg - 1) / mg
+	splitLen, nsplit = m.attnSplit(nTok, l.nkv*chunks*R)
+	return mg, chunks, splitLen, nsplit
+}
+
+// partSlots is the number of (q head, split) partial results attention
+// writes per query row at most over the layers, for R rows over nTok
+// positions: the part_o scratch holds R·partSlots·2·head_dim floats
+// (max head_dim) and part_ml R·partSlots·2.
+func (m *Model) partSlots(R, nTok int) int {
+	n := 0
+	for i := range m.layers {
+		l := &m.layers[i]
+		_, _, _, nsplit := m.attnGrid(l, R, nTok)
+		n = max(n, l.nh*nsplit)
+	}
+	return n
+}
+
 // Forward implements runtime.Model. cache must be a *DeviceCache made by
 // this model (NewCache or NewDeviceCache with Batch 1). Errors: those of
 // runtime.Model.Forward, a foreign cache, device errors.
@@ -279,7 +312,7 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 			inter, E, K = max(inter, l.moe.inter), max(E, l.moe.E), max(K, l.moe.topK)
 		}
 	}
-	_, nsplit := m.attnSplit(nTok, 1)
+	slots := int64(m.partSlots(R, nTok))
 	r := int64(R)
 	for _, g := range []struct {
 		p *DevPtr
@@ -288,8 +321,8 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 		{&s.ids, 4 * r}, {&s.x, 4 * r * int64(H)}, {&s.xn, 4 * r * int64(H)},
 		{&s.qkv, 4 * r * int64(qkv)}, {&s.att, 4 * r * int64(qd)},
 		{&s.gu, 4 * r * int64(2*inter)}, {&s.logits, 4 * r * int64(V)},
-		{&s.partO, 4 * r * int64(heads) * int64(nsplit) * 2 * int64(hd)},
-		{&s.partML, 4 * r * int64(heads) * int64(nsplit) * 2},
+		{&s.partO, 4 * r * slots * 2 * int64(hd)},
+		{&s.partML, 4 * r * slots * 2},
 	} {
 		if err := s.grow(dev, g.p, g.n); err != nil {
 			return err
@@ -347,16 +380,7 @@ func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, 
 // layer l into m.s.att [R, qdim].
 func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
 	s := &m.s
-	group := l.nh / l.nkv
-	mg := 8 // q heads per block: the smallest of 1, 2, 4, 8 covering the group
-	for _, g := range []int{1, 2, 4} {
-		if group <= g {
-			mg = g
-			break
-		}
-	}
-	chunks := (group + mg - 1) / mg
-	splitLen, nsplit := m.attnSplit(nTok, l.nkv*chunks*R)
+	mg, chunks, splitLen, nsplit := m.attnGrid(l, R, nTok)
 	scale := float32(1 / math.Sqrt(float64(l.hd)))
 	rk, rv := L.rk, L.rv
 	shmem := 4 * mg * (4*l.hd + 256)
