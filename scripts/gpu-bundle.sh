@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Prepares .gpucheck/ for scripts/gpu-check.sh on a machine without Go or
 # ../shared/data (the lent device machine):
-#   cuda.test   a static test binary of runtime/cuda (CGO_ENABLED=0,
-#               linux/amd64);
+#   cuda.test   the test binary of runtime/cuda (CGO_ENABLED=0,
+#               linux/amd64; purego links it dynamically against the
+#               system's libc and libdl, present on any glibc machine);
+#   sources.sha256  a hash of the Go and CUDA sources it was built from,
+#               which gpu-check.sh compares with its tree (stale bundle);
 #   data/       the shared models the parity tests read (stories260K and
 #               its MoE variant, about 5 MB);
 #   nvrtc/      gzip'd NVRTC 11.8 (libnvrtc.so.11.2 and
@@ -20,6 +23,9 @@ nvrtc_dir=${NVRTC_DIR:-/usr/lib/x86_64-linux-gnu}
 rm -rf .gpucheck
 mkdir -p .gpucheck/data
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 ${GO:-go} test -c -o .gpucheck/cuda.test ./runtime/cuda
+# The same hash as gpu-check.sh's src_hash.
+find . \( -path ./.git -o -path ./.gpucheck \) -prune -o -type f \( -name '*.go' -o -name '*.cu' -o -name '*.cuh' -o -name go.mod -o -name go.sum \) -print |
+	LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1 >.gpucheck/sources.sha256
 cp -r "$data/stories260K-hf" "$data/stories260K-moe-hf" .gpucheck/data/
 if [ "$nvrtc_dir" != none ]; then
 	mkdir -p .gpucheck/nvrtc
