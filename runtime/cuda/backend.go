@@ -96,10 +96,27 @@ type mlpW struct {
 
 type moeW struct {
 	router   dw // [E, H]
-	gu, down dw // stacked: gu [E·2I, H], down [E·H, I]
-	inter, E int
-	topK     int
-	norm     bool
+	gu, down dw // stacked: gu [E·2I, H], down [E·H, I] (p = 0 when packed)
+	// guQ, downQ: the same stacks kept packed (moe_gemv_q), or nil.
+	guQ, downQ *moeQW
+	inter, E   int
+	topK       int
+	norm       bool
+	// shared is the always-on expert (Qwen2-MoE) or nil; sharedGate its
+	// gate row, float32 [H], or 0 (no gate: weight 1).
+	shared     *mlpW
+	sharedGate DevPtr
+}
+
+// moeQW is a stack of quantized expert weights kept packed on the device
+// for moe_gemv_q: each expert's rows are `parts` segments (gate and up:
+// 2; down: 1), segment s = expert·parts + part being one quantized
+// weight whose storage (docs/QUANT.md, quantize/weights.Quantized) is
+// concatenated into codes (U8), scales and zeros (binary16) and perm
+// (int32), and described by tab (int64 [5·E·parts], moePack's layout).
+type moeQW struct {
+	codes, scales, zeros, perm, tab DevPtr
+	parts                           int
 }
 
 type layerW struct {
@@ -166,9 +183,6 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 		l := &d.Layers[i]
 		if l.HeadDim%4 != 0 || l.HeadDim > maxHeadDim {
 			return nil, fmt.Errorf("%w: layer %d: head_dim %d, want a multiple of 4 up to %d", ErrUnsupported, i, l.HeadDim, maxHeadDim)
-		}
-		if l.MoE != nil && (l.MoE.Shared != nil || l.MoE.SharedGate != "") {
-			return nil, fmt.Errorf("%w: layer %d: MoE shared experts", ErrUnsupported, i)
 		}
 		if l.MoE != nil {
 			// moe_gemv puts ⌈N/4⌉ output groups on grid.y (≤ 65535).
@@ -306,11 +320,39 @@ func (m *Model) load(ctx context.Context, src, raw runtime.TensorSource) error {
 				down = append(down, x.Down)
 				downRows = append(downRows, H)
 			}
-			if e.gu, err = m.weight(src, gu, guRows, H); err != nil {
+			if e.guQ, err = m.moeStack(raw, gu, e.inter, H, 2); err != nil {
 				return err
 			}
-			if e.down, err = m.weight(src, down, downRows, e.inter); err != nil {
+			if e.guQ == nil {
+				if e.gu, err = m.weight(src, gu, guRows, H); err != nil {
+					return err
+				}
+			}
+			if e.downQ, err = m.moeStack(raw, down, H, e.inter, 1); err != nil {
 				return err
+			}
+			if e.downQ == nil {
+				if e.down, err = m.weight(src, down, downRows, e.inter); err != nil {
+					return err
+				}
+			}
+			if sh := mo.Shared; sh != nil {
+				e.shared = &mlpW{inter: sh.IntermediateSize}
+				if e.shared.gu, err = m.linear(src, raw, []string{sh.Gate, sh.Up}, []int{sh.IntermediateSize, sh.IntermediateSize}, H); err != nil {
+					return err
+				}
+				if e.shared.down, err = m.linear(src, raw, []string{sh.Down}, []int{H}, sh.IntermediateSize); err != nil {
+					return err
+				}
+				if mo.SharedGate != "" {
+					g, err := loadF32(src, mo.SharedGate, 1, H)
+					if err != nil {
+						return err
+					}
+					if e.sharedGate, err = m.upload32(g); err != nil {
+						return err
+					}
+				}
 			}
 			l.moe = e
 		}
