@@ -66,8 +66,9 @@ func probeSources() []Source {
 }
 
 // ErrUnsupported is wrapped when a model uses a feature the CUDA backend
-// lacks (a head_dim over 256 or not a multiple of 4, a MoE shared
-// expert).
+// lacks (a head_dim over 256 or not a multiple of 4, MoE experts of one
+// layer with different intermediate sizes, an expert too wide for
+// moe_gemv's grid).
 var ErrUnsupported = errors.New("cuda: unsupported model")
 
 // dw is a device weight matrix [rows, cols], binary16 or bfloat16 at p,
@@ -140,9 +141,16 @@ type layerW struct {
 // rows dequantizes each into one binary16 scratch buffer the size of the
 // largest packed weight (2 bytes per element, allocated at the first
 // such prefill) before gemm_f16. The others (act-order permutations,
-// 1-bit, MoE experts, |Ŵ| > 65504) are dequantized on the host and stored
-// like float weights (2 bytes per weight). Not safe for concurrent
-// Forward calls.
+// 1-bit, |Ŵ| > 65504) are dequantized on the host and stored like float
+// weights (2 bytes per weight). Quantized MoE experts stay packed when
+// every expert weight of a stack (a layer's gate/up, or its down) is
+// quantized, whatever their widths (1, 2, 3, 4 or 8 bits), groups,
+// symmetry or act-order permutations (moeStack): moe_gemv_q reads each
+// (token, expert) pair's codes through a per-expert offset table, in
+// decode and prefill alike, with no binary16 scratch; a stack with an
+// unquantized expert is dequantized on the host. Shared experts
+// (Qwen2-MoE) are ordinary MLP weights (packable like them) plus their
+// float32 sigmoid gate row. Not safe for concurrent Forward calls.
 type Model struct {
 	d      *arch.Description
 	dev    *Device
@@ -173,8 +181,8 @@ type ropeDev struct {
 // Load implements runtime.Backend: it opens the device, compiles or loads
 // the kernels, converts and uploads every tensor the description names
 // (checked like the CPU backend: errors wrap runtime.ErrBadWeights and
-// name the tensor), fusing q/k/v and gate/up. MoE layers with a shared
-// expert return ErrUnsupported.
+// name the tensor), fusing q/k/v and gate/up. Errors wrapping
+// ErrUnsupported: see ErrUnsupported.
 func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.TensorSource, opt runtime.LoadOptions) (runtime.Model, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
@@ -204,9 +212,9 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 	}
 	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
 	// Quantized attention, MLP and lm_head weights stay packed on the
-	// device when packable (see packed); the rest (act-order permutations,
-	// 1-bit, MoE experts, mixed stacks) are dequantized on the host and
-	// uploaded like float ones.
+	// device when packable (see packable), MoE experts when moePackable;
+	// the rest (act-order permutations, 1-bit, mixed stacks) are
+	// dequantized on the host and uploaded like float ones.
 	if err := m.load(ctx, runtime.WithQuant(d, src), src); err != nil {
 		m.Close()
 		return nil, err

@@ -421,17 +421,26 @@ func (m *Model) moeFFN(k *Kernels, e *moeW, R int) error {
 	if err := m.matmulX(k, s.moeY, H, s.gu, 2*Is, sh.down, R, 0); err != nil {
 		return err
 	}
-	return k.Launch("moe_shared", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, s.moeY, s.xn, e.sharedGate, H)
+	return k.Launch("moe_shared", Dim{R, 1, 1}, Dim{256, 1, 1}, moeSharedArgs(s.x, s.moeY, s.xn, e.sharedGate, H)...)
 }
+
+// moeSharedArgs are moe_shared's arguments: out [T, H] += g·y [T, H],
+// g = sigmoid(gate [H] · x [T, H] row) or 1 when gate = 0.
+func moeSharedArgs(out, y, x, gate DevPtr, H int) []any { return []any{out, y, x, gate, H} }
 
 // moeGemv launches moe_gemv on the stacked binary16/bfloat16 experts w,
 // or moe_gemv_q when q (the packed stack) is set: y rows r = t·K + k of
 // width N (stride ldy) for the R·K pairs of sel, x rows of Kd (stride
 // ldx, per token when xsel = 0, per pair when 1).
 func moeGemv(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx, xsel int, w dw, q *moeQW, sel DevPtr, R, K, N, Kd int) error {
+	name, args := moeGemvArgs(y, ldy, x, ldx, xsel, w, q, sel, K, N, Kd)
+	return k.Launch(name, moeGemvGrid(R, K, N), Dim{128, 1, 1}, args...)
+}
+
+// moeGemvArgs returns the kernel moeGemv launches and its arguments.
+func moeGemvArgs(y DevPtr, ldy int, x DevPtr, ldx, xsel int, w dw, q *moeQW, sel DevPtr, K, N, Kd int) (string, []any) {
 	if q != nil {
-		return k.Launch("moe_gemv_q", moeGemvGrid(R, K, N), Dim{128, 1, 1}, y, ldy, x, ldx, xsel,
-			q.codes, q.scales, q.zeros, q.perm, q.tab, sel, K, N, q.parts, Kd)
+		return "moe_gemv_q", []any{y, ldy, x, ldx, xsel, q.codes, q.scales, q.zeros, q.perm, q.tab, sel, K, N, q.parts, Kd}
 	}
-	return k.Launch("moe_gemv", moeGemvGrid(R, K, N), Dim{128, 1, 1}, y, ldy, x, ldx, xsel, w.p, sel, K, N, Kd, b2i(w.bf16))
+	return "moe_gemv", []any{y, ldy, x, ldx, xsel, w.p, sel, K, N, Kd, b2i(w.bf16)}
 }

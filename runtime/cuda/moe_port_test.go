@@ -7,6 +7,7 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/quantize/kvq"
@@ -338,6 +339,68 @@ func TestKernelPortMoEShared(t *testing.T) {
 				if d := math.Abs(want - float64(out[tk*H+j])); d > 1e-6*(1+math.Abs(want)) {
 					t.Fatalf("gated %v token %d column %d: %v, want %v", gated, tk, j, out[tk*H+j], want)
 				}
+			}
+		}
+	}
+}
+
+// ptxParams returns the parameter types (".u64", ".u32", ".f32", …) of
+// entry name in ptx.
+func ptxParams(t *testing.T, ptx, name string) []string {
+	t.Helper()
+	i := strings.Index(ptx, ".entry "+name+"(")
+	if i < 0 {
+		t.Fatalf("PTX lacks entry %s", name)
+	}
+	body := ptx[i+len(".entry "+name+"("):]
+	body = body[:strings.Index(body, ")")]
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		f := strings.Fields(strings.TrimSuffix(strings.TrimSpace(l), ","))
+		if len(f) >= 3 && f[0] == ".param" {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// TestMoELaunchArgs: the arguments moeFFN passes to moe_gemv, moe_gemv_q
+// and moe_shared match the compiled kernels' parameters in count and
+// kind (DevPtr ↔ 64-bit pointer, int ↔ 32-bit), so a reordered or
+// missing argument fails here without a GPU.
+func TestMoELaunchArgs(t *testing.T) {
+	nv := nvrtcForTest(t)
+	var src Source
+	for _, s := range Sources() {
+		if s.Name == "moe.cu" {
+			src = s
+		}
+	}
+	ptx, err := nv.Compile(src.Name, src.Code, 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &moeQW{codes: 1, scales: 2, zeros: 3, perm: 4, tab: 5, parts: 2}
+	type call struct {
+		name string
+		args []any
+	}
+	var calls []call
+	for _, qq := range []*moeQW{q, nil} {
+		n, a := moeGemvArgs(10, 20, 11, 30, 0, dw{p: 12}, qq, 13, 2, 40, 50)
+		calls = append(calls, call{n, a})
+	}
+	calls = append(calls, call{"moe_shared", moeSharedArgs(1, 2, 3, 4, 64)})
+	for _, c := range calls {
+		ps := ptxParams(t, ptx, c.name)
+		if len(ps) != len(c.args) {
+			t.Errorf("%s: %d arguments, the kernel has %d parameters %v", c.name, len(c.args), len(ps), ps)
+			continue
+		}
+		for i, a := range c.args {
+			want := map[bool]string{true: ".u64", false: ".u32"}[func() bool { _, ok := a.(DevPtr); return ok }()]
+			if got := ps[i]; got != want && !(want == ".u32" && (got == ".s32" || got == ".b32")) {
+				t.Errorf("%s: argument %d is %T, parameter %s", c.name, i, a, got)
 			}
 		}
 	}
