@@ -75,7 +75,8 @@ func quantizeMoE(t *testing.T) (*arch.Description, runtime.TensorSource) {
 // experts have at least three widths, including 1 bit, and every MoE
 // layer's experts, read and packed as the CUDA backend packs them
 // (moePack's offset tables), give through the Go port of moe_gemv_q the
-// products of Quantized.Dequantize (cuda.CheckMoEStacksPort).
+// products of Quantized.Dequantize (cuda.CheckMoEStacksPort); the CPU
+// backend runs it (finite logits).
 func TestMoEQuantPackCPU(t *testing.T) {
 	d, src := quantizeMoE(t)
 	widths := cuda.CheckMoEStacksPort(t, d, src)
@@ -87,6 +88,22 @@ func TestMoEQuantPackCPU(t *testing.T) {
 	t.Logf("expert segments by width: %v", widths)
 	if len(ws) < 3 || widths[1] == 0 || widths[8] == 0 {
 		t.Errorf("expert widths %v, want at least three, 1 and 8 bits among them", widths)
+	}
+	// The CPU half of TestGPUMoEQuant: the checkpoint loads and runs.
+	m, err := runtime.NewCPU().Load(context.Background(), d, src, runtime.LoadOptions{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	toks := cuda.StoriesTokens(t, 16)
+	out := make([]float32, len(toks)*d.VocabSize)
+	if err := m.Forward(context.Background(), toks, m.NewCache(16), out, true); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range out {
+		if v-v != 0 {
+			t.Fatalf("logit %d is %v", i, v)
+		}
 	}
 }
 
