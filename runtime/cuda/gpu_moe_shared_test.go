@@ -20,8 +20,8 @@ import (
 // layers 0 and 2 sparse (6 experts of intermediate 48, top 2 without
 // renormalisation, a shared expert of intermediate 80 with its sigmoid
 // gate), layer 1 a dense MLP of 96 — and random F16 weights: norms
-// 1 + N(0, 0.1²), biases N(0, 0.1²), matrices (the shared gate [1, 64]
-// included) N(0, 1/cols).
+// 1 + N(0, 0.1²), biases N(0, 0.1²), routers N(0, 16/cols), other
+// matrices (the shared gate [1, 64] included) N(0, 1/cols).
 func qwenMoESynthetic(tb testing.TB, seed uint64) (*arch.Description, mapSource) {
 	tb.Helper()
 	cfg := `{"architectures":["Qwen2MoeForCausalLM"],"model_type":"qwen2_moe","hidden_size":64,"intermediate_size":96,
@@ -46,6 +46,12 @@ func qwenMoESynthetic(tb testing.TB, seed uint64) (*arch.Description, mapSource)
 				v[i] = float32(0.1 * r.NormFloat64())
 			case len(shape) == 1:
 				v[i] = float32(1 + 0.1*r.NormFloat64())
+			case strings.HasSuffix(name, ".mlp.gate.weight"):
+				// A decisive router (logits of standard deviation about
+				// 4): near-ties at the top-k boundary, where the two
+				// backends' rounding could pick different experts, are
+				// rarer.
+				v[i] = float32(4 * r.NormFloat64() / math.Sqrt(float64(shape[1])))
 			default:
 				v[i] = float32(r.NormFloat64() / math.Sqrt(float64(shape[1])))
 			}

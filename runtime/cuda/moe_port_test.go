@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
@@ -402,6 +403,30 @@ func TestMoELaunchArgs(t *testing.T) {
 			if got := ps[i]; got != want && !(want == ".u32" && (got == ".s32" || got == ".b32")) {
 				t.Errorf("%s: argument %d is %T, parameter %s", c.name, i, a, got)
 			}
+		}
+	}
+}
+
+// TestMoEPackable: which expert stacks moeStack keeps packed.
+func TestMoEPackable(t *testing.T) {
+	q := &arch.Quantization{Tensors: map[string]arch.TensorQuant{
+		"a": {Bits: 1, GroupSize: 64}, "b": {Bits: 8, GroupSize: 32, Symmetric: true, Perm: true},
+		"c": {Bits: 3, GroupSize: 172}, "d": {Bits: 5, GroupSize: 32}, "e": {Bits: 4, GroupSize: 0},
+	}}
+	for _, c := range []struct {
+		q     *arch.Quantization
+		names []string
+		want  bool
+	}{
+		{q, []string{"a", "b", "c"}, true}, // mixed widths, groups, symmetry, act-order
+		{q, []string{"a", "x"}, false},     // x not quantized: the host path for the stack
+		{q, []string{"d"}, false},          // 5 bits is no stored width
+		{q, []string{"e"}, false},          // no group size
+		{nil, []string{"a"}, false},
+		{q, nil, false},
+	} {
+		if got := moePackable(c.q, c.names); got != c.want {
+			t.Errorf("moePackable(%v) = %v, want %v", c.names, got, c.want)
 		}
 	}
 }
