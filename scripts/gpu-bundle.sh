@@ -7,7 +7,8 @@
 #   sources.sha256  a hash of the Go and CUDA sources it was built from,
 #               which gpu-check.sh compares with its tree (stale bundle);
 #   data/       the shared models the parity tests read (stories260K and
-#               its MoE variant, about 5 MB);
+#               its MoE variant, about 5 MB) and tinystories-valid/calib.txt
+#               (0.4 MB, TestGPUMoEQuant's calibration text);
 #   nvrtc/      gzip'd NVRTC 11.8 (libnvrtc.so.11.2 and
 #               libnvrtc-builtins.so.11.8, about 23 MB) from $NVRTC_DIR
 #               (default /usr/lib/x86_64-linux-gnu, Debian's libnvrtc11.2),
@@ -27,6 +28,9 @@ CGO_ENABLED=0 GOOS=linux GOARCH=amd64 ${GO:-go} test -c -o .gpucheck/cuda.test .
 find . \( -path ./.git -o -path ./.gpucheck \) -prune -o -type f \( -name '*.go' -o -name '*.cu' -o -name '*.cuh' -o -name go.mod -o -name go.sum \) -print |
 	LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1 >.gpucheck/sources.sha256
 cp -r "$data/stories260K-hf" "$data/stories260K-moe-hf" .gpucheck/data/
+# TestGPUMoEQuant calibrates and quantizes the MoE model on the spot.
+mkdir -p .gpucheck/data/tinystories-valid
+cp "$data/tinystories-valid/calib.txt" .gpucheck/data/tinystories-valid/
 if [ "$nvrtc_dir" != none ]; then
 	mkdir -p .gpucheck/nvrtc
 	for lib in libnvrtc.so.11.2 libnvrtc-builtins.so.11.8; do

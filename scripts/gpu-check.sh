@@ -3,10 +3,12 @@
 # (5 at most): every kernel against the CPU code, stories260K (fp16 and
 # oscar2 KV, RTN-quantized weights kept packed: TestGPUStories260KQuant),
 # an oscar2 artifact opened through the engine with --device cuda
-# (TestGPUArtifactOscar2) and the MoE variant against the CPU backend, then the
-# benchmarks: device copy bandwidth, the INT2 decode attention in GB/s
-# against it, and decode tokens/s with fp16 and oscar2 KV at 4k/16k/32k
-# context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
+# (TestGPUArtifactOscar2), the MoE variant, its wquant-quantized form with
+# mixed expert widths kept packed (TestGPUMoEQuant) and a synthetic
+# Qwen2-MoE with shared experts (TestGPUQwenMoEShared) against the CPU
+# backend, then the benchmarks: device copy bandwidth, the INT2 decode
+# attention in GB/s against it, and decode tokens/s with fp16 and oscar2
+# KV at 4k/16k/32k context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
 #
 # Usage: scripts/gpu-check.sh            (or: make gpu-check)
 # On a machine without Go or ../shared (the lent device machine): run

@@ -66,8 +66,9 @@ func probeSources() []Source {
 }
 
 // ErrUnsupported is wrapped when a model uses a feature the CUDA backend
-// lacks (a head_dim over 256 or not a multiple of 4, a MoE shared
-// expert).
+// lacks (a head_dim over 256 or not a multiple of 4, MoE experts of one
+// layer with different intermediate sizes, an expert too wide for
+// moe_gemv's grid).
 var ErrUnsupported = errors.New("cuda: unsupported model")
 
 // dw is a device weight matrix [rows, cols], binary16 or bfloat16 at p,
@@ -96,10 +97,27 @@ type mlpW struct {
 
 type moeW struct {
 	router   dw // [E, H]
-	gu, down dw // stacked: gu [E·2I, H], down [E·H, I]
-	inter, E int
-	topK     int
-	norm     bool
+	gu, down dw // stacked: gu [E·2I, H], down [E·H, I] (p = 0 when packed)
+	// guQ, downQ: the same stacks kept packed (moe_gemv_q), or nil.
+	guQ, downQ *moeQW
+	inter, E   int
+	topK       int
+	norm       bool
+	// shared is the always-on expert (Qwen2-MoE) or nil; sharedGate its
+	// gate row, float32 [H], or 0 (no gate: weight 1).
+	shared     *mlpW
+	sharedGate DevPtr
+}
+
+// moeQW is a stack of quantized expert weights kept packed on the device
+// for moe_gemv_q: each expert's rows are `parts` segments (gate and up:
+// 2; down: 1), segment s = expert·parts + part being one quantized
+// weight whose storage (docs/QUANT.md, quantize/weights.Quantized) is
+// concatenated into codes (U8), scales and zeros (binary16) and perm
+// (int32), and described by tab (int64 [5·E·parts], moePack's layout).
+type moeQW struct {
+	codes, scales, zeros, perm, tab DevPtr
+	parts                           int
 }
 
 type layerW struct {
@@ -123,9 +141,16 @@ type layerW struct {
 // rows dequantizes each into one binary16 scratch buffer the size of the
 // largest packed weight (2 bytes per element, allocated at the first
 // such prefill) before gemm_f16. The others (act-order permutations,
-// 1-bit, MoE experts, |Ŵ| > 65504) are dequantized on the host and stored
-// like float weights (2 bytes per weight). Not safe for concurrent
-// Forward calls.
+// 1-bit, |Ŵ| > 65504) are dequantized on the host and stored like float
+// weights (2 bytes per weight). Quantized MoE experts stay packed when
+// every expert weight of a stack (a layer's gate/up, or its down) is
+// quantized, whatever their widths (1, 2, 3, 4 or 8 bits), groups,
+// symmetry or act-order permutations (moeStack): moe_gemv_q reads each
+// (token, expert) pair's codes through a per-expert offset table, in
+// decode and prefill alike, with no binary16 scratch; a stack with an
+// unquantized expert is dequantized on the host. Shared experts
+// (Qwen2-MoE) are ordinary MLP weights (packable like them) plus their
+// float32 sigmoid gate row. Not safe for concurrent Forward calls.
 type Model struct {
 	d      *arch.Description
 	dev    *Device
@@ -156,8 +181,8 @@ type ropeDev struct {
 // Load implements runtime.Backend: it opens the device, compiles or loads
 // the kernels, converts and uploads every tensor the description names
 // (checked like the CPU backend: errors wrap runtime.ErrBadWeights and
-// name the tensor), fusing q/k/v and gate/up. MoE layers with a shared
-// expert return ErrUnsupported.
+// name the tensor), fusing q/k/v and gate/up. Errors wrapping
+// ErrUnsupported: see ErrUnsupported.
 func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.TensorSource, opt runtime.LoadOptions) (runtime.Model, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
@@ -166,9 +191,6 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 		l := &d.Layers[i]
 		if l.HeadDim%4 != 0 || l.HeadDim > maxHeadDim {
 			return nil, fmt.Errorf("%w: layer %d: head_dim %d, want a multiple of 4 up to %d", ErrUnsupported, i, l.HeadDim, maxHeadDim)
-		}
-		if l.MoE != nil && (l.MoE.Shared != nil || l.MoE.SharedGate != "") {
-			return nil, fmt.Errorf("%w: layer %d: MoE shared experts", ErrUnsupported, i)
 		}
 		if l.MoE != nil {
 			// moe_gemv puts ⌈N/4⌉ output groups on grid.y (≤ 65535).
@@ -190,9 +212,9 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 	}
 	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
 	// Quantized attention, MLP and lm_head weights stay packed on the
-	// device when packable (see packed); the rest (act-order permutations,
-	// 1-bit, MoE experts, mixed stacks) are dequantized on the host and
-	// uploaded like float ones.
+	// device when packable (see packable), MoE experts when moePackable;
+	// the rest (act-order permutations, 1-bit, mixed stacks) are
+	// dequantized on the host and uploaded like float ones.
 	if err := m.load(ctx, runtime.WithQuant(d, src), src); err != nil {
 		m.Close()
 		return nil, err
@@ -306,11 +328,39 @@ func (m *Model) load(ctx context.Context, src, raw runtime.TensorSource) error {
 				down = append(down, x.Down)
 				downRows = append(downRows, H)
 			}
-			if e.gu, err = m.weight(src, gu, guRows, H); err != nil {
+			if e.guQ, err = m.moeStack(raw, gu, e.inter, H, 2); err != nil {
 				return err
 			}
-			if e.down, err = m.weight(src, down, downRows, e.inter); err != nil {
+			if e.guQ == nil {
+				if e.gu, err = m.weight(src, gu, guRows, H); err != nil {
+					return err
+				}
+			}
+			if e.downQ, err = m.moeStack(raw, down, H, e.inter, 1); err != nil {
 				return err
+			}
+			if e.downQ == nil {
+				if e.down, err = m.weight(src, down, downRows, e.inter); err != nil {
+					return err
+				}
+			}
+			if sh := mo.Shared; sh != nil {
+				e.shared = &mlpW{inter: sh.IntermediateSize}
+				if e.shared.gu, err = m.linear(src, raw, []string{sh.Gate, sh.Up}, []int{sh.IntermediateSize, sh.IntermediateSize}, H); err != nil {
+					return err
+				}
+				if e.shared.down, err = m.linear(src, raw, []string{sh.Down}, []int{H}, sh.IntermediateSize); err != nil {
+					return err
+				}
+				if mo.SharedGate != "" {
+					g, err := loadF32(src, mo.SharedGate, 1, H)
+					if err != nil {
+						return err
+					}
+					if e.sharedGate, err = m.upload32(g); err != nil {
+						return err
+					}
+				}
 			}
 			l.moe = e
 		}

@@ -29,4 +29,14 @@
 // pip wheel locations site-packages/nvidia/*/lib of the Python
 // installations found on the machine. The driver is libcuda.so.1 through
 // the dynamic loader (never a toolkit stub, which has no device).
+//
+// Models (Backend.Load): the decoders formats/arch describes, dense and
+// MoE (top-k routing, Qwen2-MoE's shared expert with its sigmoid gate),
+// with a head_dim that is a multiple of 4 up to 256. Weights are binary16
+// or bfloat16 on the device, or stay packed when quantized (docs/QUANT.md):
+// dense matmuls through gemv_q (decode) and dequant_q + gemm_f16
+// (prefill), MoE experts through moe_gemv_q (kernels/moe.cu), which
+// takes experts of different widths, groups and act-order permutations
+// in one launch through a per-expert offset table. Model says which
+// weights fall back to host dequantization.
 package cuda

@@ -310,6 +310,9 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 		}
 		if l.moe != nil {
 			inter, E, K = max(inter, l.moe.inter), max(E, l.moe.E), max(K, l.moe.topK)
+			if l.moe.shared != nil {
+				inter = max(inter, l.moe.shared.inter)
+			}
 		}
 	}
 	slots := int64(m.partSlots(R, nTok))
@@ -400,7 +403,12 @@ func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, 
 func moeGemvGrid(R, K, N int) Dim { return Dim{R * K, (N + 3) / 4, 1} }
 
 // moeFFN routes the R rows of m.s.xn and adds the weighted expert outputs
-// to m.s.x.
+// (moe_gemv, or moe_gemv_q for packed experts, on every (token, expert)
+// pair; decode and prefill alike) to m.s.x, then, with a shared expert,
+// sigmoid(gate·xn)·shared(xn) per row (shared through matmulX into m.s.gu
+// and m.s.moeY, then moe_shared). The order of the sums differs from the
+// CPU backend's (which adds the shared output to the routed sum before
+// the residual), a float32 rounding difference.
 func (m *Model) moeFFN(k *Kernels, e *moeW, R int) error {
 	s := &m.s
 	H, I, K := m.d.HiddenSize, e.inter, e.topK
@@ -410,14 +418,53 @@ func (m *Model) moeFFN(k *Kernels, e *moeW, R int) error {
 	if err := k.Launch("moe_route", Dim{(R + 31) / 32, 1, 1}, Dim{32, 1, 1}, s.moeSel, s.moeW, s.moeLogits, R, e.E, K, b2i(e.norm)); err != nil {
 		return err
 	}
-	if err := k.Launch("moe_gemv", moeGemvGrid(R, K, 2*I), Dim{128, 1, 1}, s.moeGU, 2*I, s.xn, H, 0, e.gu.p, s.moeSel, K, 2*I, H, b2i(e.gu.bf16)); err != nil {
+	if err := moeGemv(k, s.moeGU, 2*I, s.xn, H, 0, e.gu, e.guQ, s.moeSel, R, K, 2*I, H); err != nil {
 		return err
 	}
 	if err := k.Launch("silu_mul", Dim{R * K, 1, 1}, Dim{256, 1, 1}, s.moeGU, I); err != nil {
 		return err
 	}
-	if err := k.Launch("moe_gemv", moeGemvGrid(R, K, H), Dim{128, 1, 1}, s.moeY, H, s.moeGU, 2*I, 1, e.down.p, s.moeSel, K, H, I, b2i(e.down.bf16)); err != nil {
+	if err := moeGemv(k, s.moeY, H, s.moeGU, 2*I, 1, e.down, e.downQ, s.moeSel, R, K, H, I); err != nil {
 		return err
 	}
-	return k.Launch("moe_combine", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, s.moeY, s.moeW, K, H)
+	if err := k.Launch("moe_combine", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, s.moeY, s.moeW, K, H); err != nil {
+		return err
+	}
+	sh := e.shared
+	if sh == nil {
+		return nil
+	}
+	Is := sh.inter
+	if err := m.matmulX(k, s.gu, 2*Is, s.xn, H, sh.gu, R, 0); err != nil {
+		return err
+	}
+	if err := k.Launch("silu_mul", Dim{R, 1, 1}, Dim{256, 1, 1}, s.gu, Is); err != nil {
+		return err
+	}
+	// moe_combine has read moeY ([R·K, H]): its first R rows hold shared(xn).
+	if err := m.matmulX(k, s.moeY, H, s.gu, 2*Is, sh.down, R, 0); err != nil {
+		return err
+	}
+	return k.Launch("moe_shared", Dim{R, 1, 1}, Dim{256, 1, 1}, moeSharedArgs(s.x, s.moeY, s.xn, e.sharedGate, H)...)
+}
+
+// moeSharedArgs are moe_shared's arguments: out [T, H] += g·y [T, H],
+// g = sigmoid(gate [H] · x [T, H] row) or 1 when gate = 0.
+func moeSharedArgs(out, y, x, gate DevPtr, H int) []any { return []any{out, y, x, gate, H} }
+
+// moeGemv launches moe_gemv on the stacked binary16/bfloat16 experts w,
+// or moe_gemv_q when q (the packed stack) is set: y rows r = t·K + k of
+// width N (stride ldy) for the R·K pairs of sel, x rows of Kd (stride
+// ldx, per token when xsel = 0, per pair when 1).
+func moeGemv(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx, xsel int, w dw, q *moeQW, sel DevPtr, R, K, N, Kd int) error {
+	name, args := moeGemvArgs(y, ldy, x, ldx, xsel, w, q, sel, K, N, Kd)
+	return k.Launch(name, moeGemvGrid(R, K, N), Dim{128, 1, 1}, args...)
+}
+
+// moeGemvArgs returns the kernel moeGemv launches and its arguments.
+func moeGemvArgs(y DevPtr, ldy int, x DevPtr, ldx, xsel int, w dw, q *moeQW, sel DevPtr, K, N, Kd int) (string, []any) {
+	if q != nil {
+		return "moe_gemv_q", []any{y, ldy, x, ldx, xsel, q.codes, q.scales, q.zeros, q.perm, q.tab, sel, K, N, q.parts, Kd}
+	}
+	return "moe_gemv", []any{y, ldy, x, ldx, xsel, w.p, sel, K, N, Kd, b2i(w.bf16)}
 }
