@@ -226,10 +226,11 @@ func ExpertPasses(d *arch.Description, maxBytes int64) ([][]int, error) {
 func CollectExperts(ctx context.Context, m runtime.Model, d *arch.Description, ck runtime.TensorSource, windows [][]int, opt ExpertOptions, progress func(done, total int)) ([]ExpertLayer, error) {
 	// A quantized checkpoint's experts are read dequantized, as the
 	// runtime runs them.
-	acc, err := newExpertsAcc(d, runtime.WithQuant(d, ck), opt.AllExperts, opt.Layers)
-	if err != nil || acc == nil {
+	col, err := NewExpertCollector(d, ck, opt.AllExperts, opt.Layers)
+	if err != nil || col == nil {
 		return nil, err
 	}
+	acc := col.acc
 	T, longest := 0, 0
 	for i, w := range windows {
 		if len(w) == 0 {
@@ -260,6 +261,56 @@ func CollectExperts(ctx context.Context, m runtime.Model, d *arch.Description, c
 		}
 	}
 	return acc.result(T)
+}
+
+// ExpertCollector accumulates StatExperts statistics from whatever a
+// runtime model is run on: install it with Model.SetObserver (it is a
+// runtime.FFNObserver and runtime.RouterObserver), run the model, then
+// call Result. CollectExperts is one collector over token windows; weight
+// quantization uses one on the hidden states of the already quantized
+// blocks (GPTQ's sequential inputs), on a one-layer model.
+type ExpertCollector struct{ acc *expertsAcc }
+
+// NewExpertCollector returns a collector for the MoE layers of d (only
+// those in layers when not nil; the indices the runtime reports for d),
+// reading every expert's gate_proj and up_proj [I, H] from ck (quantized
+// weights dequantized, runtime.WithQuant) as float64 to form the down_proj
+// inputs silu(x·gateᵀ)⊙(x·upᵀ) itself. all accumulates every token into
+// every expert (ExpertOptions.AllExperts). It returns nil, nil when d has
+// no such MoE layer. Memory: ExpertLayerBytes per layer. Errors: a layers
+// entry that is not an MoE layer, a missing weight or one not [I, H]
+// (naming the tensor).
+func NewExpertCollector(d *arch.Description, ck runtime.TensorSource, all bool, layers []int) (*ExpertCollector, error) {
+	acc, err := newExpertsAcc(d, runtime.WithQuant(d, ck), all, layers)
+	if err != nil || acc == nil {
+		return nil, err
+	}
+	return &ExpertCollector{acc: acc}, nil
+}
+
+// FFNInput implements runtime.FFNObserver.
+func (c *ExpertCollector) FFNInput(layer, pos, n int, x, h []float32) { c.acc.FFNInput(layer, pos, n, x, h) }
+
+// RouterLogits implements runtime.RouterObserver.
+func (c *ExpertCollector) RouterLogits(layer, pos, n int, logits []float32, selected []int32) {
+	c.acc.RouterLogits(layer, pos, n, logits, selected)
+}
+
+// Err is the first error the observer hooks met (a router hook without
+// its block input), or nil.
+func (c *ExpertCollector) Err() error { return c.acc.err }
+
+// Result returns the statistics of every collected layer after tokens
+// tokens were run, as CollectExperts does: per expert the routed count
+// and the mean input Hessians HIn [H, H] and HDown [I, I] (float64). The
+// collector's accumulators become the results (call it once). Errors: a
+// hook error, a layer that saw other than tokens tokens, non-finite
+// statistics (ErrBadStatistic).
+func (c *ExpertCollector) Result(tokens int) ([]ExpertLayer, error) {
+	if c.acc.err != nil {
+		return nil, c.acc.err
+	}
+	return c.acc.result(tokens)
 }
 
 // expertsAcc is the FFNObserver + RouterObserver accumulating the expert

@@ -44,15 +44,18 @@
 // output on the float model, then exact DP or the Lagrangian solver under
 // the budget, counted in stored bits per expert weight with scales and
 // zero-points, as TargetBPW counts them). The attention weights stay in
-// the sequential pipeline above; the experts' GPTQ Hessians come from the
-// calibration file's expert statistics (float model), with the
+// the sequential pipeline above, and so do the experts' GPTQ Hessians: the
+// block's Hessian pass also routes the quantized prefix's hidden states
+// and accumulates each expert's inputs (calibrate.ExpertCollector; at
+// budget 2.0 on stories260K-moe-hf this took GPTQ+MSEClip from
+// perplexity 88.0 to 79.4, 16 windows), with the
 // sparse-expert fallback of calibrate.ExpertLayer.Hessians reported as a
 // warning. docs/QUANT.md "MoE models" has the details. On
-// stories260K-moe-hf (attention 4-bit g32, experts per channel, 32
-// heldout windows of 512; float 6.46) the written checkpoints have
-// perplexity, at budgets 1.5/2.0/2.5/3.0: RTN 326/185/97/32, RTN with
-// MSEClip 268/153/56/21, GPTQ 158/90/56/22, GPTQ with MSEClip
-// 134/84/35/18 (TestMoEBudget logs the table). MSEClip matters most at 2
+// stories260K-moe-hf (attention 4-bit g32, experts per channel, the first
+// 16 heldout windows of 512; float 6.49) the written checkpoints have
+// perplexity, at budgets 1.5/2.0/2.5/3.0: RTN 326/192/102/35, RTN with
+// MSEClip 269/156/59/22, GPTQ with MSEClip (sequential expert Hessians)
+// 112/79/35/17.8 (TestMoEBudget logs the table). MSEClip matters most at 2
 // bits: the min-max 2-bit grid is so coarse on these heavy-tailed rows
 // that the allocator skips 2 bits entirely (1→3 is cheaper per unit of
 // error); with clipping it uses it.

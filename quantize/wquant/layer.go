@@ -9,6 +9,7 @@ import (
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/blas64"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/weights"
@@ -155,6 +156,34 @@ func (h *hessians) FFNInput(_, _, n int, x, d []float32) {
 	}
 }
 
+// layerDesc is the description of the one-layer model that runs block l
+// of d alone (loadLayer): that block as layer 0 (tensor names unchanged),
+// a 1-row tied embedding stub, no quantization section.
+func layerDesc(d *arch.Description, l int) *arch.Description {
+	d1 := *d
+	d1.Layers = []arch.Layer{d.Layers[l]}
+	d1.VocabSize, d1.TieWordEmbeddings, d1.BOSTokenID, d1.EOSTokenIDs, d1.Quant = 1, true, -1, nil, nil
+	return &d1
+}
+
+// hessiansExperts is the observer of a block's Hessian pass that also
+// collects its routed experts' statistics.
+type hessiansExperts struct {
+	*hessians
+	ex *calibrate.ExpertCollector
+}
+
+// FFNInput implements runtime.FFNObserver for both.
+func (o *hessiansExperts) FFNInput(layer, pos, n int, x, d []float32) {
+	o.hessians.FFNInput(layer, pos, n, x, d)
+	o.ex.FFNInput(layer, pos, n, x, d)
+}
+
+// RouterLogits implements runtime.RouterObserver.
+func (o *hessiansExperts) RouterLogits(layer, pos, n int, logits []float32, selected []int32) {
+	o.ex.RouterLogits(layer, pos, n, logits, selected)
+}
+
 // layerSource serves one block's tensors to a one-layer model: a zero
 // [1, hidden] embedding stub, float32 replacements (dequantized weights),
 // and everything else from the checkpoint.
@@ -179,10 +208,7 @@ func (s *layerSource) Tensor(name string) (*safetensors.Tensor, error) {
 // loadLayer loads block l of d alone as a one-layer runtime model whose
 // weights come from src (with repl overriding weights by name).
 func loadLayer(ctx context.Context, d *arch.Description, l int, src runtime.TensorSource, repl map[string][]float32, shapes map[string][]int, threads int) (runtime.Model, error) {
-	d1 := *d
-	d1.Layers = []arch.Layer{d.Layers[l]}
-	d1.VocabSize, d1.TieWordEmbeddings, d1.BOSTokenID, d1.EOSTokenIDs, d1.Quant = 1, true, -1, nil, nil
-	return runtime.NewCPU().Load(ctx, &d1, &layerSource{base: src, embedding: d.Embedding, hidden: d.HiddenSize, repl: repl, shapes: shapes},
+	return runtime.NewCPU().Load(ctx, layerDesc(d, l), &layerSource{base: src, embedding: d.Embedding, hidden: d.HiddenSize, repl: repl, shapes: shapes},
 		runtime.LoadOptions{Threads: threads})
 }
 

@@ -144,16 +144,48 @@ func (p *pipeline) moeSpecs(a *gemq.Allocation, specs []spec) error {
 	return nil
 }
 
+// hasExpertTargets reports whether layer l has routed-expert weights to
+// quantize.
+func (p *pipeline) hasExpertTargets(l int) bool {
+	for _, t := range p.targets {
+		if t.Layer == l && t.IsExpert() {
+			return true
+		}
+	}
+	return false
+}
+
+// allExpertSamples reports whether the calibration file's expert
+// statistics were collected with every token in every expert
+// (calibrate --calibrate-all-experts: some expert has more samples than
+// routed tokens); the sequential collection then does the same.
+func (p *pipeline) allExpertSamples() bool {
+	for _, l := range p.experts {
+		for _, e := range l.Experts {
+			if e.Samples > e.Routed {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // expertHessians returns the GPTQ Hessians of expert e of layer l from
-// the calibration file's expert statistics (calibrate.ExpertLayer.Hessians
+// the statistics collected on the quantized prefix's hidden states in this
+// layer's pass (p.seqExperts, GPTQ's sequential inputs), else from the
+// calibration file's expert statistics of the float model
+// (calibrate.ExpertLayer.Hessians
 // with opt.MoEMinTokens: the layer's pooled input Hessian and the identity
 // for an expert routed fewer tokens, with a warning), scaled by 2 to the
 // (2/N)·Σxxᵀ convention of weights.Hessian, so that the reported error of
 // an expert weight is the mean of ‖(W − Ŵ)x‖² over the tokens routed to it.
 func (p *pipeline) expertHessians(l, e int) (hIn, hDown *weights.Hessian, warn string, err error) {
 	var el *calibrate.ExpertLayer
+	if p.seqExperts != nil && p.seqExperts.Layer == l {
+		el = p.seqExperts
+	}
 	for i := range p.experts {
-		if p.experts[i].Layer == l {
+		if el == nil && p.experts[i].Layer == l {
 			el = &p.experts[i]
 		}
 	}

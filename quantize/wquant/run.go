@@ -115,6 +115,10 @@ type Options struct {
 	Progress func(done, total int)
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
+	// floatExpertHessians (tests) takes the routed experts' GPTQ Hessians
+	// from the calibration file (float model) instead of collecting them
+	// on the quantized prefix's hidden states.
+	floatExpertHessians bool
 }
 
 // DefaultMeasureTokens is the allocator's default measurement size.
@@ -319,7 +323,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	case moe && len(cal.Experts) == 0:
 		return nil, fmt.Errorf("%w: %s holds no expert statistics for the MoE model %s (calibrate again with this lmpack)", ErrCalibration, opt.Calib, opt.Model)
 	}
-	p := &pipeline{opt: opt, d: d, ck: ck, targets: targets, wins: wins, experts: cal.Experts}
+	p := &pipeline{opt: opt, d: d, ck: ck, targets: targets, wins: wins, experts: cal.Experts, floatExpertHessians: opt.floatExpertHessians}
 	if opt.Logger == nil {
 		p.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	} else {
@@ -402,9 +406,14 @@ type pipeline struct {
 	targets []Target
 	wins    [][]int
 	experts []calibrate.ExpertLayer
-	log     *slog.Logger
-	done    int
-	total   int
+	// seqExperts holds the current layer's expert statistics collected on
+	// the quantized prefix's hidden states (nil for a dense layer, or with
+	// floatExpertHessians).
+	seqExperts          *calibrate.ExpertLayer
+	floatExpertHessians bool
+	log                 *slog.Logger
+	done                int
+	total               int
 }
 
 func (p *pipeline) progress() {
@@ -463,19 +472,24 @@ func (p *pipeline) weight(t Target) ([]float32, error) {
 // layerHessians runs xs through block l (weights from the checkpoint)
 // with the Hessian observers. When advance, xs becomes the block's output.
 func (p *pipeline) layerHessians(ctx context.Context, l int, xs [][]float32, advance bool) (*hessians, error) {
-	return p.layerHessiansWith(ctx, l, xs, advance, nil, nil)
+	return p.layerHessiansWith(ctx, l, xs, advance, nil, nil, nil)
 }
 
 // layerHessiansWith is layerHessians with weights repl (shapes) replacing
-// the checkpoint's.
-func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32, advance bool, repl map[string][]float32, shapes map[string][]int) (*hessians, error) {
+// the checkpoint's; ex, when not nil, also collects the block's expert
+// statistics (the one-layer model reports the block as layer 0).
+func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32, advance bool, repl map[string][]float32, shapes map[string][]int, ex *calibrate.ExpertCollector) (*hessians, error) {
 	m, err := loadLayer(ctx, p.d, l, p.ck, repl, shapes, p.opt.Threads)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
 	hs := newHessians(&p.d.Layers[l], p.d.HiddenSize)
-	m.SetObserver(hs)
+	if ex != nil {
+		m.SetObserver(&hessiansExperts{hessians: hs, ex: ex})
+	} else {
+		m.SetObserver(hs)
+	}
 	if advance {
 		if err := pushHidden(ctx, m, xs, p.d.HiddenSize); err != nil {
 			return nil, err
@@ -525,10 +539,35 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 		lr := LayerReport{Layer: l}
 		var lbits, lparams int64
 		expertH := map[[2]int][2]*weights.Hessian{}
+		p.seqExperts = nil
 		for _, stage := range stages {
-			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes)
+			// The routed experts' Hessians come from this block's input
+			// (the quantized prefix's hidden states), collected in the
+			// pass that gives the FFN input Hessian.
+			var ex *calibrate.ExpertCollector
+			if p.d.Layers[l].MoE != nil && slices.Contains(stage, inFFN) && !p.floatExpertHessians && p.hasExpertTargets(l) {
+				if ex, err = calibrate.NewExpertCollector(layerDesc(p.d, l), p.ck, p.allExpertSamples(), nil); err != nil {
+					return fmt.Errorf("wquant: layer %d expert statistics: %w", l, err)
+				}
+			}
+			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes, ex)
 			if err != nil {
 				return err
+			}
+			if ex != nil {
+				T := 0
+				for _, x := range xs {
+					T += len(x) / p.d.HiddenSize
+				}
+				got, err := ex.Result(T)
+				if err != nil {
+					return fmt.Errorf("wquant: layer %d expert statistics on the quantized prefix: %w", l, err)
+				}
+				if len(got) != 1 {
+					return fmt.Errorf("wquant: layer %d: expert statistics of %d layers, want 1", l, len(got))
+				}
+				got[0].Layer = l
+				p.seqExperts = &got[0]
 			}
 			for ti := range p.targets {
 				if p.targets[ti].Layer != l || !slices.Contains(stage, p.targets[ti].input) {
