@@ -289,7 +289,9 @@ func NewExpertCollector(d *arch.Description, ck runtime.TensorSource, all bool, 
 }
 
 // FFNInput implements runtime.FFNObserver.
-func (c *ExpertCollector) FFNInput(layer, pos, n int, x, h []float32) { c.acc.FFNInput(layer, pos, n, x, h) }
+func (c *ExpertCollector) FFNInput(layer, pos, n int, x, h []float32) {
+	c.acc.FFNInput(layer, pos, n, x, h)
+}
 
 // RouterLogits implements runtime.RouterObserver.
 func (c *ExpertCollector) RouterLogits(layer, pos, n int, logits []float32, selected []int32) {
