@@ -80,12 +80,17 @@ type dw struct {
 }
 
 // qw is a quantized weight kept packed on the device (docs/QUANT.md
-// layout, no permutation): codes U8 [rows, ⌈cols·bits/8⌉], scales and
-// zeros binary16 [rows, cols/group] (zeros 0 when symmetric). Decode rows
-// run gemv_q on it; prefill dequantizes it with dequant_q into
-// Model.s.deq and runs gemm_f16.
+// layout): codes U8 [rows, ⌈cols·bits/8⌉] (bits 1, 2, 3, 4 or 8), scales
+// and zeros binary16 [rows, cols/group] (zeros 0 when symmetric; at 1 bit
+// fractional), and for act-order weights perm int32 [cols] (storage
+// column j holds input column perm[j], weights.Quantized.Perm) with its
+// inverse iperm int32 [cols] (both 0 in natural order). Decode rows run
+// gemv_q on it (x gathered through perm); prefill dequantizes it with
+// dequant_q (columns gathered through iperm, so Ŵ comes out in the
+// original column order) into Model.s.deq and runs gemm_f16.
 type qw struct {
 	codes, scales, zeros DevPtr
+	perm, iperm          DevPtr
 	bits, group          int
 }
 
@@ -118,14 +123,17 @@ type layerW struct {
 // binary16 (bfloat16 for BF16 tensors and for tensors with |w| > 65504),
 // activations float32. Quantized checkpoints (docs/QUANT.md): the
 // attention, MLP and lm_head weights that packable accepts stay packed
-// (bits/8 bytes per weight plus binary16 scales and zeros per group);
+// (bits/8 bytes per weight plus binary16 scales and zeros per group, and
+// 8 bytes per input column for an act-order permutation and its inverse)
+// at 1, 2, 3, 4 and 8 bits, with or without an act-order permutation;
 // decode rows (≤ 16 per call) run gemv_q on them, and a prefill of more
 // rows dequantizes each into one binary16 scratch buffer the size of the
 // largest packed weight (2 bytes per element, allocated at the first
-// such prefill) before gemm_f16. The others (act-order permutations,
-// 1-bit, MoE experts, |Ŵ| > 65504) are dequantized on the host and stored
-// like float weights (2 bytes per weight). Not safe for concurrent
-// Forward calls.
+// such prefill) before gemm_f16. The others (MoE experts, groups that are
+// not a multiple of 8 columns, stacks whose parts differ in format or
+// permutation, |Ŵ| > 65504) are dequantized on the host and stored like
+// float weights (2 bytes per weight). Not safe for concurrent Forward
+// calls.
 type Model struct {
 	d      *arch.Description
 	dev    *Device
@@ -190,9 +198,9 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 	}
 	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
 	// Quantized attention, MLP and lm_head weights stay packed on the
-	// device when packable (see packed); the rest (act-order permutations,
-	// 1-bit, MoE experts, mixed stacks) are dequantized on the host and
-	// uploaded like float ones.
+	// device when packable (see linear); the rest (MoE experts, mixed
+	// stacks, |Ŵ| > 65504) are dequantized on the host and uploaded like
+	// float ones.
 	if err := m.load(ctx, runtime.WithQuant(d, src), src); err != nil {
 		m.Close()
 		return nil, err
@@ -349,10 +357,12 @@ func loadF32(src runtime.TensorSource, name string, want ...int) ([]float32, err
 }
 
 // linear loads the matmul weight names (stacked row-wise, [rows[i], cols]
-// each) packed when packable(m.d.Quant, names, cols), else as weight does.
-// Errors: those of runtime.ReadQuantized (wrapping runtime.ErrBadWeights,
-// naming the tensor), a quantized shape other than [rows[i], cols],
-// weight's errors, device errors.
+// each) packed when packable(m.d.Quant, names, cols), every part has the
+// same act-order permutation (GPTQ gives q/k/v and gate/up the same one:
+// they share the input Hessian) and |Ŵ| ≤ 65504; else as weight does
+// (dequantized on the host). Errors: those of runtime.ReadQuantized
+// (wrapping runtime.ErrBadWeights, naming the tensor), a quantized shape
+// other than [rows[i], cols], weight's errors, device errors.
 func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int, cols int) (dw, error) {
 	tq, ok := packable(m.d.Quant, names, cols)
 	if !ok {
@@ -360,6 +370,7 @@ func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int
 	}
 	var codes []byte
 	var scales, zeros []uint16
+	var perm []int32
 	total := 0
 	for i, n := range names {
 		q, file, err := runtime.ReadQuantized(raw, n, tq)
@@ -372,6 +383,12 @@ func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int
 		if qMaxAbs(q.Scales, q.Zeros, q.Bits) > 65504 {
 			// dequant_q's binary16 output would overflow: the host path
 			// picks bfloat16 instead.
+			return m.weight(src, names, rows, cols)
+		}
+		if i == 0 {
+			perm = q.Perm
+		} else if !slices.Equal(q.Perm, perm) {
+			// One device perm serves the whole stack.
 			return m.weight(src, names, rows, cols)
 		}
 		codes = append(codes, q.Codes...)
@@ -391,6 +408,8 @@ func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int
 			return Upload(m.dev, *p, v)
 		case []uint16:
 			return Upload(m.dev, *p, v)
+		case []int32:
+			return Upload(m.dev, *p, v)
 		}
 		return nil
 	}
@@ -405,22 +424,34 @@ func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int
 			return dw{}, err
 		}
 	}
+	if perm != nil {
+		iperm := make([]int32, cols)
+		for j, c := range perm {
+			iperm[c] = int32(j)
+		}
+		if err := up(&w.q.perm, 4*cols, perm); err != nil {
+			return dw{}, err
+		}
+		if err := up(&w.q.iperm, 4*cols, iperm); err != nil {
+			return dw{}, err
+		}
+	}
 	m.deqBytes = max(m.deqBytes, 2*int64(total)*int64(cols))
 	return w, nil
 }
 
 // packable reports whether the weights names (each [·, cols]) can stay
 // packed on the device, and their common quantization: every one is in
-// q.Tensors with the same bits, group size and symmetry, no act-order
-// permutation (those use the host-dequantized binary16 path), bits 2, 3,
-// 4 or 8 (gemv_q's; 1-bit weights use the host path) and a group size
-// that is a multiple of 8 or cols (gemv_q reads 8 codes per group).
+// q.Tensors with the same bits, group size, symmetry and act-order flag
+// (linear further checks that the permutations themselves are equal),
+// bits 1, 2, 3, 4 or 8 (gemv_q's and dequant_q's) and a group size that
+// is a multiple of 8 or cols (gemv_q reads 8 codes per group).
 func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant, bool) {
 	if q == nil || len(names) == 0 {
 		return arch.TensorQuant{}, false
 	}
 	tq, ok := q.Tensors[names[0]]
-	if !ok || tq.Perm {
+	if !ok {
 		return tq, false
 	}
 	for _, n := range names[1:] {
@@ -429,7 +460,7 @@ func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant,
 		}
 	}
 	switch tq.Bits {
-	case 2, 3, 4, 8:
+	case 1, 2, 3, 4, 8:
 	default:
 		return tq, false
 	}
@@ -440,7 +471,9 @@ func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant,
 }
 
 // qMaxAbs bounds |Ŵ| = scale·|code − zero| over a packed weight's groups
-// (scales and zeros binary16 bits, zeros nil: 2^(bits−1)).
+// (scales and zeros binary16 bits, zeros nil: 2^(bits−1)): scale·
+// max(z, maxq − z), which is max(|0 − z|, |maxq − z|) also for the
+// fractional, possibly negative or > 1, 1-bit zero-points.
 func qMaxAbs(scales, zeros []uint16, bits int) float64 {
 	maxq := float64(int(1)<<bits - 1)
 	worst := 0.0
