@@ -357,47 +357,22 @@ func loadF32(src runtime.TensorSource, name string, want ...int) ([]float32, err
 }
 
 // linear loads the matmul weight names (stacked row-wise, [rows[i], cols]
-// each) packed when packable(m.d.Quant, names, cols), every part has the
-// same act-order permutation (GPTQ gives q/k/v and gate/up the same one:
-// they share the input Hessian) and |Ŵ| ≤ 65504; else as weight does
-// (dequantized on the host). Errors: those of runtime.ReadQuantized
-// (wrapping runtime.ErrBadWeights, naming the tensor), a quantized shape
-// other than [rows[i], cols], weight's errors, device errors.
+// each) packed when packStack accepts them, else as weight does
+// (dequantized on the host). Errors: packStack's, weight's, device
+// errors.
 func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int, cols int) (dw, error) {
-	tq, ok := packable(m.d.Quant, names, cols)
-	if !ok {
+	h, err := packStack(m.d.Quant, raw, names, rows, cols)
+	if err != nil {
+		return dw{}, err
+	}
+	if h == nil {
 		return m.weight(src, names, rows, cols)
 	}
-	var codes []byte
-	var scales, zeros []uint16
-	var perm []int32
-	total := 0
-	for i, n := range names {
-		q, file, err := runtime.ReadQuantized(raw, n, tq)
-		if err != nil {
-			return dw{}, fmt.Errorf("cuda: %w", err)
-		}
-		if q.Rows != rows[i] || q.Cols != cols {
-			return dw{}, fmt.Errorf("cuda: %w: %s: quantized weight %q: shape [%d, %d], want [%d, %d]", runtime.ErrBadWeights, file, n, q.Rows, q.Cols, rows[i], cols)
-		}
-		if qMaxAbs(q.Scales, q.Zeros, q.Bits) > 65504 {
-			// dequant_q's binary16 output would overflow: the host path
-			// picks bfloat16 instead.
-			return m.weight(src, names, rows, cols)
-		}
-		if i == 0 {
-			perm = q.Perm
-		} else if !slices.Equal(q.Perm, perm) {
-			// One device perm serves the whole stack.
-			return m.weight(src, names, rows, cols)
-		}
-		codes = append(codes, q.Codes...)
-		scales = append(scales, q.Scales...)
-		zeros = append(zeros, q.Zeros...)
-		total += rows[i]
-	}
-	w := dw{rows: total, cols: cols, q: &qw{bits: tq.Bits, group: tq.GroupSize}}
+	w := dw{rows: h.rows, cols: cols, q: &qw{bits: h.bits, group: h.group}}
 	up := func(p *DevPtr, n int, v any) error {
+		if n == 0 {
+			return nil // zeros of a symmetric grid, perm in natural order: null
+		}
 		var err error
 		if *p, err = m.dev.Alloc(int64(n)); err != nil {
 			return err
@@ -413,31 +388,78 @@ func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int
 		}
 		return nil
 	}
-	if err := up(&w.q.codes, len(codes), codes); err != nil {
-		return dw{}, err
-	}
-	if err := up(&w.q.scales, 2*len(scales), scales); err != nil {
-		return dw{}, err
-	}
-	if len(zeros) > 0 {
-		if err := up(&w.q.zeros, 2*len(zeros), zeros); err != nil {
+	for _, u := range []struct {
+		p *DevPtr
+		n int
+		v any
+	}{
+		{&w.q.codes, len(h.codes), h.codes}, {&w.q.scales, 2 * len(h.scales), h.scales}, {&w.q.zeros, 2 * len(h.zeros), h.zeros},
+		{&w.q.perm, 4 * len(h.perm), h.perm}, {&w.q.iperm, 4 * len(h.iperm), h.iperm},
+	} {
+		if err := up(u.p, u.n, u.v); err != nil {
 			return dw{}, err
 		}
 	}
-	if perm != nil {
-		iperm := make([]int32, cols)
-		for j, c := range perm {
-			iperm[c] = int32(j)
-		}
-		if err := up(&w.q.perm, 4*cols, perm); err != nil {
-			return dw{}, err
-		}
-		if err := up(&w.q.iperm, 4*cols, iperm); err != nil {
-			return dw{}, err
-		}
-	}
-	m.deqBytes = max(m.deqBytes, 2*int64(total)*int64(cols))
+	m.deqBytes = max(m.deqBytes, 2*int64(h.rows)*int64(cols))
 	return w, nil
+}
+
+// hostStack is a stack of quantized weights as linear uploads it: codes
+// U8 [rows, ⌈cols·bits/8⌉], scales and zeros binary16 bits [rows,
+// cols/group] (zeros nil when symmetric), and for act-order weights the
+// common permutation perm [cols] (storage column j holds input column
+// perm[j]) and its inverse iperm [cols] (both nil in natural order).
+type hostStack struct {
+	codes             []byte
+	scales, zeros     []uint16
+	perm, iperm       []int32
+	rows, bits, group int
+}
+
+// packStack reads the quantized weights names (each [rows[i], cols]) from
+// raw and stacks them row-wise for the device when packable(q, names,
+// cols) accepts them, every part has the same act-order permutation (GPTQ
+// gives q/k/v, and gate/up, the same one: they share the input Hessian)
+// and |Ŵ| ≤ 65504 (dequant_q writes binary16). It returns nil, nil when
+// the stack must take the host path. Errors: those of
+// runtime.ReadQuantized (wrapping runtime.ErrBadWeights, naming the
+// tensor), a quantized shape other than [rows[i], cols].
+func packStack(q *arch.Quantization, raw runtime.TensorSource, names []string, rows []int, cols int) (*hostStack, error) {
+	tq, ok := packable(q, names, cols)
+	if !ok {
+		return nil, nil
+	}
+	h := &hostStack{bits: tq.Bits, group: tq.GroupSize}
+	for i, n := range names {
+		q, file, err := runtime.ReadQuantized(raw, n, tq)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: %w", err)
+		}
+		if q.Rows != rows[i] || q.Cols != cols {
+			return nil, fmt.Errorf("cuda: %w: %s: quantized weight %q: shape [%d, %d], want [%d, %d]", runtime.ErrBadWeights, file, n, q.Rows, q.Cols, rows[i], cols)
+		}
+		if qMaxAbs(q.Scales, q.Zeros, q.Bits) > 65504 {
+			// dequant_q's binary16 output would overflow: the host path
+			// picks bfloat16 instead.
+			return nil, nil
+		}
+		if i == 0 {
+			h.perm = q.Perm
+		} else if !slices.Equal(q.Perm, h.perm) {
+			return nil, nil // one device perm serves the whole stack
+		}
+		h.codes = append(h.codes, q.Codes...)
+		h.scales = append(h.scales, q.Scales...)
+		h.zeros = append(h.zeros, q.Zeros...)
+		h.rows += rows[i]
+	}
+	if h.perm != nil {
+		h.iperm = make([]int32, cols)
+		for j, c := range h.perm {
+			h.iperm[c] = int32(j)
+		}
+	}
+	return h, nil
 }
 
 // packable reports whether the weights names (each [·, cols]) can stay

@@ -3,6 +3,8 @@ package cuda
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -448,5 +450,116 @@ func TestQuantizeStoriesLowBitCPU(t *testing.T) {
 	t.Logf("permutations dropped: max |Δlogit| %.3g, mean %.3g, argmax agreement %.4f", mx, mean, agree)
 	if mean < 0.05 {
 		t.Errorf("dropping the permutations moves the logits by mean %.3g only; want > 0.05", mean)
+	}
+}
+
+// TestPackStackStories (no GPU): the device stacks that Load packs for
+// quantizeStories' and quantizeStoriesLowBit's checkpoints (q/k/v,
+// o_proj, gate/up, down_proj of every layer, as load stacks them) are
+// the expected ones (only the low-bit last layer's gate/up, whose parts
+// differ in permutation, falls back to the host), and what would be
+// uploaded decodes right: dequant_q's port on the stacked codes with the
+// inverse permutation equals, in binary16, the host path's dequantized
+// stack (runtime.WithQuant), and gemv_q's port with the permutation
+// matches the float64 product with it to 1e-5·Σ|x·ŵ|.
+func TestPackStackStories(t *testing.T) {
+	path := shared.Path(t, "stories260K-hf")
+	desc, err := arch.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, v := range []struct {
+		name  string
+		quant func() (*arch.Description, runtime.TensorSource)
+	}{
+		{"quantizeStories", func() (*arch.Description, runtime.TensorSource) { return quantizeStories(t, desc, ck, false) }},
+		{"quantizeStoriesLowBit", func() (*arch.Description, runtime.TensorSource) { return quantizeStoriesLowBit(t, desc, ck) }},
+	} {
+		qd, src := v.quant()
+		deq := runtime.WithQuant(qd, src)
+		H := desc.HiddenSize
+		packedPerm := 0
+		for i := range desc.Layers {
+			l := &desc.Layers[i]
+			qdim, kvdim, I := l.QDim(), l.KVDim(), l.MLP.IntermediateSize
+			for _, st := range []struct {
+				what  string
+				names []string
+				rows  []int
+				cols  int
+			}{
+				{"qkv", []string{l.Attn.Q, l.Attn.K, l.Attn.V}, []int{qdim, kvdim, kvdim}, H},
+				{"o_proj", []string{l.Attn.O}, []int{H}, qdim},
+				{"gate/up", []string{l.MLP.Gate, l.MLP.Up}, []int{I, I}, H},
+				{"down", []string{l.MLP.Down}, []int{H}, I},
+			} {
+				what := fmt.Sprintf("%s layer %d %s", v.name, i, st.what)
+				h, err := packStack(qd.Quant, src, st.names, st.rows, st.cols)
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				wantHost := v.name == "quantizeStoriesLowBit" && i == len(desc.Layers)-1 && st.what == "gate/up"
+				if (h == nil) != wantHost {
+					t.Fatalf("%s: packed %v, want %v", what, h != nil, !wantHost)
+				}
+				if h == nil {
+					continue
+				}
+				if (h.perm != nil) != qd.Quant.Tensors[st.names[0]].Perm || len(h.iperm) != len(h.perm) {
+					t.Fatalf("%s: perm %d entries, iperm %d, want the checkpoint's", what, len(h.perm), len(h.iperm))
+				}
+				if h.perm != nil {
+					packedPerm++
+				}
+				N, K := h.rows, st.cols
+				var want []float32
+				for _, n := range st.names {
+					tt, err := deq.Tensor(n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					f, err := tt.Float32()
+					if err != nil {
+						t.Fatal(err)
+					}
+					want = append(want, f...)
+				}
+				if len(want) != N*K {
+					t.Fatalf("%s: %d rows stacked, host path has %d elements", what, N, len(want))
+				}
+				for e, x := range dequantQPort(h.codes, h.scales, h.zeros, h.iperm, N, K, h.bits, h.group) {
+					if x != kvq.F16FromFloat32(want[e]) {
+						t.Fatalf("%s: dequant_q element [%d, %d] %v, host path %v", what, e/K, e%K, kvq.F16ToFloat32(x), want[e])
+					}
+				}
+				const M = 3
+				x := randVec(r, M*K, 1)
+				y := make([]float32, M*N)
+				gemvQKernelPort(y, N, x, K, h.codes, h.scales, h.zeros, h.perm, M, N, K, h.bits, h.group, 0)
+				for m := 0; m < M; m++ {
+					for n := 0; n < N; n++ {
+						var s, a float64
+						for c := 0; c < K; c++ {
+							p := float64(x[m*K+c]) * float64(want[n*K+c])
+							s += p
+							a += math.Abs(p)
+						}
+						if e := math.Abs(float64(y[m*N+n])-s) / (a + 1e-12); e > 1e-5 {
+							t.Fatalf("%s: gemv_q row %d output %d: %v, float64 %v (error %.3g of Σ|x·ŵ|)", what, m, n, y[m*N+n], s, e)
+						}
+					}
+				}
+			}
+		}
+		t.Logf("%s: %d packed stacks with a permutation", v.name, packedPerm)
+		if packedPerm == 0 {
+			t.Errorf("%s: no packed stack has a permutation", v.name)
+		}
 	}
 }
