@@ -1,10 +1,10 @@
 package cuda
 
 // Line-by-line Go ports of kv_append, attn_split and attn_merge
-// (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q's decoding
-// (kernels/qgemv.cu), threads run one after the other, checked against
-// kvcache's oscar2 cache, plain softmax attention and
-// weights.Quantized.Dequantize. They run without a GPU and guard the
+// (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q and dequant_q
+// (kernels/qgemv.cu; 1-bit grids and act-order permutations included),
+// threads run one after the other, checked against kvcache's oscar2
+// cache, plain softmax attention and weights.Quantized.Dequantize. They run without a GPU and guard the
 // kernels' layouts and split/merge arithmetic; they do not prove the CUDA
 // code compiles to the same thing (gpu_test.go checks that on a GPU).
 // Keep them in step with the .cu files.
