@@ -129,11 +129,11 @@ type layerW struct {
 // decode rows (≤ 16 per call) run gemv_q on them, and a prefill of more
 // rows dequantizes each into one binary16 scratch buffer the size of the
 // largest packed weight (2 bytes per element, allocated at the first
-// such prefill) before gemm_f16. The others (MoE experts, groups that are
-// not a multiple of 8 columns, stacks whose parts differ in format or
-// permutation, |Ŵ| > 65504) are dequantized on the host and stored like
-// float weights (2 bytes per weight). Not safe for concurrent Forward
-// calls.
+// such prefill) before gemm_f16. The others (MoE experts, groups neither
+// a multiple of 8 columns nor per channel, stacks whose parts differ in
+// format or permutation, |Ŵ| > 65504) are dequantized on the host and
+// stored like float weights (2 bytes per weight). Not safe for concurrent
+// Forward calls.
 type Model struct {
 	d      *arch.Description
 	dev    *Device

@@ -33,9 +33,10 @@
 // buffer and run gemm_f16. Both form each element as the float32 nearest
 // to scale·(code − zero), exactly weights.Quantized.Dequantize's value,
 // also for the fractional 1-bit zero-points. MoE experts, stacks whose
-// parts differ in format or permutation, groups that are not a multiple
-// of 8 columns and weights with |Ŵ| > 65504 are dequantized on the host
-// and uploaded as binary16 or bfloat16 (kernels/qgemv.cu, Model).
+// parts differ in format or permutation, groups neither a multiple of 8
+// columns nor per channel and weights with |Ŵ| > 65504 are dequantized
+// on the host and uploaded as binary16 or bfloat16 (kernels/qgemv.cu,
+// Model).
 //
 // Library search order for NVRTC (see NVRTCCandidates): $LMPACK_NVRTC (a file
 // or a directory), $CUDA_HOME/lib64, the sonames libnvrtc.so.13, .so.12,
