@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the CUDA backend (issue 7), about 2–3 minutes on an H200
 # (5 at most): every kernel against the CPU code, stories260K (fp16 and
-# oscar2 KV, RTN-quantized weights kept packed: TestGPUStories260KQuant),
+# oscar2 KV, RTN-quantized weights kept packed: TestGPUStories260KQuant;
+# 1-bit and act-order ones: TestGPUStories260KQuantLowBit),
 # an oscar2 artifact opened through the engine with --device cuda
 # (TestGPUArtifactOscar2), the MoE variant, its wquant-quantized form with
 # mixed expert widths kept packed (TestGPUMoEQuant) and a synthetic

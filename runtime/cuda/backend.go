@@ -81,12 +81,17 @@ type dw struct {
 }
 
 // qw is a quantized weight kept packed on the device (docs/QUANT.md
-// layout, no permutation): codes U8 [rows, ⌈cols·bits/8⌉], scales and
-// zeros binary16 [rows, cols/group] (zeros 0 when symmetric). Decode rows
-// run gemv_q on it; prefill dequantizes it with dequant_q into
-// Model.s.deq and runs gemm_f16.
+// layout): codes U8 [rows, ⌈cols·bits/8⌉] (bits 1, 2, 3, 4 or 8), scales
+// and zeros binary16 [rows, cols/group] (zeros 0 when symmetric; at 1 bit
+// fractional), and for act-order weights perm int32 [cols] (storage
+// column j holds input column perm[j], weights.Quantized.Perm) with its
+// inverse iperm int32 [cols] (both 0 in natural order). Decode rows run
+// gemv_q on it (x gathered through perm); prefill dequantizes it with
+// dequant_q (columns gathered through iperm, so Ŵ comes out in the
+// original column order) into Model.s.deq and runs gemm_f16.
 type qw struct {
 	codes, scales, zeros DevPtr
+	perm, iperm          DevPtr
 	bits, group          int
 }
 
@@ -136,14 +141,17 @@ type layerW struct {
 // binary16 (bfloat16 for BF16 tensors and for tensors with |w| > 65504),
 // activations float32. Quantized checkpoints (docs/QUANT.md): the
 // attention, MLP and lm_head weights that packable accepts stay packed
-// (bits/8 bytes per weight plus binary16 scales and zeros per group);
+// (bits/8 bytes per weight plus binary16 scales and zeros per group, and
+// 8 bytes per input column for an act-order permutation and its inverse)
+// at 1, 2, 3, 4 and 8 bits, with or without an act-order permutation;
 // decode rows (≤ 16 per call) run gemv_q on them, and a prefill of more
 // rows dequantizes each into one binary16 scratch buffer the size of the
 // largest packed weight (2 bytes per element, allocated at the first
-// such prefill) before gemm_f16. The others (act-order permutations,
-// 1-bit, |Ŵ| > 65504) are dequantized on the host and stored like float
-// weights (2 bytes per weight). Quantized MoE experts stay packed when
-// every expert weight of a stack (a layer's gate/up, or its down) is
+// such prefill) before gemm_f16. The others (groups neither a multiple
+// of 8 columns nor per channel, stacks whose parts differ in format or
+// permutation, |Ŵ| > 65504) are dequantized on the host and stored like
+// float weights (2 bytes per weight). Quantized MoE experts stay packed
+// when every expert weight of a stack (a layer's gate/up, or its down) is
 // quantized, whatever their widths (1, 2, 3, 4 or 8 bits), groups,
 // symmetry or act-order permutations (moeStack): moe_gemv_q reads each
 // (token, expert) pair's codes through a per-expert offset table, in
@@ -212,9 +220,9 @@ func (b Backend) Load(ctx context.Context, d *arch.Description, src runtime.Tens
 	}
 	m := &Model{d: d, dev: dev, k: k, rope: map[int]*ropeDev{}}
 	// Quantized attention, MLP and lm_head weights stay packed on the
-	// device when packable (see packable), MoE experts when moePackable;
-	// the rest (act-order permutations, 1-bit, mixed stacks) are
-	// dequantized on the host and uploaded like float ones.
+	// device when packable (see linear), MoE experts when moePackable;
+	// the rest (mixed stacks, |Ŵ| > 65504) are dequantized on the host and
+	// uploaded like float ones.
 	if err := m.load(ctx, runtime.WithQuant(d, src), src); err != nil {
 		m.Close()
 		return nil, err
@@ -399,38 +407,22 @@ func loadF32(src runtime.TensorSource, name string, want ...int) ([]float32, err
 }
 
 // linear loads the matmul weight names (stacked row-wise, [rows[i], cols]
-// each) packed when packable(m.d.Quant, names, cols), else as weight does.
-// Errors: those of runtime.ReadQuantized (wrapping runtime.ErrBadWeights,
-// naming the tensor), a quantized shape other than [rows[i], cols],
-// weight's errors, device errors.
+// each) packed when packStack accepts them, else as weight does
+// (dequantized on the host). Errors: packStack's, weight's, device
+// errors.
 func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int, cols int) (dw, error) {
-	tq, ok := packable(m.d.Quant, names, cols)
-	if !ok {
+	h, err := packStack(m.d.Quant, raw, names, rows, cols)
+	if err != nil {
+		return dw{}, err
+	}
+	if h == nil {
 		return m.weight(src, names, rows, cols)
 	}
-	var codes []byte
-	var scales, zeros []uint16
-	total := 0
-	for i, n := range names {
-		q, file, err := runtime.ReadQuantized(raw, n, tq)
-		if err != nil {
-			return dw{}, fmt.Errorf("cuda: %w", err)
-		}
-		if q.Rows != rows[i] || q.Cols != cols {
-			return dw{}, fmt.Errorf("cuda: %w: %s: quantized weight %q: shape [%d, %d], want [%d, %d]", runtime.ErrBadWeights, file, n, q.Rows, q.Cols, rows[i], cols)
-		}
-		if qMaxAbs(q.Scales, q.Zeros, q.Bits) > 65504 {
-			// dequant_q's binary16 output would overflow: the host path
-			// picks bfloat16 instead.
-			return m.weight(src, names, rows, cols)
-		}
-		codes = append(codes, q.Codes...)
-		scales = append(scales, q.Scales...)
-		zeros = append(zeros, q.Zeros...)
-		total += rows[i]
-	}
-	w := dw{rows: total, cols: cols, q: &qw{bits: tq.Bits, group: tq.GroupSize}}
+	w := dw{rows: h.rows, cols: cols, q: &qw{bits: h.bits, group: h.group}}
 	up := func(p *DevPtr, n int, v any) error {
+		if n == 0 {
+			return nil // zeros of a symmetric grid, perm in natural order: null
+		}
 		var err error
 		if *p, err = m.dev.Alloc(int64(n)); err != nil {
 			return err
@@ -441,36 +433,97 @@ func (m *Model) linear(src, raw runtime.TensorSource, names []string, rows []int
 			return Upload(m.dev, *p, v)
 		case []uint16:
 			return Upload(m.dev, *p, v)
+		case []int32:
+			return Upload(m.dev, *p, v)
 		}
 		return nil
 	}
-	if err := up(&w.q.codes, len(codes), codes); err != nil {
-		return dw{}, err
-	}
-	if err := up(&w.q.scales, 2*len(scales), scales); err != nil {
-		return dw{}, err
-	}
-	if len(zeros) > 0 {
-		if err := up(&w.q.zeros, 2*len(zeros), zeros); err != nil {
+	for _, u := range []struct {
+		p *DevPtr
+		n int
+		v any
+	}{
+		{&w.q.codes, len(h.codes), h.codes}, {&w.q.scales, 2 * len(h.scales), h.scales}, {&w.q.zeros, 2 * len(h.zeros), h.zeros},
+		{&w.q.perm, 4 * len(h.perm), h.perm}, {&w.q.iperm, 4 * len(h.iperm), h.iperm},
+	} {
+		if err := up(u.p, u.n, u.v); err != nil {
 			return dw{}, err
 		}
 	}
-	m.deqBytes = max(m.deqBytes, 2*int64(total)*int64(cols))
+	m.deqBytes = max(m.deqBytes, 2*int64(h.rows)*int64(cols))
 	return w, nil
+}
+
+// hostStack is a stack of quantized weights as linear uploads it: codes
+// U8 [rows, ⌈cols·bits/8⌉], scales and zeros binary16 bits [rows,
+// cols/group] (zeros nil when symmetric), and for act-order weights the
+// common permutation perm [cols] (storage column j holds input column
+// perm[j]) and its inverse iperm [cols] (both nil in natural order).
+type hostStack struct {
+	codes             []byte
+	scales, zeros     []uint16
+	perm, iperm       []int32
+	rows, bits, group int
+}
+
+// packStack reads the quantized weights names (each [rows[i], cols]) from
+// raw and stacks them row-wise for the device when packable(q, names,
+// cols) accepts them, every part has the same act-order permutation (GPTQ
+// gives q/k/v, and gate/up, the same one: they share the input Hessian)
+// and |Ŵ| ≤ 65504 (dequant_q writes binary16). It returns nil, nil when
+// the stack must take the host path. Errors: those of
+// runtime.ReadQuantized (wrapping runtime.ErrBadWeights, naming the
+// tensor), a quantized shape other than [rows[i], cols].
+func packStack(q *arch.Quantization, raw runtime.TensorSource, names []string, rows []int, cols int) (*hostStack, error) {
+	tq, ok := packable(q, names, cols)
+	if !ok {
+		return nil, nil
+	}
+	h := &hostStack{bits: tq.Bits, group: tq.GroupSize}
+	for i, n := range names {
+		q, file, err := runtime.ReadQuantized(raw, n, tq)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: %w", err)
+		}
+		if q.Rows != rows[i] || q.Cols != cols {
+			return nil, fmt.Errorf("cuda: %w: %s: quantized weight %q: shape [%d, %d], want [%d, %d]", runtime.ErrBadWeights, file, n, q.Rows, q.Cols, rows[i], cols)
+		}
+		if qMaxAbs(q.Scales, q.Zeros, q.Bits) > 65504 {
+			// dequant_q's binary16 output would overflow: the host path
+			// picks bfloat16 instead.
+			return nil, nil
+		}
+		if i == 0 {
+			h.perm = q.Perm
+		} else if !slices.Equal(q.Perm, h.perm) {
+			return nil, nil // one device perm serves the whole stack
+		}
+		h.codes = append(h.codes, q.Codes...)
+		h.scales = append(h.scales, q.Scales...)
+		h.zeros = append(h.zeros, q.Zeros...)
+		h.rows += rows[i]
+	}
+	if h.perm != nil {
+		h.iperm = make([]int32, cols)
+		for j, c := range h.perm {
+			h.iperm[c] = int32(j)
+		}
+	}
+	return h, nil
 }
 
 // packable reports whether the weights names (each [·, cols]) can stay
 // packed on the device, and their common quantization: every one is in
-// q.Tensors with the same bits, group size and symmetry, no act-order
-// permutation (those use the host-dequantized binary16 path), bits 2, 3,
-// 4 or 8 (gemv_q's; 1-bit weights use the host path) and a group size
-// that is a multiple of 8 or cols (gemv_q reads 8 codes per group).
+// q.Tensors with the same bits, group size, symmetry and act-order flag
+// (linear further checks that the permutations themselves are equal),
+// bits 1, 2, 3, 4 or 8 (gemv_q's and dequant_q's) and a group size that
+// is a multiple of 8 or cols (gemv_q reads 8 codes per group).
 func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant, bool) {
 	if q == nil || len(names) == 0 {
 		return arch.TensorQuant{}, false
 	}
 	tq, ok := q.Tensors[names[0]]
-	if !ok || tq.Perm {
+	if !ok {
 		return tq, false
 	}
 	for _, n := range names[1:] {
@@ -479,7 +532,7 @@ func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant,
 		}
 	}
 	switch tq.Bits {
-	case 2, 3, 4, 8:
+	case 1, 2, 3, 4, 8:
 	default:
 		return tq, false
 	}
@@ -490,7 +543,9 @@ func packable(q *arch.Quantization, names []string, cols int) (arch.TensorQuant,
 }
 
 // qMaxAbs bounds |Ŵ| = scale·|code − zero| over a packed weight's groups
-// (scales and zeros binary16 bits, zeros nil: 2^(bits−1)).
+// (scales and zeros binary16 bits, zeros nil: 2^(bits−1)): scale·
+// max(z, maxq − z), which is max(|0 − z|, |maxq − z|) also for the
+// fractional, possibly negative or > 1, 1-bit zero-points.
 func qMaxAbs(scales, zeros []uint16, bits int) float64 {
 	maxq := float64(int(1)<<bits - 1)
 	worst := 0.0

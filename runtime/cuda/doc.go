@@ -23,6 +23,21 @@
 // keyed by the SHA-256 of the sources and options, the target (sm_XX
 // CUBIN or compute_XX PTX) and the NVRTC version.
 //
+// Quantized checkpoints (docs/QUANT.md): the attention, MLP and lm_head
+// weights stay packed on the device at 1, 2, 3, 4 and 8 bits, with or
+// without a GPTQ act-order permutation (uploaded as int32 with its
+// inverse). Decode rows (≤ 16 per call) run gemv_q, which dequantizes in
+// registers and gathers x through the permutation; longer prefills
+// dequantize one weight at a time with dequant_q (through the inverse
+// permutation, so in the original column order) into a binary16 scratch
+// buffer and run gemm_f16. Both form each element as the float32 nearest
+// to scale·(code − zero), exactly weights.Quantized.Dequantize's value,
+// also for the fractional 1-bit zero-points. MoE experts, stacks whose
+// parts differ in format or permutation, groups neither a multiple of 8
+// columns nor per channel and weights with |Ŵ| > 65504 are dequantized
+// on the host and uploaded as binary16 or bfloat16 (kernels/qgemv.cu,
+// Model).
+//
 // Library search order for NVRTC (see NVRTCCandidates): $LMPACK_NVRTC (a file
 // or a directory), $CUDA_HOME/lib64, the sonames libnvrtc.so.13, .so.12,
 // .so.11.2 through the dynamic loader, /usr/local/cuda/lib64, then the

@@ -355,16 +355,18 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 // matmulX computes y[R, w.rows] (row stride ldy) = x[R, w.cols] (row
 // stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel (8 rows
 // per block) for R ≤ 16 rows (decode, batches up to 16), the tiled GEMM
-// otherwise. A packed weight runs gemv_q (4 rows per block) for R ≤ 16,
-// else dequant_q into m.s.deq and gemm_f16.
+// otherwise. A packed weight runs gemv_q (4 rows per block, x gathered
+// through its act-order perm) for R ≤ 16, else dequant_q (through the
+// inverse perm, so in the original column order) into m.s.deq and
+// gemm_f16.
 func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
 	N, K := w.rows, w.cols
 	if q := w.q; q != nil {
 		if R <= 16 {
 			return k.Launch("gemv_q", Dim{(N + 3) / 4, (R + 3) / 4, 1}, Dim{128, 1, 1}, y, ldy, x, ldx,
-				q.codes, q.scales, q.zeros, DevPtr(0), R, N, K, q.bits, q.group, beta)
+				q.codes, q.scales, q.zeros, q.perm, R, N, K, q.bits, q.group, beta)
 		}
-		if err := k.Launch("dequant_q", Dim{N, (K + 255) / 256, 1}, Dim{256, 1, 1}, m.s.deq, q.codes, q.scales, q.zeros, N, K, q.bits, q.group); err != nil {
+		if err := k.Launch("dequant_q", Dim{N, (K + 255) / 256, 1}, Dim{256, 1, 1}, m.s.deq, q.codes, q.scales, q.zeros, q.iperm, N, K, q.bits, q.group); err != nil {
 			return err
 		}
 		w = dw{p: m.s.deq, rows: N, cols: K}

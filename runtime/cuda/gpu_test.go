@@ -153,17 +153,20 @@ func TestGPUGemm(t *testing.T) {
 }
 
 // TestGPUQGemv: gemv_q against weights.Quantized.Dequantize and a float64
-// product, for 2, 3, 4 and 8 bits, groups 32, 64 and per channel,
-// symmetric and asymmetric, with and without an act-order permutation;
-// tolerance 1e-5·Σ|x·ŵ|.
+// product, for 1 (asymmetric only), 2, 3, 4 and 8 bits, groups 32, 64 and
+// per channel, symmetric and asymmetric, with and without an act-order
+// permutation; tolerance 1e-5·Σ|x·ŵ|.
 func TestGPUQGemv(t *testing.T) {
 	d, k := gpuOrSkip(t)
 	r := rand.New(rand.NewPCG(5, 6))
 	const N = 70
-	for _, bits := range []int{2, 3, 4, 8} {
+	for _, bits := range []int{1, 2, 3, 4, 8} {
 		for _, group := range []int{32, 64, 0} {
 			for _, sym := range []bool{false, true} {
 				for _, perm := range []bool{false, true} {
+					if sym && bits == 1 {
+						continue // the 1-bit grid is asymmetric only
+					}
 					K, M := 192, 3
 					if group == 0 {
 						K = 100 // per channel: a K that is not a multiple of 8

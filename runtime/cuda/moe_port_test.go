@@ -7,7 +7,6 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -345,26 +344,6 @@ func TestKernelPortMoEShared(t *testing.T) {
 	}
 }
 
-// ptxParams returns the parameter types (".u64", ".u32", ".f32", …) of
-// entry name in ptx.
-func ptxParams(t *testing.T, ptx, name string) []string {
-	t.Helper()
-	i := strings.Index(ptx, ".entry "+name+"(")
-	if i < 0 {
-		t.Fatalf("PTX lacks entry %s", name)
-	}
-	body := ptx[i+len(".entry "+name+"("):]
-	body = body[:strings.Index(body, ")")]
-	var out []string
-	for _, l := range strings.Split(body, "\n") {
-		f := strings.Fields(strings.TrimSuffix(strings.TrimSpace(l), ","))
-		if len(f) >= 3 && f[0] == ".param" {
-			out = append(out, f[1])
-		}
-	}
-	return out
-}
-
 // TestMoELaunchArgs: the arguments moeFFN passes to moe_gemv, moe_gemv_q
 // and moe_shared match the compiled kernels' parameters in count and
 // kind (DevPtr ↔ 64-bit pointer, int ↔ 32-bit), so a reordered or
@@ -393,14 +372,24 @@ func TestMoELaunchArgs(t *testing.T) {
 	}
 	calls = append(calls, call{"moe_shared", moeSharedArgs(1, 2, 3, 4, 64)})
 	for _, c := range calls {
-		ps := ptxParams(t, ptx, c.name)
+		ps, ok := ptxParams(string(ptx))[c.name]
+		if !ok {
+			t.Errorf("moe.cu's PTX lacks entry %s", c.name)
+			continue
+		}
 		if len(ps) != len(c.args) {
 			t.Errorf("%s: %d arguments, the kernel has %d parameters %v", c.name, len(c.args), len(ps), ps)
 			continue
 		}
 		for i, a := range c.args {
-			want := map[bool]string{true: ".u64", false: ".u32"}[func() bool { _, ok := a.(DevPtr); return ok }()]
-			if got := ps[i]; got != want && !(want == ".u32" && (got == ".s32" || got == ".b32")) {
+			want := "i4"
+			switch a.(type) {
+			case DevPtr:
+				want = "p8"
+			case float32:
+				want = "f4"
+			}
+			if got := ps[i]; got != want {
 				t.Errorf("%s: argument %d is %T, parameter %s", c.name, i, a, got)
 			}
 		}

@@ -1,17 +1,19 @@
 package cuda
 
 // Line-by-line Go ports of kv_append, attn_split and attn_merge
-// (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q's decoding
-// (kernels/qgemv.cu), threads run one after the other, checked against
-// kvcache's oscar2 cache, plain softmax attention and
-// weights.Quantized.Dequantize. They run without a GPU and guard the
+// (kernels/kvcache.cu, kernels/attention.cu) and of gemv_q and dequant_q
+// (kernels/qgemv.cu; 1-bit grids and act-order permutations included),
+// threads run one after the other, checked against kvcache's oscar2
+// cache, plain softmax attention and weights.Quantized.Dequantize. They run without a GPU and guard the
 // kernels' layouts and split/merge arithmetic; they do not prove the CUDA
 // code compiles to the same thing (gpu_test.go checks that on a GPU).
 // Keep them in step with the .cu files.
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -573,6 +575,13 @@ func TestKernelPortFP16(t *testing.T) {
 	}
 }
 
+// qvalPort ports qgemv.cu's qval: fmaf(s, code, −s·z) with s·z rounded
+// to float32 (exact: two binary16 significands) and the fma's one
+// rounding (the float64 sum s·code − s·z is exact: at most 43 bits).
+func qvalPort(s float32, code uint32, sz float32) float32 {
+	return float32(float64(s)*float64(code) - float64(sz))
+}
+
 // gemvQPort ports gemv_q's dequantization for one output row n: the
 // chunks of 8 codes read as `bits` little-endian bytes, then the tail
 // through get_code. It returns Ŵ[n, :] in storage order.
@@ -597,55 +606,315 @@ func gemvQPort(codes []byte, scales, zeros []uint16, n, K, bits, group int) []fl
 			z = kvq.F16ToFloat32(zeros[n*G+g])
 		}
 		for i := 0; i < 8; i++ {
-			out[j0+i] = s * (float32(uint32(w>>(i*bits))&mask) - z)
+			out[j0+i] = qvalPort(s, uint32(w>>(i*bits))&mask, s*z)
 		}
 	}
 	for j := nc * 8; j < K; j++ {
-		p := j * bits
-		b, off := p>>3, p&7
-		w := uint32(row[b])
-		if off+bits > 8 && b+1 < rb {
-			w |= uint32(row[b+1]) << 8
-		}
 		g := j / group
 		s := kvq.F16ToFloat32(scales[n*G+g])
 		z := zsym
 		if zeros != nil {
 			z = kvq.F16ToFloat32(zeros[n*G+g])
 		}
-		out[j] = s * (float32(w>>off&mask) - z)
+		out[j] = qvalPort(s, getCodePort(row, j, bits, rb), s*z)
 	}
 	return out
 }
 
-// TestKernelPortQGemv: gemv_q's decoding of quantize/weights' packed rows
-// equals Quantized.Dequantize (storage order, no permutation) to float32
-// rounding, for 2, 3, 4 and 8 bits, groups 32 and 64 and per channel
-// with a K that is not a multiple of 8.
-func TestKernelPortQGemv(t *testing.T) {
-	r := rand.New(rand.NewPCG(51, 52))
-	for _, bits := range []int{2, 3, 4, 8} {
-		for _, tc := range []struct{ K, group int }{{192, 32}, {192, 64}, {100, 0}, {96, 0}} {
-			for _, sym := range []bool{false, true} {
-				const N = 5
-				w := randVec(r, N*tc.K, 0.05)
-				q, err := weights.QuantizeRTN(w, N, tc.K, weights.Options{Bits: bits, GroupSize: tc.group, Symmetric: sym})
-				if err != nil {
-					t.Fatal(err)
+// getCodePort ports qgemv.cu's get_code.
+func getCodePort(row []byte, j, bits, rb int) uint32 {
+	p := j * bits
+	b, off := p>>3, p&7
+	w := uint32(row[b])
+	if off+bits > 8 && b+1 < rb {
+		w |= uint32(row[b+1]) << 8
+	}
+	return w >> off & (uint32(1)<<bits - 1)
+}
+
+// gemvQKernelPort ports gemv_q over its whole grid ((N+3)/4, (M+3)/4) of
+// 128-thread blocks: each warp's lanes accumulate their chunks of 8 codes
+// and tail columns (x gathered through perm when non-nil), then the
+// butterfly warp_sum. y [M, N] (stride ldy), beta = 1 adds.
+func gemvQKernelPort(y []float32, ldy int, x []float32, ldx int, codes []byte, scales, zeros []uint16, perm []int32, M, N, K, bits, group, beta int) {
+	for bx := 0; bx < (N+3)/4; bx++ {
+		for by := 0; by < (M+3)/4; by++ {
+			for warp := 0; warp < 4; warp++ {
+				n, m0 := bx*4+warp, by*4
+				if n >= N {
+					continue
 				}
-				deq := make([]float32, N*tc.K)
-				q.Dequantize(deq)
-				for n := 0; n < N; n++ {
-					got := gemvQPort(q.Codes, q.Scales, q.Zeros, n, tc.K, bits, q.GroupSize)
-					for j, v := range got {
-						if d := math.Abs(float64(v - deq[n*tc.K+j])); d > 1e-6*(1+math.Abs(float64(v))) {
-							t.Fatalf("bits %d K %d group %d sym %v: row %d col %d: %v, Dequantize %v", bits, tc.K, tc.group, sym, n, j, v, deq[n*tc.K+j])
+				mc := min(4, M-m0)
+				rb := (K*bits + 7) / 8
+				G := K / group
+				row := codes[n*rb:]
+				sc := scales[n*G:]
+				var zp []uint16
+				if zeros != nil {
+					zp = zeros[n*G:]
+				}
+				zsym := float32(int(1) << (bits - 1))
+				mask := uint32(1)<<bits - 1
+				var acc [32][4]float32
+				nc := K / 8
+				for lane := 0; lane < 32; lane++ {
+					a := &acc[lane]
+					for c := lane; c < nc; c += 32 {
+						var w uint64
+						for i := 0; i < bits; i++ {
+							w |= uint64(row[c*bits+i]) << (8 * i)
 						}
+						j0 := c * 8
+						g := j0 / group
+						s := kvq.F16ToFloat32(sc[g])
+						z := zsym
+						if zp != nil {
+							z = kvq.F16ToFloat32(zp[g])
+						}
+						for i := 0; i < 8; i++ {
+							wv := qvalPort(s, uint32(w>>(i*bits))&mask, s*z)
+							xj := j0 + i
+							if perm != nil {
+								xj = int(perm[j0+i])
+							}
+							for m := 0; m < mc; m++ {
+								a[m] += wv * x[(m0+m)*ldx+xj]
+							}
+						}
+					}
+					for j := nc*8 + lane; j < K; j += 32 {
+						g := j / group
+						s := kvq.F16ToFloat32(sc[g])
+						z := zsym
+						if zp != nil {
+							z = kvq.F16ToFloat32(zp[g])
+						}
+						wv := qvalPort(s, getCodePort(row, j, bits, rb), s*z)
+						xj := j
+						if perm != nil {
+							xj = int(perm[j])
+						}
+						for m := 0; m < mc; m++ {
+							a[m] += wv * x[(m0+m)*ldx+xj]
+						}
+					}
+				}
+				for m := 0; m < mc; m++ {
+					var v [32]float32
+					for lane := range v {
+						v[lane] = acc[lane][m]
+					}
+					for o := 16; o > 0; o >>= 1 { // warp_sum
+						var u [32]float32
+						for lane := range u {
+							u[lane] = v[lane] + v[lane^o]
+						}
+						v = u
+					}
+					o := &y[(m0+m)*ldy+n]
+					if beta != 0 {
+						*o += v[0]
+					} else {
+						*o = v[0]
 					}
 				}
 			}
 		}
 	}
+}
+
+// randPerm returns a random permutation of [0, n) that is not its own
+// inverse (so a kernel applying the inverse is caught) and its inverse.
+func randPerm(r *rand.Rand, n int) (perm, inv []int32) {
+	for {
+		perm, inv = make([]int32, n), make([]int32, n)
+		for j, v := range r.Perm(n) {
+			perm[j] = int32(v)
+			inv[v] = int32(j)
+		}
+		if !slices.Equal(perm, inv) {
+			return perm, inv
+		}
+	}
+}
+
+// qCase is one packed format of the quantized-kernel ports.
+type qCase struct {
+	bits, K, group int
+	sym            bool
+}
+
+// qTestCases are the packed formats the quantized-kernel ports cover:
+// every width, groups 32 and 64 and per channel (K = 100: a tail of 4
+// codes after the chunks of 8), symmetric and not (1 bit asymmetric only).
+func qTestCases() []qCase {
+	var cs []qCase
+	for _, bits := range []int{1, 2, 3, 4, 8} {
+		for _, tc := range []struct{ K, group int }{{192, 32}, {192, 64}, {100, 0}, {96, 0}} {
+			for _, sym := range []bool{false, true} {
+				if !(sym && bits == 1) {
+					cs = append(cs, qCase{bits, tc.K, tc.group, sym})
+				}
+			}
+		}
+	}
+	return cs
+}
+
+// TestKernelPortQGemv: gemv_q's decoding of quantize/weights' packed rows
+// equals Quantized.Dequantize (storage order, no permutation) exactly
+// (qval's fma is correctly rounded, like Dequantize's float64 product),
+// for 1, 2, 3, 4 and 8 bits, groups 32 and 64 and per channel with a K
+// that is not a multiple of 8.
+func TestKernelPortQGemv(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	for _, c := range qTestCases() {
+		bits, K, group, sym := c.bits, c.K, c.group, c.sym
+		const N = 5
+		w := randVec(r, N*K, 0.05)
+		q, err := weights.QuantizeRTN(w, N, K, weights.Options{Bits: bits, GroupSize: group, Symmetric: sym})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deq := make([]float32, N*K)
+		q.Dequantize(deq)
+		for n := 0; n < N; n++ {
+			got := gemvQPort(q.Codes, q.Scales, q.Zeros, n, K, bits, q.GroupSize)
+			for j, v := range got {
+				if v != deq[n*K+j] {
+					t.Fatalf("bits %d K %d group %d sym %v: row %d col %d: %v, Dequantize %v", bits, K, group, sym, n, j, v, deq[n*K+j])
+				}
+			}
+		}
+	}
+}
+
+// TestKernelPortQGemvAlgebra: qval is exact where the plain float32
+// s·(code − z) is not: a 1-bit group with the zero-point −3·2⁻²⁴ (a
+// binary16 subnormal; 1 − z needs 25 bits and rounds in float32) and
+// scale 0.75 still equals Dequantize, and the plain form does not.
+func TestKernelPortQGemvAlgebra(t *testing.T) {
+	s, z := kvq.F16FromFloat32(0.75), kvq.F16FromFloat32(-3*0x1p-24)
+	sf, zf := kvq.F16ToFloat32(s), kvq.F16ToFloat32(z)
+	if zf != -3*0x1p-24 {
+		t.Fatalf("z = %g, want −3·2⁻²⁴", zf)
+	}
+	q := &weights.Quantized{Rows: 1, Cols: 8, Bits: 1, GroupSize: 8, Codes: []byte{0x5a}, Scales: []uint16{s}, Zeros: []uint16{z}}
+	deq := make([]float32, 8)
+	q.Dequantize(deq)
+	got := gemvQPort(q.Codes, q.Scales, q.Zeros, 0, 8, 1, 8)
+	if !slices.Equal(got, deq) {
+		t.Fatalf("qval row %v, Dequantize %v", got, deq)
+	}
+	if naive := sf * (1 - zf); naive == deq[1] {
+		t.Errorf("float32 s·(1 − z) = %v equals Dequantize's %v: the case does not exercise qval's exactness", naive, deq[1])
+	}
+}
+
+// TestKernelPortQGemvPerm: the whole gemv_q (grid, lanes, warp_sum) on
+// weights with and without an act-order permutation (storage column j
+// holding input column perm[j], weights.Quantized.Perm) against the
+// float64 product x·Ŵᵀ of Quantized.Dequantize's Ŵ (original column
+// order), for every format of qTestCases and M = 6 rows of x (two row
+// blocks, the second partial), beta 0 and 1; tolerance 1e-5·Σ|x·ŵ|. The
+// same launch with the permutation ignored or inverted must miss by more
+// than 100× the tolerance (the test can tell the conventions apart). One
+// weight comes from GPTQ --act-order (weights.QuantizeGPTQ), the others
+// from RTN codes given a random permutation.
+func TestKernelPortQGemvPerm(t *testing.T) {
+	r := rand.New(rand.NewPCG(55, 56))
+	const N, M = 7, 6
+	check := func(what string, q *weights.Quantized, perm, inv []int32) {
+		K := q.Cols
+		deq := make([]float32, N*K)
+		q.Dequantize(deq)
+		x := randVec(r, M*K, 1)
+		y0 := randVec(r, M*N, 1)
+		errOf := func(p []int32, beta int) float64 {
+			y := slices.Clone(y0)
+			gemvQKernelPort(y, N, x, K, q.Codes, q.Scales, q.Zeros, p, M, N, K, q.Bits, q.GroupSize, beta)
+			worst := 0.0
+			for i := 0; i < M; i++ {
+				for n := 0; n < N; n++ {
+					var s, a float64
+					for c := 0; c < K; c++ {
+						p := float64(x[i*K+c]) * float64(deq[n*K+c])
+						s += p
+						a += math.Abs(p)
+					}
+					if beta != 0 {
+						s += float64(y0[i*N+n])
+						a += math.Abs(float64(y0[i*N+n]))
+					}
+					worst = max(worst, math.Abs(float64(y[i*N+n])-s)/(a+1e-12))
+				}
+			}
+			return worst
+		}
+		for _, beta := range []int{0, 1} {
+			if e := errOf(perm, beta); e > 1e-5 {
+				t.Errorf("%s beta %d: worst error %.3g of Σ|x·ŵ|, want ≤ 1e-5", what, beta, e)
+			}
+		}
+		if perm == nil {
+			return
+		}
+		if e := errOf(nil, 0); e < 1e-3 {
+			t.Errorf("%s: permutation ignored: error %.3g, want > 1e-3 (the test cannot see a missing perm)", what, e)
+		}
+		if e := errOf(inv, 0); e < 1e-3 {
+			t.Errorf("%s: permutation inverted: error %.3g, want > 1e-3 (the test cannot see an inverted perm)", what, e)
+		}
+	}
+	for _, c := range qTestCases() {
+		bits, K, group, sym := c.bits, c.K, c.group, c.sym
+		w := randVec(r, N*K, 0.05)
+		q, err := weights.QuantizeRTN(w, N, K, weights.Options{Bits: bits, GroupSize: group, Symmetric: sym})
+		if err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprintf("bits %d K %d group %d sym %v", bits, K, group, sym)
+		check(what, q, nil, nil)
+		perm, inv := randPerm(r, K)
+		q.Perm = perm
+		check(what+" perm", q, perm, inv)
+	}
+	q := gptqActOrder(t, r, N, 128, 4, 32)
+	check("GPTQ act-order 4-bit group 32", q, q.Perm, invPerm(q.Perm))
+}
+
+// invPerm returns the inverse of perm.
+func invPerm(perm []int32) []int32 {
+	inv := make([]int32, len(perm))
+	for j, c := range perm {
+		inv[c] = int32(j)
+	}
+	return inv
+}
+
+// gptqActOrder quantizes a random [rows, cols] weight with GPTQ
+// --act-order on the Hessian of random activations whose column scales
+// vary (so the order is far from the identity), and checks that it has
+// a permutation that is not its own inverse.
+func gptqActOrder(t *testing.T, r *rand.Rand, rows, cols, bits, group int) *weights.Quantized {
+	t.Helper()
+	const n = 256
+	x := randVec(r, n*cols, 1)
+	for i := range x {
+		x[i] *= float32(1+(i%cols*37)%cols) / float32(cols)
+	}
+	h := weights.NewHessian(cols)
+	if err := h.Add(x, n); err != nil {
+		t.Fatal(err)
+	}
+	q, err := weights.QuantizeGPTQ(randVec(r, rows*cols, 0.05), rows, cols, h, weights.GPTQOptions{Options: weights.Options{Bits: bits, GroupSize: group}, ActOrder: true, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Perm == nil || slices.Equal(q.Perm, invPerm(q.Perm)) {
+		t.Fatalf("GPTQ act-order: perm %v, want one that is not its own inverse", q.Perm)
+	}
+	return q
 }
 
 // moeGemvPort ports moe_gemv over the whole grid moeGemvGrid(T, K, N)
@@ -785,15 +1054,20 @@ func TestKernelPortClipTau(t *testing.T) {
 }
 
 // dequantQPort ports dequant_q over its grid (N, ⌈K/256⌉) of 256-thread
-// blocks: w [N, K] binary16 bits.
-func dequantQPort(codes []byte, scales, zeros []uint16, N, K, bits, group int) []uint16 {
+// blocks: w [N, K] binary16 bits, output column c from storage column
+// iperm[c] (iperm nil: c).
+func dequantQPort(codes []byte, scales, zeros []uint16, iperm []int32, N, K, bits, group int) []uint16 {
 	w := make([]uint16, N*K)
 	for bx := 0; bx < N; bx++ {
 		for by := 0; by < (K+255)/256; by++ {
 			for tid := 0; tid < 256; tid++ {
-				n, j := bx, by*256+tid
-				if n >= N || j >= K {
+				n, c := bx, by*256+tid
+				if n >= N || c >= K {
 					continue
+				}
+				j := c
+				if iperm != nil {
+					j = int(iperm[c])
 				}
 				rb := (K*bits + 7) / 8
 				G, g := K/group, j/group
@@ -802,16 +1076,7 @@ func dequantQPort(codes []byte, scales, zeros []uint16, N, K, bits, group int) [
 				if zeros != nil {
 					z = kvq.F16ToFloat32(zeros[n*G+g])
 				}
-				// get_code
-				row := codes[n*rb:]
-				p := j * bits
-				b, off := p>>3, p&7
-				c := uint32(row[b])
-				if off+bits > 8 && b+1 < rb {
-					c |= uint32(row[b+1]) << 8
-				}
-				c = c >> off & (uint32(1)<<bits - 1)
-				w[n*K+j] = kvq.F16FromFloat32(s * (float32(c) - z))
+				w[n*K+c] = kvq.F16FromFloat32(qvalPort(s, getCodePort(codes[n*rb:], j, bits, rb), s*z))
 			}
 		}
 	}
@@ -819,39 +1084,69 @@ func dequantQPort(codes []byte, scales, zeros []uint16, N, K, bits, group int) [
 }
 
 // TestKernelPortDequantQ: dequant_q's binary16 output is exactly
-// Quantized.Dequantize rounded to binary16 (what the host path uploads),
-// for 2, 3, 4 and 8 bits, groups 32 and 64 and per channel (K = 300, not
-// a multiple of 8 nor of 256, so a partial block), symmetric and not.
+// Quantized.Dequantize (original column order) rounded to binary16, for
+// every format of qTestCases (K = 100 and 192: partial 256-thread
+// blocks), with and without an act-order permutation (dequant_q given
+// its inverse), and for a GPTQ --act-order weight. With the permutation
+// ignored, or the permutation passed where its inverse belongs, most
+// elements must differ (the test sees either mistake).
 func TestKernelPortDequantQ(t *testing.T) {
 	r := rand.New(rand.NewPCG(53, 54))
-	for _, bits := range []int{2, 3, 4, 8} {
-		for _, tc := range []struct{ K, group int }{{320, 32}, {320, 64}, {300, 0}} {
-			for _, sym := range []bool{false, true} {
-				const N = 6
-				w := randVec(r, N*tc.K, 0.05)
-				q, err := weights.QuantizeRTN(w, N, tc.K, weights.Options{Bits: bits, GroupSize: tc.group, Symmetric: sym})
-				if err != nil {
-					t.Fatal(err)
-				}
-				deq := make([]float32, N*tc.K)
-				q.Dequantize(deq)
-				got := dequantQPort(q.Codes, q.Scales, q.Zeros, N, tc.K, bits, q.GroupSize)
-				for i, h := range got {
-					if want := kvq.F16FromFloat32(deq[i]); h != want {
-						t.Fatalf("bits %d K %d group %d sym %v: element [%d, %d]: %#04x (%v), want %#04x (%v)", bits, tc.K, tc.group, sym,
-							i/tc.K, i%tc.K, h, kvq.F16ToFloat32(h), want, deq[i])
-					}
+	const N = 6
+	check := func(what string, q *weights.Quantized) {
+		K := q.Cols
+		deq := make([]float32, N*K)
+		q.Dequantize(deq)
+		var iperm []int32
+		if q.Perm != nil {
+			iperm = invPerm(q.Perm)
+		}
+		mismatches := func(ip []int32) int {
+			bad := 0
+			for i, h := range dequantQPort(q.Codes, q.Scales, q.Zeros, ip, N, K, q.Bits, q.GroupSize) {
+				if h != kvq.F16FromFloat32(deq[i]) {
+					bad++
 				}
 			}
+			return bad
+		}
+		got := dequantQPort(q.Codes, q.Scales, q.Zeros, iperm, N, K, q.Bits, q.GroupSize)
+		for i, h := range got {
+			if want := kvq.F16FromFloat32(deq[i]); h != want {
+				t.Fatalf("%s: element [%d, %d]: %#04x (%v), want %#04x (%v)", what, i/K, i%K, h, kvq.F16ToFloat32(h), want, deq[i])
+			}
+		}
+		if q.Perm == nil {
+			return
+		}
+		// At 1 bit two codes take only two values per group: a wrong
+		// column still matches about half the time.
+		if bad := mismatches(nil); bad < N*K/4 {
+			t.Errorf("%s: permutation ignored: %d of %d elements differ, want ≥ %d", what, bad, N*K, N*K/4)
+		}
+		if bad := mismatches(q.Perm); bad < N*K/4 {
+			t.Errorf("%s: permutation instead of its inverse: %d of %d elements differ, want ≥ %d", what, bad, N*K, N*K/4)
 		}
 	}
+	for _, c := range qTestCases() {
+		w := randVec(r, N*c.K, 0.05)
+		q, err := weights.QuantizeRTN(w, N, c.K, weights.Options{Bits: c.bits, GroupSize: c.group, Symmetric: c.sym})
+		if err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprintf("bits %d K %d group %d sym %v", c.bits, c.K, c.group, c.sym)
+		check(what, q)
+		q.Perm, _ = randPerm(r, c.K)
+		check(what+" perm", q)
+	}
+	check("GPTQ act-order 4-bit group 32", gptqActOrder(t, r, N, 128, 4, 32))
 }
 
 // TestPackable: which quantized weights stay packed on the device.
 func TestPackable(t *testing.T) {
 	q4 := arch.TensorQuant{Bits: 4, GroupSize: 32}
 	q := &arch.Quantization{Tensors: map[string]arch.TensorQuant{
-		"a": q4, "b": q4, "c": {Bits: 4, GroupSize: 64}, "p": {Bits: 4, GroupSize: 32, Perm: true},
+		"a": q4, "b": q4, "c": {Bits: 4, GroupSize: 64}, "p": {Bits: 4, GroupSize: 32, Perm: true}, "p2": {Bits: 4, GroupSize: 32, Perm: true},
 		"one": {Bits: 1, GroupSize: 32}, "g12": {Bits: 4, GroupSize: 12}, "pc": {Bits: 3, GroupSize: 100},
 	}}
 	for _, tc := range []struct {
@@ -864,10 +1159,13 @@ func TestPackable(t *testing.T) {
 		{[]string{"a", "c"}, 64, false},     // different groups: not stackable
 		{[]string{"a", "float"}, 64, false}, // one part not quantized
 		{[]string{"float"}, 64, false},
-		{[]string{"p"}, 64, false},   // act-order: host path
-		{[]string{"one"}, 64, false}, // 1-bit: host path
-		{[]string{"g12"}, 48, false}, // group not a multiple of 8
-		{[]string{"pc"}, 100, true},  // per channel, K not a multiple of 8
+		{[]string{"p"}, 64, true},         // act-order: perm on the device
+		{[]string{"p", "p2"}, 64, true},   // same flags (linear compares the perms)
+		{[]string{"a", "p"}, 64, false},   // one permuted, one not
+		{[]string{"one"}, 64, true},       // 1-bit
+		{[]string{"one", "a"}, 64, false}, // different widths
+		{[]string{"g12"}, 48, false},      // group not a multiple of 8
+		{[]string{"pc"}, 100, true},       // per channel, K not a multiple of 8
 	} {
 		if _, ok := packable(q, tc.names, tc.cols); ok != tc.want {
 			t.Errorf("packable(%v, %d) = %v, want %v", tc.names, tc.cols, ok, tc.want)
@@ -883,5 +1181,10 @@ func TestPackable(t *testing.T) {
 	}
 	if got := qMaxAbs([]uint16{kvq.F16FromFloat32(0.5)}, nil, 3); got != 2 {
 		t.Errorf("qMaxAbs symmetric = %v, want 2", got)
+	}
+	// 1 bit, fractional zero-points: scale 2, zero −0.5 → levels 1 and 3;
+	// scale 1, zero 1.75 → levels −1.75 and −0.75. Max |Ŵ| 3.
+	if got := qMaxAbs([]uint16{kvq.F16FromFloat32(2), kvq.F16FromFloat32(1)}, []uint16{kvq.F16FromFloat32(-0.5), kvq.F16FromFloat32(1.75)}, 1); got != 3 {
+		t.Errorf("qMaxAbs 1-bit = %v, want 3", got)
 	}
 }
