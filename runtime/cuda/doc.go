@@ -32,8 +32,8 @@
 // permutation, so in the original column order) into a binary16 scratch
 // buffer and run gemm_f16. Both form each element as the float32 nearest
 // to scale·(code − zero), exactly weights.Quantized.Dequantize's value,
-// also for the fractional 1-bit zero-points. MoE experts, stacks whose
-// parts differ in format or permutation, groups neither a multiple of 8
+// also for the fractional 1-bit zero-points. Stacks whose parts differ in
+// format or permutation, groups neither a multiple of 8
 // columns nor per channel and weights with |Ŵ| > 65504 are dequantized
 // on the host and uploaded as binary16 or bfloat16 (kernels/qgemv.cu,
 // Model).
@@ -54,4 +54,15 @@
 // takes experts of different widths, groups and act-order permutations
 // in one launch through a per-expert offset table. Model says which
 // weights fall back to host dequantization.
+//
+// Known costs, from reading the code (none of this has been measured on a
+// GPU yet): a decode step launches about 12 kernels per layer one by one
+// (no CUDA graphs), so batch-1 decode of a many-layer model is bounded by
+// launch overhead rather than by the KV cache's bytes; each attn_split
+// block recomputes q·R_K for its q heads (hd² multiply-adds and an R_K
+// read from L2), which at batch 1 and long contexts (many short splits)
+// costs L2 traffic of the order of the INT2 cache's own DRAM bytes; and
+// a decode call of more than 16 rows on packed weights dequantizes every
+// weight into the binary16 scratch (dequant_q + gemm_f16) instead of
+// running gemv_q.
 package cuda
