@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the CUDA backend (issue 7), about 2–3 minutes on an H200
-# (5 at most): every kernel against the CPU code, stories260K (fp16 and
+# (5 at most): every kernel against the CPU code (gpu_kernels_test.go:
+# dequant_q, embed, per-head rmsnorm, add_bias, kv_append with attn_split
+# and attn_merge, moe_route and moe_combine), synthetic Qwen2, Qwen3,
+# Llama-with-biases and Mistral (sliding window) models, stories260K (fp16 and
 # oscar2 KV, RTN-quantized weights kept packed: TestGPUStories260KQuant;
 # 1-bit and act-order ones: TestGPUStories260KQuantLowBit),
 # an oscar2 artifact opened through the engine with --device cuda

@@ -2,10 +2,14 @@ package cuda
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -158,36 +162,101 @@ func (m mapSource) Tensor(name string) (*safetensors.Tensor, error) {
 }
 
 // syntheticModel returns a Llama description and random F16 weights
-// (norm weights near 1, matrices N(0, 1/cols)); seed fixes them.
+// (syntheticModelOpts with the Llama defaults); seed fixes them.
 func syntheticModel(tb testing.TB, layers, hidden, heads, kvHeads, headDim, inter, vocab int, seed uint64) (*arch.Description, mapSource) {
 	tb.Helper()
-	cfg := fmt.Sprintf(`{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":%d,"intermediate_size":%d,
-"num_hidden_layers":%d,"num_attention_heads":%d,"num_key_value_heads":%d,"head_dim":%d,"vocab_size":%d,
-"max_position_embeddings":65536,"rms_norm_eps":1e-5,"rope_theta":500000.0,"tie_word_embeddings":false}`,
-		hidden, inter, layers, heads, kvHeads, headDim, vocab)
-	d, err := arch.Parse([]byte(cfg))
+	return syntheticModelOpts(tb, synthOpts{Layers: layers, Hidden: hidden, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Inter: inter, Vocab: vocab}, seed)
+}
+
+// synthOpts describes a synthetic checkpoint for syntheticModelOpts.
+type synthOpts struct {
+	// Arch is config.json's architectures[0] ("" = LlamaForCausalLM).
+	Arch string
+	// Sizes: num_hidden_layers, hidden_size, num_attention_heads,
+	// num_key_value_heads, head_dim, intermediate_size, vocab_size.
+	Layers, Hidden, Heads, KVHeads, HeadDim, Inter, Vocab int
+	// Extra holds further config.json keys (sliding_window,
+	// attention_bias, tie_word_embeddings, ...); they override the
+	// defaults.
+	Extra map[string]any
+	// BF16 stores every tensor as BF16 instead of F16.
+	BF16 bool
+	// QKScale multiplies the q_proj and k_proj weights (0 means 1), so
+	// that q and k leave the projections far from unit RMS (what Qwen3's
+	// q/k norms then undo).
+	QKScale float64
+}
+
+// synthModelTypes is config.json's model_type for each architecture.
+var synthModelTypes = map[string]string{
+	"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+	"Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral",
+}
+
+// syntheticModelOpts returns the description o spells out and random
+// weights for every tensor it names (d.TensorShapes): norm weights (and
+// any other 1-d tensor but a bias) 1 + 0.1·N(0, 1), biases N(0, 0.5²),
+// matrices N(0, 1/cols) (times QKScale for q_proj and k_proj), stored F16
+// (or BF16). The tensors are drawn in name order, so seed fixes them.
+func syntheticModelOpts(tb testing.TB, o synthOpts, seed uint64) (*arch.Description, mapSource) {
+	tb.Helper()
+	if o.Arch == "" {
+		o.Arch = "LlamaForCausalLM"
+	}
+	cfg := map[string]any{
+		"architectures": []string{o.Arch}, "model_type": synthModelTypes[o.Arch],
+		"hidden_size": o.Hidden, "intermediate_size": o.Inter, "num_hidden_layers": o.Layers,
+		"num_attention_heads": o.Heads, "num_key_value_heads": o.KVHeads, "head_dim": o.HeadDim, "vocab_size": o.Vocab,
+		"max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+	}
+	for k, v := range o.Extra {
+		cfg[k] = v
+	}
+	raw, err := json.Marshal(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	d, err := arch.Parse(raw)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	qk := o.QKScale
+	if qk == 0 {
+		qk = 1
+	}
 	r := rand.New(rand.NewPCG(seed, 7))
 	src := mapSource{}
-	for name, shape := range d.TensorShapes() {
+	shapes := d.TensorShapes()
+	for _, name := range slices.Sorted(maps.Keys(shapes)) {
+		shape := shapes[name]
 		n := 1
 		for _, s := range shape {
 			n *= s
 		}
 		v := make([]float32, n)
-		if len(shape) == 1 {
+		switch {
+		case strings.HasSuffix(name, ".bias"):
+			for i := range v {
+				v[i] = float32(0.5 * r.NormFloat64())
+			}
+		case len(shape) == 1:
 			for i := range v {
 				v[i] = float32(1 + 0.1*r.NormFloat64())
 			}
-		} else {
+		default:
 			sd := 1 / math.Sqrt(float64(shape[len(shape)-1]))
+			if strings.HasSuffix(name, ".q_proj.weight") || strings.HasSuffix(name, ".k_proj.weight") {
+				sd *= qk
+			}
 			for i := range v {
 				v[i] = float32(r.NormFloat64() * sd)
 			}
 		}
-		src[name] = &safetensors.Tensor{Name: name, File: "synthetic", DType: safetensors.F16, Shape: shape, Data: safetensors.F16Bytes(v)}
+		t := &safetensors.Tensor{Name: name, File: "synthetic", DType: safetensors.F16, Shape: shape, Data: safetensors.F16Bytes(v)}
+		if o.BF16 {
+			t.DType, t.Data = safetensors.BF16, safetensors.BF16Bytes(v)
+		}
+		src[name] = t
 	}
 	return d, src
 }

@@ -6,9 +6,11 @@ package cuda
 
 import (
 	"context"
+	"maps"
 	"math"
 	"math/rand/v2"
 	goruntime "runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -328,31 +330,41 @@ func loadStories(t *testing.T, dir string) (cpu, gpu runtime.Model, desc *arch.D
 }
 
 // compareRun prefills `prefill` tokens with all logits, then decodes the
-// rest one at a time, on both models and caches, and checks the logits:
-// max |Δ| ≤ maxTol, mean |Δ| ≤ meanTol, argmax agreement ≥ 0.97.
+// rest one at a time, on both models and caches (runLogits), and checks
+// the logits: max |Δ| ≤ maxTol, mean |Δ| ≤ meanTol, argmax agreement ≥
+// 0.97.
 func compareRun(t *testing.T, name string, cpu, gpu runtime.Model, cc, gc runtime.KVCache, toks []int, prefill, V int, maxTol, meanTol float64) {
 	t.Helper()
+	a := runLogits(t, cpu, cc, toks, prefill, V)
+	b := runLogits(t, gpu, gc, toks, prefill, V)
+	checkLogits(t, name, a, b, V, maxTol, meanTol)
+}
+
+// runLogits returns the logits [len(toks), V] of m over toks: one
+// Forward of the first `prefill` tokens with all logits, then one per
+// remaining token (decode), in cache c.
+func runLogits(t testing.TB, m runtime.Model, c runtime.KVCache, toks []int, prefill, V int) []float32 {
+	t.Helper()
 	ctx := context.Background()
-	a, b := make([]float32, prefill*V), make([]float32, prefill*V)
-	if err := cpu.Forward(ctx, toks[:prefill], cc, a, true); err != nil {
+	out := make([]float32, len(toks)*V)
+	if err := m.Forward(ctx, toks[:prefill], c, out, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := gpu.Forward(ctx, toks[:prefill], gc, b, true); err != nil {
-		t.Fatal(err)
-	}
-	for _, tok := range toks[prefill:] {
-		x, y := make([]float32, V), make([]float32, V)
-		if err := cpu.Forward(ctx, []int{tok}, cc, x, false); err != nil {
+	for i := prefill; i < len(toks); i++ {
+		if err := m.Forward(ctx, toks[i:i+1], c, out[i*V:(i+1)*V], false); err != nil {
 			t.Fatal(err)
 		}
-		if err := gpu.Forward(ctx, []int{tok}, gc, y, false); err != nil {
-			t.Fatal(err)
-		}
-		a, b = append(a, x...), append(b, y...)
 	}
+	return out
+}
+
+// checkLogits fails unless logits b (rows of V) are within max |Δ| ≤
+// maxTol and mean |Δ| ≤ meanTol of a, with argmax agreement ≥ 0.97.
+func checkLogits(t *testing.T, name string, a, b []float32, V int, maxTol, meanTol float64) {
+	t.Helper()
 	mx, mean, agree := logitDiff(a, b, V)
-	t.Logf("%s: %d positions: max |Δlogit| %.4g, mean %.4g, argmax agreement %.4f (tolerances %.3g, %.3g, 0.97)", name, len(toks), mx, mean, agree, maxTol, meanTol)
-	if mx > maxTol || mean > meanTol || agree < 0.97 {
+	t.Logf("%s: %d positions: max |Δlogit| %.4g, mean %.4g, argmax agreement %.4f (tolerances %.3g, %.3g, 0.97)", name, len(a)/V, mx, mean, agree, maxTol, meanTol)
+	if !(mx <= maxTol && mean <= meanTol && agree >= 0.97) {
 		t.Errorf("%s: logits differ from the CPU backend beyond tolerance", name)
 	}
 }
@@ -553,5 +565,231 @@ func TestGPUCacheLifetime(t *testing.T) {
 	}
 	if len(kept.mem.allocs) != 0 || m.caches != nil {
 		t.Errorf("Close left %d allocations of a live cache, caches %v", len(kept.mem.allocs), m.caches)
+	}
+}
+
+// Synthetic checkpoints of the architecture features stories260K lacks,
+// on the GPU against the CPU backend (same binary16 or bfloat16 weights,
+// fp16 KV on the GPU, float32 KV on the CPU).
+//
+// Tolerance: TestGPUStories260K's, taken relative to the largest logit.
+// There max |Δ| 0.05 and mean 0.005 stand against max |logit| 23.65 (the
+// CPU backend over its 264 positions), so here max |Δ| ≤ 0.05/23.65 and
+// mean |Δ| ≤ 0.005/23.65 of max |logit| of the CPU run. The synthetic
+// weights are identical on both sides, so this leaves the fp16 KV rows
+// and float32 summation order, which TestSyntheticVariantsCPU measures
+// (the CPU backend with kvcache's fp16 cache) at under half of it; it
+// also checks that each feature, left out, moves the CPU logits by more
+// than 10 times the max tolerance, so a GPU that skipped it fails.
+const (
+	relMaxTol  = 0.05 / 23.65
+	relMeanTol = 0.005 / 23.65
+)
+
+// synthVariant is a synthetic model exercising some architecture
+// features, run as a prefill of `prefill` random tokens then `decode`
+// single-token steps.
+type synthVariant struct {
+	name            string
+	opts            synthOpts
+	seed            uint64
+	prefill, decode int
+	// features, by name, remove one feature from a copy of the
+	// description (TestSyntheticVariantsCPU checks each one matters).
+	features map[string]func(d *arch.Description)
+}
+
+// synthVariants are the variants TestGPUQwen2Bias, TestGPULlamaOBias,
+// TestGPUQwen3QKNorm and TestGPUMistralWindow run.
+var synthVariants = map[string]synthVariant{
+	// Qwen2: q/k/v biases (add_bias on the fused qkv rows), BF16 weights
+	// (embed, gemm and gemv in bfloat16), and use_sliding_window from
+	// layer 1 on (layer 0 attends to everything, layer 1 to 24 positions).
+	"qwen2": {
+		name: "qwen2 q/k/v bias, bf16, window 24 on layer 1",
+		opts: synthOpts{Arch: "Qwen2ForCausalLM", Layers: 2, Hidden: 256, Heads: 8, KVHeads: 2, HeadDim: 32, Inter: 384, Vocab: 512, BF16: true,
+			Extra: map[string]any{"use_sliding_window": true, "sliding_window": 24, "max_window_layers": 1}},
+		seed: 101, prefill: 64, decode: 40,
+		features: map[string]func(*arch.Description){
+			"q bias": func(d *arch.Description) { forLayers(d, func(l *arch.Layer) { l.Attn.QBias = "" }) },
+			"k bias": func(d *arch.Description) { forLayers(d, func(l *arch.Layer) { l.Attn.KBias = "" }) },
+			"v bias": func(d *arch.Description) { forLayers(d, func(l *arch.Layer) { l.Attn.VBias = "" }) },
+			"window": func(d *arch.Description) { forLayers(d, func(l *arch.Layer) { l.SlidingWindow = 0 }) },
+		},
+	},
+	// Llama with attention_bias: q/k/v and o_proj biases (add_bias on the
+	// residual rows).
+	"llama-bias": {
+		name: "llama attention_bias (q/k/v/o)",
+		opts: synthOpts{Layers: 2, Hidden: 256, Heads: 4, KVHeads: 4, HeadDim: 64, Inter: 384, Vocab: 512,
+			Extra: map[string]any{"attention_bias": true}},
+		seed: 102, prefill: 48, decode: 24,
+		features: map[string]func(*arch.Description){
+			"o bias": func(d *arch.Description) { forLayers(d, func(l *arch.Layer) { l.Attn.OBias = "" }) },
+		},
+	},
+	// Qwen3: per-head RMSNorm of q and k (rmsnorm with inner = heads over
+	// the qkv row) on projections scaled ×4, so that leaving a norm out
+	// changes the scores; head_dim 64 with 8 heads (q rows of 512 ≠
+	// hidden 256) and tied embeddings (lm_head = embed_tokens).
+	"qwen3": {
+		name: "qwen3 q/k norm, tied embeddings",
+		opts: synthOpts{Arch: "Qwen3ForCausalLM", Layers: 2, Hidden: 256, Heads: 8, KVHeads: 2, HeadDim: 64, Inter: 384, Vocab: 512, QKScale: 4,
+			Extra: map[string]any{"tie_word_embeddings": true}},
+		seed: 103, prefill: 64, decode: 40,
+		features: map[string]func(*arch.Description){
+			// Both backends load q_norm and k_norm as a pair.
+			"q/k norms": func(d *arch.Description) {
+				forLayers(d, func(l *arch.Layer) { l.Attn.QNorm, l.Attn.KNorm = "", "" })
+			},
+		},
+	},
+	// Mistral: sliding window 40 on every layer, shorter than the 96-token
+	// prefill; the 104 decode steps reach 200 positions, where the decode
+	// attention runs two splits of 128 and the first one falls wholly
+	// outside the window (from position 168 on).
+	"mistral": {
+		name: "mistral sliding window 40",
+		opts: synthOpts{Arch: "MistralForCausalLM", Layers: 2, Hidden: 256, Heads: 8, KVHeads: 2, HeadDim: 32, Inter: 384, Vocab: 512,
+			Extra: map[string]any{"sliding_window": 40}},
+		seed: 104, prefill: 96, decode: 104,
+		features: map[string]func(*arch.Description){
+			"window": func(d *arch.Description) { forLayers(d, func(l *arch.Layer) { l.SlidingWindow = 0 }) },
+		},
+	},
+}
+
+// forLayers applies f to every layer of d.
+func forLayers(d *arch.Description, f func(l *arch.Layer)) {
+	for i := range d.Layers {
+		f(&d.Layers[i])
+	}
+}
+
+// build returns the variant's description, weights and token ids.
+func (v synthVariant) build(t testing.TB) (*arch.Description, mapSource, []int) {
+	t.Helper()
+	desc, src := syntheticModelOpts(t, v.opts, v.seed)
+	r := rand.New(rand.NewPCG(v.seed, 99))
+	toks := make([]int, v.prefill+v.decode)
+	for i := range toks {
+		toks[i] = r.IntN(desc.VocabSize)
+	}
+	return desc, src, toks
+}
+
+// maxAbs is max |x| over v.
+func maxAbs(v []float32) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = max(m, math.Abs(float64(x)))
+	}
+	return m
+}
+
+// runVariant loads variant key on both backends, checks that the GPU
+// model holds the features the description names, and compares the
+// logits (tolerances relMaxTol, relMeanTol of max |logit|).
+func runVariant(t *testing.T, key string) {
+	t.Helper()
+	gpuOrSkip(t)
+	v := synthVariants[key]
+	desc, src, toks := v.build(t)
+	ctx := context.Background()
+	cpu, err := runtime.NewCPU().Load(ctx, desc, src, runtime.LoadOptions{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpu.Close()
+	g, err := (Backend{CacheDir: testCacheDir(t)}).Load(ctx, desc, src, runtime.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	gm := g.(*Model)
+	for i, l := range desc.Layers {
+		gl := &gm.layers[i]
+		a := l.Attn
+		if (a.QBias != "") != (gl.bqkv != 0) || (a.OBias != "") != (gl.bo != 0) || (a.QNorm != "") != (gl.qNorm != 0) || (a.KNorm != "") != (gl.kNorm != 0) || gl.window != l.SlidingWindow {
+			t.Fatalf("layer %d: GPU model has qkv bias %v, o bias %v, q norm %v, k norm %v, window %d; the description names %q %q %q %q, window %d",
+				i, gl.bqkv != 0, gl.bo != 0, gl.qNorm != 0, gl.kNorm != 0, gl.window, a.QBias, a.OBias, a.QNorm, a.KNorm, l.SlidingWindow)
+		}
+	}
+	n := len(toks)
+	V := desc.VocabSize
+	a := runLogits(t, cpu, cpu.NewCache(n), toks, v.prefill, V)
+	b := runLogits(t, g, g.NewCache(n), toks, v.prefill, V)
+	M := maxAbs(a)
+	checkLogits(t, v.name, a, b, V, relMaxTol*M, relMeanTol*M)
+}
+
+// TestGPUQwen2Bias: synthVariants["qwen2"] (q/k/v biases, bf16 weights,
+// a window on layer 1 only) against the CPU backend over 64 prefilled and
+// 40 decoded tokens; tolerances relMaxTol, relMeanTol of max |logit|.
+func TestGPUQwen2Bias(t *testing.T) { runVariant(t, "qwen2") }
+
+// TestGPULlamaOBias: synthVariants["llama-bias"] (q/k/v and o_proj
+// biases) against the CPU backend over 48 prefilled and 24 decoded
+// tokens; tolerances relMaxTol, relMeanTol of max |logit|.
+func TestGPULlamaOBias(t *testing.T) { runVariant(t, "llama-bias") }
+
+// TestGPUQwen3QKNorm: synthVariants["qwen3"] (per-head q/k RMSNorm, tied
+// embeddings, q rows wider than hidden) against the CPU backend over 64
+// prefilled and 40 decoded tokens; tolerances relMaxTol, relMeanTol of
+// max |logit|.
+func TestGPUQwen3QKNorm(t *testing.T) { runVariant(t, "qwen3") }
+
+// TestGPUMistralWindow: synthVariants["mistral"] (sliding window 40 on
+// every layer) against the CPU backend over 96 prefilled and 104 decoded
+// tokens, past the window in both; tolerances relMaxTol, relMeanTol of
+// max |logit|.
+func TestGPUMistralWindow(t *testing.T) { runVariant(t, "mistral") }
+
+// TestSyntheticVariantsCPU (no GPU) backs the variant tests' tolerance
+// and shows they can fail: on the CPU backend, for every variant, (1)
+// removing any one of its features moves the logits by max |Δ| > 10 ×
+// the max tolerance, and (2) an fp16 KV cache (kvcache's, the GPU's
+// storage) instead of float32 moves them by at most half the max and
+// mean tolerances.
+func TestSyntheticVariantsCPU(t *testing.T) {
+	ctx := context.Background()
+	for _, key := range slices.Sorted(maps.Keys(synthVariants)) {
+		v := synthVariants[key]
+		t.Run(key, func(t *testing.T) {
+			desc, src, toks := v.build(t)
+			n, V := len(toks), desc.VocabSize
+			load := func(d *arch.Description) runtime.Model {
+				m, err := runtime.NewCPU().Load(ctx, d, src, runtime.LoadOptions{Threads: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { m.Close() })
+				return m
+			}
+			cpu := load(desc)
+			a := runLogits(t, cpu, cpu.NewCache(n), toks, v.prefill, V)
+			M := maxAbs(a)
+			maxTol, meanTol := relMaxTol*M, relMeanTol*M
+			f16, err := kvcache.New("fp16", kvcache.LayersOf(desc), n, kvcache.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mx, mean, agree := logitDiff(a, runLogits(t, cpu, f16, toks, v.prefill, V), V)
+			t.Logf("max |logit| %.4g, tolerances %.3g, %.3g; fp16 KV: max |Δ| %.3g, mean %.3g, agreement %.4f", M, maxTol, meanTol, mx, mean, agree)
+			if !(mx <= maxTol/2 && mean <= meanTol/2) {
+				t.Errorf("fp16 KV alone moves the logits by max %.3g, mean %.3g: more than half the tolerances %.3g, %.3g", mx, mean, maxTol, meanTol)
+			}
+			for _, name := range slices.Sorted(maps.Keys(v.features)) {
+				d := *desc
+				d.Layers = slices.Clone(desc.Layers)
+				v.features[name](&d)
+				m := load(&d)
+				mx, _, _ := logitDiff(a, runLogits(t, m, m.NewCache(n), toks, v.prefill, V), V)
+				t.Logf("without %s: max |Δ| %.3g (%.0f× the max tolerance)", name, mx, mx/maxTol)
+				if !(mx > 10*maxTol) {
+					t.Errorf("without %s the logits move by max |Δ| %.3g, not more than 10× the tolerance %.3g: the GPU test could not tell", name, mx, maxTol)
+				}
+			}
+		})
 	}
 }
