@@ -139,7 +139,7 @@ func TestGPUMoEQuant(t *testing.T) {
 		t.Fatalf("%d of %d expert stacks packed, want 10 of 10", packed, total)
 	}
 	toks := cuda.StoriesTokens(t, 96)
-	cuda.CompareRun(t, "stories260K-moe quantized (mixed expert widths)", cpu, gpu, cpu.NewCache(128), gpu.NewCache(128), toks, 32, d.VocabSize, 0.05, 0.005)
+	cuda.CompareRun(t, "stories260K-moe quantized (mixed expert widths)", cpu, gpu, cpu.NewCache(128), gpu.NewCache(128), toks, 32, d.VocabSize, 0.1, 0.01) // as TestGPUMoE (gpuStoriesMaxTol, gpuStoriesMeanTol)
 }
 
 // cacheDir is $LMPACK_CUDA_CACHE (shared by scripts/gpu-check.sh's runs),

@@ -369,23 +369,58 @@ func checkLogits(t *testing.T, name string, a, b []float32, V int, maxTol, meanT
 	}
 }
 
+// gpuOscarMaxTol and gpuOscarMeanTol are the max and mean |Δlogit| the
+// stories260K oscar2 GPU tests allow against the CPU on the same binary16
+// weights. They are wide because the comparison is chaotic, not because
+// the kernels are loose: float32 rounding noise alone (weights moved by ≤
+// 2 ulps) flips an INT2 code now and then, the flip persists in the cache
+// and moves later logits by up to 1.5 (mean 0.033, argmax agreement 0.985
+// at worst over 8 seeds: TestStoriesOscar2ToleranceCPU). A kernel bug
+// (rotation, scale, zero-point, window) moves every position.
+const (
+	gpuOscarMaxTol  = 4.0
+	gpuOscarMeanTol = 0.1
+)
+
+// gpuStoriesMaxTol and gpuStoriesMeanTol are the max and mean |Δlogit|
+// the stories260K GPU tests allow against the float32 CPU backend: twice
+// what binary16 weights and an fp16 KV cache alone cause on the CPU
+// (TestStoriesFP16ToleranceCPU), whose logits reach about 24.
+const (
+	gpuStoriesMaxTol  = 0.1
+	gpuStoriesMeanTol = 0.01
+)
+
 // TestGPUStories260K: stories260K logits on the GPU (fp16 weights and
 // fp16 KV) against the CPU backend (float32) over 64 prefilled and 200
 // decoded tokens of TinyStories (the decode attention then runs with
-// several splits). Tolerances: max |Δ| 0.05, mean 0.005 (fp16 weights).
+// several splits). Tolerances gpuStoriesMaxTol and gpuStoriesMeanTol:
+// binary16 weights and KV alone move these logits by max 0.037, mean
+// 0.0032 on the CPU (TestStoriesFP16ToleranceCPU).
 func TestGPUStories260K(t *testing.T) {
 	cpu, gpu, desc := loadStories(t, "stories260K-hf")
 	toks := storiesTokens(t, 264)
-	compareRun(t, "stories260K fp16 KV", cpu, gpu, cpu.NewCache(300), gpu.NewCache(300), toks, 64, desc.VocabSize, 0.05, 0.005)
+	compareRun(t, "stories260K fp16 KV", cpu, gpu, cpu.NewCache(300), gpu.NewCache(300), toks, 64, desc.VocabSize, gpuStoriesMaxTol, gpuStoriesMeanTol)
 }
 
 // TestGPUStories260KOscar2: the oscar2 path (sink 4, recent 32, random
 // rotations, clipping 0.96/0.92), tokens fed one at a time so both
 // caches quantize the same binary16 rows, against the CPU backend with
-// kvcache's oscar2 cache. Tolerances: max |Δ| 0.25, mean 0.02 (fp16
-// weights plus rare INT2 code flips).
+// kvcache's oscar2 cache and the same binary16 weights (with the float32
+// ones the INT2 codes flip on weight rounding alone). Tolerances: max |Δ|
+// gpuOscarMaxTol, mean gpuOscarMeanTol (argmax agreement 0.97).
 func TestGPUStories260KOscar2(t *testing.T) {
-	cpu, gpu, desc := loadStories(t, "stories260K-hf")
+	_, gpu, desc := loadStories(t, "stories260K-hf")
+	ck, err := safetensors.OpenDir(shared.Path(t, "stories260K-hf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	cpu, err := runtime.NewCPU().Load(context.Background(), desc, binary16Source(t, ck), runtime.LoadOptions{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpu.Close()
 	rot := randRotations(rand.New(rand.NewPCG(11, 12)), desc)
 	cc, err := kvcache.New("oscar2", kvcache.LayersOf(desc), 300, kvcache.Options{Sink: 4, Recent: 32, Rotations: rot})
 	if err != nil {
@@ -397,7 +432,7 @@ func TestGPUStories260KOscar2(t *testing.T) {
 	}
 	defer gc.Free()
 	toks := storiesTokens(t, 200)
-	compareRun(t, "stories260K oscar2 KV", cpu, gpu, cc, gc, toks, 1, desc.VocabSize, 0.25, 0.02)
+	compareRun(t, "stories260K oscar2 KV", cpu, gpu, cc, gc, toks, 1, desc.VocabSize, gpuOscarMaxTol, gpuOscarMeanTol)
 }
 
 // TestGPUMoE: stories260K-moe (Mixtral, 4 experts, top 2) against the
@@ -405,7 +440,7 @@ func TestGPUStories260KOscar2(t *testing.T) {
 func TestGPUMoE(t *testing.T) {
 	cpu, gpu, desc := loadStories(t, "stories260K-moe-hf")
 	toks := storiesTokens(t, 96)
-	compareRun(t, "stories260K-moe fp16 KV", cpu, gpu, cpu.NewCache(128), gpu.NewCache(128), toks, 32, desc.VocabSize, 0.05, 0.005)
+	compareRun(t, "stories260K-moe fp16 KV", cpu, gpu, cpu.NewCache(128), gpu.NewCache(128), toks, 32, desc.VocabSize, gpuStoriesMaxTol, gpuStoriesMeanTol)
 }
 
 // TestGPULongContext: a synthetic model with head_dim 128, 8 q and 2 kv
@@ -414,6 +449,15 @@ func TestGPUMoE(t *testing.T) {
 // 256) against the CPU backend on the same binary16 weights. Tolerances:
 // fp16 max |Δ| 0.02, mean 0.002; oscar2 max 0.1, mean 0.01 (its prefill
 // quantizes rows the CPU quantizes from float32).
+// TestGPULongContext's tolerances (max, mean |Δlogit|), backed by
+// TestLongContextToleranceCPU.
+const (
+	gpuLongMaxTol       = 0.02
+	gpuLongMeanTol      = 0.002
+	gpuLongOscarMaxTol  = 0.25
+	gpuLongOscarMeanTol = 0.01
+)
+
 func TestGPULongContext(t *testing.T) {
 	_, _ = gpuOrSkip(t)
 	desc, src := syntheticModel(t, 2, 256, 8, 2, 128, 256, 256, 21)
@@ -433,7 +477,7 @@ func TestGPULongContext(t *testing.T) {
 	for i := range toks {
 		toks[i] = r.IntN(desc.VocabSize)
 	}
-	compareRun(t, "synthetic hd128 fp16 KV", cpu, g, cpu.NewCache(1600), g.NewCache(1600), toks, 1500, desc.VocabSize, 0.02, 0.002)
+	compareRun(t, "synthetic hd128 fp16 KV", cpu, g, cpu.NewCache(1600), g.NewCache(1600), toks, 1500, desc.VocabSize, gpuLongMaxTol, gpuLongMeanTol)
 	rot := randRotations(r, desc)
 	cc, err := kvcache.New("oscar2", kvcache.LayersOf(desc), 1600, kvcache.Options{Sink: 64, Recent: 256, Rotations: rot})
 	if err != nil {
@@ -444,7 +488,7 @@ func TestGPULongContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gc.Free()
-	compareRun(t, "synthetic hd128 oscar2 KV", cpu, g, cc, gc, toks, 1500, desc.VocabSize, 0.1, 0.01)
+	compareRun(t, "synthetic hd128 oscar2 KV", cpu, g, cc, gc, toks, 1500, desc.VocabSize, gpuLongOscarMaxTol, gpuLongOscarMeanTol)
 }
 
 // TestGPUMoEGemvLargeGrid: moe_gemv over top-8 routing of 9000 tokens
