@@ -133,7 +133,11 @@ fi
 
 # One process per test and benchmark: a kernel fault poisons the CUDA
 # context of its process only. The PTX cache is shared between them.
-export LMPACK_CUDA_CACHE=$(mktemp -d)
+# Tests that open models through the engine use the backend's default
+# cache, os.UserCacheDir()/lmpack/cuda: point it at the same directory.
+export XDG_CACHE_HOME=$(mktemp -d)
+export LMPACK_CUDA_CACHE=$XDG_CACHE_HOME/lmpack/cuda
+mkdir -p "$LMPACK_CUDA_CACHE"
 status=0
 # The test binary runs in the package directory, as go test does.
 
