@@ -144,8 +144,9 @@ type layerW struct {
 // (bits/8 bytes per weight plus binary16 scales and zeros per group, and
 // 8 bytes per input column for an act-order permutation and its inverse)
 // at 1, 2, 3, 4 and 8 bits, with or without an act-order permutation;
-// decode rows (≤ 16 per call) run gemv_q on them, and a prefill of more
-// rows dequantizes each into one binary16 scratch buffer the size of the
+// up to 64 rows per call (decode batches; maxGemvQRows) run gemv_q on
+// them, and a call of more rows dequantizes each into one binary16
+// scratch buffer the size of the
 // largest packed weight (2 bytes per element, allocated at the first
 // such prefill) before gemm_f16. The others (groups neither a multiple
 // of 8 columns nor per channel, stacks whose parts differ in format or

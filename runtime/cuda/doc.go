@@ -26,7 +26,7 @@
 // Quantized checkpoints (docs/QUANT.md): the attention, MLP and lm_head
 // weights stay packed on the device at 1, 2, 3, 4 and 8 bits, with or
 // without a GPTQ act-order permutation (uploaded as int32 with its
-// inverse). Decode rows (≤ 16 per call) run gemv_q, which dequantizes in
+// inverse). Up to 64 rows per call (decode batches) run gemv_q, which dequantizes in
 // registers and gathers x through the permutation; longer prefills
 // dequantize one weight at a time with dequant_q (through the inverse
 // permutation, so in the original column order) into a binary16 scratch
@@ -62,7 +62,6 @@
 // block recomputes q·R_K for its q heads (hd² multiply-adds and an R_K
 // read from L2), which at batch 1 and long contexts (many short splits)
 // costs L2 traffic of the order of the INT2 cache's own DRAM bytes; and
-// a decode call of more than 16 rows on packed weights dequantizes every
-// weight into the binary16 scratch (dequant_q + gemm_f16) instead of
-// running gemv_q.
+// gemv_q reads a packed weight once per 4 rows of x, so decode batches
+// between 16 and 64 sequences re-read the codes (from L2 when they fit).
 package cuda

@@ -331,7 +331,7 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 			return err
 		}
 	}
-	if R > 16 && m.deqBytes > 0 {
+	if R > maxGemvQRows && m.deqBytes > 0 {
 		if err := s.grow(dev, &s.deq, m.deqBytes); err != nil {
 			return err
 		}
@@ -352,17 +352,27 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 	return nil
 }
 
+// maxGemvQRows is the most rows of x a packed weight serves through
+// gemv_q; more (a prefill) dequantize the weight first. gemv_q reads the
+// weight's codes once per 4 rows, so 64 rows read a 4-bit weight 16 times
+// (8 bytes per weight, mostly from L2 for weights that fit it) against
+// about 4.5 bytes per weight through DRAM for dequant_q + gemm_f16 (codes
+// in, binary16 out and back in): about even, without the binary16
+// scratch. Decode batches up to 64 sequences therefore read no binary16
+// weights (not measured on a GPU).
+const maxGemvQRows = 64
+
 // matmulX computes y[R, w.rows] (row stride ldy) = x[R, w.cols] (row
 // stride ldx) · wᵀ, adding to y when beta = 1: the GEMV kernel (8 rows
 // per block) for R ≤ 16 rows (decode, batches up to 16), the tiled GEMM
 // otherwise. A packed weight runs gemv_q (4 rows per block, x gathered
-// through its act-order perm) for R ≤ 16, else dequant_q (through the
-// inverse perm, so in the original column order) into m.s.deq and
-// gemm_f16.
+// through its act-order perm) for R ≤ maxGemvQRows, else dequant_q
+// (through the inverse perm, so in the original column order) into
+// m.s.deq and gemm_f16.
 func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, R, beta int) error {
 	N, K := w.rows, w.cols
 	if q := w.q; q != nil {
-		if R <= 16 {
+		if R <= maxGemvQRows {
 			return k.Launch("gemv_q", Dim{(N + 3) / 4, (R + 3) / 4, 1}, Dim{128, 1, 1}, y, ldy, x, ldx,
 				q.codes, q.scales, q.zeros, q.perm, R, N, K, q.bits, q.group, beta)
 		}
