@@ -98,14 +98,15 @@ func isolatedEnv(t *testing.T, extra ...string) []string {
 }
 
 // lmpack runs the binary with args in env (nil: isolatedEnv) and waits for
-// it (at most 4 minutes). It fails the test when the process cannot be
+// it (at most 10 minutes: the whole-file KV table takes about 4 on a
+// loaded 2-core machine). It fails the test when the process cannot be
 // started or is killed by the timeout.
 func lmpack(t *testing.T, env []string, args ...string) cliResult {
 	t.Helper()
 	if env == nil {
 		env = isolatedEnv(t)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, lmpackBin, args...)
 	cmd.Env = env
