@@ -643,9 +643,10 @@ func TestCompressGateOlderOutput(t *testing.T) {
 	}
 }
 
-// TestCompressModelMismatch: a moe_budget on a dense model and a
-// target_bpw on an MoE model are refused before any stage runs (no work
-// directory is created), naming the recipe key.
+// TestCompressModelMismatch: a moe_budget on a dense model, a target_bpw
+// on an MoE model, a sparsity the model cannot reach and head_refit with
+// a sparsity that removes no head are refused before any stage runs (no
+// work directory is created), naming the recipe key.
 func TestCompressModelMismatch(t *testing.T) {
 	moeRecipe, err := LoadRecipe(filepath.Join("..", "recipes", "moe-mixed.yaml"))
 	if err != nil {
@@ -663,7 +664,18 @@ func TestCompressModelMismatch(t *testing.T) {
 	if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "quantize.weights.target_bpw") {
 		t.Errorf("target_bpw on an MoE model: %v", err)
 	}
-	for _, w := range []string{"work-a", "work-b"} {
+	// A sparsity the model cannot reach, and head_refit with a sparsity
+	// that removes no head group on stories260K (0.2: FFN nodes only).
+	for _, c := range []struct{ work, prune, want string }{
+		{"work-c", "prune:\n  sparsity: 0.95\n", "prune.sparsity: prune: bad options: sparsity 0.95"},
+		{"work-d", "prune:\n  sparsity: 0.2\n  head_refit: true\n", "prune.head_refit: prune.sparsity 0.2 removes no KV head group"},
+	} {
+		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, "quantize:\n", c.prune+"quantize:\n", 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
+		if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrRecipe with %q", strings.TrimSpace(c.prune), err, c.want)
+		}
+	}
+	for _, w := range []string{"work-a", "work-b", "work-c", "work-d"} {
 		if _, err := os.Stat(filepath.Join(dir, w)); !os.IsNotExist(err) {
 			t.Errorf("%s created before the recipe was checked against the model", w)
 		}

@@ -409,6 +409,17 @@ func (p *pipeline) inputs(ctx context.Context) error {
 			if err := p.r.Prune.checkHeadBudget(recipe, afterDepth(p.r.Prune, d)); err != nil {
 				return err
 			}
+			// A sparsity on the model as it is (no layer removal first):
+			// its budget, and whether it removes any head for head_refit.
+			if c := p.r.Prune; c.Sparsity != 0 && !c.wantsDepth() {
+				plan, err := prune.PlanSparsity(dir, c.Sparsity)
+				if err != nil {
+					return fmt.Errorf("%w: %s: prune.sparsity: %w", ErrRecipe, recipe, err)
+				}
+				if c.HeadRefit && plan.HeadGroups == 0 {
+					return fmt.Errorf("%w: %s: prune.head_refit: prune.sparsity %v removes no KV head group of %s (only FFN nodes), so there is no o_proj to refit: remove head_refit or raise the sparsity", ErrRecipe, recipe, c.Sparsity, dir)
+				}
+			}
 		}
 		var w WeightsStage
 		if q != nil && q.Weights != nil {

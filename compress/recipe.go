@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/lmpack/lmpack/calibrate"
@@ -243,7 +244,53 @@ func (r *Recipe) evalDataPtr() *string {
 	return &r.Eval.Data
 }
 
-var fieldNotFound = regexp.MustCompile(`^line (\d+): field (\S+) not found in type compress\.(\w+)$`)
+var (
+	fieldNotFound = regexp.MustCompile(`^line (\d+): field (\S+) not found in type compress\.(\w+)$`)
+	cannotDecode  = regexp.MustCompile("^line (\\d+): cannot unmarshal !!\\w+ `(.*)` into (\\S+)$")
+)
+
+// wantOfGo words what a recipe value of Go type t must be.
+func wantOfGo(t string) string {
+	switch strings.TrimPrefix(t, "*") {
+	case "int", "int64":
+		return "an integer"
+	case "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "string":
+		return "a string"
+	}
+	return "a value of type " + t
+}
+
+// keyAtLine returns the dotted key ("calibrate.tokens") whose value starts
+// on line in the mapping tree n, or "".
+func keyAtLine(n *yaml.Node, line int, prefix string) string {
+	if n == nil {
+		return ""
+	}
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		return keyAtLine(n.Content[0], line, prefix)
+	}
+	if n.Kind != yaml.MappingNode {
+		return ""
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		key := k.Value
+		if prefix != "" {
+			key = prefix + "." + key
+		}
+		if v.Line == line && v.Kind == yaml.ScalarNode {
+			return key
+		}
+		if got := keyAtLine(v, line, key); got != "" {
+			return got
+		}
+	}
+	return ""
+}
 
 // sectionOf names the recipe section a Go type decodes.
 var sectionOf = map[string]string{
@@ -271,10 +318,17 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 		}
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
+			var doc yaml.Node
+			_ = yaml.Unmarshal(b, &doc)
 			var msgs []string
 			for _, e := range te.Errors {
 				if m := fieldNotFound.FindStringSubmatch(e); m != nil {
 					e = fmt.Sprintf("line %s: unknown key %q in %s", m[1], m[2], sectionOf[m[3]])
+				} else if m := cannotDecode.FindStringSubmatch(e); m != nil {
+					line, _ := strconv.Atoi(m[1])
+					if key := keyAtLine(&doc, line, ""); key != "" {
+						e = fmt.Sprintf("line %d: %s %s: want %s", line, key, m[2], wantOfGo(m[3]))
+					}
 				}
 				msgs = append(msgs, e)
 			}
@@ -325,7 +379,7 @@ func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
 			if ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
 			}
-			if ft.Kind() == reflect.Int && v.Kind == yaml.ScalarNode && v.Tag != "!!int" && v.Tag != "!!null" {
+			if (ft.Kind() == reflect.Int || ft.Kind() == reflect.Int64) && v.Kind == yaml.ScalarNode && v.Tag != "!!int" && v.Tag != "!!null" {
 				return fmt.Errorf("line %d: %s %s: want an integer", v.Line, key, v.Value)
 			}
 			if err := checkInts(v, f.Type, key); err != nil {
@@ -454,6 +508,9 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 	} else if p.Method != "" {
 		return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it, or drop it for width pruning alone", p.Method)
 	}
+	if p.HeadRefit && !p.wantsHeads() {
+		return bad("prune.head_refit needs head_groups, head_ratio or sparsity (it refits o_proj after head removal)")
+	}
 	if !p.wantsWidth() {
 		return nil
 	}
@@ -478,8 +535,6 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 		return bad("prune.head_step %d: want >= 1", p.HeadStep)
 	case p.HeadStep != 0 && !p.wantsHeads():
 		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
-	case p.HeadRefit && !p.wantsHeads():
-		return bad("prune.head_refit needs head_groups, head_ratio or sparsity (it refits o_proj after head removal)")
 	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
 		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	case r.Calibrate == nil:

@@ -173,3 +173,21 @@ func sparsityPlan(desc *arch.Description, ck *safetensors.Checkpoint, s float64)
 	}
 	return p, err
 }
+
+// PlanSparsity returns the head-group and FFN budget Options.Sparsity s
+// gives the checkpoint in dir (config.json and its safetensors), as Run
+// would compute it, without pruning anything. Errors: the checkpoint's
+// (unreadable config or weights), and ErrOptions for a sparsity the model
+// cannot reach, naming the reachable range.
+func PlanSparsity(dir string, s float64) (*SparsityPlan, error) {
+	desc, err := arch.Load(dir)
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	defer ck.Close()
+	return sparsityPlan(desc, ck, s)
+}

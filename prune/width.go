@@ -93,7 +93,10 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 	}
 	windows := c.CalibrationWindows()
 	if opt.HeadRefit && !wantHeads {
-		return nil, fmt.Errorf("%w: the o_proj refit (--head-refit) applies to head pruning: give head groups, a head ratio or a sparsity that removes heads", ErrOptions)
+		if plan != nil {
+			return nil, fmt.Errorf("%w: sparsity %v removes no KV head group of this model (%d attention units, only FFN nodes), so the o_proj refit (--head-refit, recipe prune.head_refit) has nothing to refit: drop it or raise the sparsity", ErrOptions, opt.Sparsity, plan.AttentionUnits)
+		}
+		return nil, fmt.Errorf("%w: the o_proj refit (--head-refit, recipe prune.head_refit) applies to head pruning: give head groups, a head ratio or a sparsity that removes heads", ErrOptions)
 	}
 	needTokens := wantFFN || (wantHeads && (method == HeadPutri || opt.HeadRefit))
 	if needTokens && windows == nil {

@@ -346,7 +346,8 @@ func TestWidthBad(t *testing.T) {
 		want []string
 	}{
 		{Options{HeadGroups: 1, HeadRefit: true, Calib: tiny}, []string{"holds 128 tokens", "o_proj refit", "needs at least 144", "--head-refit"}},
-		{Options{FFNRatio: 0.25, HeadRefit: true}, []string{"o_proj refit (--head-refit) applies to head pruning"}},
+		{Options{FFNRatio: 0.25, HeadRefit: true}, []string{"o_proj refit (--head-refit, recipe prune.head_refit) applies to head pruning"}},
+		{Options{Sparsity: 0.2, HeadRefit: true}, []string{"sparsity 0.2 removes no KV head group", "nothing to refit"}},
 		{Options{FFNRatio: 0.001}, []string{"removes round(0.001·172) = 0 of the 172"}},
 		{Options{FFNRatio: 0.999}, []string{"removes all 172", "at most 171"}},
 		{Options{FFNRatio: 0.25, Calib: few}, []string{"holds 256 tokens", "needs at least 516", "--no-refit"}},

@@ -96,8 +96,10 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 					return fmt.Errorf("--no-refit needs --ffn-ratio r or --sparsity s")
 				}
 				opt.Method = ""
-			case fl.Changed("no-refit") || fl.Changed("head-method") || fl.Changed("head-step") || fl.Changed("head-refit"):
-				return fmt.Errorf("--no-refit, --head-method, --head-step and --head-refit need --head-groups, --head-ratio, --ffn-ratio or --sparsity")
+			case fl.Changed("head-method") || fl.Changed("head-step") || fl.Changed("head-refit"):
+				return fmt.Errorf("--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s")
+			case fl.Changed("no-refit"):
+				return fmt.Errorf("--no-refit needs --ffn-ratio r or --sparsity s")
 			}
 			if !isList && !isWidth {
 				if opt.Method != "lorp" && opt.Method != "shortgpt" {

@@ -156,8 +156,9 @@ func TestPruneWidthBad(t *testing.T) {
 		{[]string{"--ffn-ratio", "1.5"}, []string{"--ffn-ratio 1.5: want in (0, 1)"}},
 		{[]string{"--head-groups", "2", "--layers", "1"}, []string{"cannot be combined"}},
 		{[]string{"--ffn-ratio", "0.2", "--layer-method", "list:2"}, []string{"cannot be combined"}},
-		{[]string{"--layers", "1", "--no-refit"}, []string{"--no-refit, --head-method, --head-step and --head-refit need"}},
-		{[]string{"--layers", "1", "--head-refit"}, []string{"--no-refit, --head-method, --head-step and --head-refit need"}},
+		{[]string{"--layers", "1", "--no-refit"}, []string{"--no-refit needs --ffn-ratio r or --sparsity s"}},
+		{[]string{"--layers", "1", "--head-refit"}, []string{"--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s"}},
+		{[]string{"--head-refit"}, []string{"--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s"}},
 		{[]string{"--ffn-ratio", "0.2", "--head-refit"}, []string{"--head-method, --head-step and --head-refit need --head-groups N"}},
 		{[]string{"--ffn-ratio", "0.2", "-o", model}, []string{"is the model directory"}},
 	} {
