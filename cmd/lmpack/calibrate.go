@@ -119,7 +119,7 @@ assembled at the end; the output does not depend on the grouping.
 	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
 	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
-	addDeviceFlag(cmd, &device)
+	addCPUDeviceFlag(cmd, &device, "calibrate")
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&opt.AllExperts, "calibrate-all-experts", false, "MoE: add every token to every expert's Hessians (statistics only)")
 	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", calibrate.DefaultMinExpertTokens, "MoE: report experts routed fewer tokens than this")

@@ -17,6 +17,12 @@ func addDeviceFlag(cmd *cobra.Command, device *string) {
 	cmd.Flags().StringVar(device, "device", "auto", deviceUsage)
 }
 
+// addCPUDeviceFlag registers --device (default auto) on cmd, whose work
+// (what) runs on the CPU backend only (cpuOnly).
+func addCPUDeviceFlag(cmd *cobra.Command, device *string, what string) {
+	cmd.Flags().StringVar(device, "device", "auto", "backend: auto or cpu ("+what+" runs on the CPU backend only; cuda is refused)")
+}
+
 // checkDevice validates --device.
 func checkDevice(device string) error {
 	if !slices.Contains(engine.Devices, device) {

@@ -114,9 +114,11 @@ channel) like --target-bpw. --moe-rule keeps one expert at 4 bits and one
 at 3 in every layer. The attention weights use --bits/--group (default
 4-bit g128); shared experts are not supported yet. Experts are asymmetric
 (1 bit: two levels per group, mean ± mean deviation); with --method gptq
-their Hessians come from CALIB's expert statistics, and an expert routed
-fewer than --moe-min-tokens calibration tokens falls back (pooled input
-Hessian; soft-weighted coefficients) with a warning in the report.`,
+their Hessians are collected while quantizing, on the hidden states of the
+already quantized earlier blocks (as the attention weights'), and an
+expert routed fewer than --moe-min-tokens calibration tokens falls back
+(pooled input Hessian; soft-weighted coefficients) with a warning in the
+report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Calib == "" {
