@@ -83,7 +83,7 @@ assembled at the end; the output does not depend on the grouping.
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			var finish func()
-			opt.Progress, finish = newProgress(cmd, g, "calibrate", "calibrate progress", "tokens")
+			opt.Progress, finish = newProgress(cmd, g, "calibrate", "calibrate progress (tokens forwarded, all passes)", "forwarded_tokens")
 			s, err := calibrate.Run(cmd.Context(), opt)
 			finish()
 			if err != nil {

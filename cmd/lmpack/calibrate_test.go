@@ -29,7 +29,7 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 	if want := "wrote " + cal + ": 2048 tokens in 8 windows of 256"; !strings.HasPrefix(r.stdout, want) {
 		t.Errorf("stdout %q, want it to start with %q", r.stdout, want)
 	}
-	if !strings.Contains(r.stderr, "calibrate progress") || !strings.Contains(r.stderr, "tokens_done=4096") {
+	if !strings.Contains(r.stderr, "calibrate progress") || !strings.Contains(r.stderr, "forwarded_tokens_done=4096") {
 		t.Errorf("no progress log lines when stderr is not a terminal:\n%s", r.stderr)
 	}
 	c, err := calibrate.Read(cal, calibrate.Expect{})

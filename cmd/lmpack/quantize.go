@@ -195,7 +195,7 @@ report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 				return fmt.Errorf("--act-order needs --method gptq")
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
-			report, finish := newProgress(cmd, g, "quantizing", "quantizing weights", "layers")
+			report, finish := newProgress(cmd, g, "quantizing", "quantizing weights (steps: blocks, plus the bit allocation)", "steps")
 			opt.Progress = report
 			r, err := wquant.Run(cmd.Context(), opt)
 			finish()

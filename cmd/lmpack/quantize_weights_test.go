@@ -30,7 +30,7 @@ func TestQuantizeWeights(t *testing.T) {
 			t.Errorf("stdout lacks %q:\n%s", want, r.stdout)
 		}
 	}
-	if !strings.Contains(r.stderr, "quantizing weights") || !strings.Contains(r.stderr, "layers_done=5") {
+	if !strings.Contains(r.stderr, "quantizing weights") || !strings.Contains(r.stderr, "steps_done=5") {
 		t.Errorf("no progress lines:\n%s", r.stderr)
 	}
 	var cfg struct {

@@ -52,7 +52,8 @@
 // sparse-expert fallback of calibrate.ExpertLayer.Hessians reported as a
 // warning. docs/QUANT.md "MoE models" has the details. On
 // stories260K-moe-hf (attention 4-bit g32, experts per channel, the first
-// 16 heldout windows of 512; float 6.49) the written checkpoints have
+// 16 heldout windows of 512, calibration 4096 tokens of calib.txt in
+// windows of 512; float 6.49) the written checkpoints have
 // perplexity, at budgets 1.5/2.0/2.5/3.0: RTN 326/192/102/35, RTN with
 // MSEClip 269/156/59/22, GPTQ with MSEClip (sequential expert Hessians)
 // 112/79/35/17.8 (TestMoEBudget logs the table). MSEClip matters most at 2
