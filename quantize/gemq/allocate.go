@@ -231,7 +231,7 @@ func (a *Allocation) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "GEMQ allocation: budget %.4g bits per expert weight (%s; %d bits), solver %s\n", a.Budget, unit, a.BudgetBits, a.Method)
 	fmt.Fprintf(&b, "  %d weights: %.4f code bits per weight, %.4f stored (with fp16 scales and zero-points)\n", a.Params, a.CodeBitsPerWeight, a.BitsPerWeightStored)
-	fmt.Fprintf(&b, "  predicted error %.6g (lower bound %.6g, gap %.3g)\n", a.PredictedError, a.LowerBound, a.Gap)
+	fmt.Fprintf(&b, "  allocation objective (sum of the chosen GEMQ coefficients) %.6g (lower bound %.6g, gap %.3g)\n", a.PredictedError, a.LowerBound, a.Gap)
 	ws := make([]int, 0, len(a.Widths))
 	for k := range a.Widths {
 		ws = append(ws, k)
