@@ -33,6 +33,11 @@ func (opt *Options) wantsDepth() bool {
 	return opt.Layers != 0 || opt.LayerRatio != 0 || strings.HasPrefix(opt.Method, "list:")
 }
 
+// MinPutriTokens is the least length of the first calibration window that
+// Putri's head scoring accepts: its masked perplexity is measured on that
+// one window, and a few tokens rank the groups by noise.
+const MinPutriTokens = 32
+
 // runWidth is Run for head-group and FFN pruning (Putri): heads first
 // (scored on the unpruned model), then the FFNs layer by layer on the
 // head-pruned model; the result is written with layer_configs.
@@ -117,8 +122,8 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 			}
 		} else {
 			seq := windows[0]
-			if len(seq) < 2 {
-				return nil, fmt.Errorf("%w: the first calibration window has %d tokens; Putri's masked perplexity needs at least 2", ErrOptions, len(seq))
+			if len(seq) < MinPutriTokens {
+				return nil, fmt.Errorf("%w: the first calibration window has %d tokens; Putri's masked perplexity needs at least %d to rank head groups (calibrate with a larger --ctx and --tokens, or use --head-method proxy)", ErrOptions, len(seq), MinPutriTokens)
 			}
 			m, err := runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: opt.Threads})
 			if err != nil {

@@ -336,6 +336,12 @@ func TestWidthBad(t *testing.T) {
 	if err := calibrate.Write(few, c); err != nil {
 		t.Fatal(err)
 	}
+	short := filepath.Join(dir, "short.safetensors")
+	c.TokenIDs, c.Header.Tokens, c.Header.Ctx = c2.TokenIDs[:16], 16, 16
+	if err := calibrate.Write(short, c); err != nil {
+		t.Fatal(err)
+	}
+	c.Header.Ctx = c2.Header.Ctx
 	tiny := filepath.Join(dir, "tiny.safetensors")
 	c.TokenIDs, c.Header.Tokens = c2.TokenIDs[:128], 128
 	if err := calibrate.Write(tiny, c); err != nil {
@@ -345,6 +351,7 @@ func TestWidthBad(t *testing.T) {
 		opt  Options
 		want []string
 	}{
+		{Options{HeadGroups: 1, Calib: short}, []string{"first calibration window has 16 tokens", "needs at least 32", "--head-method proxy"}},
 		{Options{HeadGroups: 1, HeadRefit: true, Calib: tiny}, []string{"holds 128 tokens", "o_proj refit", "needs at least 144", "--head-refit"}},
 		{Options{FFNRatio: 0.25, HeadRefit: true}, []string{"o_proj refit (--head-refit, recipe prune.head_refit) applies to head pruning"}},
 		{Options{Sparsity: 0.2, HeadRefit: true}, []string{"sparsity 0.2 removes no KV head group", "nothing to refit"}},
