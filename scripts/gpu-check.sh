@@ -35,6 +35,7 @@
 #                       10x copy bandwidth, 200x INT2 attention, 30x decode).
 #   GPU_CHECK_FORCE     set: run even where no GPU is seen (to try the
 #                       script itself: every GPU test then fails).
+#   GPU_CHECK_JOBS      parity test processes run at once (default 4).
 #   GPU_CHECK_SECONDS   the whole run's deadline in seconds (default 285);
 #                       the parity tests stop early enough to leave
 #                       GPU_CHECK_BENCH_SECONDS (default 100) to the
@@ -160,18 +161,37 @@ if [ "$n" -eq 0 ] || [ "$n" -lt "$want" ]; then
 	say "gpu-check: FAILED: the test binary lists $n parity tests, want $want (rebuild it: scripts/gpu-bundle.sh)"
 	exit 1
 fi
-for t in $tests; do
+# One process per test, GPU_CHECK_JOBS (default 4) at a time after the
+# first, which runs alone and fills the kernel cache the others load from.
+outdir=$(mktemp -d)
+run_test() {
+	local t=$1 left lim
 	left=$((deadline - bench_reserve - SECONDS))
 	if [ "$left" -lt 5 ]; then
-		say "gpu-check: $t not run: out of time (GPU_CHECK_SECONDS)"
-		status=1
+		echo "gpu-check: $t not run: out of time (GPU_CHECK_SECONDS)" >"$outdir/$t.out"
+		return 0
+	fi
+	lim=$((left < 60 ? left : 60))
+	timeout -k 5 "$lim" bash -c 'cd runtime/cuda && exec "$0" "$@"' "$bin" -test.run "^$t\$" -test.count=1 -test.v -test.timeout="${lim}s" >"$outdir/$t.out" 2>&1 || true
+	echo "gpu-check: $t ran with a ${lim}s limit" >>"$outdir/$t.out"
+}
+first=1
+for t in $tests; do
+	if [ "$first" = 1 ]; then
+		run_test "$t"
+		first=0
 		continue
 	fi
-	out=$(mktemp)
-	lim=$((left < 60 ? left : 60))
-	timeout -k 5 "$lim" bash -c 'cd runtime/cuda && exec "$0" "$@"' "$bin" -test.run "^$t\$" -test.count=1 -test.v -test.timeout="${lim}s" 2>&1 | tee -a "$log" | tee "$out" || status=1
-	if ! grep -q "^--- PASS: $t " "$out"; then
-		say "gpu-check: $t did not pass (limit ${lim}s)"
+	while [ "$(jobs -rp | wc -l)" -ge "${GPU_CHECK_JOBS:-4}" ]; do
+		wait -n || true
+	done
+	run_test "$t" &
+done
+wait || true
+for t in $tests; do
+	tee -a "$log" <"$outdir/$t.out"
+	if ! grep -q "^--- PASS: $t " "$outdir/$t.out"; then
+		say "gpu-check: $t did not pass"
 		status=1
 	fi
 done
