@@ -21,6 +21,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${LMPACK_SHARED_DATA:-../shared/data}
 nvrtc_dir=${NVRTC_DIR:-/usr/lib/x86_64-linux-gnu}
+# The device machine gets tracked and untracked-but-not-ignored files
+# only; an ignored source here would make the hash below differ there.
+if ign=$(git ls-files -oi --exclude-standard -- '*.go' '*.cu' '*.cuh' 2>/dev/null) && [ -n "$ign" ]; then
+	echo "gpu-bundle: git-ignored sources would not reach the GPU machine: $ign" >&2
+	exit 1
+fi
 rm -rf .gpucheck
 mkdir -p .gpucheck/data
 CGO_ENABLED=0 GOOS=linux GOARCH=amd64 ${GO:-go} test -c -o .gpucheck/cuda.test ./runtime/cuda

@@ -96,7 +96,7 @@ have_nvrtc() {
 	fi
 	for f in ${CUDA_HOME:+"$CUDA_HOME"/lib64/libnvrtc.so.*} /usr/local/cuda/lib64/libnvrtc.so.* \
 		${VIRTUAL_ENV:+"$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.*} \
-		"$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* \
+		"${HOME:-/root}"/.local/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* \
 		/usr/local/lib/python3*/*-packages/nvidia/*/lib/libnvrtc.so.* /usr/lib/python3*/*-packages/nvidia/*/lib/libnvrtc.so.* \
 		/opt/conda/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.* /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.*; do
 		[ -e "$f" ] && return 0
@@ -172,7 +172,9 @@ run_test() {
 		return 0
 	fi
 	lim=$((left < 60 ? left : 60))
-	timeout -k 5 "$lim" bash -c 'cd runtime/cuda && exec "$0" "$@"' "$bin" -test.run "^$t\$" -test.count=1 -test.v -test.timeout="${lim}s" >"$outdir/$t.out" 2>&1 || true
+	# Go's own timeout fires 5 s before the kill, so a hung test prints
+	# its goroutine dump.
+	timeout -k 5 "$lim" bash -c 'cd runtime/cuda && exec "$0" "$@"' "$bin" -test.run "^$t\$" -test.count=1 -test.v -test.timeout="$((lim > 8 ? lim - 5 : lim))s" >"$outdir/$t.out" 2>&1 || true
 	echo "gpu-check: $t ran with a ${lim}s limit" >>"$outdir/$t.out"
 }
 first=1
@@ -206,7 +208,7 @@ for spec in BenchmarkCopyBandwidth:10x BenchmarkAttnINT2:200x BenchmarkDecode:30
 		status=1
 		continue
 	fi
-	timeout -k 5 "$left" bash -c 'cd runtime/cuda && exec "$0" "$@"' "$bin" -test.run '^$' -test.bench "^$b\$" -test.benchtime="${BENCHTIME:-${spec#*:}}" -test.timeout="${left}s" 2>&1 | tee -a "$log" | tee -a "$bench" || status=1
+	timeout -k 5 "$left" bash -c 'cd runtime/cuda && exec "$0" "$@"' "$bin" -test.run '^$' -test.bench "^$b\$" -test.benchtime="${BENCHTIME:-${spec#*:}}" -test.timeout="$((left > 8 ? left - 5 : left))s" 2>&1 | tee -a "$log" | tee -a "$bench" || status=1
 done
 
 say "== summary"

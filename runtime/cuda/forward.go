@@ -301,7 +301,10 @@ func b2i(b bool) int {
 func (m *Model) ensureScratch(R, T, nTok int) error {
 	d, s, dev := m.d, &m.s, m.dev
 	H, V := d.HiddenSize, d.VocabSize
-	var qkv, qd, inter, heads, hd, E, K int
+	// inter sizes s.gu (dense and shared-expert MLPs, and the routed
+	// experts' width as well); expInter sizes moeGU (routed experts only:
+	// a wide shared expert would inflate it K-fold).
+	var qkv, qd, inter, expInter, heads, hd, E, K int
 	for i := range m.layers {
 		l := &m.layers[i]
 		qkv, qd, heads, hd = max(qkv, l.qkv), max(qd, l.qdim), max(heads, l.nh), max(hd, l.hd)
@@ -309,7 +312,7 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 			inter = max(inter, l.mlp.inter)
 		}
 		if l.moe != nil {
-			inter, E, K = max(inter, l.moe.inter), max(E, l.moe.E), max(K, l.moe.topK)
+			inter, expInter, E, K = max(inter, l.moe.inter), max(expInter, l.moe.inter), max(E, l.moe.E), max(K, l.moe.topK)
 			if l.moe.shared != nil {
 				inter = max(inter, l.moe.shared.inter)
 			}
@@ -342,7 +345,7 @@ func (m *Model) ensureScratch(R, T, nTok int) error {
 			n int64
 		}{
 			{&s.moeLogits, 4 * r * int64(E)}, {&s.moeW, 4 * r * int64(K)}, {&s.moeSel, 4 * r * int64(K)},
-			{&s.moeGU, 4 * r * int64(K) * int64(2*inter)}, {&s.moeY, 4 * r * int64(K) * int64(H)},
+			{&s.moeGU, 4 * r * int64(K) * int64(2*expInter)}, {&s.moeY, 4 * r * int64(K) * int64(H)},
 		} {
 			if err := s.grow(dev, g.p, g.n); err != nil {
 				return err

@@ -119,8 +119,9 @@ func oscar2Artifact(t *testing.T) string {
 // --device cuda runs on the GPU with a device oscar2 cache (no CPU
 // blocker), and its logits over 160 tokens fed one at a time (so both
 // caches quantize the same rows) match the same artifact on the CPU
-// (runtime/kvcache's oscar2). Tolerances as TestGPUStories260KOscar2:
-// max |Δ| 0.25, mean 0.02, argmax agreement ≥ 0.97.
+// (runtime/kvcache's oscar2), both on the artifact's binary16 weights.
+// Tolerances as TestGPUStories260KOscar2: max |Δ| 4, mean 0.1, argmax
+// agreement ≥ 0.97 (INT2 codes flip on float32 rounding noise alone).
 func TestGPUArtifactOscar2(t *testing.T) {
 	if err := cuda.Probe(0); err != nil {
 		if os.Getenv("LMPACK_REQUIRE_GPU") == "1" {

@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // overlaySource serves the tensors of over, then those of base.
@@ -244,7 +245,7 @@ func TestGPUStories260KQuant(t *testing.T) {
 // 1-bit o_proj, 4-bit permuted gate/up, 1-bit per-channel permuted
 // down_proj with a tail) packed on the GPU, except the last layer's
 // gate/up whose parts have different permutations (host path), against
-// the CPU backend on the same checkpoint over 64 prefilled and 100
+// the CPU backend on the same checkpoint over 100 prefilled and 64
 // decoded tokens. Tolerances max |Δ| 0.1, mean 0.01, argmax agreement
 // 0.97: decode uses the same Ŵ as the CPU (qval is exact), prefill and
 // the float tensors round to binary16, and the KV cache is binary16. On
@@ -372,8 +373,8 @@ func TestQuantizeStoriesCPU(t *testing.T) {
 // tolerance: on the CPU backend, quantizeStoriesLowBit's checkpoint with
 // packed weights against the same checkpoint with every weight
 // (dequantized ones included) rounded to binary16, as the GPU's prefill
-// and float tensors see them, over the same 64 prefilled and 100 decoded
-// tokens, must stay within half the GPU test's tolerances (max |Δ|
+// and float tensors see them, with an fp16 KV cache, over the same 100
+// prefilled and 64 decoded tokens, must stay within half the GPU test's tolerances (max |Δ|
 // 0.05, mean 0.005) with argmax agreement ≥ 0.99; and the permutations
 // matter:
 // the checkpoint with every permutation dropped must be far off (mean
@@ -425,13 +426,21 @@ func TestQuantizeStoriesLowBitCPU(t *testing.T) {
 	ref, r16, np := load(qd, src), load(desc, rounded), load(&nd, src)
 	toks := storiesTokens(t, 164)
 	V := desc.VocabSize
-	run := func(m runtime.Model) []float32 {
-		c := m.NewCache(200)
-		out := make([]float32, 64*V)
-		if err := m.Forward(ctx, toks[:64], c, out, true); err != nil {
+	// The GPU test's split: 100 prefilled (dequant_q, binary16 Ŵ), 64
+	// decoded; the binary16 side also keeps an fp16 KV cache, as the GPU.
+	run := func(m runtime.Model, fp16 bool) []float32 {
+		var c runtime.KVCache = m.NewCache(200)
+		if fp16 {
+			var err error
+			if c, err = kvcache.New("fp16", kvcache.LayersOf(desc), 200, kvcache.Options{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := make([]float32, 100*V)
+		if err := m.Forward(ctx, toks[:100], c, out, true); err != nil {
 			t.Fatal(err)
 		}
-		for _, tok := range toks[64:] {
+		for _, tok := range toks[100:] {
 			y := make([]float32, V)
 			if err := m.Forward(ctx, []int{tok}, c, y, false); err != nil {
 				t.Fatal(err)
@@ -440,13 +449,13 @@ func TestQuantizeStoriesLowBitCPU(t *testing.T) {
 		}
 		return out
 	}
-	a := run(ref)
-	mx, mean, agree := logitDiff(a, run(r16), V)
-	t.Logf("binary16-rounded weights: max |Δlogit| %.3g, mean %.3g, argmax agreement %.4f", mx, mean, agree)
+	a := run(ref, false)
+	mx, mean, agree := logitDiff(a, run(r16, true), V)
+	t.Logf("binary16-rounded weights and fp16 KV: max |Δlogit| %.3g, mean %.3g, argmax agreement %.4f", mx, mean, agree)
 	if mx > 0.05 || mean > 0.005 || agree < 0.99 {
 		t.Errorf("binary16 rounding moves the logits by max %.3g, mean %.3g, agreement %.4f; want ≤ 0.05, ≤ 0.005, ≥ 0.99", mx, mean, agree)
 	}
-	mx, mean, agree = logitDiff(a, run(np), V)
+	mx, mean, agree = logitDiff(a, run(np, false), V)
 	t.Logf("permutations dropped: max |Δlogit| %.3g, mean %.3g, argmax agreement %.4f", mx, mean, agree)
 	if mean < 0.05 {
 		t.Errorf("dropping the permutations moves the logits by mean %.3g only; want > 0.05", mean)

@@ -16,6 +16,12 @@ import (
 // CompareRun is compareRun (gpu_test.go) for the external tests.
 var CompareRun = compareRun
 
+// RunLogits is runLogits (gpu_test.go) for the external tests.
+var RunLogits = runLogits
+
+// LogitDiff is logitDiff for the external tests.
+var LogitDiff = logitDiff
+
 // StoriesTokens is storiesTokens (gpu_helpers_test.go).
 var StoriesTokens = storiesTokens
 

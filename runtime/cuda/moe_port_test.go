@@ -59,7 +59,7 @@ func moeQLanePort(h moeHost, ex, n, N, P, Kd, lane int, f func(j, xj int, wv flo
 			z = kvq.F16ToFloat32(zp[g])
 		}
 		for i := 0; i < 8; i++ {
-			f(j0+i, xj(j0+i), s*(float32(uint32(w>>(i*bits))&mask)-z))
+			f(j0+i, xj(j0+i), qvalPort(s, uint32(w>>(i*bits))&mask, s*z))
 		}
 	}
 	for j := nc*8 + lane; j < Kd; j += 32 {
@@ -75,7 +75,7 @@ func moeQLanePort(h moeHost, ex, n, N, P, Kd, lane int, f func(j, xj int, wv flo
 		if off+bits > 8 && b+1 < rb {
 			cw |= uint32(row[b+1]) << 8
 		}
-		f(j, xj(j), s*(float32(cw>>off&mask)-z))
+		f(j, xj(j), qvalPort(s, cw>>off&mask, s*z))
 	}
 }
 

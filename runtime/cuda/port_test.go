@@ -575,7 +575,7 @@ func TestKernelPortFP16(t *testing.T) {
 	}
 }
 
-// qvalPort ports qgemv.cu's qval: fmaf(s, code, −s·z) with s·z rounded
+// qvalPort ports common.cuh's qval (qgemv.cu, moe.cu): fmaf(s, code, −s·z) with s·z rounded
 // to float32 (exact: two binary16 significands) and the fma's one
 // rounding (the float64 sum s·code − s·z is exact: at most 43 bits).
 func qvalPort(s float32, code uint32, sz float32) float32 {

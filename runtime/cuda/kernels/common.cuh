@@ -92,3 +92,9 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 __device__ __forceinline__ float block_min(float v, float* red) {
   return -block_max(-v, red);
 }
+
+// qval(s, code, s·z) = fmaf(s, code, −s·z): the float32 nearest to
+// s·(code − z) for a binary16 scale s and zero-point z (s·z is exact in
+// float32), as quantize/weights.Quantized.Dequantize computes it; shared
+// by qgemv.cu and moe.cu.
+__device__ __forceinline__ float qval(float s, u32 code, float sz) { return fmaf(s, (float)code, -sz); }

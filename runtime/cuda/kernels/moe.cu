@@ -77,8 +77,9 @@ __device__ __forceinline__ u32 moe_code(const u8* row, int j, int bits, int rb) 
 // z = 2^(bits−1)), the element offset of its act-order permutation in
 // `perm` (−1: none; storage column j multiplies x[perm[j]]), and
 // bits + 256·group. Row m of a segment: codes ⌈Kd·bits/8⌉ bytes, scales
-// and zeros Kd/group binary16 values each. Ŵ[m, j] = scale·(code − z) in
-// float32, as Quantized.Dequantize rounded once to float32. bits 1–8;
+// and zeros Kd/group binary16 values each. Ŵ[m, j] = qval(scale, code,
+// scale·z): scale·(code − z) rounded once to float32, exactly
+// Quantized.Dequantize's value. bits 1–8;
 // any group dividing Kd (a multiple of 8, or Kd, reads 8 codes at a
 // time). x, ldx, xsel, y, ldy, sel, K (experts per token): as moe_gemv.
 // One warp per (n, r): grid (T·K, ⌈N/4⌉), block 128.
@@ -110,18 +111,18 @@ extern "C" __global__ void moe_gemv_q(float* y, int ldy, const float* x, int ldx
     for (int i = 0; i < bits; ++i) w |= (unsigned long long)p[i] << (8 * i);
     int j0 = c * 8, g = j0 / group;
     float s = h2f(sc[g]);
-    float z = zp ? h2f(zp[g]) : zsym;
+    float sz = s * (zp ? h2f(zp[g]) : zsym);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      float wv = s * ((float)((u32)(w >> (i * bits)) & mask) - z);
+      float wv = qval(s, (u32)(w >> (i * bits)) & mask, sz);
       a += wv * xr[pm ? pm[j0 + i] : j0 + i];
     }
   }
   for (int j = nc * 8 + lane; j < Kd; j += 32) {
     int g = j / group;
     float s = h2f(sc[g]);
-    float z = zp ? h2f(zp[g]) : zsym;
-    a += s * ((float)moe_code(row, j, bits, rb) - z) * xr[pm ? pm[j] : j];
+    float sz = s * (zp ? h2f(zp[g]) : zsym);
+    a += qval(s, moe_code(row, j, bits, rb), sz) * xr[pm ? pm[j] : j];
   }
   a = warp_sum(a);
   if (lane == 0) y[(i64)r * ldy + n] = a;

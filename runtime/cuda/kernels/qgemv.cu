@@ -25,8 +25,6 @@
 // storage column iperm[c] into output column c, so its output is Ŵ in the
 // original column order and the writes stay coalesced.
 
-__device__ __forceinline__ float qval(float s, u32 code, float sz) { return fmaf(s, (float)code, -sz); }
-
 __device__ __forceinline__ u32 get_code(const u8* row, int j, int bits, int rb) {
   int p = j * bits, b = p >> 3, off = p & 7;
   u32 w = row[b];
