@@ -20,8 +20,8 @@ import (
 var (
 	// ErrOptions: an invalid option (method, bits, group, target).
 	ErrOptions = errors.New("wquant: invalid options")
-	// ErrUnsupported: a model this stage cannot quantize (MoE layers, an
-	// already quantized checkpoint).
+	// ErrUnsupported: a model this stage cannot quantize (a layer with
+	// neither a dense FFN nor experts, an already quantized checkpoint).
 	ErrUnsupported = errors.New("wquant: unsupported model")
 	// ErrOutput: OUT is the model directory, lies inside it, or exists.
 	ErrOutput = errors.New("wquant: bad output directory")

@@ -56,9 +56,9 @@ type Options struct {
 	ActOrder bool
 	// TrueSequential collects each input's Hessian on the block with the
 	// weights before it quantized (q/k/v, then o_proj, then gate/up, then
-	// down_proj with a shared expert's down_proj: four Hessian passes per
-	// block instead of one), as the GPTQ
-	// reference's --true-sequential does.
+	// down_proj and a shared expert's down_proj: four Hessian passes per
+	// block instead of one), as the GPTQ reference's --true-sequential
+	// does.
 	TrueSequential bool
 	// Damp is GPTQ's relative damping (0: 0.01).
 	Damp float64
@@ -80,7 +80,8 @@ type Options struct {
 	// solver) so that the experts take at most MoEBudget bits per expert
 	// weight as stored: codes plus an fp16 scale and zero-point per group
 	// of MoEGroup and each row's padding to whole bytes, the same counting
-	// as TargetBPW. Attention weights keep Bits and GroupSize. Experts are
+	// as TargetBPW. Attention weights and shared experts keep Bits and
+	// GroupSize (shared experts are not in the budget). Experts are
 	// always asymmetric (Symmetric applies to the other weights) and are
 	// quantized with Method; with GPTQ their Hessians come from the
 	// calibration file's expert statistics (calibrate.ExpertLayer.Hessians:
