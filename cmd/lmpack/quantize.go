@@ -245,7 +245,11 @@ func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 		fmt.Fprintf(&b, ", target %g", r.TargetBPW)
 	}
 	if r.MoEBudget > 0 {
-		fmt.Fprintf(&b, ", experts at %.4f bits per weight (moe budget %g)", r.ExpertBitsPerWeight, r.MoEBudget)
+		fmt.Fprintf(&b, ", experts at %.4f bits per weight (moe budget %g", r.ExpertBitsPerWeight, r.MoEBudget)
+		if slices.ContainsFunc(r.Tensors, func(t wquant.TensorReport) bool { return t.Shared }) {
+			b.WriteString("; shared experts at --bits, outside the budget")
+		}
+		b.WriteString(")")
 	}
 	fmt.Fprintf(&b, "\npredicted error %.6g (sum over tensors of mean ||(W-Q)x||^2 on %d calibration tokens)\n", r.PredictedError, r.CalibTokens)
 	fmt.Fprintf(&b, "%-6s %8s %12s\n", "layer", "bpw", "error")

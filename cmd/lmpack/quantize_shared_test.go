@@ -69,6 +69,14 @@ func TestQuantizeWeightsSharedExpert(t *testing.T) {
 	if nShared != 3*synthmoe.Layers || !(rep.ExpertBPW > 0 && rep.ExpertBPW <= 2.5) {
 		t.Errorf("%d shared-expert tensors (want %d), expert bits per weight %v", nShared, 3*synthmoe.Layers, rep.ExpertBPW)
 	}
+	txt := filepath.Join(dir, "t")
+	r = lmpack(t, nil, "quantize", "weights", model, "--calib", cal, "-o", txt, "--method", "rtn", "--bits", "8", "--moe-budget", "3", "--threads", "1")
+	wantOK(t, r)
+	for _, want := range []string{"(moe budget 3; shared experts at --bits, outside the budget)", "model.layers.1.mlp.shared_expert.down_proj.weight    8 "} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("text report lacks %q:\n%s", want, r.stdout)
+		}
+	}
 	art := filepath.Join(dir, "q.lmpk")
 	wantOK(t, lmpack(t, nil, "pack", out, "-o", art))
 	ppl := func(model string) float64 {
