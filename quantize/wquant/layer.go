@@ -278,21 +278,23 @@ func (s *sharedDown) add(x []float32, n int) error {
 }
 
 // hessian returns (2/N)·Σ h hᵀ over the N tokens added, [I, I], in the
-// weights.Hessian convention (zero with no tokens).
+// weights.Hessian convention (zero with no tokens). It scales the sum in
+// place (the accumulator is spent: add no more tokens).
 // Errors: weights.ErrNonFinite (an overflowed activation).
 func (s *sharedDown) hessian() (*weights.Hessian, error) {
 	I := s.inter
-	m := make([]float64, I*I)
+	f := 0.0
 	if s.n > 0 {
-		f := 2 / float64(s.n)
-		for i := 0; i < I; i++ {
-			for j := i; j < I; j++ {
-				v := s.sum[i*I+j] * f
-				m[i*I+j], m[j*I+i] = v, v
-			}
+		f = 2 / float64(s.n)
+	}
+	for i := 0; i < I; i++ {
+		for j := i; j < I; j++ {
+			v := s.sum[i*I+j] * f
+			s.sum[i*I+j], s.sum[j*I+i] = v, v
 		}
 	}
-	h, err := weights.NewHessianFromMatrix(I, m)
+	h, err := weights.NewHessianFromMatrix(I, s.sum)
+	s.sum = nil
 	if err != nil {
 		return nil, fmt.Errorf("wquant: shared expert down_proj Hessian: %w", err)
 	}
