@@ -103,8 +103,8 @@ instead measures every tensor's output error under bits {2,3,4,8} x groups
 programming, minimizing the summed error within X bits per weight
 (counting scales and zero-points).
 
-MoE models: --bits B quantizes the attention weights and every routed
-expert at B bits. --moe-budget X instead gives every expert a width in
+MoE models: --bits B quantizes the attention weights, every routed expert
+and the shared experts at B bits. --moe-budget X instead gives every expert a width in
 {1,2,3,4} bits chosen by GEMQ: error coefficients per (layer, expert,
 width) from the MoE block's output (--moe-weighting routed|soft|kl), then
 an exact DP (or --moe-solver lagrangian, with its gap reported) minimizing
@@ -112,8 +112,10 @@ their sum within X bits per expert weight as stored, counting the fp16
 scale and zero-point of every group (--moe-group, default 0: per output
 channel) like --target-bpw. --moe-rule keeps one expert at 4 bits and one
 at 3 in every layer. The attention weights use --bits/--group (default
-4-bit g128); shared experts are not supported yet. Experts are asymmetric
-(1 bit: two levels per group, mean ± mean deviation); with --method gptq
+4-bit g128), and so do shared experts (Qwen2-MoE shared_expert gate/up/
+down: not in the budget, counted with the non-expert weights; their gate
+vector stays float). Routed experts are asymmetric (1 bit: two levels per
+group, mean ± mean deviation); with --method gptq
 their Hessians are collected while quantizing, on the hidden states of the
 already quantized earlier blocks (as the attention weights'), and an
 expert routed fewer than --moe-min-tokens calibration tokens falls back
@@ -243,7 +245,11 @@ func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 		fmt.Fprintf(&b, ", target %g", r.TargetBPW)
 	}
 	if r.MoEBudget > 0 {
-		fmt.Fprintf(&b, ", experts at %.4f bits per weight (moe budget %g)", r.ExpertBitsPerWeight, r.MoEBudget)
+		fmt.Fprintf(&b, ", experts at %.4f bits per weight (moe budget %g", r.ExpertBitsPerWeight, r.MoEBudget)
+		if slices.ContainsFunc(r.Tensors, func(t wquant.TensorReport) bool { return t.Shared }) {
+			b.WriteString("; shared experts at --bits, outside the budget")
+		}
+		b.WriteString(")")
 	}
 	fmt.Fprintf(&b, "\npredicted error %.6g (sum over tensors of mean ||(W-Q)x||^2 on %d calibration tokens)\n", r.PredictedError, r.CalibTokens)
 	fmt.Fprintf(&b, "%-6s %8s %12s\n", "layer", "bpw", "error")

@@ -61,7 +61,17 @@
 // that the allocator skips 2 bits entirely (1→3 is cheaper per unit of
 // error); with clipping it uses it.
 //
-// Not for: shared experts (refused), TargetBPW on MoE models, or running
+// Shared experts (Qwen2-MoE mlp.shared_expert) are quantized like the
+// dense weights, at Bits/GroupSize/Symmetric, outside the GEMQ allocation
+// and MoEBudget's expert bits per weight (they count with the non-expert
+// weights; Target.Shared marks them); their [1, hidden] gate vector and
+// the router stay float. Their GPTQ Hessians come from the same block
+// pass: gate/up_proj's from the MoE block input of every token,
+// down_proj's from silu(x·gateᵀ)⊙(x·upᵀ), computed by the observer from x
+// and the shared gate/up weights in float64 (the runtime does not expose
+// it; sharedDown).
+//
+// Not for: TargetBPW on MoE models, or running
 // the result (the runtime keeps the written weights packed and decodes
 // them inside its matmuls: docs/QUANT.md "Runtime").
 package wquant

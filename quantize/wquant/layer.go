@@ -20,8 +20,8 @@ import (
 var (
 	// ErrOptions: an invalid option (method, bits, group, target).
 	ErrOptions = errors.New("wquant: invalid options")
-	// ErrUnsupported: a model this stage cannot quantize (MoE layers, an
-	// already quantized checkpoint).
+	// ErrUnsupported: a model this stage cannot quantize (a layer with
+	// neither a dense FFN nor experts, an already quantized checkpoint).
 	ErrUnsupported = errors.New("wquant: unsupported model")
 	// ErrOutput: OUT is the model directory, lies inside it, or exists.
 	ErrOutput = errors.New("wquant: bad output directory")
@@ -35,6 +35,10 @@ const (
 	inO           // o_proj: attention output [n, heads*head_dim]
 	inFFN         // gate, up: post_attention_layernorm output [n, hidden]
 	inDown        // down_proj: silu(gate)*up [n, intermediate]
+	// inSharedDown: an MoE layer's shared-expert down_proj input
+	// silu(x·gateᵀ)⊙(x·upᵀ) [n, shared intermediate], computed by the
+	// observer (sharedDown) since the runtime does not expose it.
+	inSharedDown
 	numInputs
 )
 
@@ -50,8 +54,13 @@ type Target struct {
 	Rows int `json:"rows"`
 	Cols int `json:"cols"`
 	// Expert is the expert index of a routed expert's gate/up/down_proj
-	// in an MoE layer, -1 for every other weight.
+	// in an MoE layer, -1 for every other weight (the shared expert's
+	// included).
 	Expert int `json:"expert"`
+	// Shared marks the gate/up/down_proj of an MoE layer's shared expert
+	// (Qwen2-MoE mlp.shared_expert): quantized like the dense weights
+	// (Options.Bits, GroupSize, Symmetric), never by the GEMQ allocation.
+	Shared bool `json:"shared_expert,omitempty"`
 	input  int
 }
 
@@ -60,10 +69,12 @@ func (t *Target) IsExpert() bool { return t.Expert >= 0 }
 
 // Targets lists the Linear weights of d's decoder blocks in block order,
 // each block q, k, v, o, then gate, up, down of the dense FFN or of every
-// routed expert of an MoE layer (expert order). Embeddings, norms,
-// biases, the router and lm_head are not targets (they stay float).
-// Errors: ErrUnsupported for an MoE layer with a shared expert (not
-// handled yet) or an already quantized description.
+// routed expert of an MoE layer (expert order) followed by its shared
+// expert's gate, up, down (Shared; gate/up [I_s, hidden], down
+// [hidden, I_s]). Embeddings, norms, biases, the router, the shared
+// expert's gate vector [1, hidden] and lm_head are not targets (they stay
+// float). Errors: ErrUnsupported for an already quantized description or
+// a layer with neither a dense FFN nor experts.
 func Targets(d *arch.Description) ([]Target, error) {
 	if d.Quant != nil {
 		return nil, fmt.Errorf("%w: the checkpoint is already quantized (config.json has %s)", ErrUnsupported, arch.QuantKey)
@@ -94,15 +105,23 @@ func Targets(d *arch.Description) ([]Target, error) {
 		if mo == nil {
 			return nil, fmt.Errorf("%w: layer %d has neither a dense FFN nor experts", ErrUnsupported, i)
 		}
-		if mo.Shared != nil {
-			return nil, fmt.Errorf("%w: layer %d has a shared expert; quantize weights handles routed experts only (shared experts: not yet)", ErrUnsupported, i)
-		}
 		for e, m := range mo.Experts {
 			out = append(out,
 				tg(m.Gate, i, "gate_proj", m.IntermediateSize, H, e, inFFN),
 				tg(m.Up, i, "up_proj", m.IntermediateSize, H, e, inFFN),
 				tg(m.Down, i, "down_proj", H, m.IntermediateSize, e, inDown),
 			)
+		}
+		if m := mo.Shared; m != nil {
+			sh := []Target{
+				tg(m.Gate, i, "gate_proj", m.IntermediateSize, H, -1, inFFN),
+				tg(m.Up, i, "up_proj", m.IntermediateSize, H, -1, inFFN),
+				tg(m.Down, i, "down_proj", H, m.IntermediateSize, -1, inSharedDown),
+			}
+			for j := range sh {
+				sh[j].Shared = true
+			}
+			out = append(out, sh...)
 		}
 	}
 	return out, nil
@@ -118,16 +137,21 @@ func isMoE(d *arch.Description) bool {
 	return false
 }
 
-// hessians accumulates the four input Hessians of one block from the
+// hessians accumulates the input Hessians of one block from the
 // runtime's observer hooks (layer index 0 of a one-layer model).
 type hessians struct {
-	h   [numInputs]*weights.Hessian
-	err error
+	h [numInputs]*weights.Hessian
+	// shared accumulates the shared expert's down_proj Hessian of an MoE
+	// layer (nil otherwise); finish turns it into h[inSharedDown].
+	shared *sharedDown
+	err    error
 }
 
-// newHessians: for an MoE layer only the attention inputs are observed
-// (the experts' Hessians come from the calibration file).
-func newHessians(l *arch.Layer, hidden int) *hessians {
+// newHessians: for an MoE layer the attention inputs are observed, and
+// with a shared expert the MoE block input (the shared gate/up input) and,
+// when sd is not nil, the shared down_proj input through sd; the routed
+// experts' Hessians come from calibrate.ExpertCollector.
+func newHessians(l *arch.Layer, hidden int, sd *sharedDown) *hessians {
 	hs := &hessians{h: [numInputs]*weights.Hessian{
 		inAttn: weights.NewHessian(hidden),
 		inO:    weights.NewHessian(l.QDim()),
@@ -136,7 +160,20 @@ func newHessians(l *arch.Layer, hidden int) *hessians {
 		hs.h[inFFN] = weights.NewHessian(hidden)
 		hs.h[inDown] = weights.NewHessian(l.MLP.IntermediateSize)
 	}
+	if l.MoE != nil && l.MoE.Shared != nil {
+		hs.h[inFFN] = weights.NewHessian(hidden)
+		hs.shared = sd
+	}
 	return hs
+}
+
+// finish sets h[inSharedDown] from the shared-expert accumulator and
+// returns the first accumulation error.
+func (h *hessians) finish() error {
+	if h.err == nil && h.shared != nil {
+		h.h[inSharedDown], h.err = h.shared.hessian()
+	}
+	return h.err
 }
 
 func (h *hessians) add(i int, x []float32, n int) {
@@ -153,7 +190,115 @@ func (h *hessians) FFNInput(_, _, n int, x, d []float32) {
 	h.add(inFFN, x, n)
 	if d != nil {
 		h.add(inDown, d, n)
+	} else if h.shared != nil && h.err == nil {
+		h.err = h.shared.add(x, n)
 	}
+}
+
+// sharedDown accumulates the GPTQ Hessian of an MoE layer's shared-expert
+// down_proj, whose input the runtime does not expose: for every token's
+// MoE block input x (post_attention_layernorm output, [hidden]) it
+// computes h = silu(x·gateᵀ) ⊙ (x·upᵀ) ([I], gate and up [I, hidden], the
+// runtime's mlp: SiLU of the gate projection times the up projection) in
+// float64 and adds h hᵀ to a float64 sum, as calibrate's expert collector
+// does for the routed experts.
+type sharedDown struct {
+	hidden, inter int
+	gate, up      []float64 // [inter, hidden]
+	sum           []float64 // upper triangle of Σ h hᵀ, [inter, inter]
+	n             int64
+}
+
+// newSharedDown loads the shared expert's gate and up weights of m
+// ([I, hidden] each, any float dtype) from src as float64.
+// Errors: a missing tensor, a wrong shape, a non-float dtype.
+func newSharedDown(src runtime.TensorSource, m *arch.MLP, hidden int) (*sharedDown, error) {
+	load := func(name string) ([]float64, error) {
+		t, err := src.Tensor(name)
+		if err != nil {
+			return nil, fmt.Errorf("wquant: shared expert: %w", err)
+		}
+		if len(t.Shape) != 2 || t.Shape[0] != m.IntermediateSize || t.Shape[1] != hidden {
+			return nil, fmt.Errorf("wquant: %s: tensor %q: shape %v, want [%d, %d]", t.File, name, t.Shape, m.IntermediateSize, hidden)
+		}
+		v, err := t.Float32()
+		if err != nil {
+			return nil, fmt.Errorf("wquant: %s: tensor %q: %w", t.File, name, err)
+		}
+		out := make([]float64, len(v))
+		for i, f := range v {
+			out[i] = float64(f)
+		}
+		return out, nil
+	}
+	g, err := load(m.Gate)
+	if err != nil {
+		return nil, err
+	}
+	u, err := load(m.Up)
+	if err != nil {
+		return nil, err
+	}
+	I := m.IntermediateSize
+	return &sharedDown{hidden: hidden, inter: I, gate: g, up: u, sum: make([]float64, I*I)}, nil
+}
+
+// add accumulates n tokens' MoE block inputs x, [n, hidden] float32.
+// Errors: a wrong length, a non-finite input.
+func (s *sharedDown) add(x []float32, n int) error {
+	H, I := s.hidden, s.inter
+	if n < 0 || len(x) < n*H {
+		return fmt.Errorf("wquant: shared expert down_proj Hessian: input has %d elements, want %d×%d", len(x), n, H)
+	}
+	if n == 0 {
+		return nil
+	}
+	X := make([]float64, n*H)
+	for i, v := range x[:n*H] {
+		if !finite(float64(v)) {
+			return fmt.Errorf("wquant: shared expert down_proj Hessian: input [%d, %d] is %v", i/H, i%H, v)
+		}
+		X[i] = float64(v)
+	}
+	G := make([]float64, n*I)
+	U := make([]float64, n*I)
+	gen := func(W, C []float64) {
+		blas64.Gemm(blas.NoTrans, blas.Trans, 1, blas64.General{Rows: n, Cols: H, Stride: H, Data: X},
+			blas64.General{Rows: I, Cols: H, Stride: H, Data: W}, 0, blas64.General{Rows: n, Cols: I, Stride: I, Data: C})
+	}
+	gen(s.gate, G)
+	gen(s.up, U)
+	for i, g := range G {
+		G[i] = g / (1 + math.Exp(-g)) * U[i]
+	}
+	blas64.Syrk(blas.Trans, 1, blas64.General{Rows: n, Cols: I, Stride: I, Data: G}, 1,
+		blas64.Symmetric{Uplo: blas.Upper, N: I, Stride: I, Data: s.sum})
+	s.n += int64(n)
+	return nil
+}
+
+// hessian returns (2/N)·Σ h hᵀ over the N tokens added, [I, I], in the
+// weights.Hessian convention (zero with no tokens). It scales the sum in
+// place (the accumulator is spent: add no more tokens).
+// Errors: weights.ErrNonFinite (an overflowed activation).
+func (s *sharedDown) hessian() (*weights.Hessian, error) {
+	I := s.inter
+	f := 0.0
+	if s.n > 0 {
+		f = 2 / float64(s.n)
+	}
+	for i := 0; i < I; i++ {
+		for j := i; j < I; j++ {
+			v := s.sum[i*I+j] * f
+			s.sum[i*I+j], s.sum[j*I+i] = v, v
+		}
+	}
+	h, err := weights.NewHessianFromMatrix(I, s.sum)
+	s.sum = nil
+	if err != nil {
+		return nil, fmt.Errorf("wquant: shared expert down_proj Hessian: %w", err)
+	}
+	return h, nil
 }
 
 // layerDesc is the description of the one-layer model that runs block l

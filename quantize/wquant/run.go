@@ -56,8 +56,9 @@ type Options struct {
 	ActOrder bool
 	// TrueSequential collects each input's Hessian on the block with the
 	// weights before it quantized (q/k/v, then o_proj, then gate/up, then
-	// down_proj: four Hessian passes per block instead of one), as the GPTQ
-	// reference's --true-sequential does.
+	// down_proj and a shared expert's down_proj: four Hessian passes per
+	// block instead of one), as the GPTQ reference's --true-sequential
+	// does.
 	TrueSequential bool
 	// Damp is GPTQ's relative damping (0: 0.01).
 	Damp float64
@@ -79,7 +80,8 @@ type Options struct {
 	// solver) so that the experts take at most MoEBudget bits per expert
 	// weight as stored: codes plus an fp16 scale and zero-point per group
 	// of MoEGroup and each row's padding to whole bytes, the same counting
-	// as TargetBPW. Attention weights keep Bits and GroupSize. Experts are
+	// as TargetBPW. Attention weights and shared experts keep Bits and
+	// GroupSize (shared experts are not in the budget). Experts are
 	// always asymmetric (Symmetric applies to the other weights) and are
 	// quantized with Method; with GPTQ their Hessians come from the
 	// calibration file's expert statistics (calibrate.ExpertLayer.Hessians:
@@ -281,7 +283,7 @@ func (opt *Options) validate() error {
 //
 // Errors: ErrOptions (also MoEBudget on a dense model, a MoEBudget below
 // the all-1-bit cost, TargetBPW on an MoE model); ErrOutput;
-// ErrUnsupported (shared experts, already quantized); ErrCalibration (no
+// ErrUnsupported (already quantized); ErrCalibration (no
 // token ids, no expert statistics); calibrate.ErrModelMismatch (a calibration
 // file of another model); quantizer errors naming the tensor; I/O errors
 // naming the file.
@@ -472,19 +474,30 @@ func (p *pipeline) weight(t Target) ([]float32, error) {
 // layerHessians runs xs through block l (weights from the checkpoint)
 // with the Hessian observers. When advance, xs becomes the block's output.
 func (p *pipeline) layerHessians(ctx context.Context, l int, xs [][]float32, advance bool) (*hessians, error) {
-	return p.layerHessiansWith(ctx, l, xs, advance, nil, nil, nil)
+	return p.layerHessiansWith(ctx, l, xs, advance, nil, nil, nil, true)
 }
 
 // layerHessiansWith is layerHessians with weights repl (shapes) replacing
 // the checkpoint's; ex, when not nil, also collects the block's expert
-// statistics (the one-layer model reports the block as layer 0).
-func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32, advance bool, repl map[string][]float32, shapes map[string][]int, ex *calibrate.ExpertCollector) (*hessians, error) {
+// statistics (the one-layer model reports the block as layer 0). With
+// withShared and a shared expert in block l it also accumulates the
+// shared down_proj's Hessian (h[inSharedDown]) from the shared gate/up
+// weights the block runs with (the checkpoint's, or repl's when already
+// quantized: TrueSequential).
+func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32, advance bool, repl map[string][]float32, shapes map[string][]int, ex *calibrate.ExpertCollector, withShared bool) (*hessians, error) {
 	m, err := loadLayer(ctx, p.d, l, p.ck, repl, shapes, p.opt.Threads)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
-	hs := newHessians(&p.d.Layers[l], p.d.HiddenSize)
+	var sd *sharedDown
+	if mo := p.d.Layers[l].MoE; withShared && mo != nil && mo.Shared != nil {
+		src := &layerSource{base: p.ck, embedding: p.d.Embedding, hidden: p.d.HiddenSize, repl: repl, shapes: shapes}
+		if sd, err = newSharedDown(src, mo.Shared, p.d.HiddenSize); err != nil {
+			return nil, err
+		}
+	}
+	hs := newHessians(&p.d.Layers[l], p.d.HiddenSize, sd)
 	if ex != nil {
 		m.SetObserver(&hessiansExperts{hessians: hs, ex: ex})
 	} else {
@@ -494,7 +507,7 @@ func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32,
 		if err := pushHidden(ctx, m, xs, p.d.HiddenSize); err != nil {
 			return nil, err
 		}
-		return hs, hs.err
+		return hs, hs.finish()
 	}
 	// One window at a time through a scratch copy: the hidden states are
 	// not duplicated.
@@ -505,7 +518,7 @@ func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32,
 			return nil, err
 		}
 	}
-	return hs, hs.err
+	return hs, hs.finish()
 }
 
 // quantize is the main pass: block by block, Hessians on the quantized
@@ -525,9 +538,9 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 	// Stages of a block: one Hessian pass for all inputs, or with
 	// TrueSequential one per input, each on the block with the weights
 	// quantized in the earlier stages.
-	stages := [][]int{{inAttn, inO, inFFN, inDown}}
+	stages := [][]int{{inAttn, inO, inFFN, inDown, inSharedDown}}
 	if p.opt.TrueSequential {
-		stages = [][]int{{inAttn}, {inO}, {inFFN}, {inDown}}
+		stages = [][]int{{inAttn}, {inO}, {inFFN}, {inDown, inSharedDown}}
 	}
 	var expertBits, expertParams int64
 	for l := 0; l < L; l++ {
@@ -550,7 +563,7 @@ func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *
 					return fmt.Errorf("wquant: layer %d expert statistics: %w", l, err)
 				}
 			}
-			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes, ex)
+			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes, ex, slices.Contains(stage, inSharedDown))
 			if err != nil {
 				return err
 			}
