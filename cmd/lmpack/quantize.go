@@ -256,13 +256,17 @@ func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 	for _, l := range r.Layers {
 		fmt.Fprintf(&b, "%-6d %8.4f %12.6g\n", l.Layer, l.BitsPerWeight, l.Error)
 	}
-	fmt.Fprintf(&b, "%-48s %4s %6s %8s %12s %10s\n", "tensor", "bits", "group", "bpw", "error", "rel_error")
+	w := len("tensor")
+	for _, t := range r.Tensors {
+		w = max(w, len(t.Name))
+	}
+	fmt.Fprintf(&b, "%-*s %4s %6s %8s %12s %10s\n", w, "tensor", "bits", "group", "bpw", "error", "rel_error")
 	for _, t := range r.Tensors {
 		g := fmt.Sprint(t.GroupSize)
 		if t.GroupSize == t.Cols {
 			g = "chan"
 		}
-		fmt.Fprintf(&b, "%-48s %4d %6s %8.4f %12.6g %10.3g\n", t.Name, t.Bits, g, t.BitsPerWeight, t.Error, t.RelError)
+		fmt.Fprintf(&b, "%-*s %4d %6s %8.4f %12.6g %10.3g\n", w, t.Name, t.Bits, g, t.BitsPerWeight, t.Error, t.RelError)
 	}
 	fmt.Fprintf(&b, "quantized tensors %d -> %d bytes; checkpoint %d -> %d bytes\n", r.QuantBytesBefore, r.QuantBytesAfter, r.BytesBefore, r.BytesAfter)
 	if r.MoE != nil {

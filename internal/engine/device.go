@@ -47,7 +47,7 @@ func PickBackend(device string, logger *slog.Logger) (runtime.Backend, error) {
 // (PickBackend). blocker, when not empty, says why the CUDA backend cannot
 // run this model as asked (a KV-cache scheme it does not implement): then
 // "auto" runs on the CPU with one log line and "cuda" fails with it. A
-// CUDA load failing with cuda.ErrUnsupported (say, MoE shared experts)
+// CUDA load failing with cuda.ErrUnsupported (say, a head_dim above 256)
 // also falls back to the CPU under "auto". Errors: PickBackend's, the
 // backend's Load errors.
 func loadModel(ctx context.Context, device string, logger *slog.Logger, d *arch.Description, src runtime.TensorSource, threads int, blocker string) (runtime.Backend, runtime.Model, error) {

@@ -507,7 +507,7 @@ func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32,
 		if err := pushHidden(ctx, m, xs, p.d.HiddenSize); err != nil {
 			return nil, err
 		}
-		return hs, hs.finish()
+		return hs, layerErr(l, hs.finish())
 	}
 	// One window at a time through a scratch copy: the hidden states are
 	// not duplicated.
@@ -518,7 +518,17 @@ func (p *pipeline) layerHessiansWith(ctx context.Context, l int, xs [][]float32,
 			return nil, err
 		}
 	}
-	return hs, hs.finish()
+	return hs, layerErr(l, hs.finish())
+}
+
+// layerErr names decoder layer l in a Hessian error (whose message names
+// the input: q/k/v, o_proj, FFN, down_proj or the shared expert's
+// down_proj), or returns nil.
+func layerErr(l int, err error) error {
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", l, err)
+	}
+	return nil
 }
 
 // quantize is the main pass: block by block, Hessians on the quantized

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/synthmoe"
 	"github.com/lmpack/lmpack/quantize/weights"
@@ -372,4 +373,120 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestSharedDownHessianReplaced: the block's Hessian pass builds the
+// shared down_proj Hessian from the gate/up weights the block runs with:
+// with replacements for them (TrueSequential's already quantized gate/up)
+// it equals a sharedDown fed the same block inputs from the replaced
+// weights, and differs from the checkpoint weights' one.
+func TestSharedDownHessianReplaced(t *testing.T) {
+	dir, _ := sharedMoE(t)
+	d, err := arch.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	const l = 1
+	mo := d.Layers[l].MoE
+	if mo == nil || mo.Shared == nil {
+		t.Fatalf("layer %d has no shared expert", l)
+	}
+	H, I := d.HiddenSize, mo.Shared.IntermediateSize
+	p := &pipeline{opt: Options{Threads: 1}, d: d, ck: ck}
+	r := rand.New(rand.NewPCG(9, 10))
+	xs := make([][]float32, 2)
+	for i := range xs {
+		xs[i] = make([]float32, 40*H)
+		for j := range xs[i] {
+			xs[i][j] = float32(r.NormFloat64())
+		}
+	}
+	// The replacement: the checkpoint's gate and up, each scaled by 1.5.
+	repl, shapes := map[string][]float32{}, map[string][]int{}
+	for _, name := range []string{mo.Shared.Gate, mo.Shared.Up} {
+		tt, err := ck.Tensor(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := tt.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range v {
+			v[i] *= 1.5
+		}
+		repl[name], shapes[name] = v, []int{I, H}
+	}
+	ctx := context.Background()
+	pass := func(rp map[string][]float32, sh map[string][]int) []float64 {
+		hs, err := p.layerHessiansWith(ctx, l, xs, false, rp, sh, nil, true) // finished
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hs.h[inSharedDown].Matrix()
+	}
+	got, float := pass(repl, shapes), pass(nil, nil)
+	// The reference: the block inputs (the FFN observer's x, after the
+	// attention and post-attention norm, which the replacement does not
+	// touch) fed to a sharedDown over the replaced weights.
+	var inputs [][]float32
+	rec := &ffnInputs{layer: 0, out: &inputs}
+	m, err := loadLayer(ctx, d, l, ck, nil, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetObserver(rec)
+	var buf []float32
+	for _, x := range xs {
+		buf = append(buf[:0], x...)
+		if err := pushHidden(ctx, m, [][]float32{buf}, H); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Close()
+	sd, err := newSharedDown(&layerSource{base: ck, embedding: d.Embedding, hidden: H, repl: repl, shapes: shapes}, mo.Shared, H)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range inputs {
+		if err := sd.add(x, len(x)/H); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref, err := sd.hessian()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ref.Matrix()
+	var d1, d2, scale float64
+	for i := range want {
+		d1 = math.Max(d1, math.Abs(got[i]-want[i]))
+		d2 = math.Max(d2, math.Abs(float[i]-want[i]))
+		scale = math.Max(scale, math.Abs(want[i]))
+	}
+	t.Logf("shared down Hessian with replaced gate/up: max |Δ| %.3g against the replaced reference, %.3g against the checkpoint weights' (max %.3g)", d1, d2, scale)
+	if !(scale > 0) || d1 > 1e-12*scale {
+		t.Errorf("the pass with replacements differs from the replaced reference by %.3g (max %.3g)", d1, scale)
+	}
+	if d2 < 1e-3*scale {
+		t.Errorf("the checkpoint weights' Hessian is within %.3g of the replaced one: the replacement was not used", d2)
+	}
+}
+
+// ffnInputs records the FFN observer's block inputs of one layer.
+type ffnInputs struct {
+	layer int
+	out   *[][]float32
+}
+
+// FFNInput implements runtime.FFNObserver.
+func (f *ffnInputs) FFNInput(layer, pos, n int, x, h []float32) {
+	if layer == f.layer {
+		*f.out = append(*f.out, slices.Clone(x))
+	}
 }
