@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -34,7 +36,10 @@ func qwenMoESynthetic(tb testing.TB, seed uint64) (*arch.Description, mapSource)
 	}
 	r := rand.New(rand.NewPCG(seed, 9))
 	src := mapSource{}
-	for name, shape := range d.TensorShapes() {
+	shapes := d.TensorShapes()
+	// Drawn in name order, so the seed fixes the weights.
+	for _, name := range slices.Sorted(maps.Keys(shapes)) {
+		shape := shapes[name]
 		n := 1
 		for _, s := range shape {
 			n *= s
