@@ -669,13 +669,35 @@ func TestCompressModelMismatch(t *testing.T) {
 	for _, c := range []struct{ work, prune, want string }{
 		{"work-c", "prune:\n  sparsity: 0.95\n", "prune.sparsity: prune: bad options: sparsity 0.95"},
 		{"work-d", "prune:\n  sparsity: 0.2\n  head_refit: true\n", "prune.head_refit: prune.sparsity 0.2 removes no KV head group"},
+		{"work-e", "prune:\n  layers: 5\n", "prune.layers: removes 5 of the 5 layers; at most 3 can go"},
+		{"work-f", "prune:\n  method: list:1,99\n", `prune.method: "list:1,99" on the 5-layer model`},
+		{"work-g", "prune:\n  method: list:0\n", `prune.method: "list:0" on the 5-layer model`},
+		{"work-h", "prune:\n  ffn_ratio: 0.999999\n", "prune.ffn_ratio: layer 0:"},
 	} {
 		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, "quantize:\n", c.prune+"quantize:\n", 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
 		if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrRecipe with %q", strings.TrimSpace(c.prune), err, c.want)
 		}
 	}
-	for _, w := range []string{"work-a", "work-b", "work-c", "work-d"} {
+	// Context and KV windows beyond max_position_embeddings (512).
+	for _, c := range []struct{ work, from, to, want string }{
+		{"work-i", "calibrate:\n  tokens: 1024\n  ctx: 256\n", "calibrate:\n  tokens: 2048\n  ctx: 1024\n", "calibrate.ctx: 1024 tokens exceed the model's max_position_embeddings 512"},
+		{"work-j", "eval:\n  ctx: 256\n", "eval:\n  ctx: 600\n", "eval.ctx: 600 tokens exceed"},
+		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv sink/recent: kv windows sink 8 + recent 600 tokens exceed"},
+	} {
+		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, c.from, c.to, 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
+		if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrRecipe with %q", c.work, err, c.want)
+		}
+	}
+	// A moe_budget below the all-1-bit allocation of stories260K-moe-hf.
+	low := mustRecipe(t, strings.Replace(smallWeightsRecipe, "    act_order: true\n", "    act_order: true\n    moe_budget: 0.5\n", 1))
+	o = testOptions(t, low, filepath.Join(dir, "work-l.lmpk"), filepath.Join(dir, "work-l"))
+	o.Model = shared.Path(t, "stories260K-moe-hf")
+	if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "quantize.weights.moe_budget: 0.5 bits per expert weight is below the smallest allocation on this model") || !strings.Contains(err.Error(), "1.4032") {
+		t.Errorf("moe_budget 0.5: %v", err)
+	}
+	for _, w := range []string{"work-a", "work-b", "work-c", "work-d", "work-e", "work-f", "work-g", "work-h", "work-i", "work-j", "work-k", "work-l"} {
 		if _, err := os.Stat(filepath.Join(dir, w)); !os.IsNotExist(err) {
 			t.Errorf("%s created before the recipe was checked against the model", w)
 		}

@@ -392,11 +392,15 @@ func (p *pipeline) inputs(ctx context.Context) error {
 	// Settings that only fit some models are checked before any stage
 	// runs, so a mistake costs no calibration.
 	wantsWidth := p.r.Prune != nil && p.r.Prune.wantsWidth()
-	if q := p.r.Quantize; (q != nil && q.Weights != nil) || wantsWidth {
+	{
 		d, err := arch.Load(dir)
 		if err != nil {
 			return fmt.Errorf("compress: %w", err)
 		}
+		if err := p.r.checkModel(recipe, d); err != nil {
+			return err
+		}
+		q := p.r.Quantize
 		moe := false
 		for _, l := range d.Layers {
 			moe = moe || l.MoE != nil

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime"
@@ -22,11 +23,29 @@ var MoEWidths = gemq.DefaultBits
 // Overhead) or, with rule, in each layer the cheapest pair of experts at
 // the top and second widths and the others at the lowest.
 func (p *pipeline) moeMinBPW(rule bool) float64 {
+	return minMoEBPW(p.targets, p.opt.MoEGroup, rule)
+}
+
+// MinMoEBudget is the smallest Options.MoEBudget the MoE model d accepts,
+// in stored bits per routed-expert weight, with expert group size group (0:
+// per channel) and, with rule, Options.MoERule: what Run refuses a smaller
+// budget for, computed without reading any weight. It is 0 for a model
+// without routed experts. Errors: Targets'.
+func MinMoEBudget(d *arch.Description, group int, rule bool) (float64, error) {
+	ts, err := Targets(d)
+	if err != nil {
+		return 0, err
+	}
+	return minMoEBPW(ts, group, rule), nil
+}
+
+// minMoEBPW is moeMinBPW over targets with expert group size group.
+func minMoEBPW(targets []Target, group int, rule bool) float64 {
 	nw := len(MoEWidths)
 	// cost[l][e][w]: expert e of layer l at width MoEWidths[w].
 	cost := map[int]map[int][]int64{}
 	var params int64
-	for _, t := range p.targets {
+	for _, t := range targets {
 		if !t.IsExpert() {
 			continue
 		}
@@ -37,7 +56,7 @@ func (p *pipeline) moeMinBPW(rule bool) float64 {
 			cost[t.Layer][t.Expert] = make([]int64, nw)
 		}
 		for w, b := range MoEWidths {
-			cost[t.Layer][t.Expert][w] += StorageBits(t.Rows, t.Cols, b, p.opt.MoEGroup, false, false)
+			cost[t.Layer][t.Expert][w] += StorageBits(t.Rows, t.Cols, b, group, false, false)
 		}
 		params += int64(t.Rows * t.Cols)
 	}
@@ -57,6 +76,9 @@ func (p *pipeline) moeMinBPW(rule bool) float64 {
 		if rule && extra > 0 {
 			bits += extra
 		}
+	}
+	if params == 0 {
+		return 0
 	}
 	return float64(bits) / float64(params)
 }
