@@ -309,6 +309,15 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if len(b) > maxRecipeBytes {
 		return nil, fmt.Errorf("%w: %s: %d bytes, want at most %d", ErrRecipe, name, len(b), maxRecipeBytes)
 	}
+	// Before decoding, the value kinds: yaml.v3 truncates a float given
+	// for an int field (bits: 4.5 → 4), reads yes/no as booleans, and
+	// words a list given for a scalar without its key (checkInts).
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err == nil && len(doc.Content) == 1 {
+		if err := checkInts(doc.Content[0], reflect.TypeFor[Recipe](), ""); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrRecipe, name, err)
+		}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	var r Recipe
@@ -327,7 +336,7 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 				} else if m := cannotDecode.FindStringSubmatch(e); m != nil {
 					line, _ := strconv.Atoi(m[1])
 					if key := keyAtLine(&doc, line, ""); key != "" {
-						e = fmt.Sprintf("line %d: %s %s: want %s", line, key, m[2], wantOfGo(m[3]))
+						e = fmt.Sprintf("line %d: %s %q: want %s", line, key, m[2], wantOfGo(m[3]))
 					}
 				}
 				msgs = append(msgs, e)
@@ -339,14 +348,6 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err != io.EOF {
 		return nil, fmt.Errorf("%w: %s: more than one YAML document", ErrRecipe, name)
-	}
-	// yaml.v3 truncates a float given for an int field (bits: 4.5 → 4);
-	// every integer key must be written as a YAML integer.
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err == nil && len(doc.Content) == 1 {
-		if err := checkInts(doc.Content[0], reflect.TypeFor[Recipe](), ""); err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrRecipe, name, err)
-		}
 	}
 	if err := r.validate(name); err != nil {
 		return nil, err
@@ -379,8 +380,20 @@ func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
 			if ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
 			}
-			if (ft.Kind() == reflect.Int || ft.Kind() == reflect.Int64) && v.Kind == yaml.ScalarNode && v.Tag != "!!int" && v.Tag != "!!null" {
-				return fmt.Errorf("line %d: %s %s: want an integer", v.Line, key, v.Value)
+			switch {
+			case (ft.Kind() == reflect.Int || ft.Kind() == reflect.Int64) && v.Kind == yaml.ScalarNode && v.Tag != "!!int" && v.Tag != "!!null":
+				return fmt.Errorf("line %d: %s %q: want an integer", v.Line, key, v.Value)
+			case ft.Kind() == reflect.Bool && v.Kind == yaml.ScalarNode && v.Value != "true" && v.Value != "false":
+				// yaml.v3 also reads yes/no/on/off (YAML 1.1) as booleans.
+				return fmt.Errorf("line %d: %s %q: want true or false", v.Line, key, v.Value)
+			case ft.Kind() == reflect.Struct && v.Kind == yaml.ScalarNode && (v.Tag == "!!null" || v.Value == ""):
+				return fmt.Errorf("line %d: %s is empty: give its keys or remove it", k.Line, key)
+			case ft.Kind() == reflect.Struct && v.Kind != yaml.MappingNode:
+				return fmt.Errorf("line %d: %s: want a section of keys, not %q", v.Line, key, v.Value)
+			case ft.Kind() != reflect.Struct && ft.Kind() != reflect.Slice && ft.Kind() != reflect.Map && v.Kind != yaml.ScalarNode:
+				return fmt.Errorf("line %d: %s: want a single value, not a %s", v.Line, key, map[yaml.Kind]string{yaml.SequenceNode: "list", yaml.MappingNode: "section"}[v.Kind])
+			case zeroMeansUnset[key] && v.Kind == yaml.ScalarNode && (v.Value == "0" || v.Value == "0.0"):
+				return fmt.Errorf("line %d: %s 0: want > 0, or leave the key out", v.Line, key)
 			}
 			if err := checkInts(v, f.Type, key); err != nil {
 				return err
@@ -388,6 +401,15 @@ func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
 		}
 	}
 	return nil
+}
+
+// zeroMeansUnset lists the keys whose zero value means "not given": an
+// explicit 0 there is a mistake (prune.layers: 0 would otherwise read as
+// no layer removal at all).
+var zeroMeansUnset = map[string]bool{
+	"prune.layers": true, "prune.layer_ratio": true, "prune.head_groups": true, "prune.head_ratio": true,
+	"prune.ffn_ratio": true, "prune.sparsity": true, "prune.head_step": true,
+	"quantize.weights.bits": true, "quantize.weights.target_bpw": true, "quantize.weights.moe_budget": true,
 }
 
 // validate checks values and fills defaults.
@@ -508,8 +530,15 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 	} else if p.Method != "" {
 		return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it, or drop it for width pruning alone", p.Method)
 	}
-	if p.HeadRefit && !p.wantsHeads() {
+	switch {
+	case p.HeadRefit && !p.wantsHeads():
 		return bad("prune.head_refit needs head_groups, head_ratio or sparsity (it refits o_proj after head removal)")
+	case p.HeadStep != 0 && !p.wantsHeads():
+		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
+	case p.HeadMethod != "" && !p.wantsHeads():
+		return bad("prune.head_method needs head_groups, head_ratio or sparsity")
+	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
+		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	}
 	if !p.wantsWidth() {
 		return nil
@@ -523,8 +552,6 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 		return bad("prune.head_ratio %v: want in (0, 1)", p.HeadRatio)
 	case p.FFNRatio != 0 && !(p.FFNRatio > 0 && p.FFNRatio < 1):
 		return bad("prune.ffn_ratio %v: want in (0, 1) (the share of every FFN's intermediate units to remove)", p.FFNRatio)
-	case p.HeadMethod != "" && !p.wantsHeads():
-		return bad("prune.head_method needs head_groups or head_ratio")
 	case p.HeadMethod != "" && p.HeadMethod != prune.HeadPutri && p.HeadMethod != prune.HeadProxy:
 		return bad("prune.head_method %q: want putri or proxy", p.HeadMethod)
 	case p.Sparsity != 0 && !(p.Sparsity > 0 && p.Sparsity < 1):
@@ -533,10 +560,6 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 		return bad("prune.sparsity sets head groups and FFN units itself: remove head_groups, head_ratio and ffn_ratio")
 	case p.HeadStep < 0:
 		return bad("prune.head_step %d: want >= 1", p.HeadStep)
-	case p.HeadStep != 0 && !p.wantsHeads():
-		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
-	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
-		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	case r.Calibrate == nil:
 		return bad("prune: width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section (token ids and head statistics of the model)")
 	}
