@@ -12,7 +12,10 @@
 # Qwen2-MoE with shared experts (TestGPUQwenMoEShared) against the CPU
 # backend, then the benchmarks: device copy bandwidth, the INT2 decode
 # attention in GB/s against it, and decode tokens/s with fp16 and oscar2
-# KV at 4k/16k/32k context, batch 1 and 16. Fails when no GPU is usable (LMPACK_REQUIRE_GPU=1).
+# KV at 4k/16k/32k context, batch 1 and 16. Exits 2 at once on a machine
+# with no NVIDIA GPU; where one is seen, every test must run on it
+# (the script sets LMPACK_REQUIRE_GPU=1: a test that cannot reach the GPU
+# fails instead of skipping).
 #
 # Usage: scripts/gpu-check.sh            (or: make gpu-check)
 # On a machine without Go or ../shared (the lent device machine): run

@@ -76,12 +76,17 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 						last.finish()
 					}
 					b = &bar{}
-					unit := "tokens" // calibrate, quantize-kv, prune-width:calibrate and quantize-weights:calibrate (calibrating a changed model)
+					// Calibration stages count tokens forwarded over all
+					// their passes (calibrate, prune-width:calibrate,
+					// quantize-weights:calibrate); quantize-kv tokens.
+					unit := "forwarded_tokens"
 					switch stage {
 					case "eval":
 						unit = "windows"
 					case "quantize-weights":
-						unit = "blocks"
+						unit = "steps"
+					case "quantize-kv":
+						unit = "tokens"
 					}
 					b.report, b.finish = newProgress(cmd, g, stage, stage+" progress", unit)
 					bars[stage] = b
@@ -111,7 +116,7 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 	f := cmd.Flags()
 	f.StringVar(&recipePath, "recipe", "", "recipe file (YAML; see recipes/)")
 	f.StringVarP(&opt.Out, "output", "o", "", "artifact file to write (.lmpk)")
-	f.StringVar(&opt.WorkDir, "work-dir", "", "stage cache directory (default OUT.work)")
+	f.StringVar(&opt.WorkDir, "work-dir", "", "stage cache directory (default OUT.lmpk.work: the output path with .work added)")
 	f.StringVar(&opt.Data, "data", "", "calibration text file (overrides calibrate.data)")
 	f.StringVar(&opt.EvalData, "eval-data", "", "evaluation text file (overrides eval.data)")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")

@@ -15,7 +15,7 @@ func newPruneCmd(g *globalFlags) *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | ([--head-groups N | --head-ratio r] [--ffn-ratio r] | --sparsity s) [--head-method putri|proxy] [--head-refit] [--no-refit])",
+		Use:   "prune MODEL --calib CALIB -o OUT ((--layers N | --layer-ratio r) [--layer-method lorp|shortgpt|list:3,7] | ([--head-groups N | --head-ratio r] [--ffn-ratio r] | --sparsity s) [--head-method putri|proxy] [--head-step N] [--head-refit] [--no-refit])",
 		Short: "Remove decoder blocks (LoRP, ShortGPT, a list) or attention head groups and FFN units (Putri) and write a smaller checkpoint",
 		Long: `prune removes decoder blocks (depth) or attention head groups and FFN
 units (width) from MODEL and writes OUT, a new checkpoint directory. MODEL

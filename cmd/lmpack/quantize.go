@@ -196,6 +196,9 @@ report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 			if opt.ActOrder && opt.Method != wquant.MethodGPTQ {
 				return fmt.Errorf("--act-order needs --method gptq")
 			}
+			if opt.TrueSequential && opt.Method != wquant.MethodGPTQ {
+				return fmt.Errorf("--true-sequential needs --method gptq (it orders GPTQ's Hessian passes)")
+			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			report, finish := newProgress(cmd, g, "quantizing", "quantizing weights (steps: blocks, plus the bit allocation)", "steps")
 			opt.Progress = report

@@ -91,6 +91,7 @@ func TestQuantizeWeights(t *testing.T) {
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--group", "16"}, "--group 16"},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "awq"}, `--method "awq"`},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--act-order"}, "--act-order needs --method gptq"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--true-sequential"}, "--true-sequential needs --method gptq"},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--bits", "4", "--target-bpw", "3"}, "not both"},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--target-bpw", "-1"}, "--target-bpw -1"},
 		{[]string{"--calib", cal, "-o", q4}, "already exists"},

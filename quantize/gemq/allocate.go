@@ -237,10 +237,11 @@ func (a *Allocation) WriteText(w io.Writer) error {
 		ws = append(ws, k)
 	}
 	slices.Sort(ws)
-	b.WriteString("  experts per width:")
-	for _, k := range ws {
-		fmt.Fprintf(&b, " %d bits: %d;", k, a.Widths[k])
+	parts := make([]string, len(ws))
+	for i, k := range ws {
+		parts[i] = fmt.Sprintf("%d bits: %d", k, a.Widths[k])
 	}
+	b.WriteString("  experts per width: " + strings.Join(parts, "; "))
 	b.WriteString("\n  layer  bits per expert\n")
 	for i, l := range a.Layers {
 		fmt.Fprintf(&b, "  %5d ", l)
