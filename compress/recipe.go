@@ -264,6 +264,35 @@ func wantOfGo(t string) string {
 	return "a value of type " + t
 }
 
+// keyLines maps every dotted key of the YAML mapping tree n to the line
+// of its key ("calibrate.tokens" → 4).
+func keyLines(n *yaml.Node) map[string]int {
+	out := map[string]int{}
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		if n == nil {
+			return
+		}
+		if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+			walk(n.Content[0], prefix)
+			return
+		}
+		if n.Kind != yaml.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			if prefix != "" {
+				key = prefix + "." + key
+			}
+			out[key] = n.Content[i].Line
+			walk(n.Content[i+1], key)
+		}
+	}
+	walk(n, "")
+	return out
+}
+
 // keyAtLine returns the dotted key ("calibrate.tokens") whose value starts
 // on line in the mapping tree n, or "".
 func keyAtLine(n *yaml.Node, line int, prefix string) string {
@@ -349,7 +378,7 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if err := dec.Decode(&extra); err != io.EOF {
 		return nil, fmt.Errorf("%w: %s: more than one YAML document", ErrRecipe, name)
 	}
-	if err := r.validate(name); err != nil {
+	if err := r.validateLines(name, keyLines(&doc)); err != nil {
 		return nil, err
 	}
 	return &r, nil
@@ -413,9 +442,20 @@ var zeroMeansUnset = map[string]bool{
 }
 
 // validate checks values and fills defaults.
-func (r *Recipe) validate(name string) error {
+func (r *Recipe) validate(name string) error { return r.validateLines(name, nil) }
+
+// validateLines is validate with the recipe's key lines (keyLines): a
+// message that starts with a dotted key given in the file is prefixed
+// with its line ("line 4: calibrate.tokens -5: want > 0").
+func (r *Recipe) validateLines(name string, lines map[string]int) error {
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrRecipe, name, fmt.Sprintf(format, a...))
+		msg := fmt.Sprintf(format, a...)
+		key, _, _ := strings.Cut(msg, " ")
+		key = strings.TrimSuffix(key, ":")
+		if l, ok := lines[key]; ok {
+			msg = fmt.Sprintf("line %d: %s", l, msg)
+		}
+		return fmt.Errorf("%w: %s: %s", ErrRecipe, name, msg)
 	}
 	if q := r.Quantize; q != nil && q.Weights != nil {
 		w := q.Weights

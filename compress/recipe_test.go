@@ -61,7 +61,7 @@ func TestRecipeValues(t *testing.T) {
 		name, from, to, want string
 		is                   error
 	}{
-		{"tokens", "tokens: 1024", "tokens: 0", "calibrate.tokens 0", ErrRecipe},
+		{"tokens", "tokens: 1024", "tokens: 0", "line 4: calibrate.tokens 0", ErrRecipe},
 		{"ctx", "  ctx: 256\nquantize", "  ctx: 1\nquantize", "calibrate.ctx 1", ErrRecipe},
 		{"expert memory", "  ctx: 256\nquantize", "  ctx: 256\n  max_expert_memory: -1\nquantize", "calibrate.max_expert_memory -1", ErrRecipe},
 		{"cache", "cache: oscar2", "cache: oscar9", `quantize.kv.cache "oscar9"`, ErrRecipe},
