@@ -132,7 +132,10 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
-	e, err := engine.Open(ctx, opt.Model, engine.Options{Threads: opt.Threads, Logger: opt.Logger})
+	// The windows are prefill only: converting one block's weights at a
+	// time costs little beside the matmuls and keeps memory at the mapped
+	// checkpoint plus one block in float32.
+	e, err := engine.Open(ctx, opt.Model, engine.Options{Threads: opt.Threads, Logger: opt.Logger, ConvertPerBlock: true})
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
