@@ -1,7 +1,7 @@
 // Package wquant is the weight-quantization pipeline behind `lmpack
 // quantize weights`: it runs a dense model's calibration tokens through
 // the model one decoder block at a time, quantizes each block's Linear
-// weights with RTN or GPTQ (package quantize/weights; METHODS.md §7), and
+// weights with RTN or GPTQ (package quantize/weights; docs/METHODS.md §7), and
 // writes a quantized checkpoint directory (docs/QUANT.md) that the runtime
 // executes. With a bits-per-weight target it first measures every tensor's
 // output error under every (bits, group) option and picks one option per
