@@ -24,8 +24,8 @@ type LoadOptions struct {
 	// Threads is the number of worker threads; <= 0 means all cores.
 	Threads int
 	// DequantizeWeights makes the CPU backend dequantize every quantized
-	// weight (docs/QUANT.md) to float32 at load, as before packed weights:
-	// 32 bits per weight in memory instead of about bits + 16/group_size
+	// weight (docs/QUANT.md) to float32 at load: 32 bits per weight in
+	// memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
 	// linear weights stay packed (runtime/qlinear.go): prefill dequantizes
 	// tiles inside each matmul (bit-identical logits on one thread), decode
