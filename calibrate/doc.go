@@ -13,7 +13,7 @@
 //   - Run, the entry point of `lmpack calibrate`: open the model, tokenize
 //     the data, collect, write.
 //
-// Statistics today: "oscar", the key and value target covariances C_Q and
+// Statistics: "oscar", the key and value target covariances C_Q and
 // C_S of OSCAR (docs/METHODS.md §1; arXiv 2605.17757), see CollectOSCAR;
 // and "lorp", the (L+1)×(L+1) mean cosine similarity of the block inputs
 // plus the final-norm input (SimilarityTensor, for LoRP and ShortGPT depth

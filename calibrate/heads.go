@@ -25,7 +25,7 @@ import (
 // A group whose output is small contributes little to the residual stream
 // before o_proj mixes it, so it is a candidate for removal. It is a
 // stand-in for Putri's masked-perplexity score (arXiv 2605.18331; docs
-// METHODS.md §6), which `lmpack prune --head-method putri` computes at
+// docs/METHODS.md §6), which `lmpack prune --head-method putri` computes at
 // prune time from the calibration token ids (StatTokens), because it is
 // iterative: the scores of a round depend on the groups removed before.
 const StatHeads = "heads"

@@ -85,7 +85,9 @@ type Summary struct {
 	SparseExperts []SparseExpert `json:"sparse_experts,omitempty"`
 }
 
-// Run is `lmpack calibrate`: it opens the model on the CPU backend, reads
+// Run is `lmpack calibrate`: it opens the model on the CPU backend (the
+// decoder blocks' weights kept in the checkpoint's dtype and converted to
+// float32 one block at a time: runtime.LoadOptions.ConvertPerBlock), reads
 // the data file and tokenizes it as one string with BOS prepended (as
 // `lmpack eval` does), splits the first opt.Tokens tokens into windows of
 // opt.Ctx tokens (Windows), collects the OSCAR, block-similarity and
@@ -132,7 +134,10 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
-	e, err := engine.Open(ctx, opt.Model, engine.Options{Threads: opt.Threads, Logger: opt.Logger})
+	// The windows are prefill only: converting one block's weights at a
+	// time costs little beside the matmuls and keeps memory at the mapped
+	// checkpoint plus one block in float32.
+	e, err := engine.Open(ctx, opt.Model, engine.Options{Threads: opt.Threads, Logger: opt.Logger, ConvertPerBlock: true})
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}

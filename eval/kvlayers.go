@@ -17,7 +17,7 @@ import (
 // written to the method's cache and read back, and
 //   - LogitError = Σ (q·k̂ − q·k)² / Σ (q·k)² over causal (query, key)
 //     pairs and query heads, the relative attention-logit error
-//     (METHODS §1: key error δk moves the logit by q·δk);
+//     (docs/METHODS.md §1: key error δk moves the logit by q·δk);
 //   - OutputError = Σ ‖o(K̂, V̂) − o(K, V)‖² / Σ ‖o(K, V)‖², the relative
 //     error of the attention output o = softmax(qKᵀ/√d)·V per head.
 type KVLayerError struct {

@@ -33,12 +33,9 @@
 //     --head-refit (Options.HeadRefit, Putri's optional o_proj update) the
 //     o_proj of each layer that loses groups is instead refit by least
 //     squares on its kept input channels, layer by layer on the partly
-//     pruned model like the FFN stage (headsRefit). Measured on
-//     stories260K (heldout.txt, ctx 512): 4 groups by putri 6.518 sliced,
-//     6.502 refit (full file; calibration 4096 tokens); 6 groups by proxy
-//     9.483 sliced, 8.441 refit (16 windows, calibration 2048 tokens in
-//     windows of 256: TestHeadRefit). It is not always better: with
-//     --sparsity 0.5 a fresh-user run measured 42.3 sliced, 45.1 refit.
+//     pruned model like the FFN stage (headsRefit). The refit is not
+//     always better than slicing (TestHeadRefit compares the two on
+//     stories260K).
 //   - FFN units, after the heads and layer by layer: layer l's down_proj
 //     statistics are collected by running the calibration windows through
 //     the model whose earlier layers are already pruned (prune/width for

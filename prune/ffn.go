@@ -47,9 +47,8 @@ func FFNKeepCount(F int, r float64) (int, error) {
 // RefitTokensPerUnit is the least number of calibration tokens per FFN
 // intermediate unit that the least-squares down_proj refit needs: the
 // refit solves for F unknowns per output channel from the calibration
-// tokens, and with fewer than about 3·F tokens it overfits them and
-// raises perplexity above plain slicing (measured on stories260K, F =
-// 172: 128 tokens gave perplexity 610 with the refit against 53 without).
+// tokens, and with fewer than about 3·F tokens it overfits them and can
+// raise perplexity above plain slicing.
 const RefitTokensPerUnit = 3
 
 // linearCapture accumulates one Linear's input X [n, f] and output

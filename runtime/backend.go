@@ -24,14 +24,29 @@ type LoadOptions struct {
 	// Threads is the number of worker threads; <= 0 means all cores.
 	Threads int
 	// DequantizeWeights makes the CPU backend dequantize every quantized
-	// weight (docs/QUANT.md) to float32 at load, as before packed weights:
-	// 32 bits per weight in memory instead of about bits + 16/group_size
+	// weight (docs/QUANT.md) to float32 at load: 32 bits per weight in
+	// memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
 	// linear weights stay packed (runtime/qlinear.go): prefill dequantizes
 	// tiles inside each matmul (bit-identical logits on one thread), decode
 	// runs a fused dequantize-and-dot GEMV (logits within 1e-5·max|logit|;
 	// docs/QUANT.md "Runtime"). The CUDA backend ignores it.
 	DequantizeWeights bool
+	// ConvertPerBlock makes the CPU backend keep the float weights of the
+	// decoder blocks' linear maps (q, k, v, o; gate, up, down of the MLP,
+	// the routed experts and the shared expert) in src's dtype, as src's
+	// tensors, and convert one block's to float32 at a time: at the start
+	// of that block in every Forward and ForwardHidden call, into one
+	// scratch buffer the size of the largest block. Memory is then src's
+	// data plus one block's float32 weights instead of every block's;
+	// every call pays one conversion of all block weights, which suits
+	// long prefill windows (calibration), not decode. Results are
+	// bit-identical to the default. Load still checks every value (shape,
+	// dtype, NaN/Inf). The tensors' data must stay valid until the model is
+	// closed (a safetensors.Checkpoint left open). The embedding, lm_head,
+	// norms, biases and routers are converted at load as by default;
+	// packed quantized weights stay packed. The CUDA backend ignores it.
+	ConvertPerBlock bool
 }
 
 // Backend loads models for one kind of device.

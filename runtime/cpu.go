@@ -75,6 +75,12 @@ type cpuModel struct {
 
 	// groupMask[layer][kv] silences GQA groups (headmask.go); nil: none.
 	groupMask [][]bool
+
+	// perBlock: the blocks' float linear weights are converted one block
+	// at a time (LoadOptions.ConvertPerBlock) into blockBuf [largest
+	// block's weights] (blockweights.go).
+	perBlock bool
+	blockBuf []float32
 }
 
 var _ Model = (*cpuModel)(nil)
@@ -83,7 +89,9 @@ var _ Model = (*cpuModel)(nil)
 // shapes and finiteness, and fuses q/k/v and gate/up into single matrices.
 // Quantized weights of the attention projections, MLPs, experts and
 // lm_head stay packed (qlinear.go) unless opt.DequantizeWeights; any other
-// quantized weight is dequantized (quantized.go).
+// quantized weight is dequantized (quantized.go). With
+// opt.ConvertPerBlock the decoder blocks' float linear weights stay src's
+// tensors and are converted when their block runs (blockweights.go).
 func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSource, opt LoadOptions) (Model, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
@@ -96,12 +104,21 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 	lin := func(cols int, names []string, rows []int) (linear, error) {
 		return loadLinear(d, src, raw, packed, cols, names, rows)
 	}
+	m.perBlock = opt.ConvertPerBlock
+	// blin loads a decoder block's linear weight: per block when asked
+	// and none of names is kept packed.
+	blin := func(cols int, names []string, rows []int) (linear, error) {
+		if m.perBlock && !anyPacked(d, packed, names) {
+			return loadBlockLinear(src, cols, names, rows)
+		}
+		return lin(cols, names, rows)
+	}
 	loadMLP := func(s *arch.MLP) (*cpuMLP, error) {
-		gu, err := lin(H, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize})
+		gu, err := blin(H, []string{s.Gate, s.Up}, []int{s.IntermediateSize, s.IntermediateSize})
 		if err != nil {
 			return nil, err
 		}
-		down, err := lin(s.IntermediateSize, []string{s.Down}, []int{H})
+		down, err := blin(s.IntermediateSize, []string{s.Down}, []int{H})
 		if err != nil {
 			return nil, err
 		}
@@ -143,7 +160,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 		if l.ffnNorm, err = loadF32(src, spec.FFNNorm, H); err != nil {
 			return nil, err
 		}
-		if l.wqkv, err = lin(H, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}); err != nil {
+		if l.wqkv, err = blin(H, []string{a.Q, a.K, a.V}, []int{l.qdim, l.kvdim, l.kvdim}); err != nil {
 			return nil, err
 		}
 		if a.QBias != "" || a.KBias != "" || a.VBias != "" {
@@ -161,7 +178,7 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 				off += n
 			}
 		}
-		if l.wo, err = lin(l.qdim, []string{a.O}, []int{H}); err != nil {
+		if l.wo, err = blin(l.qdim, []string{a.O}, []int{H}); err != nil {
 			return nil, err
 		}
 		if a.OBias != "" {
@@ -205,6 +222,11 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 				}
 			}
 			l.moe = e
+		}
+		if m.perBlock {
+			if err := m.checkBlock(l); err != nil {
+				return nil, err
+			}
 		}
 	}
 	m.pool = kernels.NewPool(opt.Threads)
@@ -452,8 +474,14 @@ func (m *cpuModel) Forward(ctx context.Context, tokens []int, cache KVCache, log
 		if m.obsBlock != nil {
 			m.obsBlock.BlockInput(li, pos, T, x)
 		}
+		if m.perBlock {
+			m.convertBlock(l)
+		}
 		m.attention(li, l, pos, T, cache, eps)
 		m.ffn(li, l, pos, T, eps)
+		if m.perBlock {
+			m.releaseBlock(l)
+		}
 		if m.obsBlock != nil {
 			m.obsBlock.BlockOutput(li, pos, T, x)
 		}

@@ -191,7 +191,8 @@ func TestSyntheticFamilies(t *testing.T) {
 }
 
 // TestBadWeights: NaN and Inf values, a missing tensor and a wrong shape
-// each fail Load with an error naming the tensor.
+// each fail Load with an error naming the tensor, by default and with
+// ConvertPerBlock.
 func TestBadWeights(t *testing.T) {
 	dir, _, _ := synthCheckpoint(t, baseConfig("LlamaForCausalLM"), 1, safetensors.F32)
 	ck, err := safetensors.OpenDir(dir)
@@ -269,13 +270,15 @@ func TestBadWeights(t *testing.T) {
 			}
 			defer ck.Close()
 			dd, _ := loadDescription(d2)
-			_, err = NewCPU().Load(context.Background(), dd, ck, LoadOptions{Threads: 1})
-			if err == nil || !errors.Is(err, ErrBadWeights) {
-				t.Fatalf("want ErrBadWeights, got %v", err)
-			}
-			for _, s := range c.want {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error %q does not mention %q", err, s)
+			for _, per := range []bool{false, true} {
+				_, err = NewCPU().Load(context.Background(), dd, ck, LoadOptions{Threads: 1, ConvertPerBlock: per})
+				if err == nil || !errors.Is(err, ErrBadWeights) {
+					t.Fatalf("ConvertPerBlock %v: want ErrBadWeights, got %v", per, err)
+				}
+				for _, s := range c.want {
+					if !strings.Contains(err.Error(), s) {
+						t.Errorf("ConvertPerBlock %v: error %q does not mention %q", per, err, s)
+					}
 				}
 			}
 		})

@@ -20,10 +20,11 @@
 // (calibration). Unused observers cost one nil check per layer.
 //
 // The package does not parse files: weights come from a TensorSource
-// (a safetensors checkpoint today) and the description from formats/arch.
-// Weights listed in the description's quantization block (docs/QUANT.md)
-// are read as packed codes with fp16 scales (ReadQuantized) and
-// dequantized to float32 once, at load: no quantized matmul kernel yet.
+// (a safetensors checkpoint or an lmpack artifact) and the description
+// from formats/arch. Weights listed in the description's quantization
+// block (docs/QUANT.md) are read as packed codes with fp16 scales
+// (ReadQuantized); the CPU backend keeps the linear ones packed unless
+// LoadOptions.DequantizeWeights.
 // HiddenForwarder runs the blocks on given hidden states (sequential
 // compression stages load one block at a time).
 package runtime

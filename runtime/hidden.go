@@ -46,8 +46,14 @@ func (m *cpuModel) ForwardHidden(ctx context.Context, x []float32, T int, cache 
 		if m.obsBlock != nil {
 			m.obsBlock.BlockInput(li, pos, T, s.x[:T*H])
 		}
+		if m.perBlock {
+			m.convertBlock(l)
+		}
 		m.attention(li, l, pos, T, cache, eps)
 		m.ffn(li, l, pos, T, eps)
+		if m.perBlock {
+			m.releaseBlock(l)
+		}
 		if m.obsBlock != nil {
 			m.obsBlock.BlockOutput(li, pos, T, s.x[:T*H])
 		}

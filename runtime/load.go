@@ -13,6 +13,26 @@ import (
 // want, and checks every value is finite. Errors wrap ErrBadWeights and
 // name the file, the tensor and what was expected.
 func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
+	t, err := floatTensor(src, name, want...)
+	if err != nil {
+		return nil, err
+	}
+	v, err := t.Float32()
+	if err != nil {
+		return nil, fmt.Errorf("runtime: %s: tensor %q: %w", t.File, name, err)
+	}
+	if err := checkFinite(t.File, name, v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// floatTensor returns tensor name of src after checking that it is present,
+// has shape want and a float dtype (F32, F16, BF16, F64, F8_E4M3,
+// F8_E5M2). Errors wrap ErrBadWeights (safetensors.ErrMissingTensor too
+// for a missing tensor) and name the file, the tensor and what was
+// expected.
+func floatTensor(src TensorSource, name string, want ...int) (*safetensors.Tensor, error) {
 	t, err := src.Tensor(name)
 	if err != nil {
 		if errors.Is(err, safetensors.ErrMissingTensor) {
@@ -29,18 +49,21 @@ func loadF32(src TensorSource, name string, want ...int) ([]float32, error) {
 		return nil, fmt.Errorf("runtime: %w: %s: tensor %q: dtype %s, want a float dtype (F32, F16, BF16, F64, F8_E4M3, F8_E5M2); pre-quantized integer weights are not supported",
 			ErrBadWeights, t.File, name, t.DType)
 	}
-	v, err := t.Float32()
-	if err != nil {
-		return nil, fmt.Errorf("runtime: %s: tensor %q: %w", t.File, name, err)
-	}
+	return t, nil
+}
+
+// checkFinite returns an error wrapping ErrBadWeights, naming the file,
+// the tensor name and the element, when v (the tensor's values) holds a NaN
+// or ±Inf.
+func checkFinite(file, name string, v []float32) error {
 	if i := firstNonFinite(v); i >= 0 {
 		what := "NaN"
 		if math.IsInf(float64(v[i]), 0) {
 			what = "Inf"
 		}
-		return nil, fmt.Errorf("runtime: %w: %s: tensor %q: element %d is %s (checked at load)", ErrBadWeights, t.File, name, i, what)
+		return fmt.Errorf("runtime: %w: %s: tensor %q: element %d is %s (checked at load)", ErrBadWeights, file, name, i, what)
 	}
-	return v, nil
+	return nil
 }
 
 // firstNonFinite returns the index of the first NaN or ±Inf, or -1.

@@ -46,10 +46,14 @@ import (
 // to about 1e-6 of max|logit| (tests: qlinear_ext_test.go).
 
 // linear is the weight W [n, k] of one linear map y = x·Wᵀ: a float32
-// matrix f, or packed rows p. Exactly one is set.
+// matrix f, or packed rows p. Exactly one is set, except for a weight of
+// a decoder block loaded with LoadOptions.ConvertPerBlock: parts holds
+// its row-stacked source tensors and f is set only while its block runs
+// (blockweights.go).
 type linear struct {
-	f []float32
-	p *packedLinear
+	f     []float32
+	p     *packedLinear
+	parts []*safetensors.Tensor
 }
 
 // packedLinear is W [n, k] as row-stacked segments (q, k and v, or gate
@@ -84,8 +88,16 @@ type qseg struct {
 }
 
 // bytes returns the resident bytes of w: packed codes, scales, zero-points
-// and permutations, and 4 bytes per element of float rows.
+// and permutations, 4 bytes per element of float rows, and the source
+// tensors' data bytes of a weight converted per block.
 func (w *linear) bytes() int64 {
+	if w.parts != nil {
+		var b int64
+		for _, t := range w.parts {
+			b += int64(len(t.Data))
+		}
+		return b
+	}
 	if w.p == nil {
 		return 4 * int64(len(w.f))
 	}
@@ -107,15 +119,7 @@ func (w *linear) bytes() int64 {
 // concatenation read through src. Errors wrap ErrBadWeights and name the
 // tensor.
 func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols int, names []string, rows []int) (linear, error) {
-	anyQ := false
-	if packed && d.Quant != nil {
-		for _, n := range names {
-			if _, ok := d.Quant.Tensors[n]; ok {
-				anyQ = true
-			}
-		}
-	}
-	if !anyQ {
+	if !anyPacked(d, packed, names) {
 		f, err := loadConcat(src, cols, names, rows)
 		return linear{f: f}, err
 	}
@@ -147,6 +151,20 @@ func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols in
 	}
 	p.setFused()
 	return linear{p: p}, nil
+}
+
+// anyPacked reports whether loadLinear keeps at least one of names packed:
+// packed is set and d quantizes one of them.
+func anyPacked(d *arch.Description, packed bool, names []string) bool {
+	if !packed || d.Quant == nil {
+		return false
+	}
+	for _, n := range names {
+		if _, ok := d.Quant.Tensors[n]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // qTileBytes is the float32 bytes of W one dequantized tile aims at: it
@@ -477,7 +495,8 @@ func unpackCodes(dst []uint8, src []byte, bits int) {
 // LinearWeightBytes returns the bytes that the linear weights of a CPU
 // model (attention q/k/v/o, MLP and expert gate/up/down, and lm_head when
 // untied from the embedding) take in memory: 4 per element for float32
-// weights, and for packed quantized weights their packed codes, F16
+// weights, the source tensors' bytes for weights converted per block
+// (LoadOptions.ConvertPerBlock), and for packed quantized weights their packed codes, F16
 // scales and zero-points and int32 permutations (weights.Quantized.Bytes).
 // It returns -1 for a model of another backend.
 func LinearWeightBytes(m Model) int64 {

@@ -34,7 +34,7 @@ similarity of every pair of block inputs (lorp.similarity), which
 "lmpack prune" uses to choose layers; the mean squared attention output of
 every (layer, KV group) (heads.layers.N.proxy, the --head-method proxy
 score); and the token ids (calibration.tokens), which prune reruns for
-Putri's masked-perplexity head scores and FFN statistics. Memory does not grow with --tokens.
+Putri's masked-perplexity head scores and FFN statistics. Memory does not grow with --tokens; the weights stay mapped in the checkpoint's dtype and are converted to float32 one decoder block at a time.
 
 For a mixture-of-experts model it also collects per-expert routing counts
 and gate/up and down_proj input Hessians (experts.layers.N.*), one more pass

@@ -20,8 +20,8 @@
 // (GPT-2, and the cl100k family with \p{N}, \p{N}{1,n} or \p{N}+) are
 // recognised by their text and run by a hand-written scanner that gives the
 // same matches as regexp2 (checked on WikiText, TinyStories, random strings
-// of tricky characters and by FuzzWordFinder) 3–5× faster (see
-// BenchmarkEncodeWikiTextQwen3Regexp2).
+// of tricky characters and by FuzzWordFinder), faster
+// (BenchmarkEncodeWikiTextQwen3Regexp2 compares the two).
 //
 // Semantics follow the Rust reference implementation (huggingface/tokenizers):
 // added tokens are cut out first (leftmost, then longest; single_word,
@@ -49,7 +49,7 @@
 // attention masks, truncation and padding (those tokenizer.json sections are
 // ignored); chat templates.
 //
-// Round trip. Decode(Encode(x, true), skipSpecial) == x was checked on every
+// Round trip. Decode(Encode(x, true), skipSpecial) == x is tested on every
 // line of TinyStories and WikiText-2, the TinyStories file as one string,
 // and the Qwen3 reference strings, and is fuzzed (FuzzEncode). It holds:
 //
@@ -83,12 +83,8 @@
 //
 // A Tokenizer is safe for concurrent use; a StreamDecoder is not.
 //
-// Measured on the 2-core development machine (AMD EPYC, shared): encode of
-// the 794 KB TinyStories file as one string with stories260K 0.19 s
-// (4.2 MB/s, 2.1 M tokens/s); Qwen3 encode of 256 KiB of WikiText 16 MB/s
-// (3.7 M tokens/s) with a warm word cache, 8–10 MB/s cold; Qwen3 decode
-// about 95 MB/s; loading the 11 MB Qwen3 tokenizer.json.gz 0.6 s. See
-// bench_test.go.
+// Encode (warm and cold word cache), decode and load speeds are measured by
+// the benchmarks of bench_test.go.
 //
 // References: Sennrich, Haddow, Birch, "Neural Machine Translation of Rare
 // Words with Subword Units" (ACL 2016) for BPE; Radford et al., "Language

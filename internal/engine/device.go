@@ -51,6 +51,11 @@ func PickBackend(device string, logger *slog.Logger) (runtime.Backend, error) {
 // also falls back to the CPU under "auto". Errors: PickBackend's, the
 // backend's Load errors.
 func loadModel(ctx context.Context, device string, logger *slog.Logger, d *arch.Description, src runtime.TensorSource, threads int, blocker string) (runtime.Backend, runtime.Model, error) {
+	return loadModelOpts(ctx, device, logger, d, src, runtime.LoadOptions{Threads: threads}, blocker)
+}
+
+// loadModelOpts is loadModel with the backend's load options lo.
+func loadModelOpts(ctx context.Context, device string, logger *slog.Logger, d *arch.Description, src runtime.TensorSource, lo runtime.LoadOptions, blocker string) (runtime.Backend, runtime.Model, error) {
 	be, err := PickBackend(device, logger)
 	if err != nil {
 		return nil, nil, err
@@ -60,7 +65,7 @@ func loadModel(ctx context.Context, device string, logger *slog.Logger, d *arch.
 			logger.Info("the CUDA backend cannot run this model, running on the CPU", "device", "cpu", "reason", reason)
 		}
 		be := runtime.NewCPU()
-		m, err := be.Load(ctx, d, src, runtime.LoadOptions{Threads: threads})
+		m, err := be.Load(ctx, d, src, lo)
 		return be, m, err
 	}
 	if be.Name() == "cuda" && blocker != "" {
@@ -69,7 +74,7 @@ func loadModel(ctx context.Context, device string, logger *slog.Logger, d *arch.
 		}
 		return cpu(blocker)
 	}
-	m, err := be.Load(ctx, d, src, runtime.LoadOptions{Threads: threads})
+	m, err := be.Load(ctx, d, src, lo)
 	if err != nil && be.Name() == "cuda" && device == "auto" && errors.Is(err, cuda.ErrUnsupported) {
 		return cpu(err.Error())
 	}

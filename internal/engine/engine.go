@@ -42,6 +42,12 @@ type Options struct {
 	// that need the checkpoint leave it false and get an error naming the
 	// artifact.
 	Artifacts bool
+	// ConvertPerBlock loads a checkpoint's decoder-block weights with
+	// runtime.LoadOptions.ConvertPerBlock (CPU backend): memory holds the
+	// mapped checkpoint and one block's float32 weights, and every Forward
+	// converts the blocks' weights again (for prefill-only work such as
+	// calibration).
+	ConvertPerBlock bool
 }
 
 // Engine is an opened model: its description, checkpoint (or artifact),
@@ -154,7 +160,7 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", dir, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
-	be, m, err := loadModel(ctx, opt.Device, opt.Logger, d, ck, opt.Threads, "")
+	be, m, err := loadModelOpts(ctx, opt.Device, opt.Logger, d, ck, runtime.LoadOptions{Threads: opt.Threads, ConvertPerBlock: opt.ConvertPerBlock}, "")
 	if err != nil {
 		ck.Close()
 		return nil, err

@@ -3,7 +3,7 @@
 // hidden states and turns it into a serialisable [Plan] naming the decoder
 // blocks to remove.
 //
-// Methods (../shared/docs/METHODS.md §5):
+// Methods (docs/METHODS.md §5):
 //
 //   - LoRP, Locality-Aware Redundancy Pruning (arXiv 2605.27786): the
 //     Representation Locality Score RLS = −log2(mean_{i<j} S_ij) picks a number

@@ -7,7 +7,7 @@ import (
 )
 
 // RLS returns the Representation Locality Score of an L×L row-major
-// similarity matrix (LoRP, arXiv 2605.27786, eq. 5–6; METHODS.md §5):
+// similarity matrix (LoRP, arXiv 2605.27786, eq. 5–6; docs/METHODS.md §5):
 //
 //	RLS = −log2( mean_{i<j} S_ij )
 //
@@ -35,7 +35,7 @@ func RLS(S []float64, L int) (float64, error) {
 }
 
 // ClustersForRLS maps an RLS value to LoRP's number of clusters K
-// (paper §5.1, METHODS.md §5): RLS >= 1.0 → 2; 0.7 <= RLS < 1.0 → 3;
+// (paper §5.1, docs/METHODS.md §5): RLS >= 1.0 → 2; 0.7 <= RLS < 1.0 → 3;
 // RLS < 0.7 → 4.
 func ClustersForRLS(rls float64) int {
 	switch {
@@ -56,7 +56,7 @@ type LoRPOptions struct {
 }
 
 // LoRP selects n of the L decoder blocks to remove with Locality-Aware
-// Redundancy Pruning (arXiv 2605.27786; METHODS.md §5), with default options.
+// Redundancy Pruning (arXiv 2605.27786; docs/METHODS.md §5), with default options.
 // See [LoRPWithOptions].
 func LoRP(S []float64, L, n int) (*Plan, error) {
 	return LoRPWithOptions(S, L, n, LoRPOptions{})

@@ -7,7 +7,7 @@ import (
 
 // BlockInfluence returns ShortGPT's Block Influence (Men et al., "ShortGPT:
 // Layers in Large Language Models are More Redundant Than You Expect",
-// arXiv 2403.03853, eq. 1; METHODS.md §5) from an m×m row-major similarity
+// arXiv 2403.03853, eq. 1; docs/METHODS.md §5) from an m×m row-major similarity
 // matrix of consecutive hidden states:
 //
 //	BI_i = 1 − S_{i,i+1} = 1 − mean_t cos(x_i(t), x_{i+1}(t)),  i = 0..m−2

@@ -9,7 +9,7 @@ import (
 
 // SimilarityAcc accumulates, over calibration tokens, the L×L matrix of mean
 // cosine similarities between the input hidden states of the L decoder blocks
-// (LoRP eq. 3–4, METHODS.md §5):
+// (LoRP eq. 3–4, docs/METHODS.md §5):
 //
 //	S_ij = (1/T) Σ_t cos(h_i(t), h_j(t)),   h_i(t) ∈ R^hidden, float32
 //

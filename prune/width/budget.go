@@ -7,7 +7,7 @@ import (
 
 // AttentionUnits returns the number of attention units to remove at global
 // sparsity s (2SSP's balance rule, arXiv 2501.17771, used by Putri,
-// METHODS §6):
+// docs/METHODS.md §6):
 //
 //	n_attn = round(L · s^((pMLP/pAttn)/1.5))
 //
@@ -31,7 +31,7 @@ func AttentionUnits(L int, s float64, pMLP, pAttn float64) (int, error) {
 }
 
 // FFNKeep returns how many of the F intermediate nodes every FFN keeps so that
-// the FFNs remove the rest of the parameter budget evenly (METHODS §6):
+// the FFNs remove the rest of the parameter budget evenly (docs/METHODS.md §6):
 //
 //	total  = s · L · (pAttn + 3·D·F)            parameters to remove
 //	perFFN = (total − nAttn · pAttn) / L        parameters each FFN removes

@@ -5,7 +5,7 @@
 //
 // Sources:
 //   - Putri — Prune, Update and Trim (arXiv 2605.18331), FFN stage and the
-//     budget split; ../shared/docs/METHODS.md §6.
+//     budget split; docs/METHODS.md §6.
 //   - 2SSP, two-stage structured pruning (arXiv 2501.17771), which Putri
 //     builds on: n_attn = round(L · s^((P_mlp/P_attn)/1.5)).
 //

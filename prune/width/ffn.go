@@ -22,7 +22,7 @@ const DefaultDamping = 0.01
 // ErrDamping: a damping that is negative, NaN or infinite.
 var ErrDamping = errors.New("width: invalid damping")
 
-// Scores returns Putri's FFN node scores (METHODS §6; arXiv 2605.18331):
+// Scores returns Putri's FFN node scores (docs/METHODS.md §6; arXiv 2605.18331):
 //
 //	score_c = Σ_r e_r · W[r,c]² / ([(H + λI)⁻¹]_cc)²,  λ = damp · mean(diag H)
 //
@@ -119,7 +119,7 @@ func TopK(scores []float64, keep int) ([]int, error) {
 }
 
 // RefitDown returns the least-squares down_proj for the kept nodes
-// (METHODS §6, Putri's "update" step):
+// (docs/METHODS.md §6, Putri's "update" step):
 //
 //	W' = ((X_pᵀX_p + λI)⁻¹ X_pᵀ Y)ᵀ,  λ = damp · mean(diag X_pᵀX_p)
 //

@@ -29,7 +29,7 @@ var (
 )
 
 // FFNStats accumulates, in float64, the statistics of one FFN's down_proj
-// that Putri's FFN stage needs (METHODS §6):
+// that Putri's FFN stage needs (docs/METHODS.md §6):
 //
 //	H   = XᵀX           [F, F]  (sum over tokens, not divided by n)
 //	XᵀY                 [F, D]  (sum over tokens)

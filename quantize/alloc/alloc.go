@@ -32,7 +32,7 @@ var (
 // storage of the whole item under this option in bits, codes plus scales and
 // zero-points (see TensorCost). Error is the predicted output error of the
 // item under this option (any non-negative unit, the same for all items,
-// e.g. GEMQ's c[l,e,b] of METHODS §4 step 2).
+// e.g. GEMQ's c[l,e,b] of docs/METHODS.md §4 step 2).
 type Option struct {
 	Bits  float64 `json:"bits"`
 	Group int     `json:"group_size"`
@@ -85,7 +85,7 @@ func (p *Plan) BitsPerWeight(params []int64) float64 {
 
 // BudgetForBPW returns the budget in bits for a target of bpw bits per
 // weight over tensors of params[i] weights: ⌊bpw · Σ params⌋. The target
-// counts scales and zero-points (METHODS §7), as TensorCost does. It returns
+// counts scales and zero-points (docs/METHODS.md §7), as TensorCost does. It returns
 // -1 (which the solvers reject with ErrInvalid) when bpw is NaN, infinite or
 // negative, a params entry is negative, or the result overflows int64.
 func BudgetForBPW(params []int64, bpw float64) int64 {

@@ -1,13 +1,13 @@
 // Package alloc chooses a bit width per item under a global bit budget: the
 // multiple-choice knapsack behind GEMQ's expert-level mixed precision for
-// MoE models (arXiv 2605.23078; shared docs METHODS.md §4 step 3) and,
+// MoE models (arXiv 2605.23078; docs/METHODS.md §4 step 3) and,
 // over per-tensor (bits, group size) options, the bits-per-weight
 // allocation of dense models (the idea of exllamav2's measurement-driven
 // allocation, solved exactly here instead of annealed).
 //
 // Problem. Items i (an (layer, expert) pair, or a tensor) each have options
 // o with an integer cost c[i][o] in bits (codes plus fp16 scales and
-// zero-points, see TensorCost; METHODS §7: bits per weight count scales)
+// zero-points, see TensorCost; docs/METHODS.md §7: bits per weight count scales)
 // and a predicted error e[i][o] ≥ 0. Choose one option per item to minimise
 // Σ e subject to Σ c ≤ budget, optionally with GEMQ's per-group rule: in
 // every group (layer), at least one item at the group's highest width and

@@ -11,7 +11,7 @@ const DefaultMaxTableBytes = 1 << 30
 
 // DPOptions configures SolveDP.
 type DPOptions struct {
-	// GroupRule turns on GEMQ's per-group rule (METHODS §4 step 3): in
+	// GroupRule turns on GEMQ's per-group rule (docs/METHODS.md §4 step 3): in
 	// every group of items with Group ≥ 0, at least one item takes an
 	// option with the group's highest Bits and another the second-highest.
 	GroupRule bool
@@ -33,7 +33,7 @@ type DPOptions struct {
 // min Σ_i Error[i][Choice[i]] s.t. Σ_i Cost[i][Choice[i]] ≤ budget (bits),
 // one option per item, optionally under the per-group rule
 // (opt.GroupRule), by dynamic programming over the integer budget (GEMQ,
-// arXiv 2605.23078, allocation step = METHODS §4 step 3; for dense models the
+// arXiv 2605.23078, allocation step = docs/METHODS.md §4 step 3; for dense models the
 // exllamav2 per-tensor (bits, group) search, solved exactly).
 //
 // Costs are first reduced by each item's cheapest option and divided by

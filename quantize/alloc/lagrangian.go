@@ -21,7 +21,7 @@ type LagrangianOptions struct {
 // SolveLagrangian returns a feasible plan for the same problem as SolveDP
 // in O(items × options × iterations) time and O(items × options) memory,
 // for instances too large for the DP table (GEMQ, arXiv 2605.23078,
-// METHODS §4 step 3, "Lagrangian relaxation with bisection on λ").
+// docs/METHODS.md §4 step 3, "Lagrangian relaxation with bisection on λ").
 //
 // For λ ≥ 0 every item independently takes the option minimising
 // Error + λ·Cost (λ in error per bit); λ is bisected (geometric bracket,

@@ -28,7 +28,7 @@ const (
 // AllocOptions configures Allocate.
 type AllocOptions struct {
 	// Rule requires, in every layer, at least one expert at the highest
-	// width and another at the second-highest (METHODS §4 step 3).
+	// width and another at the second-highest (docs/METHODS.md §4 step 3).
 	Rule bool
 	// Solver is SolverDP (default when empty) or SolverLagrangian.
 	Solver Solver
@@ -160,7 +160,7 @@ func rowPadded(rows, cols int64, b, group int) int64 {
 }
 
 // Allocate chooses a width for every expert of c minimising Σ c[l,e,b]
-// subject to Σ cost ≤ ⌊budget · Σ params⌋ bits (GEMQ, METHODS §4 step
+// subject to Σ cost ≤ ⌊budget · Σ params⌋ bits (GEMQ, docs/METHODS.md §4 step
 // 3). Experts never routed during calibration get a warning; their
 // coefficients are those of Options.MinTokens's fallback (or 0, and then
 // they take the cheapest width). Errors: invalid coefficients (Items); a

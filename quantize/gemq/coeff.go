@@ -13,7 +13,7 @@ import (
 )
 
 // Weighting selects the forward-only weighting that replaces GEMQ's
-// squared loss gradient (METHODS §4 step 2). With p_e(t) the router's
+// squared loss gradient (docs/METHODS.md §4 step 2). With p_e(t) the router's
 // softmax probability of expert e for token t (over all E experts),
 // g_e(t) its routing weight (p_e(t) when e is in t's top-k, renormalised
 // over the top-k when the model does so; 0 otherwise) and
@@ -33,7 +33,7 @@ import (
 //
 //	WeightKL:     c[l,e,b] = (1/N) Σ_t KL(P_t ‖ Q_t^(l,e,b))
 //
-// is the "KL divergence of the final logits" fallback of METHODS §4: P_t
+// is the "KL divergence of the final logits" fallback of docs/METHODS.md §4: P_t
 // is the float model's next-token distribution at calibration position t
 // and Q_t that of the model with only expert e of layer l quantized at b
 // bits (nats). It accounts for how an error propagates through the later
@@ -70,7 +70,7 @@ type Options struct {
 	// <= 0 means all cores.
 	Threads int
 	// Quantizer quantizes one weight matrix; nil means RTN(0) (per output
-	// channel, asymmetric min-max, METHODS §4 step 2).
+	// channel, asymmetric min-max, docs/METHODS.md §4 step 2).
 	Quantizer Quantizer
 	// MinTokens is the fallback threshold under WeightRouted: an expert
 	// routed fewer tokens (in particular one never routed) gets its

@@ -13,7 +13,7 @@ import (
 // It must not modify w.
 type Quantizer func(w []float32, rows, cols, bits int) ([]float32, error)
 
-// RTN returns the Quantizer of METHODS §4 step 2: round-to-nearest on an
+// RTN returns the Quantizer of docs/METHODS.md §4 step 2: round-to-nearest on an
 // asymmetric grid with fp16 scale and zero-point per group of group input
 // columns (0: one group per output channel), via weights.QuantizeRTN: a
 // min-max grid for bits 2, 3, 4 and 8, and at 1 bit the two levels μ ± α
@@ -118,7 +118,7 @@ func FakeQuantize(x *Expert, bits int, q Quantizer) (Expert, error) {
 	return out, nil
 }
 
-// GPTQExpert returns a copy of x quantized at bits with GPTQ (METHODS §4
+// GPTQExpert returns a copy of x quantized at bits with GPTQ (docs/METHODS.md §4
 // step 4 and §7; weights.QuantizeGPTQ, asymmetric, groups of group input
 // columns, 0 per output channel, default damping) and dequantized back to
 // float32 (at 1 bit with weights' 1-bit grid): gate_proj and up_proj with

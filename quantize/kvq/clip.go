@@ -4,7 +4,7 @@ import "math"
 
 // Clip clamps x in place to [−τ, τ] with τ = sorted(|x|)[⌊ratio·len(x)⌋]
 // (the index clamped to [0, len(x)−1]) and returns τ; OSCAR's per-row
-// clipping after the rotation (METHODS §1; published ratios 0.96 for keys,
+// clipping after the rotation (docs/METHODS.md §1; published ratios 0.96 for keys,
 // 0.92 for values). ratio ≥ 1 − 1/len(x) leaves x unchanged (τ = max|x|).
 // NaN elements count as +Inf for τ and are left as they are. An empty x
 // returns 0. It does not allocate for len(x) ≤ 512.

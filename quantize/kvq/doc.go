@@ -7,7 +7,7 @@
 // It works on slices only: no files, no model, no cache bookkeeping. The
 // caches that store tokens with these quantizers live in runtime/kvcache;
 // the OSCAR calibration that computes rotations lives in quantize/oscar.
-// The methods are specified in docs/METHODS.md §1–3 of the shared docs.
+// The methods are specified in docs/METHODS.md §1–3.
 //
 // Code packing: b-bit codes are packed LSB first within a byte, 8/b codes
 // per byte (2-bit: 4, 4-bit: 2, 8-bit: 1); element i of a row sits in byte

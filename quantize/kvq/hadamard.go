@@ -99,7 +99,7 @@ func HadamardMatrix(d int) []float64 {
 
 // BitReversal returns the bit-reversal permutation of size d: perm[i] is i
 // with its log2(d) low bits reversed (d = 8: [0 4 2 6 1 5 3 7]). It is an
-// involution (perm[perm[i]] = i). OSCAR (METHODS §1) places the i-th
+// involution (perm[perm[i]] = i). OSCAR (docs/METHODS.md §1) places the i-th
 // largest eigen-direction at position perm[i]. It panics unless d is a
 // power of two.
 func BitReversal(d int) []int {

@@ -39,7 +39,7 @@ func AbsMax(x []float32) float32 {
 }
 
 // AsymParams returns the asymmetric min-max parameters for values in
-// [lo, hi] at the given width (METHODS §1): scale = (hi−lo)/(2^bits−1),
+// [lo, hi] at the given width (docs/METHODS.md §1): scale = (hi−lo)/(2^bits−1),
 // zero = −lo/scale, so that code = floor(x/scale + zero + 0.5) ∈
 // [0, 2^bits−1] and x̂ = (code − zero)·scale. When hi == lo (or the range
 // is too small for 1/scale to be finite) the row is constant: scale = |lo|,

@@ -4,7 +4,7 @@
 // al., "GPTQ: Accurate Post-Training Quantization for Generative
 // Pre-trained Transformers", arXiv 2210.17323), which uses the layer's
 // input Hessian H = (2/N)·Σ x xᵀ to feed each column's rounding error into
-// the columns not yet quantized. Shared docs METHODS.md §7 give the
+// the columns not yet quantized. docs/METHODS.md §7 gives the
 // defaults (damp 0.01·mean diag, groups 32/64/128 or per-channel).
 //
 // Inputs are float32 [out, in] row-major weights and, for GPTQ, a Hessian

@@ -168,7 +168,7 @@ type GPTQOptions struct {
 
 // QuantizeGPTQ quantizes w, [rows, cols] float32 row-major (Linear weight
 // [out, in]), with GPTQ (Frantar et al., arXiv 2210.17323, Algorithm 1;
-// METHODS.md §7) on the grid of opt.Options, using the input Hessian h of
+// docs/METHODS.md §7) on the grid of opt.Options, using the input Hessian h of
 // width cols. Steps:
 //
 //  1. Dead inputs (H_ii = 0): H_ii = 1 and w[:, i] = 0, as in the

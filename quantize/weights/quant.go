@@ -24,7 +24,7 @@ var (
 	ErrNotPositiveDefinite = errors.New("weights: Hessian not positive definite")
 )
 
-// Options selects the quantization grid (METHODS.md §7).
+// Options selects the quantization grid (docs/METHODS.md §7).
 type Options struct {
 	// Bits is the code width: 1 (asymmetric only, see binaryGrid), 2, 3,
 	// 4 or 8.
@@ -313,7 +313,7 @@ func (q *Quantized) setGrid(r, g int, gr grid) {
 }
 
 // QuantizeRTN quantizes w, [rows, cols] float32 row-major (a Linear weight
-// [out, in]), by round-to-nearest on a per-group min-max grid (METHODS.md
+// [out, in]), by round-to-nearest on a per-group min-max grid (docs/METHODS.md
 // §7): for each row and each group of opt.GroupSize consecutive columns,
 // asymmetric scale = (max−min)/(2^bits−1) and zero = round(−min/scale)
 // with the range extended to include 0, or symmetric scale =

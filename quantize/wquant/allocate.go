@@ -11,7 +11,7 @@ import (
 )
 
 // allocate is the measurement pass of TargetBPW (the exllamav2 idea,
-// with GEMQ's block-output error, METHODS.md §4 step 2): block by block
+// with GEMQ's block-output error, docs/METHODS.md §4 step 2): block by block
 // on the full-precision model's hidden states of the first MeasureTokens
 // calibration tokens, every target is quantized alone with every choice
 // (GPTQ with the block's Hessians when the method is gptq), the block is

@@ -96,7 +96,7 @@ type Options struct {
 	// when empty, gemq.WeightSoft, gemq.WeightKL).
 	MoEWeighting gemq.Weighting
 	// MoERule requires, in every MoE layer, one expert at 4 bits and
-	// another at 3 (GEMQ's per-layer rule, METHODS §4 step 3).
+	// another at 3 (GEMQ's per-layer rule, docs/METHODS.md §4 step 3).
 	MoERule bool
 	// MoESolver is gemq.SolverDP (when empty) or gemq.SolverLagrangian.
 	MoESolver gemq.Solver

@@ -15,7 +15,7 @@ import (
 type CacheOptions struct {
 	// Method is "fp16" (every token binary16) or "oscar2" (fp16 sink and
 	// recent window, INT2 rotated and clipped rows otherwise; kvcache's
-	// oscar2 method, METHODS §1).
+	// oscar2 method, docs/METHODS.md §1).
 	Method string
 	// Sink and Recent are the fp16 windows of oscar2 in tokens (kvcache
 	// Options; OSCAR publishes 64 and 256).

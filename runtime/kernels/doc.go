@@ -55,8 +55,8 @@
 //     x rows over each block, so the four current x rows stay in L1 and the
 //     w block in L2; k longer than 768 is cut into slices whose partial sums
 //     accumulate in y. Edge columns reuse the GEMV kernel with x and w
-//     swapped, edge rows run as GEMVs. About 90 GFLOP/s on one Zen 3 core
-//     (k = 512), close to the FMA peak.
+//     swapped, edge rows run as GEMVs. BenchmarkMatMulNT reports its
+//     GFLOP/s.
 //   - MatMulNN (P·V): a 6×16 broadcast-FMA micro-kernel (twelve
 //     accumulators; per k one row of w is two loads, each x element one
 //     broadcast), plus a one-row kernel with masked column tails.
@@ -73,18 +73,16 @@
 // # Parallelism
 //
 // Pool splits work across threads with no allocation per call. Workers
-// spin briefly between jobs (a handoff costs about 0.15 µs on two cores),
-// then park; the submitter parks too if the workers are slow, so the pool
+// spin briefly between jobs (BenchmarkPoolRun measures a handoff), then
+// park; the submitter parks too if the workers are slow, so the pool
 // degrades gracefully when other processes hold the cores. Its MatMulNT splits decode GEMVs over the rows of w (each
 // thread streams its own part of the weights) and prefill GEMMs over column
 // tiles or, for narrow products, over rows. Prefill scales almost linearly
-// with threads; decode stops scaling once DRAM bandwidth is saturated (on
-// the development machine two cores stream about 40 GB/s against 32 GB/s
-// for one).
+// with threads; decode stops scaling once DRAM bandwidth is saturated.
 //
 // # Not done
 //
 // Products with 2 or 3 rows run as separate GEMVs, each streaming w again.
 // There is no AVX-512 or arm64 NEON path; those machines use the portable
-// Go code (5–8 GFLOP/s).
+// Go code.
 package kernels

@@ -63,7 +63,7 @@ func to32(x []float64) []float32 {
 	return out
 }
 
-// oscarRotation builds OSCAR's shipped composition R = U·H·P_br (METHODS
+// oscarRotation builds OSCAR's shipped composition R = U·H·P_br (docs/METHODS.md
 // §1) for a covariance whose eigenvectors are the rows of q (eigenvalues
 // descending in q's row order): U has those eigenvectors as columns.
 func oscarRotation(q []float64, d int) []float32 {

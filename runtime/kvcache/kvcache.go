@@ -27,7 +27,7 @@ func LayersOf(d *arch.Description) []Layer {
 }
 
 // Rotations are OSCAR's calibrated per-layer rotations and clipping
-// ratios (METHODS §1), computed offline by quantize/oscar.
+// ratios (docs/METHODS.md §1), computed offline by quantize/oscar.
 type Rotations struct {
 	// K and V hold one orthogonal matrix R per layer, [head_dim*head_dim]
 	// row-major float32, shared by all KV heads of the layer: the cache
