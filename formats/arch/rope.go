@@ -27,17 +27,12 @@ type ropeDict struct {
 	origMax                  *int
 }
 
-// ropeKeys are the keys a RoPE object may hold for the types lmpack runs
-// (default, linear, llama3); any other key is refused by name.
-var ropeKeys = map[string]bool{
-	"rope_type": true, "type": true, "rope_theta": true, "factor": true, "low_freq_factor": true,
-	"high_freq_factor": true, "original_max_position_embeddings": true, "partial_rotary_factor": true,
-}
-
 // parseRopeDict reads the RoPE object raw found under key; nil when absent
-// or null. Errors: not an object; a per-layer-type object (keys
-// full_attention / sliding_attention); an unsupported rope_type (named
-// with its value) or a key lmpack does not implement.
+// or null. Accepted keys: rope_type, type, rope_theta, factor,
+// low_freq_factor, high_freq_factor, original_max_position_embeddings,
+// partial_rotary_factor. Errors: not an object; a per-layer-type object
+// (keys full_attention / sliding_attention); an unsupported rope_type
+// (named with its value); any other key (named with its value).
 func parseRopeDict(key string, raw json.RawMessage) (*ropeDict, error) {
 	if isNull(raw) {
 		return nil, nil
@@ -116,9 +111,9 @@ func parseRopeDict(key string, raw json.RawMessage) (*ropeDict, error) {
 				err = fmt.Errorf("%s.%s: want an integer, got %s", key, k, m[k])
 			}
 		default:
-			if !ropeKeys[k] {
-				return nil, fmt.Errorf("%s.%s (value %s) unsupported with rope_type %q: lmpack does not implement it", key, k, m[k], d.typ)
-			}
+			// Keys of the types lmpack does not run (attention_factor,
+			// beta_fast, mrope_section, short_factor, ...).
+			return nil, fmt.Errorf("%s.%s (value %s) unsupported with rope_type %q: lmpack does not implement it", key, k, m[k], d.typ)
 		}
 		if err != nil {
 			return nil, err
