@@ -62,8 +62,8 @@ func checkAgainstRef(t *testing.T, dir string, want *arch.Description, w map[str
 	return got
 }
 
-// windows sets each layer's sliding window of d (0: full attention).
-func windows(d *arch.Description, w ...int) *arch.Description {
+// withWindows sets each layer's sliding window of d (0: full attention).
+func withWindows(d *arch.Description, w ...int) *arch.Description {
 	for i := range d.Layers {
 		d.Layers[i].SlidingWindow = w[i]
 	}
@@ -167,7 +167,7 @@ func TestLayerTypesWindows(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir, d, w := synthCheckpoint(t, c.plain, uint64(500+i), safetensors.F32)
 			writeConfig(t, dir, c.cfg)
-			checkAgainstRef(t, dir, windows(d, c.windows...), w)
+			checkAgainstRef(t, dir, withWindows(d, c.windows...), w)
 		})
 	}
 }

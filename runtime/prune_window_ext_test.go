@@ -30,8 +30,8 @@ func TestDepthPrunedSlidingWindow(t *testing.T) {
 	}{
 		// Layers 2 and 3 slide; removing 1 shifts layer 2 below
 		// max_window_layers unless it is rewritten.
-		{"qwen2-max_window_layers", runtime.With(clone(qwen2), "max_window_layers", 2), 1, []int{0, 0, 4, 4}},
-		{"qwen2-layer_types", runtime.With(clone(qwen2), "layer_types", []string{"full_attention", "sliding_attention", "full_attention", "sliding_attention"}), 2, []int{0, 4, 0, 4}},
+		{"qwen2-max_window_layers", runtime.With(cloneConfig(qwen2), "max_window_layers", 2), 1, []int{0, 0, 4, 4}},
+		{"qwen2-layer_types", runtime.With(cloneConfig(qwen2), "layer_types", []string{"full_attention", "sliding_attention", "full_attention", "sliding_attention"}), 2, []int{0, 4, 0, 4}},
 		{"qwen2moe-even-layers", runtime.With(runtime.BaseConfig("Qwen2MoeForCausalLM"), "num_hidden_layers", 4, "use_sliding_window", true, "sliding_window", 4,
 			"max_window_layers", 4, "num_experts", 4, "num_experts_per_tok", 2, "moe_intermediate_size", 16, "shared_expert_intermediate_size", 24), 1, []int{4, 0, 4, 0}},
 	}
@@ -93,7 +93,7 @@ func TestDepthPrunedSlidingWindow(t *testing.T) {
 	}
 }
 
-func clone(m map[string]any) map[string]any {
+func cloneConfig(m map[string]any) map[string]any {
 	out := make(map[string]any, len(m))
 	for k, v := range m {
 		out[k] = v
