@@ -1,8 +1,6 @@
 package prune
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -51,13 +50,13 @@ type Sizes struct {
 //     everything else keeps its name; data and dtype are copied byte for
 //     byte, streamed by safetensors.WriteFile (one file, whatever the input
 //     sharding; no index file).
-//   - out/config.json is modelDir/config.json with num_hidden_layers set to
-//     len(plan.Kept()), per-layer lists of length L ("layer_types",
-//     "layer_configs") sliced to the kept layers, and "mlp_only_layers" (a
-//     list of layer indices) renumbered with removed layers dropped. Other
-//     fields are kept (keys are written sorted, numbers verbatim).
-//     Index-threshold fields such as Qwen2's max_window_layers or
-//     decoder_sparse_step are not adjusted.
+//   - out/config.json is modelDir/config.json rewritten by
+//     arch.RewriteConfig for the kept layers: num_hidden_layers set to
+//     len(plan.Kept()), per-layer lists (layer_types, layer_configs, ...)
+//     sliced, mlp_only_layers renumbered, max_window_layers and
+//     decoder_sparse_step rewritten (or layer_types written) so that every
+//     kept layer keeps its attention type and FFN kind; other fields are
+//     kept (keys sorted, numbers verbatim).
 //   - every other regular file of modelDir (tokenizer, generation config, …)
 //     is copied, except weight files (*.safetensors, *.bin, …) and
 //     model.safetensors.index.json; subdirectories are not copied.
@@ -67,8 +66,9 @@ type Sizes struct {
 // read. It returns the sizes before (all of ck) and after.
 //
 // Errors: ErrOutput when out is modelDir, lies inside it or exists;
-// ErrConfig when config.json is unreadable, not a JSON object, or its
-// num_hidden_layers differs from plan.Layers; a tensor naming a block
+// ErrConfig when config.json is unreadable, not a JSON object, its
+// num_hidden_layers differs from plan.Layers, or a kept layer could not
+// keep its attention type or FFN kind (arch.ErrRewrite); a tensor naming a block
 // index >= plan.Layers; I/O errors (wrapped, naming the file).
 func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, out, tiedLMHead string) (before, after Sizes, err error) {
 	if err := checkOut(modelDir, out); err != nil {
@@ -80,7 +80,7 @@ func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, o
 		newIndex[l] = i
 	}
 	cfgPath := filepath.Join(modelDir, "config.json")
-	cfg, err := prunedConfig(cfgPath, plan, kept, newIndex)
+	cfg, err := prunedConfig(cfgPath, plan, kept)
 	if err != nil {
 		return before, after, err
 	}
@@ -154,48 +154,24 @@ func writeDir(modelDir, out string, ts []safetensors.WriteTensor, cfg []byte) er
 	return nil
 }
 
-// prunedConfig returns config.json rewritten for the kept layers.
-func prunedConfig(path string, plan *depth.Plan, kept []int, newIndex map[int]int) ([]byte, error) {
-	cfg, target, err := readConfig(path)
+// prunedConfig returns config.json (at path) rewritten for the kept
+// layers (arch.RewriteConfig). Errors: ErrConfig naming path.
+func prunedConfig(path string, plan *depth.Plan, kept []int) ([]byte, error) {
+	return rewriteConfig(path, arch.ConfigEdit{Layers: plan.Layers, Keep: kept})
+}
+
+// rewriteConfig reads config.json at path and returns it with e applied
+// (arch.RewriteConfig). Errors: ErrConfig naming path.
+func rewriteConfig(path string, e arch.ConfigEdit) ([]byte, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	nl, ok := target["num_hidden_layers"].(json.Number)
-	if L, err := nl.Int64(); !ok || err != nil || int(L) != plan.Layers {
-		return nil, fmt.Errorf("%w: %s: num_hidden_layers %v, the plan is for %d layers", ErrConfig, path, target["num_hidden_layers"], plan.Layers)
-	}
-	target["num_hidden_layers"] = len(kept)
-	for _, key := range []string{"layer_types", "layer_configs"} {
-		if v, ok := target[key].([]any); ok {
-			if len(v) != plan.Layers {
-				return nil, fmt.Errorf("%w: %s: %q has %d entries, want num_hidden_layers %d", ErrConfig, path, key, len(v), plan.Layers)
-			}
-			nv := make([]any, len(kept))
-			for i, l := range kept {
-				nv[i] = v[l]
-			}
-			target[key] = nv
-		}
-	}
-	if v, ok := target["mlp_only_layers"].([]any); ok {
-		nv := []any{}
-		for _, x := range v {
-			n, ok := x.(json.Number)
-			l, err := n.Int64()
-			if !ok || err != nil {
-				return nil, fmt.Errorf("%w: %s: mlp_only_layers entry %v is not an integer", ErrConfig, path, x)
-			}
-			if ni, ok := newIndex[int(l)]; ok {
-				nv = append(nv, ni)
-			}
-		}
-		target["mlp_only_layers"] = nv
-	}
-	out, err := json.MarshalIndent(cfg, "", "  ")
+	out, err := arch.RewriteConfig(b, e)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
 	}
-	return append(out, '\n'), nil
+	return out, nil
 }
 
 // checkOut refuses an out that is modelDir, inside it, or already exists
@@ -213,27 +189,4 @@ func copySideFiles(src, dst string) error {
 		return fmt.Errorf("prune: %w", err)
 	}
 	return nil
-}
-
-// readConfig reads config.json at path as a JSON object with numbers kept
-// exact (json.Number) and returns it with the object holding the language
-// model's fields: cfg itself, or its "text_config" when a multimodal
-// config nests them there. Errors: ErrConfig naming path.
-func readConfig(path string) (cfg, target map[string]any, err error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&cfg); err != nil || cfg == nil {
-		return nil, nil, fmt.Errorf("%w: %s: not a JSON object (%v)", ErrConfig, path, err)
-	}
-	target = cfg
-	if tc, ok := cfg["text_config"].(map[string]any); ok {
-		if _, has := cfg["num_hidden_layers"]; !has {
-			target = tc
-		}
-	}
-	return cfg, target, nil
 }

@@ -11,8 +11,10 @@
 // calibration file, turns the "lorp" similarity statistic into a
 // depth.Plan (LoRP, ShortGPT or an explicit list) and [ApplyDepth] writes
 // the pruned checkpoint: the kept decoder blocks renumbered 0..L'−1 with
-// their tensors copied byte for byte, config.json with num_hidden_layers
-// (and the per-layer lists it knows) updated, and the tokenizer and other
+// their tensors copied byte for byte, config.json rewritten by
+// arch.RewriteConfig (num_hidden_layers, per-layer lists, layer indices and
+// max_window_layers / decoder_sparse_step, so every kept layer keeps its
+// attention type and FFN kind), and the tokenizer and other
 // side files copied. The result loads with stock Hugging Face loaders.
 // Works on dense and MoE models.
 //

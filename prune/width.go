@@ -2,7 +2,6 @@ package prune
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -220,23 +219,15 @@ func numElements(shape []int) int {
 	return n
 }
 
-// widthConfig returns config.json with a "layer_configs" list (one object
-// per layer: num_attention_heads, num_key_value_heads, intermediate_size);
-// the stock fields are left as they were. Stock loaders ignore
-// layer_configs and so cannot load the checkpoint.
+// widthConfig returns config.json (at path) with a "layer_configs" list
+// (one object per layer: num_attention_heads, num_key_value_heads,
+// intermediate_size; arch.RewriteConfig); the stock fields are left as
+// they were. Stock loaders ignore layer_configs and so cannot load the
+// checkpoint. Errors: ErrConfig naming path.
 func widthConfig(path string, sizes []LayerSize) ([]byte, error) {
-	cfg, target, err := readConfig(path)
-	if err != nil {
-		return nil, err
-	}
-	lcs := make([]any, len(sizes))
+	lcs := make([]arch.LayerConfig, len(sizes))
 	for i, s := range sizes {
-		lcs[i] = map[string]any{"num_attention_heads": s.NumAttentionHeads, "num_key_value_heads": s.NumKeyValueHeads, "intermediate_size": s.IntermediateSize}
+		lcs[i] = arch.LayerConfig{NumAttentionHeads: s.NumAttentionHeads, NumKeyValueHeads: s.NumKeyValueHeads, IntermediateSize: s.IntermediateSize}
 	}
-	target["layer_configs"] = lcs
-	out, err := json.MarshalIndent(cfg, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
-	}
-	return append(out, '\n'), nil
+	return rewriteConfig(path, arch.ConfigEdit{Layers: len(sizes), LayerConfigs: lcs})
 }

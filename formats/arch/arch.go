@@ -52,15 +52,17 @@ type Description struct {
 	Quant *Quantization
 }
 
-// RoPE is the rotary position embedding. Theta is rope_theta; Scaling is nil
+// RoPE is the rotary position embedding, applied to the whole head_dim.
+// Theta is rope_theta (top level or inside rope_parameters); Scaling is nil
 // for plain RoPE.
 type RoPE struct {
 	Theta   float64
 	Scaling *RoPEScaling
 }
 
-// RoPEScaling is config.json's rope_scaling. Type is "linear" (positions
-// divided by Factor) or "llama3" (frequency-dependent scaling, Llama 3.1).
+// RoPEScaling is config.json's rope_scaling (v4) or rope_parameters (v5).
+// Type is "linear" (positions divided by Factor) or "llama3"
+// (frequency-dependent scaling, Llama 3.1).
 type RoPEScaling struct {
 	Type                          string
 	Factor                        float64

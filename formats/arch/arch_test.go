@@ -73,7 +73,7 @@ func TestFamilies(t *testing.T) {
 				if a.QNorm != "model.layers.0.self_attn.q_norm.weight" || a.KNorm != "model.layers.0.self_attn.k_norm.weight" || a.QBias != "" {
 					t.Errorf("qwen3 attn: %+v", a)
 				}
-				if d.Layers[0].HeadDim != 16 || d.Layers[0].QDim() != 64 || d.RoPE.Theta != 1000000 {
+				if d.Layers[0].HeadDim != 16 || d.Layers[0].QDim() != 64 || d.RoPE.Theta != 10000 {
 					t.Errorf("qwen3 head_dim %d qdim %d theta %g", d.Layers[0].HeadDim, d.Layers[0].QDim(), d.RoPE.Theta)
 				}
 			}},

@@ -1,80 +1,81 @@
 package arch
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 )
 
-// baseConfig holds the config.json fields shared by the Llama family and
-// its descendants (Mistral, Qwen2/3, Mixtral, Qwen MoE).
-type baseConfig struct {
-	ModelType             string           `json:"model_type"`
-	HiddenSize            int              `json:"hidden_size"`
-	IntermediateSize      int              `json:"intermediate_size"`
-	NumHiddenLayers       int              `json:"num_hidden_layers"`
-	NumAttentionHeads     int              `json:"num_attention_heads"`
-	NumKeyValueHeads      *int             `json:"num_key_value_heads"`
-	HeadDim               *int             `json:"head_dim"`
-	VocabSize             int              `json:"vocab_size"`
-	MaxPositionEmbeddings int              `json:"max_position_embeddings"`
-	RMSNormEps            *float64         `json:"rms_norm_eps"`
-	RopeTheta             *float64         `json:"rope_theta"`
-	RopeScaling           *ropeScalingJSON `json:"rope_scaling"`
-	TieWordEmbeddings     *bool            `json:"tie_word_embeddings"`
-	BOSTokenID            *int             `json:"bos_token_id"`
-	EOSTokenID            json.RawMessage  `json:"eos_token_id"`
-	HiddenAct             string           `json:"hidden_act"`
-	AttentionBias         bool             `json:"attention_bias"`
-	MLPBias               bool             `json:"mlp_bias"`
-	SlidingWindow         *int             `json:"sliding_window"`
-	UseSlidingWindow      *bool            `json:"use_sliding_window"`
-	MaxWindowLayers       int              `json:"max_window_layers"`
+// This file holds the helpers the family adapters share. What differs
+// between families (defaults, biases, q/k norms, which layers slide, the
+// FFN) lives in the family's own file: llama.go, mistral.go, mixtral.go,
+// qwen2.go, qwen3.go, qwenmoe.go.
+
+// decoderConfig holds the config.json fields that every supported family
+// reads the same way. Each family's config struct embeds it and fills in
+// transformers' defaults (configuration_<family>.py) before decoding, so a
+// key absent from config.json keeps the family's default.
+type decoderConfig struct {
+	ModelType         string `json:"model_type"`
+	HiddenSize        int    `json:"hidden_size"`
+	IntermediateSize  int    `json:"intermediate_size"`
+	NumHiddenLayers   int    `json:"num_hidden_layers"`
+	NumAttentionHeads int    `json:"num_attention_heads"`
+	// NumKeyValueHeads: nil (absent without a family default, or null)
+	// means num_attention_heads.
+	NumKeyValueHeads *int `json:"num_key_value_heads"`
+	// HeadDim: nil or <= 0 means hidden_size / num_attention_heads.
+	HeadDim               *int            `json:"head_dim"`
+	VocabSize             int             `json:"vocab_size"`
+	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	RMSNormEps            float64         `json:"rms_norm_eps"`
+	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
+	BOSTokenID            *int            `json:"bos_token_id"`
+	EOSTokenID            json.RawMessage `json:"eos_token_id"`
+	HiddenAct             string          `json:"hidden_act"`
+	// LayerTypes is transformers' per-layer attention type
+	// ("full_attention" or "sliding_attention"); see layerTypes.
+	LayerTypes []string `json:"layer_types"`
 	// LayerConfigs is lmpack's extension for pruned checkpoints whose layers
 	// differ in head counts and FFN sizes (stock loaders cannot read these).
-	LayerConfigs []layerConfigJSON `json:"layer_configs"`
+	LayerConfigs []LayerConfig `json:"layer_configs"`
 	// QuantizationConfig marks a pre-quantized checkpoint (GPTQ, AWQ,
 	// FP8, bitsandbytes), which lmpack does not read.
 	QuantizationConfig json.RawMessage `json:"quantization_config"`
+	ropeConfig
 }
 
-type ropeScalingJSON struct {
-	Type                          string  `json:"type"`
-	RopeType                      string  `json:"rope_type"`
-	Factor                        float64 `json:"factor"`
-	LowFreqFactor                 float64 `json:"low_freq_factor"`
-	HighFreqFactor                float64 `json:"high_freq_factor"`
-	OriginalMaxPositionEmbeddings int     `json:"original_max_position_embeddings"`
-}
-
-type layerConfigJSON struct {
+// LayerConfig is one entry of lmpack's layer_configs list in config.json:
+// the head counts and FFN size of one decoder block of a width-pruned
+// checkpoint. A zero IntermediateSize means the config's intermediate_size.
+type LayerConfig struct {
 	NumAttentionHeads int `json:"num_attention_heads"`
 	NumKeyValueHeads  int `json:"num_key_value_heads"`
 	IntermediateSize  int `json:"intermediate_size"`
 }
 
-// familyOpts states what differs between families that share baseConfig.
-type familyOpts struct {
-	qkvBias     bool // Qwen2: q/k/v biases always present, no o bias
-	qkNorm      bool // Qwen3: RMSNorm over head_dim on q and k
-	tieDefault  bool // default of tie_word_embeddings
-	ropeDefault float64
-	// qwenWindow: the family has use_sliding_window (Qwen), default false;
-	// otherwise sliding_window applies to every layer (Mistral).
-	qwenWindow bool
+func ptr[T any](v T) *T { return &v }
+
+// decode unmarshals config.json into a family's config struct c (a
+// pointer whose fields already hold the family's defaults). Errors name
+// the field.
+func decode(raw []byte, c any) error {
+	if err := json.Unmarshal(raw, c); err != nil {
+		return jsonErr(err)
+	}
+	return nil
 }
 
-// describeBase builds the common part of the description (everything but
-// the FFN of each layer, which the family adapter fills in).
-func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error) {
-	if f.qwenWindow {
-		off := false
-		c.UseSlidingWindow = &off
-	}
-	if err := json.Unmarshal(raw, c); err != nil {
-		return nil, jsonErr(err)
-	}
+// newDescription checks the fields every family shares and returns the
+// description's globals (sizes, norms, RoPE with defaultTheta when no
+// rope_theta is given, token ids, tied embeddings) and per-layer attention
+// (head counts, head_dim, q/k/v/o and norm tensor names). Biases, q/k
+// norms, sliding windows and FFNs are the family's to add. Errors name the
+// field.
+func (c *decoderConfig) newDescription(defaultTheta float64) (*Description, error) {
 	if q := c.QuantizationConfig; len(q) != 0 && string(q) != "null" {
 		var m struct {
 			QuantMethod string `json:"quant_method"`
@@ -85,9 +86,6 @@ func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error)
 	if c.HiddenAct != "" && c.HiddenAct != "silu" && c.HiddenAct != "swish" {
 		return nil, fmt.Errorf("hidden_act %q unsupported (want silu)", c.HiddenAct)
 	}
-	if c.MLPBias {
-		return nil, fmt.Errorf("mlp_bias true unsupported")
-	}
 	if c.NumHiddenLayers <= 0 || c.NumHiddenLayers > 1<<12 {
 		return nil, fmt.Errorf("num_hidden_layers %d: want 1..4096", c.NumHiddenLayers)
 	}
@@ -97,58 +95,28 @@ func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error)
 	if c.HiddenSize <= 0 {
 		return nil, fmt.Errorf("hidden_size %d: want > 0", c.HiddenSize)
 	}
+	rope, err := c.rope(defaultTheta, c.MaxPositionEmbeddings)
+	if err != nil {
+		return nil, err
+	}
 	d := &Description{
 		ModelType:             c.ModelType,
 		HiddenSize:            c.HiddenSize,
 		VocabSize:             c.VocabSize,
 		MaxPositionEmbeddings: c.MaxPositionEmbeddings,
-		RMSNormEps:            1e-6,
-		RoPE:                  RoPE{Theta: f.ropeDefault},
-		TieWordEmbeddings:     f.tieDefault,
+		RMSNormEps:            c.RMSNormEps,
+		RoPE:                  rope,
+		TieWordEmbeddings:     c.TieWordEmbeddings,
 		BOSTokenID:            -1,
 		Embedding:             "model.embed_tokens.weight",
 		FinalNorm:             "model.norm.weight",
 		LMHead:                "lm_head.weight",
 	}
-	if c.RMSNormEps != nil {
-		d.RMSNormEps = *c.RMSNormEps
-	}
-	if c.RopeTheta != nil {
-		d.RoPE.Theta = *c.RopeTheta
-	}
-	if c.TieWordEmbeddings != nil {
-		d.TieWordEmbeddings = *c.TieWordEmbeddings
-	}
 	if c.BOSTokenID != nil {
 		d.BOSTokenID = *c.BOSTokenID
 	}
-	eos, err := parseIDs(c.EOSTokenID)
-	if err != nil {
+	if d.EOSTokenIDs, err = parseIDs(c.EOSTokenID); err != nil {
 		return nil, fmt.Errorf("eos_token_id: %w", err)
-	}
-	d.EOSTokenIDs = eos
-	if s := c.RopeScaling; s != nil {
-		t := s.RopeType
-		if t == "" {
-			t = s.Type
-		}
-		switch t {
-		case "", "default":
-		case "linear":
-			if s.Factor <= 0 {
-				return nil, fmt.Errorf("rope_scaling linear: factor %g: want > 0", s.Factor)
-			}
-			d.RoPE.Scaling = &RoPEScaling{Type: t, Factor: s.Factor}
-		case "llama3":
-			if s.Factor <= 0 || s.LowFreqFactor <= 0 || s.HighFreqFactor <= s.LowFreqFactor || s.OriginalMaxPositionEmbeddings <= 0 {
-				return nil, fmt.Errorf("rope_scaling llama3: factor %g, low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings %d: want positive, high > low",
-					s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositionEmbeddings)
-			}
-			d.RoPE.Scaling = &RoPEScaling{Type: t, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
-				HighFreqFactor: s.HighFreqFactor, OriginalMaxPositionEmbeddings: s.OriginalMaxPositionEmbeddings}
-		default:
-			return nil, fmt.Errorf("rope_scaling type %q unsupported (want linear or llama3)", t)
-		}
 	}
 	kv := c.NumAttentionHeads
 	if c.NumKeyValueHeads != nil {
@@ -166,26 +134,14 @@ func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error)
 	if len(c.LayerConfigs) != 0 && len(c.LayerConfigs) != c.NumHiddenLayers {
 		return nil, fmt.Errorf("layer_configs has %d entries, num_hidden_layers is %d", len(c.LayerConfigs), c.NumHiddenLayers)
 	}
-	window := 0
-	if c.SlidingWindow != nil && *c.SlidingWindow > 0 {
-		window = *c.SlidingWindow
-	}
 	d.Layers = make([]Layer, c.NumHiddenLayers)
 	for i := range d.Layers {
-		p := fmt.Sprintf("model.layers.%d.", i)
+		p := layerPrefix(i)
 		l := &d.Layers[i]
 		l.NumHeads, l.NumKVHeads, l.HeadDim = c.NumAttentionHeads, kv, hd
 		if len(c.LayerConfigs) > 0 {
 			lc := c.LayerConfigs[i]
 			l.NumHeads, l.NumKVHeads = lc.NumAttentionHeads, lc.NumKeyValueHeads
-		}
-		// Families with use_sliding_window (Qwen2) apply the window only
-		// from max_window_layers on and only when enabled; the others
-		// (Mistral) apply sliding_window to every layer.
-		if c.UseSlidingWindow == nil {
-			l.SlidingWindow = window
-		} else if *c.UseSlidingWindow && i >= c.MaxWindowLayers {
-			l.SlidingWindow = window
 		}
 		l.Attn = Attention{
 			Norm: p + "input_layernorm.weight",
@@ -194,30 +150,44 @@ func describeBase(raw []byte, c *baseConfig, f familyOpts) (*Description, error)
 			V:    p + "self_attn.v_proj.weight",
 			O:    p + "self_attn.o_proj.weight",
 		}
-		if f.qkvBias || c.AttentionBias {
-			l.Attn.QBias = p + "self_attn.q_proj.bias"
-			l.Attn.KBias = p + "self_attn.k_proj.bias"
-			l.Attn.VBias = p + "self_attn.v_proj.bias"
-		}
-		if c.AttentionBias && !f.qkvBias {
-			l.Attn.OBias = p + "self_attn.o_proj.bias"
-		}
-		if f.qkNorm {
-			l.Attn.QNorm = p + "self_attn.q_norm.weight"
-			l.Attn.KNorm = p + "self_attn.k_norm.weight"
-		}
 		l.FFNNorm = p + "post_attention_layernorm.weight"
 	}
 	return d, nil
 }
 
+// layerPrefix is the tensor-name prefix of decoder block i.
+func layerPrefix(i int) string { return fmt.Sprintf("model.layers.%d.", i) }
+
+// addQKVBias gives every layer q, k and v projection biases.
+func addQKVBias(d *Description) {
+	for i := range d.Layers {
+		p, a := layerPrefix(i), &d.Layers[i].Attn
+		a.QBias, a.KBias, a.VBias = p+"self_attn.q_proj.bias", p+"self_attn.k_proj.bias", p+"self_attn.v_proj.bias"
+	}
+}
+
+// addOBias gives every layer an o projection bias.
+func addOBias(d *Description) {
+	for i := range d.Layers {
+		d.Layers[i].Attn.OBias = layerPrefix(i) + "self_attn.o_proj.bias"
+	}
+}
+
+// addQKNorm gives every layer Qwen3's RMSNorm over head_dim on q and k
+// (q_norm, k_norm), applied before RoPE.
+func addQKNorm(d *Description) {
+	for i := range d.Layers {
+		p, a := layerPrefix(i), &d.Layers[i].Attn
+		a.QNorm, a.KNorm = p+"self_attn.q_norm.weight", p+"self_attn.k_norm.weight"
+	}
+}
+
 // addDenseMLPs gives every layer of d a dense SwiGLU FFN named
 // model.layers.N.mlp.*, sized by layer_configs or intermediate_size.
-func addDenseMLPs(d *Description, c *baseConfig) *Description {
+func addDenseMLPs(d *Description, c *decoderConfig) {
 	for i := range d.Layers {
-		d.Layers[i].MLP = denseMLP(fmt.Sprintf("model.layers.%d.mlp.", i), c.layerFFNSize(i, c.IntermediateSize))
+		d.Layers[i].MLP = denseMLP(layerPrefix(i)+"mlp.", c.layerFFNSize(i, c.IntermediateSize))
 	}
-	return d
 }
 
 // denseMLP returns the Llama-style SwiGLU tensor names under prefix
@@ -228,7 +198,7 @@ func denseMLP(prefix string, size int) *MLP {
 
 // layerFFNSize returns layer i's intermediate size: layer_configs when
 // present, else def.
-func (c *baseConfig) layerFFNSize(i, def int) int {
+func (c *decoderConfig) layerFFNSize(i, def int) int {
 	if len(c.LayerConfigs) > 0 && c.LayerConfigs[i].IntermediateSize > 0 {
 		return c.LayerConfigs[i].IntermediateSize
 	}
@@ -251,6 +221,10 @@ func jsonErr(err error) error {
 			want = "a string"
 		}
 		field := te.Field
+		// Embedded config structs appear in the path under their Go names.
+		for _, e := range []string{"decoderConfig.", "ropeConfig.", "qwenWindowConfig.", "qwenMoEConfig."} {
+			field = strings.ReplaceAll(field, e, "")
+		}
 		if field == "" {
 			field = "(top level)"
 		}
@@ -273,4 +247,9 @@ func parseIDs(raw json.RawMessage) ([]int, error) {
 		return nil, fmt.Errorf("want an integer or a list of integers, got %s", raw)
 	}
 	return many, nil
+}
+
+// isNull reports whether raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	return len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null"
 }

@@ -1,7 +1,6 @@
 package wquant
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -788,24 +787,18 @@ func layerTensors(names []string) map[int][]string {
 	return out
 }
 
-// quantConfig returns config.json with the lmpack_quantization block set.
+// quantConfig returns config.json (at path) with the lmpack_quantization
+// block set (arch.RewriteConfig). Errors name path.
 func quantConfig(path string, q *arch.Quantization) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("wquant: %w", err)
 	}
-	var cfg map[string]any
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&cfg); err != nil || cfg == nil {
-		return nil, fmt.Errorf("wquant: %s: not a JSON object (%v)", path, err)
-	}
-	cfg[arch.QuantKey] = q
-	out, err := json.MarshalIndent(cfg, "", "  ")
+	out, err := arch.RewriteConfig(b, arch.ConfigEdit{Quant: q})
 	if err != nil {
 		return nil, fmt.Errorf("wquant: %s: %w", path, err)
 	}
-	return append(out, '\n'), nil
+	return out, nil
 }
 
 // checkOut refuses an out that is modelDir, lies inside it, or exists
