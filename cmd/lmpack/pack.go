@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/spf13/cobra"
 )
@@ -39,7 +39,7 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 				return fmt.Errorf("-o FILE.lmpk is required")
 			}
 			if st, err := os.Stat(args[0]); err == nil && !st.IsDir() {
-				if engine.IsArtifact(args[0]) {
+				if model.IsArtifact(args[0]) {
 					return fmt.Errorf("INPUT %s is already an lmpack artifact; pack needs a checkpoint directory (config.json and *.safetensors)", args[0])
 				}
 				hint := ""
