@@ -2,12 +2,15 @@ package model
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -152,32 +155,62 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-// TestFingerprintDependsOnConfigAndLayout: the fingerprint is 64 lowercase
-// hex digits, the same for the same directory contents, and changes when
-// config.json's bytes change.
-func TestFingerprintDependsOnConfigAndLayout(t *testing.T) {
-	fp := func(dir string) string {
+// TestFingerprint: the fingerprint is the sha256 of the documented byte
+// string (prefix, config.json length and bytes, each tensor's quoted name,
+// dtype and shape in name order), written out here independently; another
+// model (stories260K-moe) gets another one, and so does a config.json
+// whose bytes differ.
+func TestFingerprint(t *testing.T) {
+	fp := func(dir string) (string, *safetensors.Checkpoint) {
 		_, ck, err := OpenDir(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer ck.Close()
+		t.Cleanup(func() { ck.Close() })
 		s, err := Fingerprint(dir, ck)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return s
+		return s, ck
 	}
-	a, b := fp(linkModel(t, nil)), fp(linkModel(t, nil))
-	c := fp(linkModel(t, func(c map[string]any) { c["rms_norm_eps"] = 1e-6 }))
-	if len(a) != 64 || strings.Trim(a, "0123456789abcdef") != "" {
-		t.Errorf("fingerprint %q: want 64 lowercase hex digits", a)
+	dir := shared.Path(t, "stories260K-hf")
+	got, ck := fp(dir)
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if a != b {
-		t.Errorf("same contents, fingerprints %s and %s", a, b)
+	var b strings.Builder
+	b.WriteString("lmpack-model-fingerprint-v1\n")
+	n := len(cfg)
+	for i := 0; i < 8; i++ {
+		b.WriteByte(byte(n >> (8 * i)))
 	}
-	if a == c {
-		t.Errorf("config.json changed, fingerprint unchanged %s", a)
+	b.Write(cfg)
+	names := ck.Names()
+	if !slices.IsSorted(names) || len(names) == 0 {
+		t.Fatalf("checkpoint names not sorted or empty")
+	}
+	for _, name := range names {
+		ti, _, _ := ck.Info(name)
+		dims := make([]string, len(ti.Shape))
+		for i, x := range ti.Shape {
+			dims[i] = fmt.Sprint(x)
+		}
+		fmt.Fprintf(&b, "%q %s [%s]\n", name, ti.DType, strings.Join(dims, " "))
+	}
+	want := sha256.Sum256([]byte(b.String()))
+	if got != hex.EncodeToString(want[:]) {
+		t.Errorf("fingerprint %s, want %s", got, hex.EncodeToString(want[:]))
+	}
+	other, _ := fp(shared.Path(t, "stories260K-moe-hf"))
+	if other == got || len(got) != 64 {
+		t.Errorf("fingerprints %s and %s: want two different 64-digit hex strings", got, other)
+	}
+	if same, _ := fp(linkModel(t, nil)); same != got {
+		t.Errorf("the same files linked elsewhere: fingerprint %s, want %s", same, got)
+	}
+	if edited, _ := fp(linkModel(t, func(c map[string]any) { c["rms_norm_eps"] = 1e-6 })); edited == got {
+		t.Errorf("config.json changed, fingerprint unchanged %s", got)
 	}
 }
 
