@@ -20,7 +20,7 @@ var ErrOptions = errors.New("prune: bad options")
 
 // Options configures Run (depth pruning).
 type Options struct {
-	// Model is a model directory or a Hugging Face hub id (engine.Open).
+	// Model is a model directory or a Hugging Face hub id (model.Open).
 	Model string
 	// Calib is the calibration file (lmpack calibrate). Required for the
 	// lorp and shortgpt methods; optional for list:, where it is only

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,11 +53,8 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 			// Replacing an earlier artifact (a rerun) is fine; replacing any
 			// other existing file is refused, so a mistyped -o cannot destroy
 			// an unrelated file.
-			if f, err := os.Open(out); err == nil {
-				var magic [4]byte
-				_, rerr := io.ReadFull(f, magic[:])
-				f.Close()
-				if rerr != nil || string(magic[:]) != "LMPK" {
+			if _, err := os.Stat(out); err == nil {
+				if !model.IsArtifact(out) {
 					return fmt.Errorf("-o %s: exists and is not an lmpack artifact; refusing to overwrite it", out)
 				}
 			}
