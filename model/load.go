@@ -27,11 +27,16 @@ type LoadOptions struct {
 // directory, description, checkpoint (mapped; the weights' source),
 // tokenizer and runtime model.
 type Loaded struct {
-	Dir        string
-	Desc       *arch.Description
+	// Dir is the checkpoint directory (a hub id resolved to its snapshot).
+	Dir string
+	// Desc is config.json parsed (arch.Load).
+	Desc *arch.Description
+	// Checkpoint is the mapped safetensors weights; Model reads from it.
 	Checkpoint *safetensors.Checkpoint
-	Tokenizer  *tokenizer.Tokenizer
-	Model      runtime.Model
+	// Tokenizer is the checkpoint's tokenizer (LoadTokenizer).
+	Tokenizer *tokenizer.Tokenizer
+	// Model is the model loaded on the CPU backend.
+	Model runtime.Model
 }
 
 // Load resolves and opens model (Open), checks that the checkpoint holds
