@@ -13,6 +13,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 const testFP = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -47,10 +48,10 @@ func writeRaw(t *testing.T, path string, ts []safetensors.WriteTensor, h any) {
 	switch h := h.(type) {
 	case nil:
 	case string:
-		md[MetadataKey] = h
+		md[model.MetadataKey] = h
 	default:
 		b, _ := json.Marshal(h)
-		md[MetadataKey] = string(b)
+		md[model.MetadataKey] = string(b)
 	}
 	if err := safetensors.WriteFile(path, ts, md); err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestReadBad(t *testing.T) {
 	if err := Write(good, c); err != nil {
 		t.Fatal(err)
 	}
-	got, err := Read(good, Expect{ModelFingerprint: testFP, Desc: d})
+	got, err := Read(good, model.Expect{ModelFingerprint: testFP, Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestReadBad(t *testing.T) {
 			h := validHeader()
 			h.ModelFingerprint = strings.Repeat("f", 64)
 			writeRaw(t, p, rawTensors(c), h)
-		}, ErrModelMismatch, []string{strings.Repeat("f", 64), testFP}},
+		}, model.ErrModelMismatch, []string{strings.Repeat("f", 64), testFP}},
 		{"token outside the vocabulary", func(p string) {
 			h := validHeader()
 			h.Statistics = append(h.Statistics, StatTokens)
@@ -201,7 +202,7 @@ func TestReadBad(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			p := filepath.Join(dir, strings.ReplaceAll(k.name, " ", "_")+".safetensors")
 			k.make(p)
-			_, err := Read(p, Expect{ModelFingerprint: testFP, Desc: d})
+			_, err := Read(p, model.Expect{ModelFingerprint: testFP, Desc: d})
 			if err == nil {
 				t.Fatal("accepted")
 			}
@@ -221,7 +222,7 @@ func TestReadBad(t *testing.T) {
 	h := validHeader()
 	h.Statistics = append(h.Statistics, "layer_similarity")
 	writeRaw(t, p, append(rawTensors(c), safetensors.WriteTensor{Name: "layer_similarity.s", DType: safetensors.F64, Shape: []int{5, 5}, Data: f64Bytes(make([]float64, 25))}), h)
-	got, err = Read(p, Expect{Desc: d})
+	got, err = Read(p, model.Expect{Desc: d})
 	if err != nil || !got.Has("layer_similarity") || len(got.OSCAR) != 5 {
 		t.Errorf("file with an extra statistic: %v", err)
 	}

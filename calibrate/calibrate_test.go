@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -13,16 +12,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 // calibTokens keeps the real-model tests fast: 4 windows of 512.
 const calibTokens, calibCtx = 2048, 512
 
-func openEngine(t testing.TB, name string) *engine.Engine {
+func openEngine(t testing.TB, name string) *model.Loaded {
 	t.Helper()
-	e, err := engine.Open(context.Background(), shared.Path(t, name), engine.Options{Threads: 1})
+	e, err := model.Load(context.Background(), shared.Path(t, name), model.LoadOptions{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,11 +147,11 @@ func TestRunMatchesDirect(t *testing.T) {
 	}
 	e.Model.SetObserver(nil)
 
-	fp, err := ModelFingerprint(e.Dir, e.Checkpoint)
+	fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := Read(out, Expect{ModelFingerprint: fp, Desc: e.Desc})
+	c, err := Read(out, model.Expect{ModelFingerprint: fp, Desc: e.Desc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,58 +243,13 @@ func TestRunMatchesDirect(t *testing.T) {
 
 	// The MoE model shares every attention shape but not the fingerprint.
 	moe := openEngine(t, "stories260K-moe-hf")
-	fpMoE, err := ModelFingerprint(moe.Dir, moe.Checkpoint)
+	fpMoE, err := model.Fingerprint(moe.Dir, moe.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Read(out, Expect{ModelFingerprint: fpMoE, Desc: moe.Desc})
-	if !errors.Is(err, ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), fpMoE) || !strings.Contains(err.Error(), out) {
-		t.Errorf("reading with the MoE model's fingerprint: %v; want ErrModelMismatch naming the file and both fingerprints", err)
-	}
-}
-
-// TestModelFingerprint recomputes the documented recipe independently and
-// checks that the two shared models differ.
-func TestModelFingerprint(t *testing.T) {
-	e := openEngine(t, "stories260K-hf")
-	got, err := ModelFingerprint(e.Dir, e.Checkpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := os.ReadFile(filepath.Join(e.Dir, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	b.WriteString("lmpack-model-fingerprint-v1\n")
-	n := len(cfg)
-	for i := 0; i < 8; i++ {
-		b.WriteByte(byte(n >> (8 * i)))
-	}
-	b.Write(cfg)
-	names := e.Checkpoint.Names()
-	if !slices.IsSorted(names) || len(names) == 0 {
-		t.Fatalf("checkpoint names not sorted or empty")
-	}
-	for _, name := range names {
-		ti, _, _ := e.Checkpoint.Info(name)
-		dims := make([]string, len(ti.Shape))
-		for i, x := range ti.Shape {
-			dims[i] = fmt.Sprint(x)
-		}
-		fmt.Fprintf(&b, "%q %s [%s]\n", name, ti.DType, strings.Join(dims, " "))
-	}
-	want := sha256.Sum256([]byte(b.String()))
-	if got != hex.EncodeToString(want[:]) {
-		t.Errorf("fingerprint %s, want %s", got, hex.EncodeToString(want[:]))
-	}
-	moe := openEngine(t, "stories260K-moe-hf")
-	other, err := ModelFingerprint(moe.Dir, moe.Checkpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if other == got || len(got) != 64 {
-		t.Errorf("fingerprints %s and %s: want two different 64-digit hex strings", got, other)
+	_, err = Read(out, model.Expect{ModelFingerprint: fpMoE, Desc: moe.Desc})
+	if !errors.Is(err, model.ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), fpMoE) || !strings.Contains(err.Error(), out) {
+		t.Errorf("reading with the MoE model's fingerprint: %v; want model.ErrModelMismatch naming the file and both fingerprints", err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 // routerRecorder copies the MoE block inputs and the router selections.
@@ -204,7 +205,7 @@ func TestCollectExperts(t *testing.T) {
 	if err := Write(path, c); err != nil {
 		t.Fatal(err)
 	}
-	back, err := Read(path, Expect{Desc: d})
+	back, err := Read(path, model.Expect{Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestCollectExperts(t *testing.T) {
 			}
 		}
 	}
-	if back2, err := Read(path, Expect{}); err != nil || len(back2.Experts) != len(routed) || back2.Experts[4].Layer != 4 {
+	if back2, err := Read(path, model.Expect{}); err != nil || len(back2.Experts) != len(routed) || back2.Experts[4].Layer != 4 {
 		t.Errorf("reading without a description: %v", err)
 	}
 }
@@ -290,7 +291,7 @@ func TestExpertFallback(t *testing.T) {
 		if err := Write(path, c); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Read(path, Expect{Desc: d}); err != nil {
+		if _, err := Read(path, model.Expect{Desc: d}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -343,7 +344,7 @@ func TestExpertsBad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := f.Metadata()[MetadataKey]
+	h := f.Metadata()[model.MetadataKey]
 	var base []safetensors.WriteTensor
 	for _, ti := range f.Tensors() {
 		tt, err := f.Tensor(ti.Name)
@@ -391,7 +392,7 @@ func TestExpertsBad(t *testing.T) {
 		}
 		p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
 		writeRaw(t, p, ts, h)
-		_, err := Read(p, Expect{Desc: d})
+		_, err := Read(p, model.Expect{Desc: d})
 		if !errors.Is(err, ErrBadStatistic) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) && c.name != "missing" {
 			t.Errorf("%s: Read: %v; want ErrBadStatistic containing %q and the path", c.name, err, c.want)
 		}

@@ -8,13 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"path/filepath"
 	"slices"
 	"strconv"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/model"
 )
 
 // Kind is Header.Kind of a calibration file.
@@ -23,10 +22,6 @@ const Kind = "lmpack-calibration"
 // FormatVersion is the calibration file format this package writes and
 // the only one it reads.
 const FormatVersion = 1
-
-// MetadataKey is the "__metadata__" key of the safetensors header that
-// holds the Header as JSON.
-const MetadataKey = "lmpack"
 
 // StatOSCAR is the Header.Statistics name of the OSCAR covariances
 // (tensors "oscar.layers.N.c_q" and "oscar.layers.N.c_s").
@@ -40,15 +35,12 @@ var (
 	ErrNotCalibration = errors.New("not an lmpack calibration file")
 	// ErrVersion: the file's format_version is not FormatVersion.
 	ErrVersion = errors.New("unsupported calibration format version")
-	// ErrModelMismatch: the file was computed on another model (its
-	// model_fingerprint differs from the model's).
-	ErrModelMismatch = errors.New("calibration file is from another model")
 	// ErrBadStatistic: a statistic tensor is missing, has the wrong dtype
 	// or shape, or holds NaN/Inf.
 	ErrBadStatistic = errors.New("bad calibration statistic")
 )
 
-// Header is the JSON object stored under MetadataKey. Field names are the
+// Header is the JSON object stored under model.MetadataKey. Field names are the
 // JSON names in Go casing.
 type Header struct {
 	// FormatVersion is the file format version (FormatVersion).
@@ -56,7 +48,7 @@ type Header struct {
 	// Kind is always Kind.
 	Kind string `json:"kind"`
 	// ModelFingerprint identifies the model the statistics were computed
-	// on (ModelFingerprint, lowercase hex sha256).
+	// on (model.Fingerprint, lowercase hex sha256).
 	ModelFingerprint string `json:"model_fingerprint"`
 	// DataFingerprint is the lowercase hex sha256 of the calibration text
 	// file's bytes.
@@ -124,39 +116,6 @@ func OSCARTensorName(layer int, stat string) string {
 	return StatOSCAR + ".layers." + strconv.Itoa(layer) + "." + stat
 }
 
-// ModelFingerprint identifies a model by its configuration and the layout
-// of its weights, not their values (reading every weight would cost as much
-// as loading the model): the lowercase hex sha256 of
-//
-//	"lmpack-model-fingerprint-v1\n"
-//	uint64 little-endian len(config.json) ‖ config.json bytes
-//	for each tensor, in name order: strconv.Quote(name) " " dtype " " shape "\n"
-//
-// where shape is formatted like [64 172]. dir holds config.json; ck is the
-// opened checkpoint. Two checkpoints with the same config.json bytes and
-// tensor names, dtypes and shapes share a fingerprint. Errors: reading
-// config.json (wrapped, naming the file).
-func ModelFingerprint(dir string, ck *safetensors.Checkpoint) (string, error) {
-	cfg, err := fsx.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return "", fmt.Errorf("calibrate: model fingerprint: %w", err)
-	}
-	h := sha256.New()
-	h.Write([]byte("lmpack-model-fingerprint-v1\n"))
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(cfg)))
-	h.Write(n[:])
-	h.Write(cfg)
-	for _, name := range ck.Names() {
-		ti, _, err := ck.Info(name)
-		if err != nil {
-			return "", fmt.Errorf("calibrate: model fingerprint: %w", err)
-		}
-		fmt.Fprintf(h, "%s %s %v\n", strconv.Quote(name), ti.DType, ti.Shape)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // Fingerprint returns the lowercase hex sha256 of b (DataFingerprint of a
 // text file's bytes; the calibration fingerprint of a calibration file).
 func Fingerprint(b []byte) string {
@@ -170,7 +129,7 @@ func Fingerprint(b []byte) string {
 // HeadProxyTensorName(l) F64 [num_key_value_heads] when c.HeadProxy is set,
 // TokensTensor when c.TokenIDs is set, the StatExperts tensors
 // (ExpertTensorName) when c.Experts is set, and
-// the Header as JSON under MetadataKey. Kind and FormatVersion
+// the Header as JSON under model.MetadataKey. Kind and FormatVersion
 // are filled in; Statistics is set from the statistics c holds. The output
 // is deterministic. Errors: a layer whose matrices are not [d, d] or hold
 // NaN/Inf (ErrBadStatistic, naming the tensor), and I/O errors.
@@ -248,22 +207,19 @@ func write(path string, c *Calibration, experts []safetensors.WriteTensor) error
 	if err != nil {
 		return fmt.Errorf("calibrate: %s: header: %w", path, err)
 	}
-	if err := safetensors.WriteFile(path, ts, map[string]string{MetadataKey: string(js)}); err != nil {
+	if err := safetensors.WriteFile(path, ts, map[string]string{model.MetadataKey: string(js)}); err != nil {
 		return fmt.Errorf("calibrate: %w", err)
 	}
 	return nil
 }
 
-// Expect is what Read checks a calibration file against. The zero value
-// checks only the file's own consistency.
-type Expect struct {
-	// ModelFingerprint, when not empty, must equal the file's
-	// model_fingerprint (ErrModelMismatch otherwise).
-	ModelFingerprint string
-	// Desc, when not nil, fixes the number of layers and each layer's
-	// head_dim.
-	Desc *arch.Description
-}
+// calibrationMismatch is what Read wraps for a calibration file of
+// another model: its message speaks of the calibration file, and it
+// unwraps to model.ErrModelMismatch.
+type calibrationMismatch struct{}
+
+func (calibrationMismatch) Error() string { return "calibration file is from another model" }
+func (calibrationMismatch) Unwrap() error { return model.ErrModelMismatch }
 
 // Read reads and validates the calibration file at path: a safetensors
 // file (safetensors.Open's checks, which catch truncation) whose metadata
@@ -279,21 +235,21 @@ type Expect struct {
 // and otherwise ignored.
 //
 // Errors (wrapped, naming path and the field or tensor): safetensors
-// errors; ErrNotCalibration; ErrVersion; ErrModelMismatch naming both
+// errors; ErrNotCalibration; ErrVersion; model.ErrModelMismatch naming both
 // fingerprints; ErrBadStatistic.
-func Read(path string, want Expect) (*Calibration, error) {
+func Read(path string, want model.Expect) (*Calibration, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: reading calibration file: %w", err)
 	}
 	defer f.Close()
-	js, ok := f.Metadata()[MetadataKey]
+	js, ok := f.Metadata()[model.MetadataKey]
 	if !ok {
-		return nil, fmt.Errorf("calibrate: %s: no %q metadata: %w", path, MetadataKey, ErrNotCalibration)
+		return nil, fmt.Errorf("calibrate: %s: no %q metadata: %w", path, model.MetadataKey, ErrNotCalibration)
 	}
 	var h Header
 	if err := json.Unmarshal([]byte(js), &h); err != nil {
-		return nil, fmt.Errorf("calibrate: %s: %q metadata is not a valid header (%v): %w", path, MetadataKey, err, ErrNotCalibration)
+		return nil, fmt.Errorf("calibrate: %s: %q metadata is not a valid header (%v): %w", path, model.MetadataKey, err, ErrNotCalibration)
 	}
 	if h.Kind != Kind {
 		return nil, fmt.Errorf("calibrate: %s: kind %q, want %q: %w", path, h.Kind, Kind, ErrNotCalibration)
@@ -303,7 +259,7 @@ func Read(path string, want Expect) (*Calibration, error) {
 	}
 	if want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint {
 		return nil, fmt.Errorf("calibrate: %s: model_fingerprint %s, but the model's fingerprint is %s (calibrate this model again): %w",
-			path, h.ModelFingerprint, want.ModelFingerprint, ErrModelMismatch)
+			path, h.ModelFingerprint, want.ModelFingerprint, calibrationMismatch{})
 	}
 	if h.Tokens <= 0 || h.Ctx <= 0 {
 		return nil, fmt.Errorf("calibrate: %s: tokens %d, ctx %d: want both > 0: %w", path, h.Tokens, h.Ctx, ErrNotCalibration)

@@ -11,6 +11,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 // headProxyTensors returns one F64 tensor per layer holding v[l].
@@ -45,7 +46,7 @@ func TestHeadProxyFormat(t *testing.T) {
 	if err := Write(good, c); err != nil {
 		t.Fatal(err)
 	}
-	got, err := Read(good, Expect{ModelFingerprint: testFP, Desc: d})
+	got, err := Read(good, model.Expect{ModelFingerprint: testFP, Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestHeadProxyFormat(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			p := filepath.Join(dir, strings.ReplaceAll(k.name, " ", "_")+".safetensors")
 			writeRaw(t, p, append(rawTensors(c), k.ts()...), hdr())
-			_, err := Read(p, Expect{ModelFingerprint: testFP, Desc: d})
+			_, err := Read(p, model.Expect{ModelFingerprint: testFP, Desc: d})
 			if !errors.Is(err, ErrBadStatistic) || !strings.Contains(err.Error(), p) {
 				t.Fatalf("error %v: want ErrBadStatistic naming %s", err, p)
 			}

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 // TestExpertPasses: ExpertLayerBytes follows its formula from the model's
@@ -70,7 +71,7 @@ func TestExpertPasses(t *testing.T) {
 // progress over every pass, and leaves no temporary file; a budget below
 // one layer fails naming the bytes needed and writes nothing.
 func TestRunExpertPasses(t *testing.T) {
-	model := shared.Path(t, "stories260K-moe-hf")
+	mdir := shared.Path(t, "stories260K-moe-hf")
 	data := shared.Path(t, "tinystories-valid", "calib.txt")
 	d := openEngine(t, "stories260K-moe-hf").Desc
 	one := ExpertLayerBytes(d, 0)
@@ -81,7 +82,7 @@ func TestRunExpertPasses(t *testing.T) {
 		out := filepath.Join(dir, name)
 		var logs bytes.Buffer
 		var last, total int
-		s, err := Run(context.Background(), Options{Model: model, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1,
+		s, err := Run(context.Background(), Options{Model: mdir, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1,
 			Version: "test", AllExperts: all, MaxExpertBytes: budget, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			Progress: func(done, tot int) { last, total = done, tot }})
 		if err != nil {
@@ -120,13 +121,13 @@ func TestRunExpertPasses(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Errorf("%s: %d bytes differ from the single pass's %d bytes", name, len(got), len(want))
 			}
-			if _, err := Read(out, Expect{Desc: d}); err != nil {
+			if _, err := Read(out, model.Expect{Desc: d}); err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
 		}
 	}
 	out := filepath.Join(dir, "small")
-	_, err := Run(context.Background(), Options{Model: model, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1, MaxExpertBytes: one - 1})
+	_, err := Run(context.Background(), Options{Model: mdir, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1, MaxExpertBytes: one - 1})
 	if err == nil || !strings.Contains(err.Error(), strconv.FormatInt(one, 10)+" bytes MoE layer 0 needs") {
 		t.Errorf("budget %d: error %v, want one naming the %d bytes needed", one-1, err, one)
 	}
@@ -134,7 +135,7 @@ func TestRunExpertPasses(t *testing.T) {
 	// the pass files are removed.
 	cctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	_, err = Run(cctx, Options{Model: model, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1, MaxExpertBytes: one,
+	_, err = Run(cctx, Options{Model: mdir, Data: data, Tokens: tokens, Ctx: 64, Out: out, Threads: 1, MaxExpertBytes: one,
 		Progress: func(done, _ int) {
 			if done > 4*tokens {
 				cancel()

@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/model"
 )
 
 // Options configures Run.
 type Options struct {
-	// Model is a model directory or a Hugging Face hub id (engine.Open).
+	// Model is a model directory or a Hugging Face hub id (model.Load).
 	Model string
 	// Data is the UTF-8 calibration text file.
 	Data string
@@ -105,7 +106,7 @@ type Summary struct {
 // opt.MaxExpertBytes (ExpertPasses, naming the bytes needed); the output
 // directory missing; the data file
 // unreadable, empty, not UTF-8 or shorter than opt.Tokens tokens; model
-// errors from engine.Open; collection and write errors.
+// errors from model.Load; collection and write errors.
 func Run(ctx context.Context, opt Options) (*Summary, error) {
 	switch {
 	case opt.Tokens <= 0:
@@ -130,14 +131,14 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	if st, err := os.Stat(opt.Out); err == nil && !st.IsDir() && !isCalibrationFile(opt.Out) {
 		return nil, fmt.Errorf("calibrate: output %s exists and is not an lmpack calibration file; refusing to overwrite it (remove it or choose another path)", opt.Out)
 	}
-	text, err := engine.ReadText(opt.Data)
+	text, err := fsx.ReadText(opt.Data)
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
 	// The windows are prefill only: converting one block's weights at a
 	// time costs little beside the matmuls and keeps memory at the mapped
 	// checkpoint plus one block in float32.
-	e, err := engine.Open(ctx, opt.Model, engine.Options{Threads: opt.Threads, Logger: opt.Logger, ConvertPerBlock: true})
+	e, err := model.Load(ctx, opt.Model, model.LoadOptions{Threads: opt.Threads, Logger: opt.Logger, ConvertPerBlock: true})
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
@@ -145,7 +146,7 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
 		return nil, fmt.Errorf("calibrate: ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
 	}
-	fp, err := ModelFingerprint(e.Dir, e.Checkpoint)
+	fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +272,7 @@ type expertRun struct {
 // and released (with a GC) before the next pass, so that the heap holds one
 // group at a time. progress, when not nil, gets the tokens forwarded over
 // all the passes so far. Errors: those of CollectExperts and writePass.
-func collectExpertPasses(ctx context.Context, e *engine.Engine, windows [][]int, groups [][]int, opt Options, tmpDir string, log *slog.Logger, progress func(done int)) (*expertRun, error) {
+func collectExpertPasses(ctx context.Context, e *model.Loaded, windows [][]int, groups [][]int, opt Options, tmpDir string, log *slog.Logger, progress func(done int)) (*expertRun, error) {
 	r := &expertRun{}
 	T := 0
 	for _, w := range windows {
@@ -371,7 +372,7 @@ func passTensors(paths []string) ([]safetensors.WriteTensor, func(), error) {
 // tokenize encodes text as one string with the tokenizer's special tokens
 // and makes sure it starts with BOS when the model has one (the rule of
 // engine.EvalFile).
-func tokenize(e *engine.Engine, text string) []int {
+func tokenize(e *model.Loaded, text string) []int {
 	ids := e.Tokenizer.Encode(text, true)
 	bos, ok := e.Tokenizer.BOS()
 	if !ok && e.Desc.BOSTokenID >= 0 {
@@ -412,5 +413,5 @@ func isCalibrationFile(path string) bool {
 	var h struct {
 		Kind string `json:"kind"`
 	}
-	return json.Unmarshal([]byte(f.Metadata()[MetadataKey]), &h) == nil && h.Kind == Kind
+	return json.Unmarshal([]byte(f.Metadata()[model.MetadataKey]), &h) == nil && h.Kind == Kind
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime"
@@ -387,11 +388,11 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	if ck.Desc.Quant == nil || len(ck.Desc.Quant.Tensors) != 35 {
 		t.Fatalf("stage checkpoint %s: quantization %+v", qdir, ck.Desc.Quant)
 	}
-	fp, err := calibrate.ModelFingerprint(qdir, ck.Checkpoint)
+	fp, err := model.Fingerprint(qdir, ck.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rot, _, err := oscar.ReadFile(rotPath, calibrate.Expect{ModelFingerprint: fp, Desc: ck.Desc})
+	rot, _, err := oscar.ReadFile(rotPath, model.Expect{ModelFingerprint: fp, Desc: ck.Desc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,13 +15,13 @@
 // Each stage writes its outputs into a work directory, in a private
 // temporary directory renamed into place only after its completion marker
 // (done.json) is written, under a cache key that fingerprints the source
-// model (calibrate.ModelFingerprint), the data files (sha256), the lmpack
+// model (model.Fingerprint), the data files (sha256), the lmpack
 // version and the recipe up to and including that stage. A rerun reuses
 // every finished stage whose key is unchanged: a killed job resumes at the
 // stage it was in, and a changed recipe section recomputes that stage and
 // the later ones only. A finished stage is reused only after its outputs
 // pass a check (an artifact pack.Verify, a model directory
-// engine.CheckCheckpoint, calibration and rotation files open); one that
+// model.Check, calibration and rotation files open); one that
 // fails is logged, recomputed, and every later stage with it.
 //
 // The stages call the packages that do the work (calibrate, prune,

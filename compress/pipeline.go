@@ -20,6 +20,7 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/quantize/gemq"
@@ -30,7 +31,7 @@ import (
 // Options configures Run.
 type Options struct {
 	// Model is the source checkpoint: a directory or a Hugging Face hub id
-	// (engine.Resolve). It is only read.
+	// (model.Resolve). It is only read.
 	Model string
 	// Recipe is the validated recipe (LoadRecipe, ParseRecipe).
 	Recipe *Recipe
@@ -165,7 +166,7 @@ func (o outputs) present(dir string) bool {
 // validate checks that a cached stage's outputs in dir are usable: an
 // artifact passes pack.Verify (every CRC-32C and the whole-file sha256);
 // a model directory's config.json parses and agrees with its tensors
-// (engine.CheckCheckpoint, which also catches a deleted or truncated
+// (model.Check, which also catches a deleted or truncated
 // shard); calibration and rotation files open as safetensors. The error
 // names the file and what is wrong.
 func (o outputs) validate(dir string) error {
@@ -184,7 +185,7 @@ func (o outputs) validate(dir string) error {
 		if err != nil {
 			return err
 		}
-		err = engine.CheckCheckpoint(m, d, ck)
+		err = model.Check(m, d, ck)
 		ck.Close()
 		if err != nil {
 			return err
@@ -374,7 +375,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 
 // inputs resolves the model and data files and fingerprints them.
 func (p *pipeline) inputs(ctx context.Context) error {
-	dir, err := engine.Resolve(ctx, p.opt.Model, nil)
+	dir, err := model.Resolve(ctx, p.opt.Model, nil)
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
@@ -383,7 +384,7 @@ func (p *pipeline) inputs(ctx context.Context) error {
 		return fmt.Errorf("compress: %w", err)
 	}
 	defer ck.Close()
-	if p.srcFP, err = calibrate.ModelFingerprint(dir, ck); err != nil {
+	if p.srcFP, err = model.Fingerprint(dir, ck); err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
 	p.srcDir = dir

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
@@ -105,11 +105,11 @@ func TestCompressWidth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ck.Close()
-	fp, err := calibrate.ModelFingerprint(pdir, ck.Checkpoint)
+	fp, err := model.Fingerprint(pdir, ck.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rot, _, err := oscar.ReadFile(filepath.Join(work, "quantize-kv-"+keys["quantize-kv"], "rot.safetensors"), calibrate.Expect{ModelFingerprint: fp, Desc: ck.Desc})
+	rot, _, err := oscar.ReadFile(filepath.Join(work, "quantize-kv-"+keys["quantize-kv"], "rot.safetensors"), model.Expect{ModelFingerprint: fp, Desc: ck.Desc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestCompressLayersWidth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lfp, err := calibrate.ModelFingerprint(ldir, lck.Checkpoint)
+	lfp, err := model.Fingerprint(ldir, lck.Checkpoint)
 	lck.Close()
 	if err != nil {
 		t.Fatal(err)

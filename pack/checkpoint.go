@@ -12,10 +12,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -55,19 +54,15 @@ type FromOptions struct {
 // "kv/oscar.layers.N.r_k" and "...r_v" plus clip ratios in the manifest.
 //
 // It refuses a checkpoint the runtime would refuse to load: config.json
-// and tensors that disagree (engine.CheckCheckpoint), a quantization
+// and tensors that disagree (model.Check), a quantization
 // method other than QuantMethods (ErrFormat), invalid quantized values
 // (runtime.ReadQuantized, runtime.ErrBadWeights).
 //
-// Errors: arch, safetensors, engine, runtime, calibrate and oscar errors
+// Errors: model (model.OpenDir, model.Check), runtime and oscar errors
 // (a rotation file of another model is oscar.ErrRotationModelMismatch),
 // wrapped with "pack:".
 func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
-	desc, err := arch.Load(modelDir)
-	if err != nil {
-		return nil, fmt.Errorf("pack: %w", err)
-	}
-	ck, err := safetensors.OpenDir(modelDir)
+	desc, ck, err := model.OpenDir(modelDir)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
@@ -84,7 +79,7 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 	// symmetric flag), an unknown weights method, invalid quantized
 	// values (scales not finite and > 0, zero-points out of range, a
 	// perm that is not a permutation).
-	if err := engine.CheckCheckpoint(modelDir, desc, ck); err != nil {
+	if err := model.Check(modelDir, desc, ck); err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
 	if desc.Quant != nil {
@@ -95,7 +90,7 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 			return nil, fmt.Errorf("pack: %s: %w", modelDir, err)
 		}
 	}
-	fp, err := calibrate.ModelFingerprint(modelDir, ck)
+	fp, err := model.Fingerprint(modelDir, ck)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
 	}
@@ -186,7 +181,7 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 	}
 	kvOpt := kvcache.Options{Sink: opt.KVSink, Recent: opt.KVRecent}
 	if opt.KVRotations != "" {
-		rot, h, err := oscar.ReadFile(opt.KVRotations, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+		rot, h, err := oscar.ReadFile(opt.KVRotations, model.Expect{ModelFingerprint: fp, Desc: desc})
 		if err != nil {
 			return nil, fmt.Errorf("pack: %w", err)
 		}

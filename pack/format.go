@@ -6,12 +6,15 @@ import (
 	"hash/crc32"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/lmpack/lmpack/model"
 )
 
 // Layout constants (docs/FORMAT.md).
 const (
-	// Magic is the first four bytes of every artifact.
-	Magic = "LMPK"
+	// Magic is the first four bytes of every artifact (model.ArtifactMagic,
+	// which model.IsArtifact tests).
+	Magic = model.ArtifactMagic
 	// FormatVersion is the newest version this lmpack reads and writes.
 	// Write records the lowest version that describes the artifact:
 	// MinFormatVersion, or QuantFormatVersion when a tensor is quantized,

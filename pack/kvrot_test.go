@@ -9,6 +9,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/oscar"
 )
 
@@ -16,19 +17,19 @@ import (
 // (calibrated on calib.txt) carries the KV scheme in its manifest, and the
 // rotation sections read back equal the rotation file's matrices.
 func TestPackKVRotations(t *testing.T) {
-	model := shared.Path(t, "stories260K-hf")
+	mdir := shared.Path(t, "stories260K-hf")
 	dir := t.TempDir()
 	calib := filepath.Join(dir, "calib.safetensors")
-	if _, err := calibrate.Run(t.Context(), calibrate.Options{Model: model, Data: shared.Path(t, "tinystories-valid", "calib.txt"),
+	if _, err := calibrate.Run(t.Context(), calibrate.Options{Model: mdir, Data: shared.Path(t, "tinystories-valid", "calib.txt"),
 		Tokens: 1024, Ctx: 256, Out: calib, Threads: 1, Version: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	rotPath := filepath.Join(dir, "rot.safetensors")
-	if _, err := oscar.QuantizeKV(t.Context(), oscar.KVOptions{Model: model, Calib: calib, Method: oscar.Method,
+	if _, err := oscar.QuantizeKV(t.Context(), oscar.KVOptions{Model: mdir, Calib: calib, Method: oscar.Method,
 		ClipK: oscar.DefaultClipK, ClipV: oscar.DefaultClipV, Out: rotPath, Version: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	a, err := FromCheckpoint(model, FromOptions{KVRotations: rotPath, LmpackVersion: "test"})
+	a, err := FromCheckpoint(mdir, FromOptions{KVRotations: rotPath, LmpackVersion: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,13 +50,13 @@ func TestPackKVRotations(t *testing.T) {
 	if kv == nil || kv.Method != "oscar" || len(kv.Rotations) != 5 || len(kv.ClipK) != 5 || kv.ClipV[0] != 0.92 {
 		t.Fatalf("manifest kv scheme: %+v", kv)
 	}
-	ck, err := safetensors.OpenDir(model)
+	ck, err := safetensors.OpenDir(mdir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ck.Close()
-	fp, _ := calibrate.ModelFingerprint(model, ck)
-	rot, _, err := oscar.ReadFile(rotPath, calibrate.Expect{ModelFingerprint: fp})
+	fp, _ := model.Fingerprint(mdir, ck)
+	rot, _, err := oscar.ReadFile(rotPath, model.Expect{ModelFingerprint: fp})
 	if err != nil {
 		t.Fatal(err)
 	}

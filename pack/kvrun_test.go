@@ -1,4 +1,4 @@
-package pack
+package pack_test
 
 import (
 	"path/filepath"
@@ -7,6 +7,8 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
+	. "github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -35,10 +37,10 @@ func rotationFile(t *testing.T, model, dir string) string {
 // float32 cache's (so the scheme is really applied). Every rotation is
 // consumed.
 func TestArtifactKVCacheLogits(t *testing.T) {
-	model := shared.Path(t, "stories260K-hf")
+	mdir := shared.Path(t, "stories260K-hf")
 	dir := t.TempDir()
-	rotPath := rotationFile(t, model, dir)
-	a, err := FromCheckpoint(model, FromOptions{KVRotations: rotPath, KVSink: 4, KVRecent: 16, LmpackVersion: "test"})
+	rotPath := rotationFile(t, mdir, dir)
+	a, err := FromCheckpoint(mdir, FromOptions{KVRotations: rotPath, KVSink: 4, KVRecent: 16, LmpackVersion: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,16 +63,16 @@ func TestArtifactKVCacheLogits(t *testing.T) {
 			t.Fatalf("tensor %q unconsumed after load", n)
 		}
 	}
-	ec, err := engine.Open(t.Context(), model, engine.Options{Threads: 1})
+	ec, err := engine.Open(t.Context(), mdir, engine.Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ec.Close()
-	fp, err := calibrate.ModelFingerprint(model, ec.Checkpoint)
+	fp, err := model.Fingerprint(mdir, ec.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rot, _, err := oscar.ReadFile(rotPath, calibrate.Expect{ModelFingerprint: fp, Desc: ec.Desc})
+	rot, _, err := oscar.ReadFile(rotPath, model.Expect{ModelFingerprint: fp, Desc: ec.Desc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,7 +199,7 @@ func (q *QuantFormat) Symmetric() bool { return q.ZeroSection == "" }
 
 // Provenance records where an artifact came from.
 type Provenance struct {
-	// SourceModelFingerprint is calibrate.ModelFingerprint of the source.
+	// SourceModelFingerprint is model.Fingerprint of the source.
 	SourceModelFingerprint string `json:"source_model_fingerprint"`
 	// CalibrationFingerprint is the calibration data's fingerprint, when
 	// any stage used calibration.

@@ -1,4 +1,4 @@
-package pack
+package pack_test
 
 import (
 	"encoding/binary"
@@ -14,6 +14,8 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
+	. "github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/quantize/wquant"
@@ -138,11 +140,11 @@ func TestQuantizedArtifactOSCAR2(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ec.Close()
-	fp, err := calibrate.ModelFingerprint(qdir, ec.Checkpoint)
+	fp, err := model.Fingerprint(qdir, ec.Checkpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rot, _, err := oscar.ReadFile(rotPath, calibrate.Expect{ModelFingerprint: fp, Desc: ec.Desc})
+	rot, _, err := oscar.ReadFile(rotPath, model.Expect{ModelFingerprint: fp, Desc: ec.Desc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +266,7 @@ func TestQuantizedArtifactLoudFailures(t *testing.T) {
 	m.FormatVersion = 1
 	m.WeightsMethod = ""
 	b, _ := json.Marshal(&m)
-	if _, err := decodeManifest("x", b); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "format version 2") {
+	if _, err := DecodeManifest("x", b); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "format version 2") {
 		t.Errorf("v1 manifest with quant: %v", err)
 	}
 }
@@ -354,11 +356,11 @@ func TestQuantizedArtifactVersionsAndCorruption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, _ := packStories(t, WriteOptions{})
+	plain, _ := PackStories(t, WriteOptions{})
 	orig, _ := os.ReadFile(out)
 	pb, _ := os.ReadFile(plain)
 	le := binary.LittleEndian
-	if v, pv := le.Uint32(orig[offVersion:]), le.Uint32(pb[offVersion:]); v != 2 || pv != 1 {
+	if v, pv := le.Uint32(orig[OffVersion:]), le.Uint32(pb[OffVersion:]); v != 2 || pv != 1 {
 		t.Fatalf("header versions: quantized %d (want 2), plain %d (want 1)", v, pv)
 	}
 	write := func(b []byte) string {
@@ -370,8 +372,8 @@ func TestQuantizedArtifactVersionsAndCorruption(t *testing.T) {
 	}
 	setVersion := func(b []byte, v uint32) []byte {
 		b = slices.Clone(b)
-		le.PutUint32(b[offVersion:], v)
-		le.PutUint32(b[offHeaderCRC:], crc(b[:offHeaderCRC]))
+		le.PutUint32(b[OffVersion:], v)
+		le.PutUint32(b[OffHeaderCRC:], CRC(b[:OffHeaderCRC]))
 		return b
 	}
 	if _, err := Open(write(setVersion(pb, 2))); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "header says 2") {
@@ -385,14 +387,13 @@ func TestQuantizedArtifactVersionsAndCorruption(t *testing.T) {
 		t.Fatal(err)
 	}
 	const sec = "model.layers.2.mlp.up_proj.scales"
-	i, ok := r.l.index[sec]
+	off, ok := SectionOffset(r, sec)
 	if !ok {
 		t.Fatalf("no section %s", sec)
 	}
-	e := r.l.entries[i]
 	r.Close()
 	b := slices.Clone(orig)
-	b[e.Offset+1] ^= 0x10
+	b[off+1] ^= 0x10
 	bad := write(b)
 	if _, err := Verify(bad); !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), sec) {
 		t.Errorf("verify: %v", err)

@@ -10,7 +10,6 @@ import (
 	"slices"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/pierrec/lz4/v4"
 	"golang.org/x/sys/unix"
 )
@@ -165,12 +164,25 @@ func agreement(m *Manifest, l *layout) []error {
 	return errs
 }
 
+// ArtifactInfo is what inspect reports for an artifact: its format
+// version, weight-quantization method ("" for float weights) and KV cache
+// method (Info gives "" for the float32 cache, which lmpack inspect
+// reports as "fp32") with its fp16 windows in tokens (0: none, or the
+// method's default).
+type ArtifactInfo struct {
+	FormatVersion int    `json:"format_version"`
+	WeightsMethod string `json:"weights_method,omitempty"`
+	KVCache       string `json:"kv_cache"`
+	KVSink        int    `json:"kv_sink,omitempty"`
+	KVRecent      int    `json:"kv_recent,omitempty"`
+}
+
 // Info returns the manifest's format version, weights method and KV
-// scheme (cache method, "" for none, and windows) as recorded
-// (engine.Artifact; KVCache validates the scheme).
-func (r *Reader) Info() engine.ArtifactInfo {
+// scheme (cache method, "" for none, and windows) as recorded, not
+// validated (KVCache validates the scheme).
+func (r *Reader) Info() ArtifactInfo {
 	m := r.manifest
-	i := engine.ArtifactInfo{FormatVersion: m.FormatVersion, WeightsMethod: m.WeightsMethod}
+	i := ArtifactInfo{FormatVersion: m.FormatVersion, WeightsMethod: m.WeightsMethod}
 	if m.KV != nil {
 		i.KVCache, i.KVSink, i.KVRecent = m.KV.Cache, m.KV.Sink, m.KV.Recent
 	}

@@ -1,4 +1,4 @@
-package pack
+package pack_test
 
 import (
 	"encoding/binary"
@@ -13,6 +13,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	. "github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/quantize/wquant"
 )

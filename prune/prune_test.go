@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/prune/depth"
 )
 
@@ -133,12 +134,12 @@ func TestListPlanStories(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	model := copyModel(t)
+	mdir := copyModel(t)
 	snapshot := func() map[string][]byte {
 		m := map[string][]byte{}
-		ents, _ := os.ReadDir(model)
+		ents, _ := os.ReadDir(mdir)
 		for _, e := range ents {
-			b, _ := os.ReadFile(filepath.Join(model, e.Name()))
+			b, _ := os.ReadFile(filepath.Join(mdir, e.Name()))
 			m[e.Name()] = b
 		}
 		return m
@@ -147,11 +148,11 @@ func TestBadRequests(t *testing.T) {
 	tmp := t.TempDir()
 	old := filepath.Join(tmp, "old.safetensors")
 	// A calibration file of this model without the lorp statistic.
-	ck, err := safetensors.OpenDir(model)
+	ck, err := safetensors.OpenDir(mdir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, err := calibrate.ModelFingerprint(model, ck)
+	fp, err := model.Fingerprint(mdir, ck)
 	ck.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -170,9 +171,9 @@ func TestBadRequests(t *testing.T) {
 		text string
 	}{
 		{Options{Method: "lorp", Layers: 1, Calib: old, Out: out}, ErrNoStatistic, "lacks lorp.similarity: re-run lmpack calibrate"},
-		{Options{Method: "lorp", Layers: 1, Calib: other, Out: out}, calibrate.ErrModelMismatch, "another model"},
-		{Options{Method: "list:2", Out: filepath.Join(model, "sub")}, ErrOutput, "inside"},
-		{Options{Method: "list:2", Out: model}, ErrOutput, "model directory"},
+		{Options{Method: "lorp", Layers: 1, Calib: other, Out: out}, model.ErrModelMismatch, "another model"},
+		{Options{Method: "list:2", Out: filepath.Join(mdir, "sub")}, ErrOutput, "inside"},
+		{Options{Method: "list:2", Out: mdir}, ErrOutput, "model directory"},
 		{Options{Method: "list:0", Out: out}, depth.ErrProtectedLayer, "protected"},
 		{Options{Method: "list:4", Out: out}, depth.ErrProtectedLayer, "protected"},
 		{Options{Method: "list:7", Out: out}, depth.ErrLayerRange, "outside"},
@@ -181,7 +182,7 @@ func TestBadRequests(t *testing.T) {
 		{Options{Method: "lorp", Out: out}, ErrOptions, "needs a calibration"},
 		{Options{Method: "magic", Out: out}, ErrOptions, "want lorp"},
 	} {
-		c.opt.Model = model
+		c.opt.Model = mdir
 		_, err := Run(context.Background(), c.opt)
 		if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.text) {
 			t.Errorf("case %d %+v: %v; want %v containing %q", i, c.opt, err, c.is, c.text)

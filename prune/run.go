@@ -11,7 +11,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/tokenizer"
-	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/prune/depth"
 )
 
@@ -20,7 +20,7 @@ var ErrOptions = errors.New("prune: bad options")
 
 // Options configures Run (depth pruning).
 type Options struct {
-	// Model is a model directory or a Hugging Face hub id (engine.Open).
+	// Model is a model directory or a Hugging Face hub id (model.Open).
 	Model string
 	// Calib is the calibration file (lmpack calibrate). Required for the
 	// lorp and shortgpt methods; optional for list:, where it is only
@@ -175,7 +175,7 @@ func ParseList(spec string) ([]int, error) {
 // depth.ListPlan) and applies it (ApplyDepth).
 //
 // Errors: ErrOptions; ErrNoStatistic when the calibration file has no
-// "lorp" statistic ("re-run lmpack calibrate"); calibrate.ErrModelMismatch
+// "lorp" statistic ("re-run lmpack calibrate"); model.ErrModelMismatch
 // and other calibrate.Read errors; depth errors (ErrTooManyLayers,
 // ErrProtectedLayer, ErrLayerRange); ApplyDepth's errors.
 //
@@ -187,7 +187,7 @@ func ParseList(spec string) ([]int, error) {
 // ErrNoStatistic (no token ids, or no head proxy for proxy); runtime and
 // prune/width errors.
 func Run(ctx context.Context, opt Options) (*Report, error) {
-	dir, desc, ck, err := engine.OpenCheckpoint(ctx, opt.Model, nil)
+	dir, desc, ck, err := model.Open(ctx, opt.Model, nil)
 	if err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
@@ -197,7 +197,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	}
 	// Never write a checkpoint the runtime cannot load: the config must
 	// agree with the weights and the tokenizer must load.
-	if err := engine.CheckCheckpoint(dir, desc, ck); err != nil {
+	if err := model.Check(dir, desc, ck); err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	if _, err := tokenizer.Load(dir); err != nil {
@@ -224,11 +224,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	}
 	var S []float64
 	if opt.Calib != "" {
-		fp, err := calibrate.ModelFingerprint(dir, ck)
+		fp, err := model.Fingerprint(dir, ck)
 		if err != nil {
 			return nil, fmt.Errorf("prune: %w", err)
 		}
-		c, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+		c, err := calibrate.Read(opt.Calib, model.Expect{ModelFingerprint: fp, Desc: desc})
 		if err != nil {
 			return nil, fmt.Errorf("prune: %w", err)
 		}

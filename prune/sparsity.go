@@ -6,6 +6,7 @@ import (
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/prune/width"
 )
 
@@ -176,15 +177,11 @@ func sparsityPlan(desc *arch.Description, ck *safetensors.Checkpoint, s float64)
 
 // PlanSparsity returns the head-group and FFN budget Options.Sparsity s
 // gives the checkpoint in dir (config.json and its safetensors), as Run
-// would compute it, without pruning anything. Errors: the checkpoint's
-// (unreadable config or weights), and ErrOptions for a sparsity the model
+// would compute it, without pruning anything. Errors: model.OpenDir's
+// (no or unreadable config, unreadable weights), and ErrOptions for a sparsity the model
 // cannot reach, naming the reachable range.
 func PlanSparsity(dir string, s float64) (*SparsityPlan, error) {
-	desc, err := arch.Load(dir)
-	if err != nil {
-		return nil, fmt.Errorf("prune: %w", err)
-	}
-	ck, err := safetensors.OpenDir(dir)
+	desc, ck, err := model.OpenDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/runtime"
 )
 
@@ -87,11 +88,11 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 	if err := checkOut(dir, opt.Out); err != nil {
 		return nil, err
 	}
-	fp, err := calibrate.ModelFingerprint(dir, ck)
+	fp, err := model.Fingerprint(dir, ck)
 	if err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
-	c, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+	c, err := calibrate.Read(opt.Calib, model.Expect{ModelFingerprint: fp, Desc: desc})
 	if err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}

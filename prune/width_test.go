@@ -16,6 +16,7 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/runtime"
 )
 
@@ -77,10 +78,10 @@ func logitsOf(t *testing.T, m runtime.Model, ids []int) []float32 {
 // head-pruned stories260K (Putri, 6 of 20 groups) gives the logits of the
 // unpruned model run with the same KV groups masked, within 1e-5.
 func TestHeadPruneMatchesMasked(t *testing.T) {
-	model := shared.Path(t, "stories260K-hf")
-	cal := calibStories(t, model)
+	mdir := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, mdir)
 	out := filepath.Join(t.TempDir(), "heads")
-	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, HeadGroups: 6, HeadMethod: HeadPutri, Threads: 1})
+	r, err := Run(context.Background(), Options{Model: mdir, Calib: cal, Out: out, HeadGroups: 6, HeadMethod: HeadPutri, Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestHeadPruneMatchesMasked(t *testing.T) {
 		t.Errorf("sizes %+v -> %+v: want %d fewer parameters", r.Before, r.After, removedParams)
 	}
 	// Logits vs the masked unpruned model.
-	full := openModel(t, model)
+	full := openModel(t, mdir)
 	small := openModel(t, out)
 	mk := full.Model.(runtime.KVGroupMasker)
 	for l, m := range gone {
@@ -146,7 +147,7 @@ func TestHeadPruneMatchesMasked(t *testing.T) {
 
 	// Putri's first pick: masking it alone gives the lowest perplexity of
 	// all 20 single-group masks on the first calibration window.
-	c, err := calibrate.Read(cal, calibrate.Expect{})
+	c, err := calibrate.Read(cal, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,14 +186,14 @@ func TestHeadPruneMatchesMasked(t *testing.T) {
 // TestHeadProxy: the proxy method removes the lowest-proxy groups while
 // every layer keeps one, and the ratio form rounds.
 func TestHeadProxy(t *testing.T) {
-	model := shared.Path(t, "stories260K-hf")
-	cal := calibStories(t, model)
-	c, err := calibrate.Read(cal, calibrate.Expect{})
+	mdir := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, mdir)
+	c, err := calibrate.Read(cal, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "proxy")
-	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: out, HeadRatio: 0.5, HeadMethod: HeadProxy})
+	r, err := Run(context.Background(), Options{Model: mdir, Calib: cal, Out: out, HeadRatio: 0.5, HeadMethod: HeadProxy})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,16 +315,16 @@ func TestFFNRefit(t *testing.T) {
 // TestWidthBad: width requests that cannot be met fail clearly and write
 // nothing.
 func TestWidthBad(t *testing.T) {
-	model := shared.Path(t, "stories260K-hf")
-	cal := calibStories(t, model)
+	mdir := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, mdir)
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out")
 	noTok := filepath.Join(dir, "old.safetensors")
-	c, err := calibrate.Read(cal, calibrate.Expect{})
+	c, err := calibrate.Read(cal, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2, err := calibrate.Read(cal, calibrate.Expect{})
+	c2, err := calibrate.Read(cal, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func TestWidthBad(t *testing.T) {
 		{Options{HeadGroups: 2, Calib: "-"}, []string{"need a calibration file"}},
 	} {
 		o := k.opt
-		o.Model, o.Out = model, out
+		o.Model, o.Out = mdir, out
 		if o.Calib == "" {
 			o.Calib = cal
 		} else if o.Calib == "-" {

@@ -354,7 +354,7 @@ func TestBadConfig(t *testing.T) {
 			append([]string{"config.json", `no "architectures" entry`}, supported...)},
 		{"zero hidden size", withConfig(func(c map[string]any) { c["hidden_size"] = 0 }),
 			[]string{"config.json", "hidden_size 0: want > 0"}},
-		{"no config.json", noConfig, []string{"config.json", "no such file"}},
+		{"no config.json", noConfig, []string{noConfig, "is not a model directory", "no config.json", "*.safetensors weights"}},
 		{"pre-quantized", withConfig(func(c map[string]any) { c["quantization_config"] = map[string]any{"quant_method": "gptq", "bits": 4} }),
 			[]string{"config.json", `quantization_config (quant_method "gptq")`, "not supported"}},
 		{"bos out of range", withConfig(func(c map[string]any) { c["bos_token_id"] = 99999 }),

@@ -11,6 +11,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 // TestCalibrateExperts: `lmpack calibrate` on the MoE model writes the
@@ -33,11 +34,11 @@ func TestCalibrateExperts(t *testing.T) {
 	if !strings.Contains(r.stdout, "20 experts routed fewer than 1000 tokens") || !strings.Contains(r.stdout, "layer 4 expert 3:") {
 		t.Errorf("stdout lacks the sparse-expert report:\n%s", r.stdout)
 	}
-	a, err := calibrate.Read(routed, calibrate.Expect{})
+	a, err := calibrate.Read(routed, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := calibrate.Read(all, calibrate.Expect{})
+	b, err := calibrate.Read(all, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}

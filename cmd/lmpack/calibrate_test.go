@@ -7,6 +7,7 @@ import (
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/oscar"
 )
 
@@ -32,7 +33,7 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 	if !strings.Contains(r.stderr, "calibrate progress") || !strings.Contains(r.stderr, "forwarded_tokens_done=4096") {
 		t.Errorf("no progress log lines when stderr is not a terminal:\n%s", r.stderr)
 	}
-	c, err := calibrate.Read(cal, calibrate.Expect{})
+	c, err := calibrate.Read(cal, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 	if want := "wrote " + rot + ": oscar rotations for 5 layers, clip_k 0.96, clip_v 0.92\n"; r.stdout != want {
 		t.Errorf("stdout %q, want %q", r.stdout, want)
 	}
-	rs, h, err := oscar.ReadFile(rot, calibrate.Expect{ModelFingerprint: c.Header.ModelFingerprint})
+	rs, h, err := oscar.ReadFile(rot, model.Expect{ModelFingerprint: c.Header.ModelFingerprint})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 	}
 	r = lmpack(t, nil, "quantize", "kv", modelDir(t), "--calib", cal, "--clip-k", "1", "--clip-v", "0.5", "-o", rot)
 	wantOK(t, r)
-	if rs, _, err = oscar.ReadFile(rot, calibrate.Expect{}); err != nil || rs.ClipK[0] != 1 || rs.ClipV[4] != 0.5 {
+	if rs, _, err = oscar.ReadFile(rot, model.Expect{}); err != nil || rs.ClipK[0] != 1 || rs.ClipV[4] != 0.5 {
 		t.Errorf("--clip-k 1 --clip-v 0.5: %v, %v %v", err, rs.ClipK, rs.ClipV)
 	}
 

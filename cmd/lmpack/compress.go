@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 
 	"github.com/lmpack/lmpack/compress"
+	"github.com/lmpack/lmpack/model"
 	"github.com/spf13/cobra"
 )
 
@@ -47,11 +47,8 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 			if err := checkOutput("-o", opt.Out, args[0], recipePath, opt.Data, opt.EvalData); err != nil {
 				return err
 			}
-			if f, err := os.Open(opt.Out); err == nil {
-				var magic [4]byte
-				_, rerr := io.ReadFull(f, magic[:])
-				f.Close()
-				if rerr != nil || string(magic[:]) != "LMPK" {
+			if _, err := os.Stat(opt.Out); err == nil {
+				if !model.IsArtifact(opt.Out) {
 					return fmt.Errorf("-o %s: exists and is not an lmpack artifact; refusing to overwrite it", opt.Out)
 				}
 			}

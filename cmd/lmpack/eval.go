@@ -9,6 +9,7 @@ import (
 
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/eval/kveval"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"
@@ -66,7 +67,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			} else if kvRot != "" || kvWin != "" || plot != "" || layers {
 				return fmt.Errorf("--kv-rotations, --kv-window, --kv-layers and --plot need --kv LIST")
 			}
-			if _, err := engine.ReadText(data); err != nil {
+			if _, err := fsx.ReadText(data); err != nil {
 				return err
 			}
 			if kv != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/spf13/cobra"
 )
 
@@ -14,7 +15,7 @@ func newInspectCmd(g *globalFlags) *cobra.Command {
 		Short: "Print a checkpoint's or artifact's architecture, parameter count, bytes by dtype and per-layer shapes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := engine.InspectModel(cmd.Context(), args[0], engine.HubOptions(g.logger))
+			r, err := engine.InspectModel(cmd.Context(), args[0], model.HubOptions(g.logger))
 			if err != nil {
 				return err
 			}

@@ -4,12 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/spf13/cobra"
 )
@@ -39,7 +38,7 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 				return fmt.Errorf("-o FILE.lmpk is required")
 			}
 			if st, err := os.Stat(args[0]); err == nil && !st.IsDir() {
-				if engine.IsArtifact(args[0]) {
+				if model.IsArtifact(args[0]) {
 					return fmt.Errorf("INPUT %s is already an lmpack artifact; pack needs a checkpoint directory (config.json and *.safetensors)", args[0])
 				}
 				hint := ""
@@ -54,11 +53,8 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 			// Replacing an earlier artifact (a rerun) is fine; replacing any
 			// other existing file is refused, so a mistyped -o cannot destroy
 			// an unrelated file.
-			if f, err := os.Open(out); err == nil {
-				var magic [4]byte
-				_, rerr := io.ReadFull(f, magic[:])
-				f.Close()
-				if rerr != nil || string(magic[:]) != "LMPK" {
+			if _, err := os.Stat(out); err == nil {
+				if !model.IsArtifact(out) {
 					return fmt.Errorf("-o %s: exists and is not an lmpack artifact; refusing to overwrite it", out)
 				}
 			}

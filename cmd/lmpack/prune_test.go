@@ -13,6 +13,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/prune"
 )
 
@@ -83,21 +84,21 @@ func heldoutPPL(t *testing.T, model string) float64 {
 func TestPruneDepth(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	model := modelDir(t)
+	mdir := modelDir(t)
 	cal := filepath.Join(dir, "calib.safetensors")
-	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", calibText(t), "--tokens", "2048", "--ctx", "256", "--threads", "1", "-o", cal))
-	c, err := calibrate.Read(cal, calibrate.Expect{})
+	wantOK(t, lmpack(t, nil, "calibrate", mdir, "--data", calibText(t), "--tokens", "2048", "--ctx", "256", "--threads", "1", "-o", cal))
+	c, err := calibrate.Read(cal, model.Expect{})
 	if err != nil || !c.Has(calibrate.StatLoRP) || len(c.Similarity) != 36 {
 		t.Fatalf("calibration: %v, statistics %v, %d similarity values", err, c.Header.Statistics, len(c.Similarity))
 	}
-	total, perLayer, tied := layerParamsTied(t, model)
+	total, perLayer, tied := layerParamsTied(t, mdir)
 	if len(perLayer) != 5 {
 		t.Fatalf("%d layers in the checkpoint", len(perLayer))
 	}
 
 	// Text report of list:2.
 	out2 := filepath.Join(dir, "list2")
-	r := lmpack(t, nil, "prune", model, "-o", out2, "--layer-method", "list:2")
+	r := lmpack(t, nil, "prune", mdir, "-o", out2, "--layer-method", "list:2")
 	wantOK(t, r)
 	for _, want := range []string{"wrote " + out2 + ": 5 -> 4 layers (method list)", "kept layers [0 1 3 4]",
 		fmt.Sprintf("parameters %d -> %d", total, total-perLayer[2])} {
@@ -110,7 +111,7 @@ func TestPruneDepth(t *testing.T) {
 	if err := json.Unmarshal(b, &cfg); err != nil || cfg["num_hidden_layers"] != 4.0 {
 		t.Errorf("config.json: %v, num_hidden_layers %v", err, cfg["num_hidden_layers"])
 	}
-	orig, _ := safetensors.OpenDir(model)
+	orig, _ := safetensors.OpenDir(mdir)
 	got, err := safetensors.OpenDir(out2)
 	if err != nil {
 		t.Fatal(err)
@@ -142,14 +143,14 @@ func TestPruneDepth(t *testing.T) {
 		t.Errorf("inspect:\n%s", r.stdout)
 	}
 
-	base := heldoutPPL(t, model)
+	base := heldoutPPL(t, mdir)
 	ppl := map[int]float64{}
 	for l := 1; l <= 3; l++ {
 		o := filepath.Join(dir, fmt.Sprintf("drop%d", l))
 		if l == 2 {
 			o = out2
 		} else {
-			wantOK(t, lmpack(t, nil, "prune", model, "--calib", cal, "-o", o, "--layer-method", fmt.Sprintf("list:%d", l)))
+			wantOK(t, lmpack(t, nil, "prune", mdir, "--calib", cal, "-o", o, "--layer-method", fmt.Sprintf("list:%d", l)))
 		}
 		ppl[l] = heldoutPPL(t, o)
 		if !(ppl[l] > base) {
@@ -177,7 +178,7 @@ func TestPruneDepth(t *testing.T) {
 	picks := map[string]int{}
 	for _, method := range []string{"lorp", "shortgpt"} {
 		o := filepath.Join(dir, method)
-		r := lmpack(t, nil, "prune", model, "--calib", cal, "-o", o, "--layers", "1", "--layer-method", method, "--json")
+		r := lmpack(t, nil, "prune", mdir, "--calib", cal, "-o", o, "--layers", "1", "--layer-method", method, "--json")
 		wantOK(t, r)
 		var rep prune.Report
 		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
@@ -232,7 +233,7 @@ func TestPruneDepth(t *testing.T) {
 	t.Log("\n" + strings.Join(lines, "\n"))
 
 	// --layer-ratio 0.2 of 5 layers removes one.
-	r = lmpack(t, nil, "prune", model, "--calib", cal, "-o", filepath.Join(dir, "ratio"), "--layer-ratio", "0.2", "--layer-method", "shortgpt", "--json")
+	r = lmpack(t, nil, "prune", mdir, "--calib", cal, "-o", filepath.Join(dir, "ratio"), "--layer-ratio", "0.2", "--layer-method", "shortgpt", "--json")
 	wantOK(t, r)
 	var rep prune.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || len(rep.Removed) != 1 || rep.Removed[0].Layer != picks["shortgpt"] {
@@ -245,23 +246,23 @@ func TestPruneDepth(t *testing.T) {
 func TestPruneBad(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	model := brokenDir(t, origSafetensors(t))
+	mdir := brokenDir(t, origSafetensors(t))
 	snap := func() map[string]string {
 		m := map[string]string{}
-		ents, _ := os.ReadDir(model)
+		ents, _ := os.ReadDir(mdir)
 		for _, e := range ents {
-			b, _ := os.ReadFile(filepath.Join(model, e.Name()))
+			b, _ := os.ReadFile(filepath.Join(mdir, e.Name()))
 			m[e.Name()] = string(b)
 		}
 		return m
 	}
 	before := snap()
 	cal := filepath.Join(dir, "calib.safetensors")
-	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", calibText(t), "--tokens", "256", "--ctx", "256", "--threads", "1", "-o", cal))
+	wantOK(t, lmpack(t, nil, "calibrate", mdir, "--data", calibText(t), "--tokens", "256", "--ctx", "256", "--threads", "1", "-o", cal))
 	moeCal := filepath.Join(dir, "moe.safetensors")
 	wantOK(t, lmpack(t, nil, "calibrate", shared.Path(t, "stories260K-moe-hf"), "--data", calibText(t), "--tokens", "256", "--ctx", "256", "--threads", "1", "-o", moeCal))
 	// A calibration file of this model from before the lorp statistic.
-	c, err := calibrate.Read(cal, calibrate.Expect{})
+	c, err := calibrate.Read(cal, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,8 +278,8 @@ func TestPruneBad(t *testing.T) {
 	}{
 		{[]string{"--calib", moeCal, "-o", out, "--layers", "1"}, []string{"calibration file is from another model", moeCal}},
 		{[]string{"--calib", old, "-o", out, "--layers", "1"}, []string{"calibration file " + old + " lacks lorp.similarity: re-run lmpack calibrate"}},
-		{[]string{"--calib", cal, "-o", filepath.Join(model, "out"), "--layers", "1"}, []string{"inside", "input is never modified"}},
-		{[]string{"--calib", cal, "-o", model, "--layers", "1"}, []string{"is the model directory"}},
+		{[]string{"--calib", cal, "-o", filepath.Join(mdir, "out"), "--layers", "1"}, []string{"inside", "input is never modified"}},
+		{[]string{"--calib", cal, "-o", mdir, "--layers", "1"}, []string{"is the model directory"}},
 		{[]string{"--calib", cal, "-o", out, "--layers", "4"}, []string{"too many layers", "remove 4 of 5"}},
 		{[]string{"--calib", cal, "-o", out, "--layers", "4", "--layer-method", "shortgpt"}, []string{"too many layers"}},
 		{[]string{"--calib", cal, "-o", out, "--layer-method", "list:0"}, []string{"layer is protected", "layer 0"}},
@@ -299,7 +300,7 @@ func TestPruneBad(t *testing.T) {
 		{[]string{"-o", out, "--layers", "1"}, []string{"--calib CALIB is required"}},
 		{[]string{"--calib", cal, "--layers", "1"}, []string{"-o OUT is required"}},
 	} {
-		r := lmpack(t, nil, append([]string{"prune", model}, tc.args...)...)
+		r := lmpack(t, nil, append([]string{"prune", mdir}, tc.args...)...)
 		wantError(t, r, tc.want...)
 	}
 	if _, err := os.Stat(out); err == nil {
@@ -309,7 +310,7 @@ func TestPruneBad(t *testing.T) {
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	wantError(t, lmpack(t, nil, "prune", model, "-o", out, "--layer-method", "list:2"), "already exists")
+	wantError(t, lmpack(t, nil, "prune", mdir, "-o", out, "--layer-method", "list:2"), "already exists")
 	if after := snap(); len(after) != len(before) {
 		t.Errorf("model directory: %d files, was %d", len(after), len(before))
 	} else {

@@ -10,9 +10,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
@@ -61,11 +61,11 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 			if opt.Rotations == "" {
 				return nil, fmt.Errorf("kveval: --kv %s needs --kv-rotations ROT (made by lmpack calibrate and lmpack quantize kv)", name)
 			}
-			fp, err := calibrate.ModelFingerprint(e.Dir, e.Checkpoint)
+			fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
 			if err != nil {
 				return nil, err
 			}
-			r, _, err := oscar.ReadFile(opt.Rotations, calibrate.Expect{ModelFingerprint: fp, Desc: e.Desc})
+			r, _, err := oscar.ReadFile(opt.Rotations, model.Expect{ModelFingerprint: fp, Desc: e.Desc})
 			if err != nil {
 				return nil, err
 			}

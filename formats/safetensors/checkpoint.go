@@ -43,11 +43,13 @@ type indexJSON struct {
 //   - otherwise every *.safetensors file in dir (a tensor name in two files is
 //     an error).
 //
-// Errors (wrapped): os errors; errors from Open; ErrFormat naming the index
-// file and tensor for an index that is not valid JSON, names a shard outside
-// dir or a shard or tensor that is missing, or disagrees with a shard; ErrFormat
-// for a duplicated tensor name; ErrNoWeights for a directory with no
-// .safetensors file.
+// Errors (wrapped): os errors (a shard the index names but dir lacks is
+// reported as missing, naming the shard and a tensor it holds, and wraps
+// fs.ErrNotExist); errors from Open; ErrFormat naming the index file and
+// tensor for an index that is not valid JSON, names a shard outside dir or a
+// tensor that is missing, or disagrees with a shard; ErrFormat for a
+// duplicated tensor name; ErrNoWeights for a directory with no .safetensors
+// file.
 func OpenDir(dir string) (*Checkpoint, error) {
 	idx := filepath.Join(dir, IndexFileName)
 	if _, err := os.Stat(idx); err == nil {
@@ -169,12 +171,19 @@ func openIndexed(dir, idx string) (*Checkpoint, error) {
 		if _, err := os.Stat(p); err != nil {
 			c.Close()
 			// Name a tensor that points at the missing shard.
+			first, n := "", 0
 			for _, name := range names {
 				if ix.WeightMap[name] == s {
-					return nil, fmt.Errorf("safetensors: %s: tensor %q: shard %s: %w (%w)", idx, name, s, ErrFormat, err)
+					if n == 0 {
+						first = name
+					}
+					n++
 				}
 			}
-			return nil, fmt.Errorf("safetensors: %s: shard %s: %w (%w)", idx, s, ErrFormat, err)
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("safetensors: %s: shard %s is missing from %s (the index assigns it %d tensor(s), first tensor %q; download the checkpoint again): %w", idx, s, dir, n, first, err)
+			}
+			return nil, fmt.Errorf("safetensors: %s: shard %s (assigned tensor %q): %w", idx, s, first, err)
 		}
 		f, err := Open(p)
 		if err != nil {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -102,7 +104,6 @@ func TestShardedIndexErrors(t *testing.T) {
 		tensor string
 		want   string
 	}{
-		{"missing shard", map[string]string{"model.a": s1, "model.b": s1, "model.c": "model-00003-of-00003.safetensors"}, "model.c", "model-00003-of-00003.safetensors"},
 		{"tensor not in shard", map[string]string{"model.a": s1, "model.b": s1, "model.c": s2, "model.d": s2}, "model.d", "does not hold it"},
 		{"wrong shard", map[string]string{"model.a": s2, "model.b": s1, "model.c": s2}, "model.a", "does not hold it"},
 		{"unlisted tensor", map[string]string{"model.a": s1, "model.c": s2}, "model.b", "weight map does not assign it"},
@@ -131,6 +132,29 @@ func TestShardedIndexErrors(t *testing.T) {
 		_, err := OpenDir(dir)
 		wantErr(t, err, p, `duplicate key "a"`)
 	})
+}
+
+// TestMissingShard: a shard that model.safetensors.index.json names but
+// the directory lacks is reported as missing (fs.ErrNotExist), naming the
+// shard and a tensor it should hold, not as malformed data.
+func TestMissingShard(t *testing.T) {
+	dir := t.TempDir()
+	writeSharded(t, dir)
+	s2 := "model-00002-of-00002.safetensors"
+	if err := os.Remove(filepath.Join(dir, s2)); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := OpenDir(dir)
+	if ck != nil {
+		ck.Close()
+	}
+	wantErr(t, err, s2, "is missing", `"model.c"`)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%v does not wrap fs.ErrNotExist", err)
+	}
+	if errors.Is(err, ErrFormat) || strings.Contains(err.Error(), "malformed") {
+		t.Errorf("%v: a missing shard is not malformed data", err)
+	}
 }
 
 func TestDirectoryFallbacks(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,99 +13,16 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/hub"
+	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/cuda"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
-// ArtifactMagic is the first four bytes of an lmpack artifact (.lmpk,
-// docs/FORMAT.md).
-const ArtifactMagic = "LMPK"
-
-// Artifact is an opened packed model (.lmpk) as the engine needs it;
-// *pack.Reader implements it. (engine cannot import pack, which depends on
-// engine through calibrate and quantize/oscar, hence the interface and
-// ArtifactOpener.)
-type Artifact interface {
-	runtime.TensorSource
-	// Path is the artifact's path.
-	Path() string
-	// Description is the model the manifest describes, validated.
-	Description() (*arch.Description, error)
-	// File returns an embedded file (e.g. "tokenizer.json") by base name.
-	File(name string) ([]byte, error)
-	// TensorInfos lists the manifest tensors (name, dtype, shape).
-	TensorInfos() []safetensors.TensorInfo
-	// Unconsumed lists manifest tensors no Tensor call has returned.
-	Unconsumed() []string
-	// IsKVRotation reports whether a tensor is a KV-cache rotation.
-	IsKVRotation(name string) bool
-	// KVCache returns the artifact's KV-cache scheme: a runtime/kvcache
-	// method name ("" for the float32 cache) and its options, reading
-	// (consuming) every rotation tensor the scheme names.
-	KVCache() (string, kvcache.Options, error)
-	// Info returns the manifest's format version, weights method and KV
-	// scheme as recorded (not validated; KVCache returns the scheme
-	// checked).
-	Info() ArtifactInfo
-	// Close unmaps the artifact.
-	Close() error
-}
-
-// ArtifactOpener opens an artifact; cmd/lmpack sets it to pack.Open. While
-// it is nil, artifacts are refused with an error saying so.
-var ArtifactOpener func(path string) (Artifact, error)
-
-// IsArtifact reports whether path is a regular file starting with
-// ArtifactMagic. Unreadable paths are not artifacts (the caller's own
-// open reports why).
-func IsArtifact(path string) bool {
-	st, err := os.Stat(path)
-	if err != nil || !st.Mode().IsRegular() {
-		return false
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b := make([]byte, len(ArtifactMagic))
-	if _, err := io.ReadFull(f, b); err != nil {
-		return false
-	}
-	return string(b) == ArtifactMagic
-}
-
-// fileModelError explains why the regular file model cannot be a MODEL
-// where a checkpoint directory (or an artifact, for commands that take
-// one) is wanted: an artifact given to a command that needs a checkpoint;
-// a .lmpk file, or any file, whose first bytes are not ArtifactMagic (an
-// empty or corrupt artifact says so, as lmpack verify does).
-func fileModelError(model string) error {
-	if IsArtifact(model) {
-		return fmt.Errorf("engine: MODEL %q is an lmpack artifact; this command needs a checkpoint directory (run, eval without --kv, and inspect accept artifacts)", model)
-	}
-	if strings.EqualFold(filepath.Ext(model), ".lmpk") {
-		b := make([]byte, len(ArtifactMagic))
-		n := 0
-		if f, err := os.Open(model); err == nil {
-			n, _ = io.ReadFull(f, b)
-			f.Close()
-		}
-		if n == 0 {
-			return fmt.Errorf("engine: MODEL %q is not an lmpack artifact: the file is empty (want magic %q; run lmpack verify)", model, ArtifactMagic)
-		}
-		return fmt.Errorf("engine: MODEL %q is not an lmpack artifact: bad magic %q, want %q (run lmpack verify)", model, b[:n], ArtifactMagic)
-	}
-	return fmt.Errorf("engine: MODEL %q is a file; want a model directory, an lmpack artifact or a Hugging Face id (the file does not start with the artifact magic %q)", model, ArtifactMagic)
-}
-
-// openArtifact opens path with ArtifactOpener and reads its description.
-func openArtifact(path string) (Artifact, *arch.Description, error) {
-	if ArtifactOpener == nil {
-		return nil, nil, fmt.Errorf("engine: MODEL %q is an lmpack artifact, and this program was built without artifact support", path)
-	}
-	a, err := ArtifactOpener(path)
+// openArtifact opens path (pack.Open) and reads its description.
+func openArtifact(path string) (*pack.Reader, *arch.Description, error) {
+	a, err := pack.Open(path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -122,7 +38,7 @@ func openArtifact(path string) (Artifact, *arch.Description, error) {
 // tokenizer.json and, when present, tokenizer_config.json (which sets
 // add_bos_token and the special tokens): tokenizer.Load reads both from a
 // directory, so they are written to a private temporary one.
-func artifactTokenizer(a Artifact) (*tokenizer.Tokenizer, error) {
+func artifactTokenizer(a *pack.Reader) (*tokenizer.Tokenizer, error) {
 	tj, err := a.File("tokenizer.json")
 	if err != nil {
 		return nil, fmt.Errorf("engine: %s: the artifact embeds no usable tokenizer.json: %w", a.Path(), err)
@@ -274,24 +190,12 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 	return &Engine{Dir: path, Desc: d, Artifact: a, Tokenizer: tok, Model: m, KVCache: kvMethod}, nil
 }
 
-// ArtifactInfo is what inspect adds for an artifact: its format version,
-// weight-quantization method ("" for float weights) and KV cache method
-// ("fp32" for the float32 cache) with its fp16 windows in tokens (0:
-// none, or the method's default).
-type ArtifactInfo struct {
-	FormatVersion int    `json:"format_version"`
-	WeightsMethod string `json:"weights_method,omitempty"`
-	KVCache       string `json:"kv_cache"`
-	KVSink        int    `json:"kv_sink,omitempty"`
-	KVRecent      int    `json:"kv_recent,omitempty"`
-}
-
 // InspectModel builds the inspect report for MODEL: an artifact (from its
 // manifest, reading no section) or a checkpoint directory or hub id
-// (OpenCheckpoint, then Inspect).
-func InspectModel(ctx context.Context, model string, h *hub.Options) (*InspectReport, error) {
-	if IsArtifact(model) {
-		a, d, err := openArtifact(model)
+// (model.Open, then Inspect).
+func InspectModel(ctx context.Context, name string, h *hub.Options) (*InspectReport, error) {
+	if model.IsArtifact(name) {
+		a, d, err := openArtifact(name)
 		if err != nil {
 			return nil, err
 		}
@@ -305,7 +209,7 @@ func InspectModel(ctx context.Context, model string, h *hub.Options) (*InspectRe
 			}
 			infos = append(infos, t)
 		}
-		r, err := inspect(model, d, infos, func(string) string { return model })
+		r, err := inspect(name, d, infos, func(string) string { return name })
 		if err != nil {
 			return nil, err
 		}
@@ -315,7 +219,7 @@ func InspectModel(ctx context.Context, model string, h *hub.Options) (*InspectRe
 		r.Artifact = &info
 		return r, nil
 	}
-	dir, d, ck, err := OpenCheckpoint(ctx, model, h)
+	dir, d, ck, err := model.Open(ctx, name, h)
 	if err != nil {
 		return nil, err
 	}

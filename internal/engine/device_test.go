@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/runtime/cuda"
 )
 
@@ -60,7 +61,7 @@ func TestLoadModelBlocker(t *testing.T) {
 	old := cudaProbe
 	defer func() { cudaProbe = old }()
 	cudaProbe = func(int) error { return nil }
-	dir, d, ck, err := OpenCheckpoint(context.Background(), shared.Path(t, "stories260K-hf"), nil)
+	dir, d, ck, err := model.Open(context.Background(), shared.Path(t, "stories260K-hf"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

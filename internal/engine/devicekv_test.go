@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
@@ -43,7 +44,7 @@ func TestLoadModelKVBlocker(t *testing.T) {
 	old := cudaProbe
 	defer func() { cudaProbe = old }()
 	cudaProbe = func(int) error { return nil }
-	_, d, ck, err := OpenCheckpoint(context.Background(), shared.Path(t, "stories260K-hf"), nil)
+	_, d, ck, err := model.Open(context.Background(), shared.Path(t, "stories260K-hf"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

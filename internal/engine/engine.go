@@ -1,8 +1,10 @@
-// Package engine opens a model directory for the CLI: it resolves the
-// MODEL argument (a local directory or a Hugging Face hub id), parses
-// config.json, opens the safetensors checkpoint and the tokenizer, and
-// loads the weights on a runtime backend. It also holds the text
-// generation loop and the inspect report, so cmd/lmpack only parses flags.
+// Package engine is the facade of cmd/lmpack, compress and eval: it opens
+// a MODEL (a checkpoint directory or hub id through package model, or an
+// lmpack artifact through package pack) with its tokenizer, picks the
+// device and loads the weights on that runtime backend. It also holds the
+// text generation loop and the inspect report, so cmd/lmpack only parses
+// flags. The compression stages do not use it: they open models through
+// package model and run them through runtime.
 package engine
 
 import (
@@ -12,17 +14,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/hub"
+	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/runtime"
 )
 
@@ -37,7 +38,7 @@ type Options struct {
 	Hub *hub.Options
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
-	// Artifacts accepts an lmpack artifact (.lmpk, see IsArtifact) as
+	// Artifacts accepts an lmpack artifact (.lmpk, see model.IsArtifact) as
 	// MODEL; the Engine then has Artifact set and Checkpoint nil. Callers
 	// that need the checkpoint leave it false and get an error naming the
 	// artifact.
@@ -58,7 +59,7 @@ type Engine struct {
 	Desc       *arch.Description
 	Checkpoint *safetensors.Checkpoint
 	// Artifact is set, and Checkpoint nil, when MODEL was an artifact.
-	Artifact  Artifact
+	Artifact  *pack.Reader
 	Tokenizer *tokenizer.Tokenizer
 	// Model is the loaded model. For an artifact with a KV scheme its
 	// NewCache returns that scheme's cache (KVCache names it).
@@ -68,96 +69,36 @@ type Engine struct {
 	KVCache string
 }
 
-// Resolve turns a MODEL argument into a local directory, downloading a hub
-// id into the Hugging Face cache when it is absent; h nil means
-// HubOptions(nil). Errors: those of hub.Resolve.
-func Resolve(ctx context.Context, model string, h *hub.Options) (string, error) {
-	if st, err := os.Stat(model); err == nil && st.IsDir() {
-		return model, nil
-	} else if err == nil {
-		return "", fileModelError(model)
-	}
-	// A path whose parent exists locally (./x, /x, dir/x with dir present)
-	// is a mistyped directory, not a hub id.
-	if filepath.IsAbs(model) || strings.HasPrefix(model, ".") || dirExists(filepath.Dir(model)) && filepath.Dir(model) != "." {
-		return "", fmt.Errorf("engine: MODEL %q: no such directory", model)
-	}
-	if strings.HasSuffix(model, ".lmpk") {
-		return "", fmt.Errorf("engine: MODEL %q: no such artifact file", model)
-	}
-	if h == nil {
-		h = HubOptions(nil)
-	}
-	return hub.Resolve(ctx, model, *h)
-}
-
-func dirExists(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && st.IsDir()
-}
-
-// HubOptions returns hub.OptionsFromEnv with download progress on stderr
-// (a bar on a terminal, else log lines) and the hub's log lines sent to
-// logger, so they follow --log-format; a nil logger leaves the hub's
-// default (text lines on stderr).
-func HubOptions(logger *slog.Logger) *hub.Options {
-	o := hub.OptionsFromEnv()
-	o.Progress = os.Stderr
-	o.Terminal = hub.IsTerminal(os.Stderr)
-	o.Logger = logger
-	return &o
-}
-
-// OpenCheckpoint resolves model and opens its description and checkpoint
-// without loading weights (for inspect).
-func OpenCheckpoint(ctx context.Context, model string, h *hub.Options) (string, *arch.Description, *safetensors.Checkpoint, error) {
-	dir, err := Resolve(ctx, model, h)
-	if err != nil {
-		return "", nil, nil, err
-	}
-	d, err := arch.Load(dir)
-	if err != nil {
-		return "", nil, nil, err
-	}
-	ck, err := safetensors.OpenDir(dir)
-	if err != nil {
-		return "", nil, nil, err
-	}
-	return dir, d, ck, nil
-}
-
-// Open resolves model, reads its config, tokenizer and weights, and loads
-// it on the CPU backend. Errors name the file and what was wrong.
+// Open resolves and opens the checkpoint name (model.Open, checked by
+// model.CheckUnused), loads its tokenizer (model.LoadTokenizer) and loads
+// its weights on the backend opt.Device selects (PickBackend). Errors name
+// the file and what was wrong.
 //
-// With opt.Artifacts and an artifact as model, it loads the manifest's
+// With opt.Artifacts and an artifact as name (model.IsArtifact), it loads the manifest's
 // model, the embedded tokenizer and the tensors (CRC-checked as they are
 // read) with the manifest's KV-cache scheme, and fails when that scheme
 // does not build or a manifest tensor (a KV rotation included) goes
 // unused.
-func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
-	if opt.Artifacts && IsArtifact(model) {
-		return openArtifactEngine(ctx, model, opt)
+func Open(ctx context.Context, name string, opt Options) (*Engine, error) {
+	if opt.Artifacts && model.IsArtifact(name) {
+		return openArtifactEngine(ctx, name, opt)
 	}
 	h := opt.Hub
 	if h == nil {
-		h = HubOptions(opt.Logger)
+		h = model.HubOptions(opt.Logger)
 	}
-	dir, d, ck, err := OpenCheckpoint(ctx, model, h)
+	dir, d, ck, err := model.Open(ctx, name, h)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkUnused(dir, d, ck); err != nil {
+	if err := model.CheckUnused(dir, d, ck); err != nil {
 		ck.Close()
 		return nil, err
 	}
-	tok, err := tokenizer.Load(dir)
+	tok, err := model.LoadTokenizer(dir, d)
 	if err != nil {
 		ck.Close()
-		return nil, fmt.Errorf("engine: %s: %w", dir, err)
-	}
-	if tok.VocabSize() > d.VocabSize {
-		ck.Close()
-		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", dir, tok.VocabSize(), d.VocabSize)
+		return nil, err
 	}
 	t0 := time.Now()
 	be, m, err := loadModelOpts(ctx, opt.Device, opt.Logger, d, ck, runtime.LoadOptions{Threads: opt.Threads, ConvertPerBlock: opt.ConvertPerBlock}, "")
@@ -169,56 +110,6 @@ func Open(ctx context.Context, model string, opt Options) (*Engine, error) {
 		opt.Logger.Info("model loaded", "dir", dir, "architecture", d.Architecture, "layers", len(d.Layers), "device", be.Name(), "seconds", time.Since(t0).Seconds())
 	}
 	return &Engine{Dir: dir, Desc: d, Checkpoint: ck, Tokenizer: tok, Model: m}, nil
-}
-
-// CheckCheckpoint checks, without loading weights, that the checkpoint
-// in dir and its description d agree: every tensor d names
-// (StorageShapes: quantized weights by their storage tensors) is present
-// with that shape, and no tensor is left over (checkUnused). Commands
-// that rewrite checkpoints (prune) call it so that they never write a
-// checkpoint the runtime cannot load. Errors name dir, the tensor, its
-// shape and the expected one; safetensors.ErrMissingTensor is wrapped for
-// a missing tensor.
-func CheckCheckpoint(dir string, d *arch.Description, ck *safetensors.Checkpoint) error {
-	want := d.StorageShapes()
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		info, _, err := ck.Info(n)
-		if err != nil {
-			if n == d.LMHead && d.TieWordEmbeddings {
-				continue
-			}
-			return fmt.Errorf("engine: %s: config.json and the weights disagree: %w", dir, err)
-		}
-		if !slices.Equal(info.Shape, want[n]) {
-			return fmt.Errorf("engine: %s: config.json and the weights disagree: tensor %q has shape %v, config.json implies %v", dir, n, info.Shape, want[n])
-		}
-	}
-	return checkUnused(dir, d, ck)
-}
-
-// checkUnused fails when the checkpoint holds tensors config.json does not
-// describe (a config that disagrees with the weights, say fewer layers):
-// running such a model would silently give wrong results. A tied lm_head
-// stored explicitly and RoPE inv_freq buffers are not counted.
-func checkUnused(dir string, d *arch.Description, ck *safetensors.Checkpoint) error {
-	want := d.StorageShapes() // quantized weights: their qweight/scales/... tensors
-	var extra []string
-	for _, n := range ck.Names() {
-		if _, ok := want[n]; ok || (n == d.LMHead && d.TieWordEmbeddings) || strings.HasSuffix(n, "rotary_emb.inv_freq") {
-			continue
-		}
-		extra = append(extra, n)
-	}
-	if len(extra) > 0 {
-		return fmt.Errorf("engine: %s: the checkpoint has %d tensors config.json does not describe (first %q); config.json and the weights disagree",
-			dir, len(extra), extra[0])
-	}
-	return nil
 }
 
 // Close releases the model and unmaps the checkpoint or the artifact.
@@ -386,30 +277,6 @@ func firstNonFinite(v []float32) int {
 	return -1
 }
 
-// ReadText reads a UTF-8 text file for evaluation. Errors: unreadable,
-// empty, or not valid UTF-8 (naming the byte offset).
-func ReadText(path string) (string, error) {
-	b, err := fsx.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("engine: data file: %w", err)
-	}
-	if len(b) == 0 {
-		return "", fmt.Errorf("engine: data file %s is empty", path)
-	}
-	if !utf8.Valid(b) {
-		off := 0
-		for off < len(b) {
-			r, n := utf8.DecodeRune(b[off:])
-			if r == utf8.RuneError && n <= 1 {
-				break
-			}
-			off += n
-		}
-		return "", fmt.Errorf("engine: data file %s is not valid UTF-8 (first bad byte at offset %d)", path, off)
-	}
-	return string(b), nil
-}
-
 // EvalOptions configures EvalFile.
 type EvalOptions struct {
 	Ctx        int
@@ -434,9 +301,9 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 // EvalIDs reads the text file and tokenizes it as one string with BOS
 // prepended, after checking ctx against the model's context and memory.
 func (e *Engine) EvalIDs(path string, ctxLen int) ([]int, error) {
-	text, err := ReadText(path)
+	text, err := fsx.ReadText(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && ctxLen > mp {
 		return nil, fmt.Errorf("engine: --ctx %d exceeds the model's max_position_embeddings %d", ctxLen, mp)

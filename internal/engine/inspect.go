@@ -10,6 +10,7 @@ import (
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/pack"
 )
 
 // TensorShape is one tensor's name, dtype and shape.
@@ -54,7 +55,7 @@ type InspectReport struct {
 	KVRotationTensors int `json:"kv_rotation_tensors,omitempty"`
 	// Artifact is set for an artifact: format version, weights and KV
 	// cache methods, KV windows.
-	Artifact *ArtifactInfo `json:"artifact,omitempty"`
+	Artifact *pack.ArtifactInfo `json:"artifact,omitempty"`
 }
 
 // Inspect builds the report for a description and its checkpoint. Errors:

@@ -343,6 +343,10 @@ func (r *resolver) resolve(ctx context.Context) (string, error) {
 		r.log.Warn("hub: Hub unreachable; using cached snapshot", "model", r.ref(), "dir", r.snapshotDir(commit), "err", err)
 		return r.snapshotDir(commit), nil
 	}
+	if err != nil && isNetworkError(ctx, err) {
+		return "", fmt.Errorf("%w: %w (%s); without network, set HF_HUB_OFFLINE=1 to use a model already in the cache (%s), or give MODEL as a local checkpoint directory",
+			err, ErrUnreachable, r.opt.Endpoint, r.opt.CacheDir)
+	}
 	return dir, err
 }
 

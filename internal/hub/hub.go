@@ -50,6 +50,10 @@ var (
 	// ErrProtocol: the Hub answered with something this package cannot use
 	// (malformed JSON, missing commit hash or ETag, unsafe file name).
 	ErrProtocol = errors.New("unexpected answer from the Hub")
+	// ErrUnreachable: the Hub could not be reached at all (no network, DNS
+	// failure, connection refused) and the cache holds no usable snapshot;
+	// the message suggests HF_HUB_OFFLINE=1 or a local model directory.
+	ErrUnreachable = errors.New("the Hub cannot be reached")
 )
 
 // Options configures Resolve. The zero value is usable: empty fields take
@@ -188,7 +192,9 @@ func IsTerminal(w io.Writer) bool {
 // MODEL that is neither a directory nor a hub id; ErrNotCached when offline
 // and the cache lacks config.json or weights (the message names the cache
 // folder); ErrNotFound / ErrAccess for HTTP 404 / 401-403 (naming the id);
-// ErrNoWeights when the repository has no safetensors; ErrIntegrity for a
+// ErrNoWeights when the repository has no safetensors; ErrUnreachable
+// (wrapping the transport error) when the Hub cannot be reached and the
+// cache holds no usable snapshot; ErrIntegrity for a
 // size or sha256 mismatch; ErrProtocol for a malformed Hub answer;
 // ctx.Err() (context.Canceled, context.DeadlineExceeded) when ctx ends
 // during a download, leaving the partial .incomplete file for a later

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -139,6 +140,33 @@ func TestOfflineEmptyCache(t *testing.T) {
 	}
 	repo := filepath.Join(cache, "models--lmpack-test--tiny-llama")
 	for _, want := range []string{repo, tinyID, "HF_HUB_OFFLINE"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+// TestUnreachableSuggestsOffline: when the Hub cannot be reached (here a
+// port nothing listens on) and the cache is empty, the error is
+// ErrUnreachable, keeps the transport error and tells the user what to do
+// without network: HF_HUB_OFFLINE=1 or a local model directory.
+func TestUnreachableSuggestsOffline(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + l.Addr().String()
+	l.Close()
+	cache := t.TempDir()
+	_, err = Resolve(context.Background(), tinyID, Options{CacheDir: cache, Endpoint: endpoint})
+	if !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("err = %v, want ErrUnreachable", err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) {
+		t.Errorf("%v does not keep the transport error", err)
+	}
+	for _, want := range []string{tinyID, endpoint, "HF_HUB_OFFLINE=1", "local checkpoint directory"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

@@ -7,8 +7,8 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/model"
 )
 
 // Kind is RotationHeader.Kind of a KV rotation file.
@@ -31,7 +31,7 @@ var (
 	// metadata, another kind or method).
 	ErrNotRotation = errors.New("not an lmpack KV rotation file")
 	// ErrRotationModelMismatch: the rotation file was computed for another
-	// model. It wraps calibrate.ErrModelMismatch for callers that test
+	// model. It wraps model.ErrModelMismatch for callers that test
 	// either.
 	ErrRotationModelMismatch error = rotationMismatch{}
 	// ErrVersion: format_version is not FormatVersion.
@@ -42,13 +42,13 @@ var (
 	ErrBadRotation = errors.New("bad rotation")
 )
 
-// RotationHeader is the JSON object stored under calibrate.MetadataKey
+// RotationHeader is the JSON object stored under model.MetadataKey
 // ("lmpack") in a rotation file's "__metadata__".
 type RotationHeader struct {
 	FormatVersion int    `json:"format_version"`
 	Kind          string `json:"kind"`
 	Method        string `json:"method"`
-	// ModelFingerprint is calibrate.ModelFingerprint of the model.
+	// ModelFingerprint is model.Fingerprint of the model.
 	ModelFingerprint string `json:"model_fingerprint"`
 	// CalibrationFingerprint is the sha256 (hex) of the calibration file's
 	// bytes the rotations were computed from.
@@ -102,7 +102,7 @@ func WriteFile(path string, h RotationHeader, layers []Layer) error {
 	if err != nil {
 		return fmt.Errorf("oscar: %s: header: %w", path, err)
 	}
-	if err := safetensors.WriteFile(path, ts, map[string]string{calibrate.MetadataKey: string(js)}); err != nil {
+	if err := safetensors.WriteFile(path, ts, map[string]string{model.MetadataKey: string(js)}); err != nil {
 		return fmt.Errorf("oscar: %w", err)
 	}
 	return nil
@@ -118,20 +118,20 @@ func WriteFile(path string, h RotationHeader, layers []Layer) error {
 //
 // Errors (wrapped, naming path and the tensor or field): safetensors
 // errors (a truncated file); ErrNotRotation; ErrVersion;
-// ErrRotationModelMismatch (which wraps calibrate.ErrModelMismatch) naming both fingerprints; ErrBadRotation.
-func ReadFile(path string, want calibrate.Expect) (*Rotations, *RotationHeader, error) {
+// ErrRotationModelMismatch (which wraps model.ErrModelMismatch) naming both fingerprints; ErrBadRotation.
+func ReadFile(path string, want model.Expect) (*Rotations, *RotationHeader, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("oscar: reading rotation file: %w", err)
 	}
 	defer f.Close()
-	js, ok := f.Metadata()[calibrate.MetadataKey]
+	js, ok := f.Metadata()[model.MetadataKey]
 	if !ok {
-		return nil, nil, fmt.Errorf("oscar: %s: no %q metadata: %w", path, calibrate.MetadataKey, ErrNotRotation)
+		return nil, nil, fmt.Errorf("oscar: %s: no %q metadata: %w", path, model.MetadataKey, ErrNotRotation)
 	}
 	var h RotationHeader
 	if err := json.Unmarshal([]byte(js), &h); err != nil {
-		return nil, nil, fmt.Errorf("oscar: %s: %q metadata is not a valid header (%v): %w", path, calibrate.MetadataKey, err, ErrNotRotation)
+		return nil, nil, fmt.Errorf("oscar: %s: %q metadata is not a valid header (%v): %w", path, model.MetadataKey, err, ErrNotRotation)
 	}
 	switch {
 	case h.Kind != Kind:
@@ -229,8 +229,8 @@ func checkRotation(path, name string, r []float32, d int) error {
 }
 
 // rotationMismatch is ErrRotationModelMismatch: its message speaks of the
-// rotation file, and it unwraps to calibrate.ErrModelMismatch.
+// rotation file, and it unwraps to model.ErrModelMismatch.
 type rotationMismatch struct{}
 
 func (rotationMismatch) Error() string { return "rotation file is from another model" }
-func (rotationMismatch) Unwrap() error { return calibrate.ErrModelMismatch }
+func (rotationMismatch) Unwrap() error { return model.ErrModelMismatch }

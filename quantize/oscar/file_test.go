@@ -18,8 +18,8 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 var (
@@ -59,12 +59,12 @@ func TestMain(m *testing.M) {
 
 func modelInfo(t *testing.T, name string) (string, *arch.Description, string) {
 	t.Helper()
-	dir, d, ck, err := engine.OpenCheckpoint(context.Background(), shared.Path(t, name), nil)
+	dir, d, ck, err := model.Open(context.Background(), shared.Path(t, name), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ck.Close()
-	fp, err := calibrate.ModelFingerprint(dir, ck)
+	fp, err := model.Fingerprint(dir, ck)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestQuantizeKV(t *testing.T) {
 		t.Errorf("summary %+v", s)
 	}
 	t.Logf("largest eigenvalue share of trace(C_Q) per layer: %.3f", s.KeyEigenvalueShare)
-	rot, h, err := ReadFile(out, calibrate.Expect{ModelFingerprint: fp, Desc: d})
+	rot, h, err := ReadFile(out, model.Expect{ModelFingerprint: fp, Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestQuantizeKV(t *testing.T) {
 	if h.Kind != Kind || h.Method != "oscar" || h.FormatVersion != 1 || h.ModelFingerprint != fp || h.CalibrationFingerprint != hex.EncodeToString(sum[:]) || h.LmpackVersion != "v-test" {
 		t.Errorf("header %+v", h)
 	}
-	c, err := calibrate.Read(cal, calibrate.Expect{ModelFingerprint: fp, Desc: d})
+	c, err := calibrate.Read(cal, model.Expect{ModelFingerprint: fp, Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,11 +126,11 @@ func TestQuantizeKV(t *testing.T) {
 	// Another model: the calibration and the rotation file are refused.
 	moeDir, moeDesc, moeFP := modelInfo(t, "stories260K-moe-hf")
 	_, err = QuantizeKV(context.Background(), KVOptions{Model: moeDir, Calib: cal, ClipK: 0.96, ClipV: 0.92, Out: filepath.Join(t.TempDir(), "x")})
-	if !errors.Is(err, calibrate.ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), moeFP) {
+	if !errors.Is(err, model.ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), moeFP) {
 		t.Errorf("calibration of another model: %v", err)
 	}
-	_, _, err = ReadFile(out, calibrate.Expect{ModelFingerprint: moeFP, Desc: moeDesc})
-	if !errors.Is(err, calibrate.ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), moeFP) || !strings.Contains(err.Error(), out) {
+	_, _, err = ReadFile(out, model.Expect{ModelFingerprint: moeFP, Desc: moeDesc})
+	if !errors.Is(err, model.ErrModelMismatch) || !strings.Contains(err.Error(), fp) || !strings.Contains(err.Error(), moeFP) || !strings.Contains(err.Error(), out) {
 		t.Errorf("rotation file of another model: %v", err)
 	}
 
@@ -280,7 +280,7 @@ func TestReadFileBad(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			p := filepath.Join(tmp, strings.ReplaceAll(c.name, " ", "_"))
 			c.make(p)
-			_, _, err := ReadFile(p, calibrate.Expect{ModelFingerprint: fp, Desc: d})
+			_, _, err := ReadFile(p, model.Expect{ModelFingerprint: fp, Desc: d})
 			if err == nil {
 				t.Fatal("accepted")
 			}

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
-	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 )
 
 // int2RoundTrip quantises x (one rotated row) to INT2 asymmetric min-max
@@ -53,12 +53,12 @@ func int2RoundTrip(x []float64, ratio float64) []float64 {
 // 0.076 (OSCAR); V 0.062, 0.062, 0.059.
 func TestInt2LogitError(t *testing.T) {
 	cal := calibFile(t)
-	e, err := engine.Open(context.Background(), shared.Path(t, "stories260K-hf"), engine.Options{Threads: 1})
+	e, err := model.Load(context.Background(), shared.Path(t, "stories260K-hf"), model.LoadOptions{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	c, err := calibrate.Read(cal, calibrate.Expect{Desc: e.Desc})
+	c, err := calibrate.Read(cal, model.Expect{Desc: e.Desc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 
 	"github.com/lmpack/lmpack/calibrate"
-	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/model"
 )
 
 // KVOptions configures QuantizeKV.
@@ -54,7 +54,7 @@ type KVSummary struct {
 //
 // Errors: an unknown method; a clip ratio outside (0, 1]; the output
 // directory missing; model errors; calibration errors (another model:
-// calibrate.ErrModelMismatch; no "oscar" statistics); a head_dim that is not
+// model.ErrModelMismatch; no "oscar" statistics); a head_dim that is not
 // a power of two (ErrBadCovariance); write errors.
 func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 	if opt.Method != "" && opt.Method != Method {
@@ -79,11 +79,11 @@ func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 	if st, err := os.Stat(opt.Out); err == nil && st.IsDir() {
 		return nil, fmt.Errorf("oscar: output %s is a directory; want a file path", opt.Out)
 	}
-	dir, desc, ck, err := engine.OpenCheckpoint(ctx, opt.Model, engine.HubOptions(opt.Logger))
+	dir, desc, ck, err := model.Open(ctx, opt.Model, model.HubOptions(opt.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("oscar: %w", err)
 	}
-	fp, err := calibrate.ModelFingerprint(dir, ck)
+	fp, err := model.Fingerprint(dir, ck)
 	ck.Close()
 	if err != nil {
 		return nil, err
@@ -92,7 +92,7 @@ func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("oscar: calibration file: %w", err)
 	}
-	cal, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: desc})
+	cal, err := calibrate.Read(opt.Calib, model.Expect{ModelFingerprint: fp, Desc: desc})
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/model"
 )
 
 // Synthetic Llama checkpoint for benchmarks: hidden 256, 4 heads of 64,
@@ -84,7 +85,7 @@ func synthModel(tb testing.TB, layers int) (string, string) {
 		tb.Fatal(err)
 	}
 	defer ck.Close()
-	fp, err := calibrate.ModelFingerprint(dir, ck)
+	fp, err := model.Fingerprint(dir, ck)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/runtime"
 )
@@ -40,7 +41,7 @@ func calibMoE(t testing.TB, dir string) string {
 // coefficients measure) at the reported width and group.
 func fakeQuantMoE(t *testing.T, dir string, rep *Report) runtime.Model {
 	t.Helper()
-	_, d, ck, err := engine.OpenCheckpoint(context.Background(), dir, nil)
+	_, d, ck, err := model.Open(context.Background(), dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

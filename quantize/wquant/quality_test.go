@@ -12,18 +12,19 @@ import (
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
 // testPipeline opens stories260K and its calibration windows.
 func testPipeline(t testing.TB, calib string, method string) *pipeline {
 	t.Helper()
-	_, d, ck, err := engine.OpenCheckpoint(context.Background(), model260K(t), nil)
+	_, d, ck, err := model.Open(context.Background(), model260K(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ck.Close() })
-	cal, err := calibrate.Read(calib, calibrate.Expect{Desc: d})
+	cal, err := calibrate.Read(calib, model.Expect{Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,8 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/alloc"
 	"github.com/lmpack/lmpack/quantize/gemq"
 	"github.com/lmpack/lmpack/quantize/weights"
@@ -283,7 +283,7 @@ func (opt *Options) validate() error {
 // Errors: ErrOptions (also MoEBudget on a dense model, a MoEBudget below
 // the all-1-bit cost, TargetBPW on an MoE model); ErrOutput;
 // ErrUnsupported (already quantized); ErrCalibration (no
-// token ids, no expert statistics); calibrate.ErrModelMismatch (a calibration
+// token ids, no expert statistics); model.ErrModelMismatch (a calibration
 // file of another model); quantizer errors naming the tensor; I/O errors
 // naming the file.
 func Run(ctx context.Context, opt Options) (*Report, error) {
@@ -291,7 +291,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if err := opt.validate(); err != nil {
 		return nil, err
 	}
-	dir, d, ck, err := engine.OpenCheckpoint(ctx, opt.Model, nil)
+	dir, d, ck, err := model.Open(ctx, opt.Model, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -303,11 +303,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	fp, err := calibrate.ModelFingerprint(dir, ck)
+	fp, err := model.Fingerprint(dir, ck)
 	if err != nil {
 		return nil, err
 	}
-	cal, err := calibrate.Read(opt.Calib, calibrate.Expect{ModelFingerprint: fp, Desc: d})
+	cal, err := calibrate.Read(opt.Calib, model.Expect{ModelFingerprint: fp, Desc: d})
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/synthmoe"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime"
 )
@@ -37,7 +38,7 @@ func sharedMoE(t *testing.T) (dir, calib string) {
 // loadFloat loads dir (float or quantized) on the CPU runtime.
 func loadFloat(t *testing.T, dir string) (runtime.Model, *arch.Description) {
 	t.Helper()
-	_, d, ck, err := engine.OpenCheckpoint(context.Background(), dir, nil)
+	_, d, ck, err := model.Open(context.Background(), dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,12 +286,12 @@ func TestSharedExpertQuantize(t *testing.T) {
 // tokens, and the Linear output error.
 func TestSharedDownGPTQBeatsRTN(t *testing.T) {
 	dir, calib := sharedMoE(t)
-	_, d, ck, err := engine.OpenCheckpoint(context.Background(), dir, nil)
+	_, d, ck, err := model.Open(context.Background(), dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ck.Close()
-	cal, err := calibrate.Read(calib, calibrate.Expect{Desc: d})
+	cal, err := calibrate.Read(calib, model.Expect{Desc: d})
 	if err != nil {
 		t.Fatal(err)
 	}

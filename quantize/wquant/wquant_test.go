@@ -15,6 +15,7 @@ import (
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime"
 )
@@ -42,7 +43,7 @@ func TestQuantizedCheckpointMatchesFakeQuant(t *testing.T) {
 		if qe.Desc.Quant == nil || len(qe.Desc.Quant.Tensors) != 35 {
 			t.Fatalf("quantization block %+v, want 35 tensors", qe.Desc.Quant)
 		}
-		dir, d, ck, err := engine.OpenCheckpoint(context.Background(), model260K(t), nil)
+		dir, d, ck, err := model.Open(context.Background(), model260K(t), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +219,7 @@ func TestCorruptQuantizedTensors(t *testing.T) {
 
 func TestRunBadInput(t *testing.T) {
 	calib := calibFile(t)
-	model := model260K(t)
+	mdir := model260K(t)
 	tmp := t.TempDir()
 	exists := filepath.Join(tmp, "exists")
 	if err := os.Mkdir(exists, 0o755); err != nil {
@@ -230,7 +231,7 @@ func TestRunBadInput(t *testing.T) {
 		Tokens: 256, Ctx: 128, Out: other, Threads: 1}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := calibrate.Read(calib, calibrate.Expect{})
+	c, err := calibrate.Read(calib, model.Expect{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +241,7 @@ func TestRunBadInput(t *testing.T) {
 	if err := calibrate.Write(noTokens, c); err != nil {
 		t.Fatal(err)
 	}
-	ok := Options{Model: model, Calib: calib, Out: filepath.Join(tmp, "q"), Method: MethodRTN, Bits: 4, GroupSize: 32, Threads: 1}
+	ok := Options{Model: mdir, Calib: calib, Out: filepath.Join(tmp, "q"), Method: MethodRTN, Bits: 4, GroupSize: 32, Threads: 1}
 	for _, tc := range []struct {
 		name string
 		mod  func(*Options)
@@ -253,14 +254,14 @@ func TestRunBadInput(t *testing.T) {
 		{"both", func(o *Options) { o.TargetBPW = 3 }, ErrOptions, "exactly one"},
 		{"actorder rtn", func(o *Options) { o.ActOrder = true }, ErrOptions, "act-order"},
 		{"out exists", func(o *Options) { o.Out = exists }, ErrOutput, "already exists"},
-		{"out in model", func(o *Options) { o.Out = filepath.Join(model, "q") }, ErrOutput, "inside"},
+		{"out in model", func(o *Options) { o.Out = filepath.Join(mdir, "q") }, ErrOutput, "inside"},
 		{"moe budget on a dense model", func(o *Options) { o.MoEBudget = 2.5 }, ErrOptions, "is a dense model"},
 		{"negative moe budget", func(o *Options) { o.MoEBudget = -1 }, ErrOptions, "moe budget -1"},
 		{"moe budget with target", func(o *Options) { o.Bits, o.TargetBPW, o.MoEBudget = 0, 3, 2.5 }, ErrOptions, "not a target bits per weight"},
 		{"moe weighting", func(o *Options) { o.MoEWeighting = "grad" }, ErrOptions, `moe weighting "grad"`},
 		{"moe solver", func(o *Options) { o.MoESolver = "ilp" }, ErrOptions, `moe solver "ilp"`},
 		{"budget too small", func(o *Options) { o.Bits, o.TargetBPW = 0, 2.0 }, ErrOptions, "below the smallest the choices allow, 2.4237"},
-		{"other model's calibration", func(o *Options) { o.Calib = other }, calibrate.ErrModelMismatch, "another model"},
+		{"other model's calibration", func(o *Options) { o.Calib = other }, model.ErrModelMismatch, "another model"},
 		{"no token ids", func(o *Options) { o.Calib = noTokens }, ErrCalibration, "no calibration token ids"},
 	} {
 		o := ok

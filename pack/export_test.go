@@ -1,0 +1,24 @@
+package pack
+
+// Internals exposed to the external tests (package pack_test: the tests
+// that open artifacts through internal/engine, which imports pack).
+var (
+	DecodeManifest = decodeManifest
+	PackStories    = packStories
+	CRC            = crc
+)
+
+// Header offsets of the format version and the header CRC.
+const (
+	OffVersion   = offVersion
+	OffHeaderCRC = offHeaderCRC
+)
+
+// SectionOffset returns the file offset of section name's stored bytes.
+func SectionOffset(r *Reader, name string) (uint64, bool) {
+	i, ok := r.l.index[name]
+	if !ok {
+		return 0, false
+	}
+	return r.l.entries[i].Offset, true
+}
