@@ -99,6 +99,10 @@ type Report struct {
 	RLS    float64 `json:"rls,omitempty"`
 	K      int     `json:"k,omitempty"`
 	Labels []int   `json:"labels,omitempty"`
+	// Fallback and FallbackReason are the plan's (depth.Plan): set when a
+	// degenerate LoRP clustering made Block Influence choose the layers.
+	Fallback       string `json:"fallback,omitempty"`
+	FallbackReason string `json:"fallback_reason,omitempty"`
 	// Removed lists the removed blocks, ascending.
 	Removed []RemovedLayer `json:"removed"`
 	// Kept lists the original index of each new block.
@@ -270,7 +274,8 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Model: dir, Out: opt.Out, Method: plan.Method, LayersBefore: L, LayersAfter: L - len(plan.Removed),
-		RLS: plan.RLS, K: plan.K, Labels: plan.Labels, Kept: plan.Kept(), Before: before, After: after, Plan: plan}
+		RLS: plan.RLS, K: plan.K, Labels: plan.Labels, Fallback: plan.Fallback, FallbackReason: plan.FallbackReason,
+		Kept: plan.Kept(), Before: before, After: after, Plan: plan}
 	for _, l := range plan.Removed {
 		rl := RemovedLayer{Layer: l}
 		if plan.Redundancy != nil {

@@ -170,6 +170,9 @@ func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 	if r.K > 0 {
 		fmt.Fprintf(&b, "RLS %.4f, K %d clusters, labels %v\n", r.RLS, r.K, r.Labels)
 	}
+	if r.Fallback != "" {
+		fmt.Fprintf(&b, "fallback %s: %s\n", r.Fallback, r.FallbackReason)
+	}
 	fmt.Fprintf(&b, "%-6s %11s %16s\n", "layer", "redundancy", "block_influence")
 	for _, l := range r.Removed {
 		red, bi := "-", "-"
