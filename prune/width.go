@@ -33,9 +33,9 @@ func (opt *Options) wantsDepth() bool {
 	return opt.Layers != 0 || opt.LayerRatio != 0 || strings.HasPrefix(opt.Method, "list:")
 }
 
-// MinPutriTokens is the least length of the first calibration window that
-// Putri's head scoring accepts: its masked perplexity is measured on that
-// one window, and a few tokens rank the groups by noise.
+// MinPutriTokens is the least number of calibration tokens that Putri's
+// head scoring accepts: its masked perplexity is measured over every
+// calibration window, and a few tokens rank the groups by noise.
 const MinPutriTokens = 32
 
 // runWidth is Run for head-group and FFN pruning (Putri): heads first
@@ -121,15 +121,14 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 				return nil, err
 			}
 		} else {
-			seq := windows[0]
-			if len(seq) < MinPutriTokens {
-				return nil, fmt.Errorf("%w: the first calibration window has %d tokens; Putri's masked perplexity needs at least %d to rank head groups (calibrate with a larger --ctx and --tokens, or use --head-method proxy)", ErrOptions, len(seq), MinPutriTokens)
+			if len(c.TokenIDs) < MinPutriTokens {
+				return nil, fmt.Errorf("%w: the calibration file has %d tokens; Putri's masked perplexity needs at least %d to rank head groups (calibrate with more --tokens, or use --head-method proxy)", ErrOptions, len(c.TokenIDs), MinPutriTokens)
 			}
 			m, err := runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: opt.Threads})
 			if err != nil {
 				return nil, fmt.Errorf("prune: %w", err)
 			}
-			removed, r.HeadBasePPL, err = selectPutri(ctx, m, seq, nGroups, opt.HeadStep)
+			removed, r.HeadBasePPL, err = selectPutri(ctx, m, windows, nGroups, opt.HeadStep)
 			m.Close()
 			if err != nil {
 				return nil, err

@@ -36,7 +36,7 @@ blocks (--calib optional). Blocks 0 and L-1 are never removed.
 Width pruning (Putri; dense models only, not together with --layers):
 --head-groups N / --head-ratio r remove GQA groups (one KV head and its
 query heads; every layer keeps at least one), scored by masked perplexity
-on the first calibration window (--head-method putri, --head-step groups
+over every calibration window (--head-method putri, --head-step groups
 per round) or by the calibration file's head proxy (--head-method proxy);
 --head-refit refits o_proj by least squares on the kept heads' channels
 of every layer that loses groups, instead of slicing its columns; it needs
