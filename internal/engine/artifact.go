@@ -3,8 +3,10 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,7 +35,9 @@ type Artifact interface {
 	Path() string
 	// Description is the model the manifest describes, validated.
 	Description() (*arch.Description, error)
-	// File returns an embedded file (e.g. "tokenizer.json") by base name.
+	// File returns an embedded file (e.g. "tokenizer.json") by base name,
+	// checked against its checksum; the error wraps fs.ErrNotExist only
+	// when the artifact embeds no such file.
 	File(name string) ([]byte, error)
 	// TensorInfos lists the manifest tensors (name, dtype, shape).
 	TensorInfos() []safetensors.TensorInfo
@@ -127,7 +131,13 @@ func artifactTokenizer(a Artifact) (*tokenizer.Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %s: the artifact embeds no usable tokenizer.json: %w", a.Path(), err)
 	}
+	// Only a file the artifact does not embed is absent; one whose section
+	// fails its checksum is an error (treating it as absent would silently
+	// change BOS handling and the special tokens).
 	cfg, cfgErr := a.File("tokenizer_config.json")
+	if cfgErr != nil && !errors.Is(cfgErr, fs.ErrNotExist) {
+		return nil, fmt.Errorf("engine: %s: embedded tokenizer_config.json: %w", a.Path(), cfgErr)
+	}
 	tmp, err := os.MkdirTemp("", "lmpack-tokenizer-")
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
