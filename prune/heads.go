@@ -102,7 +102,10 @@ func selectProxy(proxy [][]float64, n int) ([]RemovedGroup, error) {
 // Rounds repeat until n groups are removed. It returns the removed groups
 // and the unmasked perplexity. Cost: about n/step × (remaining groups)
 // forward passes over all windows. All masks are cleared on return.
-func selectPutri(ctx context.Context, m runtime.Model, windows [][]int, n, step int) ([]RemovedGroup, float64, error) {
+//
+// prog, when not nil, counts each masked-perplexity run as a step of its
+// putri phase.
+func selectPutri(ctx context.Context, m runtime.Model, windows [][]int, n, step int, prog *widthProgress) ([]RemovedGroup, float64, error) {
 	mk, ok := m.(runtime.KVGroupMasker)
 	if !ok {
 		return nil, 0, fmt.Errorf("prune: the runtime model cannot mask head groups")
@@ -126,13 +129,31 @@ func selectPutri(ctx context.Context, m runtime.Model, windows [][]int, n, step 
 		}
 		return p, nil
 	}
+	step = max(step, 1)
+	candidates := func() int {
+		c := 0
+		for l := range masks {
+			if left[l] > 1 {
+				c += left[l]
+			}
+		}
+		return c
+	}
+	if prog != nil {
+		prog.putri = 1 + putriSteps(candidates(), n, step)
+		prog.report()
+	} else {
+		prog = &widthProgress{}
+	}
 	base, err := ppl()
 	if err != nil {
 		return nil, 0, err
 	}
-	step = max(step, 1)
+	prog.step(&prog.putri)
 	var out []RemovedGroup
 	for round := 0; len(out) < n; round++ {
+		prog.putri = putriSteps(candidates(), n-len(out), step)
+		prog.report()
 		var cands []RemovedGroup
 		for l := range masks {
 			if left[l] <= 1 {
@@ -154,6 +175,7 @@ func selectPutri(ctx context.Context, m runtime.Model, windows [][]int, n, step 
 				if err != nil {
 					return nil, 0, err
 				}
+				prog.step(&prog.putri)
 				cands = append(cands, RemovedGroup{Layer: l, Group: g, Score: p, Round: round})
 			}
 		}

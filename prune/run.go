@@ -73,6 +73,12 @@ type Options struct {
 	keepAllFFN bool
 	// Threads is the CPU worker count for the model runs; <= 0: all cores.
 	Threads int
+	// Progress, when not nil, is called during width pruning with the
+	// steps done and the steps expected: one per Putri masked-perplexity
+	// run, per layer whose o_proj is refit, per FFN layer. The expected
+	// total may shrink while Putri runs (later rounds are bounded from
+	// above) and ends equal to done.
+	Progress func(done, total int)
 }
 
 // RemovedLayer is one removed block in a Report.

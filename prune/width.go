@@ -110,6 +110,14 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 	L := len(desc.Layers)
 	r := &Report{Model: dir, Out: opt.Out, Method: "none", LayersBefore: L, LayersAfter: L, Removed: []RemovedLayer{}}
 	w := newWorkState(desc, ck)
+	prog := &widthProgress{fn: opt.Progress}
+	if wantFFN {
+		prog.ffnLayers = L
+	}
+	if wantHeads && opt.HeadRefit {
+		prog.refit = min(nGroups, L) // bound until the groups are chosen
+	}
+	prog.report()
 	if wantHeads {
 		r.HeadMethod = method
 		var removed []RemovedGroup
@@ -128,14 +136,14 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 			if err != nil {
 				return nil, fmt.Errorf("prune: %w", err)
 			}
-			removed, r.HeadBasePPL, err = selectPutri(ctx, m, windows, nGroups, opt.HeadStep)
+			removed, r.HeadBasePPL, err = selectPutri(ctx, m, windows, nGroups, opt.HeadStep, prog)
 			m.Close()
 			if err != nil {
 				return nil, err
 			}
 		}
 		if opt.HeadRefit {
-			if _, err := headsRefit(ctx, w, windows, removed, opt.Threads); err != nil {
+			if _, err := headsRefit(ctx, w, windows, removed, opt.Threads, prog); err != nil {
 				return nil, err
 			}
 			r.HeadRefit = true
@@ -158,7 +166,7 @@ func runWidth(ctx context.Context, opt Options, dir string, desc *arch.Descripti
 		case plan != nil:
 			keepOf = func(F int) (int, error) { return F - plan.FFNRemoved, nil }
 		}
-		if r.FFN, err = pruneFFN(ctx, w, windows, keepOf, opt.NoRefit, opt.Threads); err != nil {
+		if r.FFN, err = pruneFFN(ctx, w, windows, keepOf, opt.NoRefit, opt.Threads, prog); err != nil {
 			return nil, err
 		}
 		r.Refit = !opt.NoRefit

@@ -485,3 +485,38 @@ func TestHeadRefit(t *testing.T) {
 		t.Errorf("o_proj refit PPL %.4f is not below the sliced model's %.4f", ppl[true], ppl[false])
 	}
 }
+
+// TestWidthProgress: width pruning reports progress like every long
+// stage: steps are counted one by one, the expected total never falls
+// below what is done, and at the end both equal the masked-perplexity runs
+// (1 unmasked + 20 candidates in round 0 + 19 in round 1 for 2 of the 20
+// groups of stories260K), the o_proj refit layers and the 5 FFN layers.
+func TestWidthProgress(t *testing.T) {
+	model := shared.Path(t, "stories260K-hf")
+	cal := calibStories(t, model)
+	type call struct{ done, total int }
+	var calls []call
+	r, err := Run(context.Background(), Options{Model: model, Calib: cal, Out: filepath.Join(t.TempDir(), "w"), HeadGroups: 2, HeadMethod: HeadPutri,
+		HeadRefit: true, FFNRatio: 0.25, Threads: 1, Progress: func(done, total int) { calls = append(calls, call{done, total}) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := map[int]bool{}
+	for _, g := range r.HeadsRemoved {
+		layers[g.Layer] = true
+	}
+	want := 1 + 20 + 19 + len(layers) + 5
+	if len(calls) == 0 {
+		t.Fatal("no progress reported")
+	}
+	prev := 0
+	for i, c := range calls {
+		if c.done != prev && c.done != prev+1 || c.total < c.done {
+			t.Fatalf("call %d: %+v after done %d", i, c, prev)
+		}
+		prev = c.done
+	}
+	if last := calls[len(calls)-1]; last.done != want || last.total != want {
+		t.Errorf("last progress %+v, want %d of %d", last, want, want)
+	}
+}

@@ -131,7 +131,10 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 				}
 			}
 			opt.Model = args[0]
+			var finish func()
+			opt.Progress, finish = newProgress(cmd, g, "width pruning", "width pruning progress (steps: Putri masked-perplexity runs, o_proj refit layers, FFN layers)", "steps")
 			r, err := prune.Run(cmd.Context(), opt)
+			finish()
 			if err != nil {
 				return err
 			}
