@@ -888,7 +888,8 @@ func (p *pipeline) pruneWidth(ctx context.Context, dir string) (outputs, any, er
 	noRefit := c.Refit != nil && !*c.Refit
 	if s.Report, err = prune.Run(ctx, prune.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
 		HeadGroups: c.HeadGroups, HeadRatio: c.HeadRatio, HeadMethod: c.HeadMethod, FFNRatio: c.FFNRatio, NoRefit: noRefit,
-		HeadStep: max(c.HeadStep, 1), Sparsity: c.Sparsity, HeadRefit: c.HeadRefit, Threads: p.opt.Threads}); err != nil {
+		HeadStep: max(c.HeadStep, 1), Sparsity: c.Sparsity, HeadRefit: c.HeadRefit, Threads: p.opt.Threads,
+		Progress: p.progress("prune-width")}); err != nil {
 		return outputs{}, nil, err
 	}
 	s.Report.Model, s.Report.Out = "", "model"

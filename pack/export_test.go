@@ -22,3 +22,13 @@ func SectionOffset(r *Reader, name string) (uint64, bool) {
 	}
 	return r.l.entries[i].Offset, true
 }
+
+// SectionRange returns the file offset and stored length of section name.
+func SectionRange(r *Reader, name string) (offset, stored uint64, ok bool) {
+	i, ok := r.l.index[name]
+	if !ok {
+		return 0, 0, false
+	}
+	e := r.l.entries[i]
+	return e.Offset, e.Stored, true
+}

@@ -3,6 +3,7 @@ package pack
 import (
 	"encoding/binary"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math"
 	"slices"
@@ -118,14 +119,16 @@ func (r *Reader) checkedSection(name string) ([]byte, error) {
 // (e.g. "tokenizer.json"), checked against its section CRC-32C.
 //
 // Errors: ErrNoSection when the artifact embeds no such file (wrapped,
-// naming the artifact and the file); ErrChecksum; ErrFormat.
+// naming the artifact and the file; it also wraps fs.ErrNotExist, and is
+// the only error meaning "absent": a file whose section fails its
+// checksum is ErrChecksum, never absent); ErrChecksum; ErrFormat.
 func (r *Reader) File(name string) ([]byte, error) {
 	for _, f := range r.manifest.Files {
 		if f.Name == name {
 			return r.checkedSection(f.Section)
 		}
 	}
-	return nil, fmt.Errorf("pack: %s: no embedded file %q: %w", r.path, name, ErrNoSection)
+	return nil, fmt.Errorf("pack: %s: no embedded file %q: %w (%w)", r.path, name, ErrNoSection, fs.ErrNotExist)
 }
 
 // Tensor returns the manifest tensor name as a safetensors.Tensor view so

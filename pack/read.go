@@ -284,7 +284,9 @@ type VerifyReport struct {
 // builds with its rotations and clip ratios and its windows fit
 // max_position_embeddings, the weights method is rtn or gptq, and every
 // quantized weight's scales, zero-points and permutation are valid
-// (runtime.ReadQuantized). It
+// (runtime.ReadQuantized), and that no float tensor holds NaN or ±Inf
+// (each one reported with the tensor and the element's row-major index,
+// ErrFormat). It
 // returns a report listing every problem and, when there is one, an error
 // naming the first (wrapping ErrChecksum, ErrMismatch or ErrFormat). A
 // file whose header, table or manifest cannot be parsed gives a nil
@@ -316,6 +318,12 @@ func Verify(path string) (*VerifyReport, error) {
 	for _, s := range r.storage {
 		storageSec[s.section] = true
 	}
+	plain := map[string]*TensorEntry{} // section -> its plain (not quantized) tensor
+	for i := range r.manifest.Tensors {
+		if t := &r.manifest.Tensors[i]; t.Quant == nil {
+			plain[t.Section] = t
+		}
+	}
 	decoded := map[string][]byte{} // quantized weights' storage sections that passed
 	for _, e := range r.l.entries {
 		if got := crc(mem[e.Offset : e.Offset+e.Stored]); got != e.CRC {
@@ -326,6 +334,11 @@ func Verify(path string) (*VerifyReport, error) {
 		if err != nil {
 			add(e.Name, err)
 			continue
+		}
+		if t, ok := plain[e.Name]; ok {
+			if err := checkFinite(t.Name, safetensors.DType(t.DType), b); err != nil {
+				add(e.Name, fmt.Errorf("pack: %s: %w", path, err))
+			}
 		}
 		if storageSec[e.Name] {
 			decoded[e.Name] = b

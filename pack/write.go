@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/pierrec/lz4/v4"
 )
 
@@ -143,8 +144,11 @@ func encodeSection(s Section, noCompress bool, minSaving float64) (Codec, []byte
 // QuantFormatVersion when a tensor is quantized.
 //
 // Errors: ErrMismatch (wrapped, naming the tensor or section) when the
-// manifest and sections disagree or section names repeat; lz4 and os
-// errors wrapped with the path.
+// manifest and sections disagree or section names repeat; ErrFormat when
+// a float tensor (any plain manifest tensor, KV rotations included) holds
+// NaN or ±Inf, naming the tensor and the element's row-major index (the
+// runtime would refuse to load it; quantized weights' scales are checked
+// by FromCheckpoint); lz4 and os errors wrapped with the path.
 func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 	minSaving := opt.MinSaving
 	if minSaving == 0 {
@@ -160,11 +164,22 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 	secs := slices.Clone(a.Sections)
 	sort.Slice(secs, func(i, j int) bool { return secs[i].Name < secs[j].Name })
 	dtypes := sectionDTypes(&a.Manifest)
+	plain := map[string]string{} // section -> its plain (not quantized) tensor
+	for _, t := range a.Manifest.Tensors {
+		if t.Quant == nil {
+			plain[t.Section] = t.Name
+		}
+	}
 	encs := make([]encoded, len(secs))
 	off := uint64(HeaderSize)
 	for i, s := range secs {
 		if s.Name == "" || (i > 0 && s.Name == secs[i-1].Name) {
 			return nil, fmt.Errorf("pack: %s: section name %q empty or repeated: %w", path, s.Name, ErrMismatch)
+		}
+		if name, ok := plain[s.Name]; ok {
+			if err := checkFinite(name, safetensors.DType(dtypes[s.Name]), s.Data); err != nil {
+				return nil, fmt.Errorf("pack: %s: %w", path, err)
+			}
 		}
 		c, data, err := encodeSection(s, opt.NoCompress, minSaving)
 		if err != nil {

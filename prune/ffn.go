@@ -150,7 +150,9 @@ func collectLayer(ctx context.Context, w *workState, windows [][]int, threads in
 // columns. keepOf gives the nodes kept of an F-node FFN (FFNKeepCount for
 // a ratio, F − removed for a sparsity, F to refit only in tests). It
 // returns each layer's sizes.
-func pruneFFN(ctx context.Context, w *workState, windows [][]int, keepOf func(F int) (int, error), noRefit bool, threads int) ([]FFNLayer, error) {
+//
+// prog, when not nil, counts each layer as a step of its FFN phase.
+func pruneFFN(ctx context.Context, w *workState, windows [][]int, keepOf func(F int) (int, error), noRefit bool, threads int, prog *widthProgress) ([]FFNLayer, error) {
 	var out []FFNLayer
 	H := w.desc.HiddenSize
 	tokens := 0
@@ -213,6 +215,9 @@ func pruneFFN(ctx context.Context, w *workState, windows [][]int, keepOf func(F 
 		}
 		spec.IntermediateSize = keep
 		out = append(out, FFNLayer{Layer: l, Before: F, After: keep})
+		if prog != nil {
+			prog.step(&prog.ffnLayers)
+		}
 	}
 	return out, nil
 }

@@ -97,12 +97,15 @@ func selectProxy(proxy [][]float64, n int) ([]RemovedGroup, error) {
 // unpruned model, which must implement runtime.KVGroupMasker): each round,
 // every remaining group of a layer that still has more than one is masked
 // in turn (on top of the groups already removed) and the perplexity of seq
-// is measured; the step groups of lowest perplexity (ties: lower layer,
-// then group) are removed. Rounds repeat until n groups are removed. It
-// returns the removed groups and the unmasked perplexity. Cost: about
-// n/step × (remaining groups) forward passes over seq. All masks are
-// cleared on return.
-func selectPutri(ctx context.Context, m runtime.Model, seq []int, n, step int) ([]RemovedGroup, float64, error) {
+// is measured over every calibration window (windowsPerplexity); the step
+// groups of lowest perplexity (ties: lower layer, then group) are removed.
+// Rounds repeat until n groups are removed. It returns the removed groups
+// and the unmasked perplexity. Cost: about n/step × (remaining groups)
+// forward passes over all windows. All masks are cleared on return.
+//
+// prog, when not nil, counts each masked-perplexity run as a step of its
+// putri phase.
+func selectPutri(ctx context.Context, m runtime.Model, windows [][]int, n, step int, prog *widthProgress) ([]RemovedGroup, float64, error) {
 	mk, ok := m.(runtime.KVGroupMasker)
 	if !ok {
 		return nil, 0, fmt.Errorf("prune: the runtime model cannot mask head groups")
@@ -120,19 +123,37 @@ func selectPutri(ctx context.Context, m runtime.Model, seq []int, n, step int) (
 		}
 	}()
 	ppl := func() (float64, error) {
-		r, err := eval.Perplexity(ctx, m, seq, eval.PerplexityOptions{Ctx: len(seq), MaxWindows: 1})
+		p, err := windowsPerplexity(ctx, m, windows)
 		if err != nil {
 			return 0, fmt.Errorf("prune: masked perplexity: %w", err)
 		}
-		return r.Perplexity, nil
+		return p, nil
+	}
+	step = max(step, 1)
+	candidates := func() int {
+		c := 0
+		for l := range masks {
+			if left[l] > 1 {
+				c += left[l]
+			}
+		}
+		return c
+	}
+	if prog != nil {
+		prog.putri = 1 + putriSteps(candidates(), n, step)
+		prog.report()
+	} else {
+		prog = &widthProgress{}
 	}
 	base, err := ppl()
 	if err != nil {
 		return nil, 0, err
 	}
-	step = max(step, 1)
+	prog.step(&prog.putri)
 	var out []RemovedGroup
 	for round := 0; len(out) < n; round++ {
+		prog.putri = putriSteps(candidates(), n-len(out), step)
+		prog.report()
 		var cands []RemovedGroup
 		for l := range masks {
 			if left[l] <= 1 {
@@ -154,6 +175,7 @@ func selectPutri(ctx context.Context, m runtime.Model, seq []int, n, step int) (
 				if err != nil {
 					return nil, 0, err
 				}
+				prog.step(&prog.putri)
 				cands = append(cands, RemovedGroup{Layer: l, Group: g, Score: p, Round: round})
 			}
 		}
@@ -179,6 +201,47 @@ func selectPutri(ctx context.Context, m runtime.Model, seq []int, n, step int) (
 		}
 	}
 	return out, base, nil
+}
+
+// windowsPerplexity is the perplexity of m over every window (each run
+// from position 0 with a fresh cache): exp of the mean, over all scored
+// positions of all windows, of the NLL of token t+1 under the logits at t
+// (eval.NLL), summed in float64. Windows shorter than 2 tokens score
+// nothing. Errors: no window scores a token; a forward error; a
+// non-finite NLL (eval.ErrNonFinite), naming the window and position.
+func windowsPerplexity(ctx context.Context, m runtime.Model, windows [][]int) (float64, error) {
+	longest := 0
+	for _, w := range windows {
+		longest = max(longest, len(w))
+	}
+	if longest < 2 {
+		return 0, fmt.Errorf("%w: no calibration window has 2 tokens to score", eval.ErrTooShort)
+	}
+	V := m.Description().VocabSize
+	logits := make([]float32, longest*V)
+	cache := m.NewCache(longest)
+	var total float64
+	scored := 0
+	for i, w := range windows {
+		if len(w) < 2 {
+			continue
+		}
+		cache.Truncate(0)
+		if err := m.Forward(ctx, w, cache, logits[:len(w)*V], true); err != nil {
+			return 0, fmt.Errorf("window %d: %w", i, err)
+		}
+		var wsum float64
+		for t := 0; t+1 < len(w); t++ {
+			nll := eval.NLL(logits[t*V:(t+1)*V], w[t+1])
+			if math.IsNaN(nll) || math.IsInf(nll, 0) {
+				return 0, fmt.Errorf("window %d position %d: %w (NLL %v)", i, t, eval.ErrNonFinite, nll)
+			}
+			wsum += nll
+		}
+		total += wsum
+		scored += len(w) - 1
+	}
+	return math.Exp(total / float64(scored)), nil
 }
 
 // applyHeads slices the removed groups out of w: q_proj rows (and bias)

@@ -40,7 +40,9 @@ func (c *oprojCapture) AttnOutput(layer, pos, n int, att []float32) {
 // refit. Errors: fewer calibration tokens than RefitTokensPerUnit per kept
 // o_proj input channel (ErrOptions), model load and forward errors, and
 // width.RefitDown's.
-func headsRefit(ctx context.Context, w *workState, windows [][]int, removed []RemovedGroup, threads int) (int, error) {
+//
+// prog, when not nil, counts each refit layer as a step of its refit phase.
+func headsRefit(ctx context.Context, w *workState, windows [][]int, removed []RemovedGroup, threads int, prog *widthProgress) (int, error) {
 	byLayer := map[int][]RemovedGroup{}
 	for _, r := range removed {
 		byLayer[r.Layer] = append(byLayer[r.Layer], r)
@@ -50,6 +52,10 @@ func headsRefit(ctx context.Context, w *workState, windows [][]int, removed []Re
 		layers = append(layers, l)
 	}
 	slices.Sort(layers)
+	if prog != nil {
+		prog.refit = len(layers)
+		prog.report()
+	}
 	tokens := 0
 	for _, win := range windows {
 		tokens += len(win)
@@ -99,6 +105,9 @@ func headsRefit(ctx context.Context, w *workState, windows [][]int, removed []Re
 			return 0, err
 		}
 		w.set(spec.Attn.O, []int{H, len(kept)}, nw)
+		if prog != nil {
+			prog.step(&prog.refit)
+		}
 	}
 	return len(layers), nil
 }

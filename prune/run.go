@@ -73,6 +73,12 @@ type Options struct {
 	keepAllFFN bool
 	// Threads is the CPU worker count for the model runs; <= 0: all cores.
 	Threads int
+	// Progress, when not nil, is called during width pruning with the
+	// steps done and the steps expected: one per Putri masked-perplexity
+	// run, per layer whose o_proj is refit, per FFN layer. The expected
+	// total may shrink while Putri runs (later rounds are bounded from
+	// above) and ends equal to done.
+	Progress func(done, total int)
 }
 
 // RemovedLayer is one removed block in a Report.
@@ -99,6 +105,10 @@ type Report struct {
 	RLS    float64 `json:"rls,omitempty"`
 	K      int     `json:"k,omitempty"`
 	Labels []int   `json:"labels,omitempty"`
+	// Fallback and FallbackReason are the plan's (depth.Plan): set when a
+	// degenerate LoRP clustering made Block Influence choose the layers.
+	Fallback       string `json:"fallback,omitempty"`
+	FallbackReason string `json:"fallback_reason,omitempty"`
 	// Removed lists the removed blocks, ascending.
 	Removed []RemovedLayer `json:"removed"`
 	// Kept lists the original index of each new block.
@@ -270,7 +280,8 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Model: dir, Out: opt.Out, Method: plan.Method, LayersBefore: L, LayersAfter: L - len(plan.Removed),
-		RLS: plan.RLS, K: plan.K, Labels: plan.Labels, Kept: plan.Kept(), Before: before, After: after, Plan: plan}
+		RLS: plan.RLS, K: plan.K, Labels: plan.Labels, Fallback: plan.Fallback, FallbackReason: plan.FallbackReason,
+		Kept: plan.Kept(), Before: before, After: after, Plan: plan}
 	for _, l := range plan.Removed {
 		rl := RemovedLayer{Layer: l}
 		if plan.Redundancy != nil {

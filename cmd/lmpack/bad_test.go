@@ -450,6 +450,8 @@ func TestBadFlags(t *testing.T) {
 		{"run threads -1", []string{"run", model, "--threads", "-1"}, []string{"--threads -1: want 0 (all cores) to 1024"}},
 		{"eval threads huge", []string{"eval", model, "--data", data, "--threads", "1000000000"}, []string{"--threads 1000000000: want 0 (all cores) to 1024"}},
 		{"run max-tokens overflow", []string{"run", model, "--max-tokens", "9223372036854775807"}, []string{"max tokens (9223372036854775807)", "context limit 512"}},
+		// As eval refuses a data file that is not UTF-8 (TestBadDataFile).
+		{"run prompt not UTF-8", []string{"run", model, "--prompt", "caf\xe9 au lait", "--max-tokens", "4"}, []string{"prompt is not valid UTF-8", "first bad byte at offset 3"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

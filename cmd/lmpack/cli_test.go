@@ -338,6 +338,25 @@ func TestRunGreedyFromBOS(t *testing.T) {
 	}
 }
 
+// TestRunEchoAndLeadingSpace: greedy text after a prompt keeps the first
+// generated token's leading space, and --echo prints the prompt before
+// exactly that text.
+func TestRunEchoAndLeadingSpace(t *testing.T) {
+	t.Parallel()
+	const prompt = "Once upon a time,"
+	args := []string{"run", modelDir(t), "--prompt", prompt, "--temperature", "0", "--max-tokens", "12"}
+	plain := lmpack(t, nil, args...)
+	wantOK(t, plain)
+	if !strings.HasPrefix(plain.stdout, " there") {
+		t.Errorf("continuation %q: want the leading space of \" there\" kept", plain.stdout)
+	}
+	echo := lmpack(t, nil, append(args, "--echo")...)
+	wantOK(t, echo)
+	if echo.stdout != prompt+plain.stdout {
+		t.Errorf("--echo printed %q, want %q", echo.stdout, prompt+plain.stdout)
+	}
+}
+
 // TestRunSamplingSeeds: sampling is reproducible for a seed, differs
 // between seeds and from greedy decoding.
 func TestRunSamplingSeeds(t *testing.T) {

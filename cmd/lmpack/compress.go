@@ -80,7 +80,7 @@ weight, KV bits, PPL and KL deltas, seconds per stage).`,
 					switch stage {
 					case "eval":
 						unit = "windows"
-					case "quantize-weights":
+					case "quantize-weights", "prune-width":
 						unit = "steps"
 					case "quantize-kv":
 						unit = "tokens"

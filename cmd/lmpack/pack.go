@@ -109,9 +109,11 @@ func newVerifyCmd(g *globalFlags) *cobra.Command {
 section's CRC-32C and lz4 decoding, the header's content sha256, that every
 manifest entry has its section and every section is named by the manifest,
 and what a loader checks of the manifest (model description, tensor set,
-KV scheme and windows, quantized values). It prints the file's sha256 (as
-sha256sum does; content_sha256 in --json is the header's hash) and exits
-non-zero on any problem, naming the section.`,
+KV scheme and windows, quantized values) and that no float tensor holds
+NaN or Inf. It prints the file's sha256 (as sha256sum does; content_sha256
+in --json is the header's hash) and exits non-zero on any problem, listing
+every problem found (on stderr, or under "problems" with --json), each
+naming its section or tensor.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			rep, err := pack.Verify(args[0])
@@ -122,7 +124,16 @@ non-zero on any problem, naming the section.`,
 			}
 			if err != nil {
 				if rep != nil && len(rep.Problems) > 1 {
-					return fmt.Errorf("%w (and %d more problems)", err, len(rep.Problems)-1)
+					// Every problem, one line each on stderr; the error
+					// line names the first.
+					for i, p := range rep.Problems {
+						where := ""
+						if p.Section != "" {
+							where = fmt.Sprintf("section %q: ", p.Section)
+						}
+						fmt.Fprintf(cmd.ErrOrStderr(), "problem %d of %d: %s%s\n", i+1, len(rep.Problems), where, p.Error)
+					}
+					return fmt.Errorf("%w (and %d more problems, all %d listed above)", err, len(rep.Problems)-1, len(rep.Problems))
 				}
 				return err
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -207,4 +208,40 @@ func TestNotAnArtifactMessages(t *testing.T) {
 	out := filepath.Join(dir, "o.lmpk")
 	wantError(t, lmpack(t, nil, "pack", art, "-o", out), "already an lmpack artifact", "checkpoint directory")
 	wantError(t, lmpack(t, nil, "pack", filepath.Join(modelDir(t), "config.json"), "-o", out), "is a file", "checkpoint directory", "its directory")
+}
+
+// TestVerifyListsEveryProblem: with two corrupt sections (and so a wrong
+// content sha256) verify lists all three problems, each naming its
+// section, not only the first.
+func TestVerifyListsEveryProblem(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "m.lmpk")
+	r := lmpack(t, nil, "pack", modelDir(t), "-o", out, "--no-compress", "--json")
+	wantOK(t, r)
+	var st struct {
+		Sections []struct {
+			Name   string `json:"name"`
+			Stored int64  `json:"stored_bytes"`
+		} `json:"sections"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Sections) < 2 {
+		t.Fatalf("pack --json: %v\n%s", err, r.stdout)
+	}
+	// Sections follow the 128-byte header in name order, 64-byte aligned.
+	first, second := int64(128), (128+st.Sections[0].Stored+63)/64*64
+	b, _ := os.ReadFile(out)
+	b[first] ^= 0x01
+	b[second] ^= 0x01
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = lmpack(t, nil, "verify", out)
+	wantError(t, r, "checksum mismatch", "and 2 more problems")
+	for i, sec := range []string{st.Sections[0].Name, st.Sections[1].Name} {
+		if want := fmt.Sprintf("problem %d of 3: section %q:", i+1, sec); !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	if !strings.Contains(r.stderr, "problem 3 of 3: ") || !strings.Contains(r.stderr, "content sha256") {
+		t.Errorf("stderr lacks the sha256 problem:\n%s", r.stderr)
+	}
 }

@@ -36,7 +36,7 @@ blocks (--calib optional). Blocks 0 and L-1 are never removed.
 Width pruning (Putri; dense models only, not together with --layers):
 --head-groups N / --head-ratio r remove GQA groups (one KV head and its
 query heads; every layer keeps at least one), scored by masked perplexity
-on the first calibration window (--head-method putri, --head-step groups
+over every calibration window (--head-method putri, --head-step groups
 per round) or by the calibration file's head proxy (--head-method proxy);
 --head-refit refits o_proj by least squares on the kept heads' channels
 of every layer that loses groups, instead of slicing its columns; it needs
@@ -131,7 +131,10 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 				}
 			}
 			opt.Model = args[0]
+			var finish func()
+			opt.Progress, finish = newProgress(cmd, g, "width pruning", "width pruning progress (steps: Putri masked-perplexity runs, o_proj refit layers, FFN layers)", "steps")
 			r, err := prune.Run(cmd.Context(), opt)
+			finish()
 			if err != nil {
 				return err
 			}
@@ -169,6 +172,9 @@ func writePruneReport(cmd *cobra.Command, r *prune.Report) error {
 	fmt.Fprintf(&b, "wrote %s: %d -> %d layers (method %s)\n", r.Out, r.LayersBefore, r.LayersAfter, r.Method)
 	if r.K > 0 {
 		fmt.Fprintf(&b, "RLS %.4f, K %d clusters, labels %v\n", r.RLS, r.K, r.Labels)
+	}
+	if r.Fallback != "" {
+		fmt.Fprintf(&b, "fallback %s: %s\n", r.Fallback, r.FallbackReason)
 	}
 	fmt.Fprintf(&b, "%-6s %11s %16s\n", "layer", "redundancy", "block_influence")
 	for _, l := range r.Removed {

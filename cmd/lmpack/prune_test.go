@@ -15,6 +15,8 @@ import (
 	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/prune"
+	"github.com/lmpack/lmpack/prune/depth"
+	"github.com/spf13/cobra"
 )
 
 // pruneEvalWindows keeps the perplexity comparison quick: 16 windows of
@@ -319,5 +321,45 @@ func TestPruneBad(t *testing.T) {
 				t.Errorf("model file %s changed", k)
 			}
 		}
+	}
+}
+
+// TestPruneReportFallback: a LoRP plan that fell back to block influence
+// (4 layers, K = L singleton clusters) says so in the text report and in
+// --json.
+func TestPruneReportFallback(t *testing.T) {
+	const L = 4
+	S := []float64{
+		1, 0.9, 0.8, 0.65,
+		0.9, 1, 0.7, 0.7,
+		0.8, 0.7, 1, 0.95,
+		0.65, 0.7, 0.95, 1,
+	}
+	plan, err := depth.LoRP(S, L, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &prune.Report{Out: "out", Method: plan.Method, LayersBefore: L, LayersAfter: L - 1, RLS: plan.RLS, K: plan.K, Labels: plan.Labels,
+		Fallback: plan.Fallback, FallbackReason: plan.FallbackReason, Kept: plan.Kept(), Plan: plan,
+		Removed: []prune.RemovedLayer{{Layer: 2}}, Before: prune.Sizes{Params: 10, Bytes: 40}, After: prune.Sizes{Params: 8, Bytes: 32}}
+	var out strings.Builder
+	cmd := &cobra.Command{}
+	cmd.SetOut(&out)
+	if err := writePruneReport(cmd, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "fallback block_influence: degenerate LoRP clustering") || !strings.Contains(out.String(), "kept layers [0 1 3]") {
+		t.Errorf("text report:\n%s", out.String())
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back["fallback"] != "block_influence" || !strings.Contains(fmt.Sprint(back["fallback_reason"]), "lowest block influence") {
+		t.Errorf("JSON report %s", b)
 	}
 }

@@ -34,6 +34,11 @@ func TestPruneWidth(t *testing.T) {
 	if rep.HeadMethod != "proxy" || len(rep.HeadsRemoved) != 4 || len(rep.FFN) != 5 || !rep.Refit || len(rep.LayerSizes) != 5 || rep.Before.Params != total {
 		t.Fatalf("report %+v", rep)
 	}
+	// Progress off a terminal: log lines, the last with all 5 FFN layers
+	// (the proxy method runs no masked perplexity and no o_proj refit).
+	if !strings.Contains(r.stderr, "width pruning progress") || !strings.Contains(r.stderr, "steps_done=5 steps=5") {
+		t.Errorf("stderr lacks the width pruning progress:\n%s", r.stderr)
+	}
 	// 4 groups × (q 16 + k 8 + v 8 rows + o 16 columns) × 64, and 43 FFN
 	// nodes × 3 × 64 per layer.
 	if want := total - 4*48*64 - 5*43*3*64; rep.After.Params != want || rep.After.Bytes != 4*(want+tied) {

@@ -63,7 +63,8 @@ func checkThreads(n int) error {
 
 // newProgress returns a progress callback for long work: a bar on a
 // terminal, else a log line per tenth (and at the end) with the given
-// message and unit; finish ends the bar.
+// message and unit; finish ends the bar. A total that changes between
+// calls (width pruning refines its estimate) resizes the bar.
 func newProgress(cmd *cobra.Command, g *globalFlags, desc, msg, unit string) (report func(done, total int), finish func()) {
 	var bar *progressbar.ProgressBar
 	logged := -1 // last tenth logged
@@ -76,6 +77,8 @@ func newProgress(cmd *cobra.Command, g *globalFlags, desc, msg, unit string) (re
 				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(cmd.ErrOrStderr()),
 					progressbar.OptionSetDescription(desc), progressbar.OptionShowCount(),
 					progressbar.OptionShowIts(), progressbar.OptionSetItsString(unit), progressbar.OptionClearOnFinish())
+			} else if int64(total) != bar.GetMax64() {
+				bar.ChangeMax(total)
 			}
 			bar.Set(done)
 		} else if tenth := done * 10 / total; tenth != logged {

@@ -20,7 +20,13 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run MODEL",
 		Short: "Generate text from a prompt, streamed to stdout",
-		Args:  cobra.ExactArgs(1),
+		Long: `run encodes --prompt (BOS first for tokenizers that add it; an empty
+prompt is BOS alone) and streams the generated text to stdout. The text
+continues the prompt: a first generated " park" after "the" keeps its
+space. --echo prints the prompt first, so stdout holds the whole text.
+A prompt that is not valid UTF-8 is refused, as eval refuses such a data
+file.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.MaxTokens <= 0 {
 				return fmt.Errorf("--max-tokens %d: want > 0", opt.MaxTokens)
@@ -35,6 +41,11 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			if err := checkDevice(device); err != nil {
+				return err
+			}
+			// Refused before the model loads, as eval refuses a data
+			// file that is not UTF-8.
+			if err := engine.CheckPromptUTF8(prompt); err != nil {
 				return err
 			}
 			opt.StopAtEOS = !noStop
@@ -71,6 +82,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 	f.Uint64Var(&opt.Seed, "seed", 1, "random seed for sampling")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&noStop, "ignore-eos", false, "keep generating past end-of-sequence tokens")
+	f.BoolVar(&opt.Echo, "echo", false, "print the prompt (as the tokenizer decodes it) before the generated text")
 	addDeviceFlag(cmd, &device)
 	return cmd
 }

@@ -397,6 +397,9 @@ type StreamDecoder struct {
 	stages []stage // nil: buffer ids until Flush
 	ids    []int
 	out    []byte
+	// drop is how many bytes of output still belong to a prefix
+	// (NewStreamDecoderAfter) and are not returned.
+	drop int
 }
 
 // NewStreamDecoder returns a StreamDecoder; skipSpecial drops special added
@@ -407,7 +410,43 @@ func (t *Tokenizer) NewStreamDecoder(skipSpecial bool) *StreamDecoder {
 	return d
 }
 
+// NewStreamDecoderAfter returns a StreamDecoder that continues the
+// sequence prefix (e.g. a prompt): Next and Flush return only the text
+// that follows Decode(prefix, skipSpecial), so that prefix text plus
+// everything they return equals Decode of prefix followed by the fed ids.
+// Decoders that treat the start of the sequence specially (a Strip
+// decoder removing the leading space SentencePiece adds, a Metaspace
+// decoder dropping the first "▁") therefore apply that only where the
+// whole sequence starts: after a prefix with text, a generated " park"
+// keeps its space; after a prefix with no text (BOS alone, a special
+// token skipped) the first generated token is the start of the text and
+// is stripped as Decode strips it. After Flush the decoder starts a new
+// sequence without prefix.
+func (t *Tokenizer) NewStreamDecoderAfter(prefix []int, skipSpecial bool) *StreamDecoder {
+	d := t.NewStreamDecoder(skipSpecial)
+	emitted := 0
+	for _, id := range prefix {
+		emitted += len(d.Next(id))
+	}
+	// What the prefix emitted is gone; the rest of its text may still be
+	// held back (a byte-fallback run, trailing strip characters, a
+	// non-streamable chain) and comes out with the next ids: drop it there.
+	d.drop = len(t.Decode(prefix, skipSpecial)) - emitted
+	return d
+}
+
+// cut removes the bytes of out that still belong to the prefix.
+func (d *StreamDecoder) cut(out string) string {
+	if d.drop <= 0 {
+		return out
+	}
+	k := min(d.drop, len(out))
+	d.drop -= k
+	return out[k:]
+}
+
 func (d *StreamDecoder) reset() {
+	d.drop = 0
 	d.ids = d.ids[:0]
 	d.stages = nil
 	if d.t.streamOK {
@@ -438,14 +477,14 @@ func (d *StreamDecoder) Next(id int) string {
 	}
 	d.out = d.out[:0]
 	d.run(0, tok)
-	return string(d.out)
+	return d.cut(string(d.out))
 }
 
 // Flush ends the sequence and returns the text still held back; the decoder
 // is then ready for a new sequence.
 func (d *StreamDecoder) Flush() string {
 	if d.stages == nil {
-		s := d.t.Decode(d.ids, d.skip)
+		s := d.cut(d.t.Decode(d.ids, d.skip))
 		d.reset()
 		return s
 	}
@@ -453,7 +492,7 @@ func (d *StreamDecoder) Flush() string {
 	for i := range d.stages {
 		d.stages[i].flush(func(o string) { d.run(i+1, o) })
 	}
-	s := string(d.out)
+	s := d.cut(string(d.out))
 	d.reset()
 	return s
 }

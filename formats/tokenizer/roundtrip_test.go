@@ -95,3 +95,63 @@ func TestStreamMatchesDecodeRandomIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamAfterPrefix: NewStreamDecoderAfter(prefix) returns exactly
+// the text Decode(prefix+rest) adds after Decode(prefix), for random ids
+// split at random points: a SentencePiece decoder's leading-space strip
+// applies only at the start of the whole sequence. With the stories260K
+// tokenizer "the" + " park" streams " park", and after BOS alone the
+// first token's space is stripped as Decode strips it.
+func TestStreamAfterPrefix(t *testing.T) {
+	tk := storiesTokenizer(t)
+	ids := tk.Encode("the park", true) // BOS, ▁the, then " park" in pieces
+	if len(ids) < 3 || tk.Decode(ids[:2], true) != "the" {
+		t.Fatalf("Encode(the park) = %v: want BOS and ▁the first", ids)
+	}
+	stream := func(d *StreamDecoder, rest []int) string {
+		var b strings.Builder
+		for _, id := range rest {
+			b.WriteString(d.Next(id))
+		}
+		return b.String() + d.Flush()
+	}
+	if got := stream(tk.NewStreamDecoderAfter(ids[:2], true), ids[2:]); got != " park" {
+		t.Errorf("after %v: %q, want \" park\"", ids[:2], got)
+	}
+	if got := stream(tk.NewStreamDecoderAfter(ids[:1], true), ids[1:]); got != "the park" {
+		t.Errorf("after BOS: %q, want \"the park\"", got)
+	}
+	rng := rand.New(rand.NewSource(2))
+	for _, tc := range []struct {
+		name string
+		tk   *Tokenizer
+	}{{"stories260K", tk}, {"qwen3", qwenTokenizer(t)}} {
+		n := tc.tk.VocabSize()
+		for trial := 0; trial < 300; trial++ {
+			all := make([]int, 1+rng.Intn(30))
+			for i := range all {
+				if rng.Intn(3) == 0 {
+					all[i] = 3 + rng.Intn(300) // byte tokens of stories260K
+				} else {
+					all[i] = rng.Intn(n)
+				}
+			}
+			k := rng.Intn(len(all) + 1)
+			for _, skip := range []bool{false, true} {
+				whole, pre := tc.tk.Decode(all, skip), tc.tk.Decode(all[:k], skip)
+				if !strings.HasPrefix(whole, pre) {
+					continue // a byte run across the split decodes differently
+				}
+				d := tc.tk.NewStreamDecoderAfter(all[:k], skip)
+				var got strings.Builder
+				for _, id := range all[k:] {
+					got.WriteString(d.Next(id))
+				}
+				got.WriteString(d.Flush())
+				if got.String() != whole[len(pre):] {
+					t.Fatalf("%s ids %v split %d skip=%v: stream %q, want %q", tc.name, all, k, skip, got.String(), whole[len(pre):])
+				}
+			}
+		}
+	}
+}

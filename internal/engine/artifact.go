@@ -3,7 +3,9 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +45,13 @@ func artifactTokenizer(a *pack.Reader) (*tokenizer.Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %s: the artifact embeds no usable tokenizer.json: %w", a.Path(), err)
 	}
+	// Only a file the artifact does not embed is absent; one whose section
+	// fails its checksum is an error (treating it as absent would silently
+	// change BOS handling and the special tokens).
 	cfg, cfgErr := a.File("tokenizer_config.json")
+	if cfgErr != nil && !errors.Is(cfgErr, fs.ErrNotExist) {
+		return nil, fmt.Errorf("engine: %s: embedded tokenizer_config.json: %w", a.Path(), cfgErr)
+	}
 	tmp, err := os.MkdirTemp("", "lmpack-tokenizer-")
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)

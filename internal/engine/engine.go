@@ -129,6 +129,10 @@ type GenerateOptions struct {
 	Seed        uint64
 	// StopAtEOS ends generation at an end-of-sequence token (not emitted).
 	StopAtEOS bool
+	// Echo emits the prompt's text first: Decode of the prompt ids
+	// (special tokens skipped), what the model reads, so that everything
+	// emitted is Decode of prompt and generated ids together.
+	Echo bool
 }
 
 // GenerateStats reports a generation: token counts and speeds (tokens/s).
@@ -141,9 +145,14 @@ type GenerateStats struct {
 }
 
 // PromptIDs encodes a prompt with the tokenizer's special tokens (BOS for
-// Llama-style tokenizers). The empty prompt is BOS alone. Errors: the
-// empty prompt for a model without a BOS token.
+// Llama-style tokenizers). The empty prompt is BOS alone. Errors: a prompt
+// that is not valid UTF-8 (naming the first bad byte's offset, as
+// ReadText does for data files); the empty prompt for a model without a
+// BOS token.
 func (e *Engine) PromptIDs(prompt string) ([]int, error) {
+	if err := CheckPromptUTF8(prompt); err != nil {
+		return nil, err
+	}
 	ids := e.Tokenizer.Encode(prompt, true)
 	if prompt == "" {
 		bos, ok := e.Tokenizer.BOS()
@@ -161,8 +170,24 @@ func (e *Engine) PromptIDs(prompt string) ([]int, error) {
 	return ids, nil
 }
 
+// CheckPromptUTF8 refuses a prompt that is not valid UTF-8, naming the
+// byte offset of the first invalid byte (as ReadText does for data files).
+func CheckPromptUTF8(prompt string) error {
+	if off := fsx.FirstInvalidUTF8([]byte(prompt)); off >= 0 {
+		return fmt.Errorf("engine: prompt is not valid UTF-8 (first bad byte at offset %d)", off)
+	}
+	return nil
+}
+
 // Generate runs the prompt and samples up to opt.MaxTokens tokens,
-// calling emit with each newly completed piece of text (streaming).
+// calling emit with each newly completed piece of text (streaming). The
+// generated text continues the prompt's: it is what Decode of prompt and
+// generated ids adds after Decode of the prompt
+// (tokenizer.NewStreamDecoderAfter), so a first generated " park" after
+// "the" keeps its space, and only a generation that starts the text (an
+// empty prompt, BOS alone) loses the leading space a SentencePiece
+// decoder strips. With opt.Echo the prompt's decoded text is emitted
+// first.
 func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOptions, emit func(string) error) (*GenerateStats, error) {
 	ids, err := e.PromptIDs(prompt)
 	if err != nil {
@@ -199,7 +224,14 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 		eos[id] = true
 	}
 	sampler := runtime.NewSampler(opt.Temperature, opt.TopP, opt.Seed)
-	dec := e.Tokenizer.NewStreamDecoder(true)
+	dec := e.Tokenizer.NewStreamDecoderAfter(ids, true)
+	if opt.Echo && emit != nil {
+		if s := e.Tokenizer.Decode(ids, true); s != "" {
+			if err := emit(s); err != nil {
+				return st, err
+			}
+		}
+	}
 	t1 := time.Now()
 	tok := []int{0}
 	for i := 0; i < opt.MaxTokens; i++ {

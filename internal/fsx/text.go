@@ -16,16 +16,25 @@ func ReadText(path string) (string, error) {
 	if len(b) == 0 {
 		return "", fmt.Errorf("data file %s is empty", path)
 	}
-	if !utf8.Valid(b) {
-		off := 0
-		for off < len(b) {
-			r, n := utf8.DecodeRune(b[off:])
-			if r == utf8.RuneError && n <= 1 {
-				break
-			}
-			off += n
-		}
+	if off := FirstInvalidUTF8(b); off >= 0 {
 		return "", fmt.Errorf("data file %s is not valid UTF-8 (first bad byte at offset %d)", path, off)
 	}
 	return string(b), nil
+}
+
+// FirstInvalidUTF8 returns the byte offset of the first byte of b that
+// does not start a valid UTF-8 sequence, or -1 when b is valid UTF-8.
+func FirstInvalidUTF8(b []byte) int {
+	if utf8.Valid(b) {
+		return -1
+	}
+	off := 0
+	for off < len(b) {
+		r, n := utf8.DecodeRune(b[off:])
+		if r == utf8.RuneError && n <= 1 {
+			break
+		}
+		off += n
+	}
+	return off
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -507,4 +508,58 @@ func BenchmarkSimilarityAdd(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// TestLoRPDegenerateFallsBackToBlockInfluence: with 4 layers and a high
+// mean similarity, RLS gives K = 4 = L singleton clusters, so every
+// redundancy is −1 and LoRP's own allocation would remove layer 1 by index
+// alone. The plan must instead remove the eligible layer of lowest block
+// influence (layer 2: BI_2 = 1 − S_23 = 0.05 < BI_1 = 1 − S_12 = 0.3) and
+// say so.
+func TestLoRPDegenerateFallsBackToBlockInfluence(t *testing.T) {
+	const L = 4
+	up := map[[2]int]float64{{0, 1}: 0.9, {0, 2}: 0.8, {0, 3}: 0.65, {1, 2}: 0.7, {1, 3}: 0.7, {2, 3}: 0.95}
+	S := make([]float64, L*L)
+	for i := 0; i < L; i++ {
+		S[i*L+i] = 1
+	}
+	for ij, v := range up {
+		S[ij[0]*L+ij[1]], S[ij[1]*L+ij[0]] = v, v
+	}
+	p, err := LoRP(S, L, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// mean_{i<j} S = 4.7/6, RLS = −log2(0.7833) = 0.352 < 0.7 → K = 4.
+	if want := -math.Log2(4.7 / 6); math.Abs(p.RLS-want) > 1e-12 || p.K != L {
+		t.Fatalf("RLS %.15g K %d, want %.15g and %d", p.RLS, p.K, want, L)
+	}
+	if !slices.Equal(p.Labels, []int{0, 1, 2, 3}) {
+		t.Fatalf("labels %v, want four singletons", p.Labels)
+	}
+	if !slices.Equal(p.Removed, []int{2}) {
+		t.Errorf("removed %v, want [2] (lowest block influence)", p.Removed)
+	}
+	if p.Fallback != FallbackBlockInfluence || !strings.Contains(p.FallbackReason, "K = 4 clusters for 4 layers") || !strings.Contains(p.FallbackReason, "would have removed [1]") {
+		t.Errorf("fallback %q reason %q", p.Fallback, p.FallbackReason)
+	}
+	if want := []float64{0.1, 0.3, 0.05}; len(p.BlockInfluence) != 3 || math.Abs(p.BlockInfluence[1]-want[1]) > 1e-12 || math.Abs(p.BlockInfluence[2]-want[2]) > 1e-12 {
+		t.Errorf("block influence %v, want %v", p.BlockInfluence, want)
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"fallback":"block_influence"`) || !strings.Contains(string(b), `"fallback_reason":"degenerate LoRP clustering`) {
+		t.Errorf("JSON %s lacks the fallback", b)
+	}
+	// A clustering with peers for every removed layer keeps LoRP's choice.
+	S3, L3 := blockS([]int{4, 4, 4}, 0.9, 0.4, threeE)
+	q, err := LoRP(S3, L3, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Fallback != "" || q.FallbackReason != "" || q.BlockInfluence != nil {
+		t.Errorf("three blocks: fallback %q %q %v, want none", q.Fallback, q.FallbackReason, q.BlockInfluence)
+	}
 }

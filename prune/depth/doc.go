@@ -9,7 +9,10 @@
 //     Representation Locality Score RLS = −log2(mean_{i<j} S_ij) picks a number
 //     of clusters K, spectral clustering of the affinity A = (S+1)/2 splits the
 //     depth into K phases, and a two-stage allocation removes the most
-//     redundant layers of each phase. See [LoRP].
+//     redundant layers of each phase. A degenerate clustering (a layer to
+//     remove alone in its cluster, e.g. K = L on a 4-layer model) falls
+//     back to the lowest Block Influence and the plan says so
+//     (Plan.Fallback). See [LoRP].
 //   - ShortGPT (arXiv 2403.03853): Block Influence BI_i = 1 − mean cos(x_i,
 //     x_{i+1}); the lowest-BI blocks are removed. See [ShortGPT].
 //   - An explicit list of layers. See [ListPlan].

@@ -80,6 +80,16 @@ func LoRP(S []float64, L, n int) (*Plan, error) {
 //     similarity (eq. 10; a cluster with fewer than two remaining members
 //     scores −∞; ties: lower cluster), and remove its next-ranked layer; if
 //     every candidate cluster scores −∞, take the lowest-numbered one.
+//  6. Degenerate clusterings: when a layer steps 4–5 choose sits alone in
+//     its cluster (so r(l) is undefined and the choice would rest on
+//     cluster order and index alone; with few layers RLS can even give
+//     K = L singletons), the whole selection falls back to the
+//     single-layer similarity proxy, ShortGPT's Block Influence
+//     BI_l = 1 − S_{l,l+1} (arXiv 2403.03853, see [ShortGPT]): the n
+//     eligible layers of lowest BI are removed (ties: lower index). The
+//     plan then has Fallback = FallbackBlockInfluence, FallbackReason in
+//     words, and BlockInfluence [L−1]; RLS, K, Labels and Redundancy still
+//     describe the clustering.
 //
 // Returns a Plan with Method "lorp", RLS, K, Labels [L], Redundancy [L] and
 // Removed ascending. n = 0 gives an empty Removed. Deterministic: the same S,
@@ -191,7 +201,7 @@ func LoRPWithOptions(S []float64, L, n int, opt LoRPOptions) (*Plan, error) {
 		take(best)
 	}
 	slices.Sort(removed)
-	return &Plan{
+	p := &Plan{
 		Method:     MethodLoRP,
 		Layers:     L,
 		RLS:        rls,
@@ -199,7 +209,46 @@ func LoRPWithOptions(S []float64, L, n int, opt LoRPOptions) (*Plan, error) {
 		Labels:     labels,
 		Removed:    removed,
 		Redundancy: red,
-	}, nil
+	}
+	var alone []int
+	for _, l := range removed {
+		if len(members[labels[l]]) == 1 {
+			alone = append(alone, l)
+		}
+	}
+	if len(alone) > 0 {
+		if err := blockInfluenceFallback(p, S, alone); err != nil {
+			return nil, fmt.Errorf("depth: lorp: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// FallbackBlockInfluence is Plan.Fallback when a degenerate LoRP clustering
+// made the selection fall back to ShortGPT's Block Influence (see
+// [LoRPWithOptions], step 6).
+const FallbackBlockInfluence = "block_influence"
+
+// blockInfluenceFallback replaces p.Removed (LoRP's selection, whose layers
+// alone lie in singleton clusters) by the len(p.Removed) eligible layers of
+// lowest BI_l = 1 − S_{l,l+1} computed from the L×L matrix S, and records
+// why in p.
+func blockInfluenceFallback(p *Plan, S []float64, alone []int) error {
+	L, n := p.Layers, len(p.Removed)
+	sg, err := ShortGPT(S, L, n)
+	if err != nil {
+		return err
+	}
+	why := fmt.Sprintf("layer(s) %v would be removed alone in their cluster", alone)
+	if p.K == L {
+		why = fmt.Sprintf("RLS %.4f gives K = %d clusters for %d layers, every layer alone", p.RLS, p.K, L)
+	}
+	p.Fallback = FallbackBlockInfluence
+	p.FallbackReason = fmt.Sprintf("degenerate LoRP clustering (%s; redundancy is undefined there): removed the %d layer(s) of lowest block influence BI_l = 1 − cos(x_l, x_{l+1}) instead (ShortGPT); LoRP alone would have removed %v",
+		why, n, p.Removed)
+	p.Removed = sg.Removed
+	p.BlockInfluence = sg.BlockInfluence
+	return nil
 }
 
 // residualMean is the mean of S over pairs of cluster members not yet

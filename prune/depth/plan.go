@@ -59,9 +59,16 @@ type Plan struct {
 	Removed []int `json:"removed"`
 	// Redundancy [L] is LoRP's r(l) = mean_{m∈C(l), m≠l} S_lm (eq. 8). A layer
 	// alone in its cluster has no peers and gets −1, the lowest cosine; the
-	// value is only ever compared within one cluster, so it never affects the
-	// selection.
+	// value is only ever compared within one cluster, and a selection that
+	// would remove such a layer falls back to Block Influence (Fallback).
 	Redundancy []float64 `json:"redundancy,omitempty"`
+	// Fallback is FallbackBlockInfluence when LoRP's clustering was
+	// degenerate and Removed was chosen by Block Influence instead (see
+	// LoRPWithOptions, step 6); "" otherwise.
+	Fallback string `json:"fallback,omitempty"`
+	// FallbackReason says in words why the fallback was taken and what
+	// LoRP alone would have removed; "" without a fallback.
+	FallbackReason string `json:"fallback_reason,omitempty"`
 	// BlockInfluence holds ShortGPT's BI_i = 1 − S_{i,i+1}: length L−1 when
 	// S is L×L (the last block has no next input), length L when S is
 	// (L+1)×(L+1) with the final-norm input as state L.

@@ -532,199 +532,289 @@ func layerErr(l int, err error) error {
 
 // quantize is the main pass: block by block, Hessians on the quantized
 // prefix's hidden states, quantization, the block's shard, the next
-// block's input through the dequantized block.
+// block's input through the dequantized block (quantizeBlock); then the
+// tensors outside the blocks, the index and config.json (writeRest).
 func (p *pipeline) quantize(ctx context.Context, specs []spec, tmp string, rep *Report) error {
 	xs, err := p.hidden()
 	if err != nil {
 		return err
 	}
 	L := len(p.d.Layers)
-	shard := func(i int) string { return fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, L+1) }
-	byLayer := layerTensors(p.ck.Names())
-	weightMap := map[string]string{}
-	var totalSize int64
-	qcfg := &arch.Quantization{Format: arch.QuantFormat, Version: arch.QuantVersion, Method: p.opt.Method, Tensors: map[string]arch.TensorQuant{}}
-	// Stages of a block: one Hessian pass for all inputs, or with
-	// TrueSequential one per input, each on the block with the weights
-	// quantized in the earlier stages.
-	stages := [][]int{{inAttn, inO, inFFN, inDown, inSharedDown}}
-	if p.opt.TrueSequential {
-		stages = [][]int{{inAttn}, {inO}, {inFFN}, {inDown, inSharedDown}}
+	out := &quantOut{
+		tmp:       tmp,
+		layers:    L,
+		byLayer:   layerTensors(p.ck.Names()),
+		weightMap: map[string]string{},
+		qcfg:      &arch.Quantization{Format: arch.QuantFormat, Version: arch.QuantVersion, Method: p.opt.Method, Tensors: map[string]arch.TensorQuant{}},
 	}
-	var expertBits, expertParams int64
 	for l := 0; l < L; l++ {
-		lt := time.Now()
-		repl := map[string][]float32{}
-		shapes := map[string][]int{}
-		var files []safetensors.WriteTensor
-		quantized := map[string]bool{}
-		lr := LayerReport{Layer: l}
-		var lbits, lparams int64
-		expertH := map[[2]int][2]*weights.Hessian{}
-		p.seqExperts = nil
-		for _, stage := range stages {
-			// The routed experts' Hessians come from this block's input
-			// (the quantized prefix's hidden states), collected in the
-			// pass that gives the FFN input Hessian.
-			var ex *calibrate.ExpertCollector
-			if p.d.Layers[l].MoE != nil && slices.Contains(stage, inFFN) && !p.floatExpertHessians && p.hasExpertTargets(l) {
-				if ex, err = calibrate.NewExpertCollector(layerDesc(p.d, l), p.ck, p.allExpertSamples(), nil); err != nil {
-					return fmt.Errorf("wquant: layer %d expert statistics: %w", l, err)
-				}
-			}
-			hs, err := p.layerHessiansWith(ctx, l, xs, false, repl, shapes, ex, slices.Contains(stage, inSharedDown))
-			if err != nil {
-				return err
-			}
-			if ex != nil {
-				T := 0
-				for _, x := range xs {
-					T += len(x) / p.d.HiddenSize
-				}
-				got, err := ex.Result(T)
-				if err != nil {
-					return fmt.Errorf("wquant: layer %d expert statistics on the quantized prefix: %w", l, err)
-				}
-				if len(got) != 1 {
-					return fmt.Errorf("wquant: layer %d: expert statistics of %d layers, want 1", l, len(got))
-				}
-				got[0].Layer = l
-				p.seqExperts = &got[0]
-			}
-			for ti := range p.targets {
-				if p.targets[ti].Layer != l || !slices.Contains(stage, p.targets[ti].input) {
-					continue
-				}
-				t, sp := p.targets[ti], specs[ti]
-				w, err := p.weight(t)
-				if err != nil {
-					return err
-				}
-				h := hs.h[t.input]
-				if t.IsExpert() {
-					key := [2]int{t.Layer, t.Expert}
-					eh, ok := expertH[key]
-					if !ok {
-						hin, hdown, warn, err := p.expertHessians(t.Layer, t.Expert)
-						if err != nil {
-							return err
-						}
-						if warn != "" {
-							rep.Warnings = append(rep.Warnings, warn)
-							p.log.Warn("sparse expert", "layer", t.Layer, "expert", t.Expert, "fallback", warn)
-						}
-						eh = [2]*weights.Hessian{hin, hdown}
-						expertH[key] = eh
-					}
-					h = eh[0]
-					if t.input == inDown {
-						h = eh[1]
-					}
-				}
-				// Under a moe budget an expert's act-order permutation (32
-				// bits a column with groups) is not in the allocation's
-				// costs: experts then keep the natural order unless per-channel.
-				ao := p.opt.ActOrder && !(t.IsExpert() && p.opt.MoEBudget > 0 && sp.o.GroupSize > 0 && sp.o.GroupSize < t.Cols)
-				q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, ao, p.opt.Damp, h, p.opt.Threads)
-				if err != nil {
-					return err
-				}
-				e, energy := outputError(w, dq, t.Rows, t.Cols, h.Matrix())
-				repl[t.Name], shapes[t.Name] = dq, []int{t.Rows, t.Cols}
-				files = append(files, storageTensors(t.Name, q)...)
-				quantized[t.Name] = true
-				tq := arch.TensorQuant{Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil}
-				qcfg.Tensors[t.Name] = tq
-				bits := StorageBits(t.Rows, t.Cols, q.Bits, q.GroupSize, q.Symmetric, q.Perm != nil)
-				info, _, _ := p.ck.Info(t.Name)
-				before := int64(t.Rows*t.Cols) * int64(info.DType.Size())
-				tr := TensorReport{Target: t, Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil,
-					GroupFallback: sp.fallback, BitsPerWeight: float64(bits) / float64(t.Rows*t.Cols),
-					BytesBefore: before, BytesAfter: bits / 8, Error: e}
-				if energy > 0 {
-					tr.RelError = e / energy
-				}
-				rep.Tensors = append(rep.Tensors, tr)
-				rep.Params += int64(t.Rows * t.Cols)
-				rep.QuantBytesBefore += before
-				rep.QuantBytesAfter += bits / 8
-				rep.PredictedError += e
-				lbits += bits
-				lparams += int64(t.Rows * t.Cols)
-				if t.IsExpert() {
-					expertBits += bits
-					expertParams += int64(t.Rows * t.Cols)
-				}
-				lr.Error += e
-			}
-		}
-		// Unquantized tensors of the block (norms, biases) are copied.
-		for _, n := range byLayer[l] {
-			if quantized[n] {
-				continue
-			}
-			t, err := p.ck.Tensor(n)
-			if err != nil {
-				return fmt.Errorf("wquant: %w", err)
-			}
-			files = append(files, safetensors.WriteTensor{Name: n, DType: t.DType, Shape: t.Shape, Data: t.Data})
-		}
-		size, err := writeShard(filepath.Join(tmp, shard(l)), files, weightMap)
-		if err != nil {
+		if err := p.quantizeBlock(ctx, l, specs, xs, out, rep); err != nil {
 			return err
 		}
-		totalSize += size
-		m, err := loadLayer(ctx, p.d, l, p.ck, repl, shapes, p.opt.Threads)
-		if err != nil {
-			return err
-		}
-		err = pushHidden(ctx, m, xs, p.d.HiddenSize)
-		m.Close()
-		if err != nil {
-			return err
-		}
-		lr.BitsPerWeight = float64(lbits) / float64(lparams)
-		lr.Seconds = time.Since(lt).Seconds()
-		rep.Layers = append(rep.Layers, lr)
-		p.log.Info("layer quantized", "layer", l, "bits_per_weight", lr.BitsPerWeight, "error", lr.Error, "seconds", lr.Seconds)
-		p.progress()
 	}
-	// Everything outside the blocks (embedding, final norm, lm_head).
+	return p.writeRest(out, rep)
+}
+
+// quantOut accumulates what the main pass writes: the shards' weight map
+// and total size, the quantization block of config.json and the routed
+// experts' storage bits and parameters.
+type quantOut struct {
+	tmp                      string // output directory being written
+	layers                   int    // L; the model has L+1 shards
+	byLayer                  map[int][]string
+	weightMap                map[string]string
+	totalSize                int64
+	qcfg                     *arch.Quantization
+	expertBits, expertParams int64
+}
+
+// shard is the file name of shard i (block i, or L for the rest).
+func (o *quantOut) shard(i int) string {
+	return fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, o.layers+1)
+}
+
+// quantBlock is the state of one block during the main pass.
+type quantBlock struct {
+	l int
+	// repl and shapes hold the dequantized weights quantized so far; the
+	// block's later stages and the next block's input run with them.
+	repl      map[string][]float32
+	shapes    map[string][]int
+	files     []safetensors.WriteTensor
+	quantized map[string]bool
+	lr        LayerReport
+	bits      int64
+	params    int64
+	// expertH caches each routed expert's (input, down_proj) Hessians.
+	expertH map[[2]int][2]*weights.Hessian
+}
+
+// blockStages are the Hessian passes of a block: one for all inputs, or
+// with TrueSequential one per input, each on the block with the weights
+// quantized in the earlier stages.
+func (p *pipeline) blockStages() [][]int {
+	if p.opt.TrueSequential {
+		return [][]int{{inAttn}, {inO}, {inFFN}, {inDown, inSharedDown}}
+	}
+	return [][]int{{inAttn, inO, inFFN, inDown, inSharedDown}}
+}
+
+// quantizeBlock quantizes the targets of block l stage by stage
+// (quantizeStage), writes the block's shard (its unquantized tensors
+// copied) and advances xs through the dequantized block.
+func (p *pipeline) quantizeBlock(ctx context.Context, l int, specs []spec, xs [][]float32, out *quantOut, rep *Report) error {
+	lt := time.Now()
+	b := &quantBlock{l: l, repl: map[string][]float32{}, shapes: map[string][]int{}, quantized: map[string]bool{},
+		lr: LayerReport{Layer: l}, expertH: map[[2]int][2]*weights.Hessian{}}
+	p.seqExperts = nil
+	for _, stage := range p.blockStages() {
+		if err := p.quantizeStage(ctx, b, stage, specs, xs, out, rep); err != nil {
+			return err
+		}
+	}
+	// Unquantized tensors of the block (norms, biases) are copied.
+	for _, n := range out.byLayer[l] {
+		if b.quantized[n] {
+			continue
+		}
+		t, err := p.ck.Tensor(n)
+		if err != nil {
+			return fmt.Errorf("wquant: %w", err)
+		}
+		b.files = append(b.files, safetensors.WriteTensor{Name: n, DType: t.DType, Shape: t.Shape, Data: t.Data})
+	}
+	size, err := writeShard(filepath.Join(out.tmp, out.shard(l)), b.files, out.weightMap)
+	if err != nil {
+		return err
+	}
+	out.totalSize += size
+	m, err := loadLayer(ctx, p.d, l, p.ck, b.repl, b.shapes, p.opt.Threads)
+	if err != nil {
+		return err
+	}
+	err = pushHidden(ctx, m, xs, p.d.HiddenSize)
+	m.Close()
+	if err != nil {
+		return err
+	}
+	b.lr.BitsPerWeight = float64(b.bits) / float64(b.params)
+	b.lr.Seconds = time.Since(lt).Seconds()
+	rep.Layers = append(rep.Layers, b.lr)
+	p.log.Info("layer quantized", "layer", l, "bits_per_weight", b.lr.BitsPerWeight, "error", b.lr.Error, "seconds", b.lr.Seconds)
+	p.progress()
+	return nil
+}
+
+// quantizeStage runs one Hessian pass of block b over xs (with the
+// weights quantized so far; collecting the routed experts' statistics on
+// the quantized prefix in the pass that gives the FFN input Hessian) and
+// quantizes the block's targets whose input is in stage.
+func (p *pipeline) quantizeStage(ctx context.Context, b *quantBlock, stage []int, specs []spec, xs [][]float32, out *quantOut, rep *Report) error {
+	l := b.l
+	var ex *calibrate.ExpertCollector
+	if p.d.Layers[l].MoE != nil && slices.Contains(stage, inFFN) && !p.floatExpertHessians && p.hasExpertTargets(l) {
+		var err error
+		if ex, err = calibrate.NewExpertCollector(layerDesc(p.d, l), p.ck, p.allExpertSamples(), nil); err != nil {
+			return fmt.Errorf("wquant: layer %d expert statistics: %w", l, err)
+		}
+	}
+	hs, err := p.layerHessiansWith(ctx, l, xs, false, b.repl, b.shapes, ex, slices.Contains(stage, inSharedDown))
+	if err != nil {
+		return err
+	}
+	if ex != nil {
+		if err := p.keepSeqExperts(ex, l, xs); err != nil {
+			return err
+		}
+	}
+	for ti := range p.targets {
+		if p.targets[ti].Layer != l || !slices.Contains(stage, p.targets[ti].input) {
+			continue
+		}
+		if err := p.quantizeTarget(b, p.targets[ti], specs[ti], hs, out, rep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keepSeqExperts sets p.seqExperts to block l's expert statistics that ex
+// collected over the tokens of xs.
+func (p *pipeline) keepSeqExperts(ex *calibrate.ExpertCollector, l int, xs [][]float32) error {
+	T := 0
+	for _, x := range xs {
+		T += len(x) / p.d.HiddenSize
+	}
+	got, err := ex.Result(T)
+	if err != nil {
+		return fmt.Errorf("wquant: layer %d expert statistics on the quantized prefix: %w", l, err)
+	}
+	if len(got) != 1 {
+		return fmt.Errorf("wquant: layer %d: expert statistics of %d layers, want 1", l, len(got))
+	}
+	got[0].Layer = l
+	p.seqExperts = &got[0]
+	return nil
+}
+
+// targetHessian is the Hessian target t is quantized with: the block's
+// for its input, or for a routed expert its own (input or down_proj,
+// computed once per expert and cached in b.expertH; a sparse expert's
+// fallback is added to rep's warnings).
+func (p *pipeline) targetHessian(b *quantBlock, t Target, hs *hessians, rep *Report) (*weights.Hessian, error) {
+	if !t.IsExpert() {
+		return hs.h[t.input], nil
+	}
+	key := [2]int{t.Layer, t.Expert}
+	eh, ok := b.expertH[key]
+	if !ok {
+		hin, hdown, warn, err := p.expertHessians(t.Layer, t.Expert)
+		if err != nil {
+			return nil, err
+		}
+		if warn != "" {
+			rep.Warnings = append(rep.Warnings, warn)
+			p.log.Warn("sparse expert", "layer", t.Layer, "expert", t.Expert, "fallback", warn)
+		}
+		eh = [2]*weights.Hessian{hin, hdown}
+		b.expertH[key] = eh
+	}
+	if t.input == inDown {
+		return eh[1], nil
+	}
+	return eh[0], nil
+}
+
+// quantizeTarget quantizes target t with spec sp and its Hessian, keeps
+// its dequantized weight in b for the rest of the block, adds its storage
+// tensors to b's shard and its format to out.qcfg, and records its sizes
+// and output error in rep and b.
+func (p *pipeline) quantizeTarget(b *quantBlock, t Target, sp spec, hs *hessians, out *quantOut, rep *Report) error {
+	w, err := p.weight(t)
+	if err != nil {
+		return err
+	}
+	h, err := p.targetHessian(b, t, hs, rep)
+	if err != nil {
+		return err
+	}
+	// Under a moe budget an expert's act-order permutation (32
+	// bits a column with groups) is not in the allocation's
+	// costs: experts then keep the natural order unless per-channel.
+	ao := p.opt.ActOrder && !(t.IsExpert() && p.opt.MoEBudget > 0 && sp.o.GroupSize > 0 && sp.o.GroupSize < t.Cols)
+	q, dq, err := quantizeOne(w, t, p.opt.Method, sp.o, ao, p.opt.Damp, h, p.opt.Threads)
+	if err != nil {
+		return err
+	}
+	e, energy := outputError(w, dq, t.Rows, t.Cols, h.Matrix())
+	b.repl[t.Name], b.shapes[t.Name] = dq, []int{t.Rows, t.Cols}
+	b.files = append(b.files, storageTensors(t.Name, q)...)
+	b.quantized[t.Name] = true
+	out.qcfg.Tensors[t.Name] = arch.TensorQuant{Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil}
+	bits := StorageBits(t.Rows, t.Cols, q.Bits, q.GroupSize, q.Symmetric, q.Perm != nil)
+	info, _, _ := p.ck.Info(t.Name)
+	before := int64(t.Rows*t.Cols) * int64(info.DType.Size())
+	tr := TensorReport{Target: t, Bits: q.Bits, GroupSize: q.GroupSize, Symmetric: q.Symmetric, Perm: q.Perm != nil,
+		GroupFallback: sp.fallback, BitsPerWeight: float64(bits) / float64(t.Rows*t.Cols),
+		BytesBefore: before, BytesAfter: bits / 8, Error: e}
+	if energy > 0 {
+		tr.RelError = e / energy
+	}
+	rep.Tensors = append(rep.Tensors, tr)
+	rep.Params += int64(t.Rows * t.Cols)
+	rep.QuantBytesBefore += before
+	rep.QuantBytesAfter += bits / 8
+	rep.PredictedError += e
+	b.bits += bits
+	b.params += int64(t.Rows * t.Cols)
+	if t.IsExpert() {
+		out.expertBits += bits
+		out.expertParams += int64(t.Rows * t.Cols)
+	}
+	b.lr.Error += e
+	return nil
+}
+
+// writeRest writes the last shard (everything outside the blocks:
+// embedding, final norm, lm_head), the shard index and config.json with
+// the quantization block, copies the side files, and completes rep's
+// sizes and bits per weight.
+func (p *pipeline) writeRest(out *quantOut, rep *Report) error {
 	var rest []safetensors.WriteTensor
-	for _, n := range byLayer[-1] {
+	for _, n := range out.byLayer[-1] {
 		t, err := p.ck.Tensor(n)
 		if err != nil {
 			return fmt.Errorf("wquant: %w", err)
 		}
 		rest = append(rest, safetensors.WriteTensor{Name: n, DType: t.DType, Shape: t.Shape, Data: t.Data})
 	}
-	size, err := writeShard(filepath.Join(tmp, shard(L)), rest, weightMap)
+	size, err := writeShard(filepath.Join(out.tmp, out.shard(out.layers)), rest, out.weightMap)
 	if err != nil {
 		return err
 	}
-	totalSize += size
-	if err := safetensors.WriteIndex(filepath.Join(tmp, "model.safetensors.index.json"), totalSize, weightMap); err != nil {
+	out.totalSize += size
+	if err := safetensors.WriteIndex(filepath.Join(out.tmp, "model.safetensors.index.json"), out.totalSize, out.weightMap); err != nil {
 		return fmt.Errorf("wquant: %w", err)
 	}
 	for _, n := range p.ck.Names() {
 		info, _, _ := p.ck.Info(n)
 		rep.BytesBefore += int64(info.NumElements()) * int64(info.DType.Size())
 	}
-	rep.BytesAfter = totalSize
+	rep.BytesAfter = out.totalSize
 	rep.BitsPerWeight = float64(8*rep.QuantBytesAfter) / float64(rep.Params)
-	if expertParams > 0 {
-		rep.ExpertBitsPerWeight = float64(expertBits) / float64(expertParams)
+	if out.expertParams > 0 {
+		rep.ExpertBitsPerWeight = float64(out.expertBits) / float64(out.expertParams)
 	}
-	cfg, err := quantConfig(filepath.Join(p.ck.Dir(), "config.json"), qcfg)
+	cfg, err := quantConfig(filepath.Join(p.ck.Dir(), "config.json"), out.qcfg)
 	if err != nil {
 		return err
 	}
-	raw, _ := json.Marshal(qcfg)
+	raw, _ := json.Marshal(out.qcfg)
 	rep.Config = raw
-	if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(out.tmp, "config.json"), cfg, 0o644); err != nil {
 		return fmt.Errorf("wquant: %w", err)
 	}
-	return copySideFiles(p.ck.Dir(), tmp)
+	return copySideFiles(p.ck.Dir(), out.tmp)
 }
 
 // storageTensors returns the docs/QUANT.md tensors of a quantized weight.
