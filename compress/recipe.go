@@ -2,7 +2,6 @@ package compress
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -60,14 +58,6 @@ type CalibrateStage struct {
 	MaxExpertMemory *int64 `yaml:"max_expert_memory" json:"-"`
 }
 
-// maxExpertBytes is c's expert-statistics budget in bytes.
-func (c *CalibrateStage) maxExpertBytes() int64 {
-	if c.MaxExpertMemory == nil {
-		return calibrate.DefaultMaxExpertBytes
-	}
-	return *c.MaxExpertMemory
-}
-
 // PruneStage configures prune.Run. Layer removal (depth): remove Layers
 // blocks, or round(LayerRatio·L), chosen by Method ("lorp", "shortgpt",
 // "list:3,7"; default lorp). Width pruning (Putri, docs/METHODS.md §6;
@@ -110,29 +100,6 @@ func (p *PruneStage) wantsWidth() bool {
 // wantsHeads reports whether the section prunes head groups.
 func (p *PruneStage) wantsHeads() bool {
 	return p.HeadGroups != 0 || p.HeadRatio != 0 || p.Sparsity != 0
-}
-
-// depthParams is the prune-layers stage's part of its cache key.
-func (p *PruneStage) depthParams() []byte {
-	return section(struct {
-		Layers     int     `json:"layers,omitempty"`
-		LayerRatio float64 `json:"layer_ratio,omitempty"`
-		Method     string  `json:"method"`
-	}{p.Layers, p.LayerRatio, p.Method})
-}
-
-// widthParams is the prune-width stage's part of its cache key.
-func (p *PruneStage) widthParams() []byte {
-	return section(struct {
-		HeadGroups int     `json:"head_groups,omitempty"`
-		HeadRatio  float64 `json:"head_ratio,omitempty"`
-		HeadMethod string  `json:"head_method,omitempty"`
-		FFNRatio   float64 `json:"ffn_ratio,omitempty"`
-		Refit      *bool   `json:"refit,omitempty"`
-		HeadStep   int     `json:"head_step,omitempty"`
-		Sparsity   float64 `json:"sparsity,omitempty"`
-		HeadRefit  bool    `json:"head_refit,omitempty"`
-	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit, p.HeadStep, p.Sparsity, p.HeadRefit})
 }
 
 // QuantizeStage holds the quantization stages: Weights runs before KV,
@@ -649,18 +616,4 @@ func (r *Recipe) validateDepth(bad func(string, ...any) error) error {
 		}
 	}
 	return nil
-}
-
-// rotates reports whether a kvcache method takes OSCAR rotations.
-func rotates(cache string) bool { return cache == "oscar2" || cache == "oscar4" }
-
-// section returns the canonical JSON of v (a recipe section, data paths
-// and gate thresholds excluded by their json:"-" tags): the part of a
-// stage's cache key the recipe contributes.
-func section(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("compress: recipe section %T does not marshal: %v", v, err))
-	}
-	return b
 }

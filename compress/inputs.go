@@ -1,0 +1,150 @@
+package compress
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/prune"
+)
+
+// inputs resolves the model and data files and fingerprints them.
+func (p *pipeline) inputs(ctx context.Context) error {
+	dir, err := engine.Resolve(ctx, p.opt.Model, nil)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	defer ck.Close()
+	if p.srcFP, err = calibrate.ModelFingerprint(dir, ck); err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	p.srcDir = dir
+	p.st.model = dir
+	recipe := cmpOr(p.opt.RecipePath, "the recipe")
+	// Settings that only fit some models are checked before any stage
+	// runs, so a mistake costs no calibration.
+	wantsWidth := p.r.Prune != nil && p.r.Prune.wantsWidth()
+	{
+		d, err := arch.Load(dir)
+		if err != nil {
+			return fmt.Errorf("compress: %w", err)
+		}
+		if err := p.r.checkModel(recipe, d); err != nil {
+			return err
+		}
+		q := p.r.Quantize
+		moe := false
+		for _, l := range d.Layers {
+			moe = moe || l.MoE != nil
+		}
+		if wantsWidth {
+			if moe {
+				return fmt.Errorf("%w: %s: prune.%s: %s is a mixture-of-experts model; width pruning (head_groups, head_ratio, ffn_ratio) supports dense models only (layers or layer_ratio work on MoE models)",
+					ErrRecipe, recipe, p.r.Prune.widthKey(), dir)
+			}
+			if err := p.r.Prune.checkHeadBudget(recipe, afterDepth(p.r.Prune, d)); err != nil {
+				return err
+			}
+			// A sparsity on the model as it is (no layer removal first):
+			// its budget, and whether it removes any head for head_refit.
+			if c := p.r.Prune; c.Sparsity != 0 && !c.wantsDepth() {
+				plan, err := prune.PlanSparsity(dir, c.Sparsity)
+				if err != nil {
+					return fmt.Errorf("%w: %s: prune.sparsity: %w", ErrRecipe, recipe, err)
+				}
+				if c.HeadRefit && plan.HeadGroups == 0 {
+					return fmt.Errorf("%w: %s: prune.head_refit: prune.sparsity %v removes no KV head group of %s (only FFN nodes), so there is no o_proj to refit: remove head_refit or raise the sparsity", ErrRecipe, recipe, c.Sparsity, dir)
+				}
+			}
+		}
+		var w WeightsStage
+		if q != nil && q.Weights != nil {
+			w = *q.Weights
+		}
+		switch {
+		case w.MoEBudget > 0 && !moe:
+			return fmt.Errorf("%w: %s: quantize.weights.moe_budget: %s is a dense model (no mixture-of-experts layer); remove moe_budget or use bits/target_bpw", ErrRecipe, recipe, dir)
+		case w.TargetBPW > 0 && moe:
+			return fmt.Errorf("%w: %s: quantize.weights.target_bpw: %s is a mixture-of-experts model; use bits with moe_budget for the experts", ErrRecipe, recipe, dir)
+		}
+	}
+	// dataErr names where a data path came from: the override option or
+	// the recipe's key.
+	dataErr := func(override, key, path string, err error) error {
+		if override != "" {
+			return fmt.Errorf("compress: data file %s: %w", path, err)
+		}
+		return fmt.Errorf("%w: %s: %s %s: %v", ErrRecipe, recipe, key, path, err)
+	}
+	if c := p.r.Calibrate; c != nil {
+		p.data = cmpOr(p.opt.Data, c.Data)
+		if p.data == "" {
+			return fmt.Errorf("%w: %s: the calibrate stage needs a data file (set calibrate.data in %s, or pass --data)", ErrRecipe, recipe, recipe)
+		}
+		if p.dataFP, err = fileFingerprint(p.data); err != nil {
+			return dataErr(p.opt.Data, "calibrate.data", p.data, err)
+		}
+	}
+	if e := p.r.Eval; e != nil {
+		p.evalData = cmpOr(p.opt.EvalData, e.Data)
+		if p.evalData == "" {
+			return fmt.Errorf("%w: %s: the eval stage needs a data file (set eval.data in %s, or pass --eval-data)", ErrRecipe, recipe, recipe)
+		}
+		if p.evalFP, err = fileFingerprint(p.evalData); err != nil {
+			return dataErr(p.opt.EvalData, "eval.data", p.evalData, err)
+		}
+	}
+	return nil
+}
+
+// checkPaths refuses an output that is an input file and a work
+// directory or output inside the source model directory (inputs are never
+// modified).
+func (p *pipeline) checkPaths() error {
+	outSt, err := os.Stat(p.opt.Out)
+	for _, in := range []string{p.data, p.evalData} {
+		if in == "" || err != nil {
+			continue
+		}
+		if inSt, ierr := os.Stat(in); ierr == nil && os.SameFile(inSt, outSt) {
+			return fmt.Errorf("compress: output %s is the input %s; refusing to overwrite an input", p.opt.Out, in)
+		}
+	}
+	model, err := fsx.RealAbs(p.srcDir)
+	if err != nil {
+		return fmt.Errorf("compress: %w", err)
+	}
+	for _, x := range []struct{ what, path string }{{"work dir", p.opt.WorkDir}, {"output", filepath.Dir(p.opt.Out)}} {
+		a, err := fsx.RealAbs(x.path)
+		if err != nil {
+			return fmt.Errorf("compress: %s: %w", x.what, err)
+		}
+		if a == model || strings.HasPrefix(a, model+string(filepath.Separator)) {
+			return fmt.Errorf("compress: %s %s is inside the model directory %s; write elsewhere (inputs are never modified)", x.what, x.path, p.srcDir)
+		}
+	}
+	return nil
+}
+
+// fileFingerprint is the hex sha256 of a regular file's bytes.
+func fileFingerprint(path string) (string, error) {
+	b, err := fsx.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:]), nil
+}
