@@ -681,7 +681,7 @@ func TestCompressModelMismatch(t *testing.T) {
 	}
 	// Context and KV windows beyond max_position_embeddings (512).
 	for _, c := range []struct{ work, from, to, want string }{
-		{"work-i", "calibrate:\n  tokens: 1024\n  ctx: 256\n", "calibrate:\n  tokens: 2048\n  ctx: 1024\n", "calibrate.ctx: 1024 tokens exceed the model's max_position_embeddings 512"},
+		{"work-i", "calibrate:\n  tokens: 1024\n  ctx: 256\n", "calibrate:\n  tokens: 2048\n  ctx: 1024\n", "calibrate.ctx 1024: want at most the model's max_position_embeddings 512"},
 		{"work-j", "eval:\n  ctx: 256\n", "eval:\n  ctx: 600\n", "eval.ctx: 600 tokens exceed"},
 		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv sink/recent: kv windows sink 8 + recent 600 tokens exceed"},
 	} {

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -24,8 +25,11 @@ func (r *Recipe) checkModel(recipe string, d *arch.Description) error {
 		return fmt.Errorf("%w: %s: %s: %s", ErrRecipe, recipe, key, fmt.Sprintf(format, a...))
 	}
 	maxPos := d.MaxPositionEmbeddings
-	if c := r.Calibrate; c != nil && maxPos > 0 && c.Ctx > maxPos {
-		return bad("calibrate.ctx", "%d tokens exceed the model's max_position_embeddings %d", c.Ctx, maxPos)
+	if c := r.Calibrate; c != nil {
+		o := c.options("", "")
+		if err := o.ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, calibrateKeys))
+		}
 	}
 	if e := r.Eval; e != nil && maxPos > 0 && e.Ctx > maxPos {
 		return bad("eval.ctx", "%d tokens exceed the model's max_position_embeddings %d", e.Ctx, maxPos)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
@@ -56,6 +57,13 @@ type CalibrateStage struct {
 	// calibrate.DefaultMaxExpertBytes (8 GiB), 0 no limit. The file is the
 	// same whatever the budget, so it is not part of the stage's cache key.
 	MaxExpertMemory *int64 `yaml:"max_expert_memory" json:"-"`
+	// AllExperts (MoE models) accumulates every token into every expert's
+	// Hessians (calibrate.Options.AllExperts, --calibrate-all-experts).
+	AllExperts bool `yaml:"all_experts" json:"all_experts,omitempty"`
+	// MinExpertTokens is the sparse-expert report threshold
+	// (calibrate.Options.MinExpertTokens, --min-expert-tokens; unset:
+	// calibrate.DefaultMinExpertTokens).
+	MinExpertTokens int `yaml:"min_expert_tokens" json:"min_expert_tokens,omitempty"`
 }
 
 // PruneStage configures prune.Run. Layer removal (depth): remove Layers
@@ -460,17 +468,10 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 		}
 	}
 	if c := r.Calibrate; c != nil {
-		if c.Tokens <= 0 {
-			return bad("calibrate.tokens %d: want > 0", c.Tokens)
-		}
-		if c.Ctx < 2 {
-			return bad("calibrate.ctx %d: want >= 2", c.Ctx)
-		}
-		if c.Tokens < c.Ctx {
-			return bad("calibrate.tokens %d: want at least one window of calibrate.ctx %d tokens", c.Tokens, c.Ctx)
-		}
-		if c.MaxExpertMemory != nil && *c.MaxExpertMemory < 0 {
-			return bad("calibrate.max_expert_memory %d: want bytes >= 0 (0: no limit)", *c.MaxExpertMemory)
+		// Data and Out are checked and set by Run (inputs).
+		o := c.options("(data)", "(out)")
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, calibrateKeys))
 		}
 	}
 	if r.Prune != nil {

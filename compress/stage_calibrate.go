@@ -23,11 +23,26 @@ func (c *CalibrateStage) maxExpertBytes() int64 {
 	return *c.MaxExpertMemory
 }
 
+// calibrateKeys names calibrate.Options' fields as recipe keys
+// (field.Rename of its Validate errors).
+var calibrateKeys = map[string]string{
+	"Data": "calibrate.data", "Tokens": "calibrate.tokens", "Ctx": "calibrate.ctx", "MaxExpertBytes": "calibrate.max_expert_memory",
+	"AllExperts": "calibrate.all_experts", "MinExpertTokens": "calibrate.min_expert_tokens",
+}
+
+// options is the calibrate.Options of the section, reading data and
+// writing out (Threads, Version and Progress are the pipeline's).
+func (c *CalibrateStage) options(data, out string) calibrate.Options {
+	return calibrate.Options{Data: data, Tokens: c.Tokens, Ctx: c.Ctx, Out: out, MaxExpertBytes: c.maxExpertBytes(),
+		AllExperts: c.AllExperts, MinExpertTokens: c.MinExpertTokens}
+}
+
 // calibrate runs calibrate.Run on the current model.
 func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, error) {
 	c := p.r.Calibrate
-	s, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-		Out: filepath.Join(dir, "calib.safetensors"), Threads: p.opt.Threads, MaxExpertBytes: c.maxExpertBytes(), Version: p.opt.Version, Progress: p.progress("calibrate")})
+	o := c.options(p.data, filepath.Join(dir, "calib.safetensors"))
+	o.Model, o.Threads, o.Version, o.Progress = p.st.model, p.opt.Threads, p.opt.Version, p.progress("calibrate")
+	s, err := calibrate.Run(ctx, o)
 	if err != nil {
 		return outputs{}, nil, err
 	}
@@ -42,8 +57,9 @@ func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, err
 func (p *pipeline) recalibrate(ctx context.Context, dir, name string) (string, *calibrate.Summary, error) {
 	c := p.r.Calibrate
 	calib := filepath.Join(dir, "calib.safetensors")
-	cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-		Out: calib, Threads: p.opt.Threads, MaxExpertBytes: c.maxExpertBytes(), Version: p.opt.Version, Progress: p.progress(name)})
+	o := c.options(p.data, calib)
+	o.Model, o.Threads, o.Version, o.Progress = p.st.model, p.opt.Threads, p.opt.Version, p.progress(name)
+	cs, err := calibrate.Run(ctx, o)
 	if err != nil {
 		return "", nil, err
 	}
