@@ -13,6 +13,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 )
@@ -70,15 +71,11 @@ func (p *pipeline) inputs(ctx context.Context) error {
 				}
 			}
 		}
-		var w WeightsStage
 		if q != nil && q.Weights != nil {
-			w = *q.Weights
-		}
-		switch {
-		case w.MoEBudget > 0 && !moe:
-			return fmt.Errorf("%w: %s: quantize.weights.moe_budget: %s is a dense model (no mixture-of-experts layer); remove moe_budget or use bits/target_bpw", ErrRecipe, recipe, dir)
-		case w.TargetBPW > 0 && moe:
-			return fmt.Errorf("%w: %s: quantize.weights.target_bpw: %s is a mixture-of-experts model; use bits with moe_budget for the experts", ErrRecipe, recipe, dir)
+			o := q.Weights.options()
+			if err := o.ValidateModel(d); err != nil {
+				return fmt.Errorf("%w: %s: %s: %w", ErrRecipe, recipe, dir, field.Rename(err, weightsKeys))
+			}
 		}
 	}
 	// dataErr names where a data path came from: the override option or

@@ -73,7 +73,7 @@ func (r *Recipe) checkModel(recipe string, d *arch.Description) error {
 	}
 	if q := r.Quantize; q != nil && q.Weights != nil && q.Weights.MoEBudget > 0 {
 		w := q.Weights
-		lo, err := wquant.MinMoEBudget(d, 0, w.MoERule)
+		lo, err := wquant.MinMoEBudget(d, w.MoEGroup, w.MoERule)
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, err)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -17,7 +16,6 @@ import (
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
-	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 	"gopkg.in/yaml.v3"
 )
@@ -146,6 +144,16 @@ type WeightsStage struct {
 	MoEWeighting string  `yaml:"moe_weighting" json:"moe_weighting,omitempty"`
 	MoERule      bool    `yaml:"moe_rule" json:"moe_rule,omitempty"`
 	MSEClip      bool    `yaml:"mse_clip" json:"mse_clip,omitempty"`
+	// TrueSequential (GPTQ) collects each input's Hessian with the
+	// weights before it quantized (wquant.Options.TrueSequential).
+	TrueSequential bool `yaml:"true_sequential" json:"true_sequential,omitempty"`
+	// MoESolver (dp or lagrangian), MoEGroup (experts' group size, 0:
+	// per channel) and MoEMinTokens (sparse-expert threshold, unset:
+	// calibrate.DefaultMinExpertTokens) configure GEMQ under moe_budget
+	// (wquant.Options).
+	MoESolver    string `yaml:"moe_solver" json:"moe_solver,omitempty"`
+	MoEGroup     int    `yaml:"moe_group" json:"moe_group,omitempty"`
+	MoEMinTokens int    `yaml:"moe_min_tokens" json:"moe_min_tokens,omitempty"`
 }
 
 // KVStage configures the KV cache the artifact carries: Cache is a
@@ -434,37 +442,21 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 	}
 	if q := r.Quantize; q != nil && q.Weights != nil {
 		w := q.Weights
-		switch {
-		case w.MoEBudget < 0 || math.IsNaN(w.MoEBudget) || math.IsInf(w.MoEBudget, 0):
-			return bad("quantize.weights.moe_budget %v: want > 0 bits per expert weight", w.MoEBudget)
-		case w.MoEBudget > 0 && w.TargetBPW != 0:
-			return bad("quantize.weights: moe_budget sets the experts' widths with bits for the other weights; remove target_bpw")
-		case w.MoEWeighting != "" && w.MoEBudget == 0:
-			return bad("quantize.weights.moe_weighting needs moe_budget")
-		case w.MoERule && w.MoEBudget == 0:
-			return bad("quantize.weights.moe_rule needs moe_budget")
-		case !slices.Contains([]string{"", "routed", "soft", "kl"}, w.MoEWeighting):
-			return bad("quantize.weights.moe_weighting %q: want routed, soft or kl", w.MoEWeighting)
-		case w.Method != wquant.MethodRTN && w.Method != wquant.MethodGPTQ:
-			return bad("quantize.weights.method %q: want rtn or gptq", w.Method)
-		case (w.Bits != 0) == (w.TargetBPW != 0):
-			return bad("quantize.weights: give exactly one of bits and target_bpw")
-		case w.Bits != 0 && !slices.Contains([]int{2, 3, 4, 8}, w.Bits):
-			return bad("quantize.weights.bits %d: want 2, 3, 4 or 8", w.Bits)
-		case w.TargetBPW != 0 && !(w.TargetBPW > 0 && w.TargetBPW <= 32):
-			return bad("quantize.weights.target_bpw %v: want bits per weight in (0, 32]", w.TargetBPW)
-		case w.TargetBPW != 0 && w.Group != nil:
+		if w.TargetBPW != 0 && w.Group != nil {
 			return bad("quantize.weights: group is chosen per tensor by the allocator with target_bpw; remove group")
-		case w.Group != nil && !slices.Contains([]int{0, 32, 64, 128}, *w.Group):
-			return bad("quantize.weights.group %d: want 32, 64, 128 or 0 (per-channel)", *w.Group)
-		case w.ActOrder && w.Method != wquant.MethodGPTQ:
-			return bad("quantize.weights.act_order needs method gptq")
-		case r.Calibrate == nil:
-			return bad("quantize.weights needs a calibrate section (GPTQ Hessians and the error report use calibration tokens)")
 		}
 		if w.Group == nil && w.TargetBPW == 0 {
 			g := 128
 			w.Group = &g
+		}
+		// Model, Calib and Out are the pipeline's.
+		o := w.options()
+		o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, weightsKeys))
+		}
+		if r.Calibrate == nil {
+			return bad("quantize.weights needs a calibrate section (GPTQ Hessians and the error report use calibration tokens)")
 		}
 	}
 	if c := r.Calibrate; c != nil {

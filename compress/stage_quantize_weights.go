@@ -10,6 +10,29 @@ import (
 	"github.com/lmpack/lmpack/quantize/wquant"
 )
 
+// weightsKeys names wquant.Options' fields as recipe keys (field.Rename
+// of its Validate errors).
+var weightsKeys = map[string]string{
+	"Method": "quantize.weights.method", "Bits": "quantize.weights.bits", "GroupSize": "quantize.weights.group",
+	"Symmetric": "quantize.weights.sym", "ActOrder": "quantize.weights.act_order", "TrueSequential": "quantize.weights.true_sequential",
+	"TargetBPW": "quantize.weights.target_bpw", "MoEBudget": "quantize.weights.moe_budget", "MoEWeighting": "quantize.weights.moe_weighting",
+	"MoERule": "quantize.weights.moe_rule", "MoESolver": "quantize.weights.moe_solver", "MoEGroup": "quantize.weights.moe_group",
+	"MoEMinTokens": "quantize.weights.moe_min_tokens", "MSEClip": "quantize.weights.mse_clip",
+}
+
+// options is the wquant.Options of the section (Model, Calib, Out,
+// Threads, Version and Progress are the pipeline's).
+func (w *WeightsStage) options() wquant.Options {
+	group := 0
+	if w.Group != nil {
+		group = *w.Group
+	}
+	return wquant.Options{Method: w.Method, Bits: w.Bits, GroupSize: group, Symmetric: w.Sym, ActOrder: w.ActOrder,
+		TrueSequential: w.TrueSequential, TargetBPW: w.TargetBPW, MSEClip: w.MSEClip,
+		MoEBudget: w.MoEBudget, MoEWeighting: gemq.Weighting(w.MoEWeighting), MoERule: w.MoERule,
+		MoESolver: gemq.Solver(w.MoESolver), MoEGroup: w.MoEGroup, MoEMinTokens: w.MoEMinTokens}
+}
+
 // quantizeWeightsStage is the quantize-weights stage: its cache key is
 // the quantize.weights section; its report hook copies the method and
 // bits per weight into the Report.
@@ -80,10 +103,10 @@ func (p *pipeline) quantizeWeights(ctx context.Context, dir string) (outputs, an
 		}
 		s.Recalibrated = true
 	}
-	rep, err := wquant.Run(ctx, wquant.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
-		Method: w.Method, Bits: w.Bits, GroupSize: group, Symmetric: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW,
-		MoEBudget: w.MoEBudget, MoEWeighting: gemq.Weighting(w.MoEWeighting), MoERule: w.MoERule, MSEClip: w.MSEClip,
-		Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-weights")})
+	o := w.options()
+	o.Model, o.Calib, o.Out = p.st.model, calib, filepath.Join(dir, "model")
+	o.Threads, o.Version, o.Progress = p.opt.Threads, p.opt.Version, p.progress("quantize-weights")
+	rep, err := wquant.Run(ctx, o)
 	if err != nil {
 		return outputs{}, nil, err
 	}

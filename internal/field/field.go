@@ -14,7 +14,7 @@ import (
 
 // Error is an invalid option value. Field is the Go field name of the
 // options type ("Tokens"); Value the value given (nil: not shown); Want
-// what is expected ("> 0"). Want may name other fields of the same
+// what is expected ("> 0"; for a bool, what it needs). Want may name other fields of the same
 // options type in braces ("{Method} gptq"), so that Rename renames them
 // too. Error() words it with the Go names: "Tokens -5: want > 0".
 type Error struct {
@@ -35,8 +35,9 @@ var braced = regexp.MustCompile(`\{(\w+)\}`)
 
 // Render words e with every field name (e.Field and the braced names in
 // e.Want) replaced by names[field]; a name missing from names (or names
-// nil) stays the Go name. A string Value is quoted: `method "x": want
-// rtn or gptq`.
+// nil) stays the Go name. A string Value is quoted (`method "x": want
+// rtn or gptq`); a bool Value is not shown (the field's name says it is
+// set: "act_order: want method gptq").
 func (e *Error) Render(names map[string]string) string {
 	name := func(f string) string {
 		if n, ok := names[f]; ok && n != "" {
@@ -47,7 +48,7 @@ func (e *Error) Render(names map[string]string) string {
 	var b strings.Builder
 	b.WriteString(name(e.Field))
 	switch v := e.Value.(type) {
-	case nil:
+	case nil, bool:
 	case string:
 		fmt.Fprintf(&b, " %q", v)
 	default:

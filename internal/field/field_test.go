@@ -15,7 +15,7 @@ func TestRender(t *testing.T) {
 		{&Error{"Tokens", -5, "> 0"}, nil, "Tokens -5: want > 0"},
 		{&Error{"Tokens", -5, "> 0"}, map[string]string{"Tokens": "--tokens"}, "--tokens -5: want > 0"},
 		{&Error{"Method", "x", "rtn or gptq"}, map[string]string{"Method": "quantize.weights.method"}, `quantize.weights.method "x": want rtn or gptq`},
-		{&Error{"ActOrder", true, "{Method} gptq"}, map[string]string{"ActOrder": "--act-order", "Method": "--method"}, "--act-order true: want --method gptq"},
+		{&Error{"ActOrder", true, "{Method} gptq"}, map[string]string{"ActOrder": "--act-order", "Method": "--method"}, "--act-order: want --method gptq"},
 		{&Error{"Bits", nil, "exactly one of {Bits} and {TargetBPW}"}, map[string]string{"Bits": "bits"}, "bits: want exactly one of bits and TargetBPW"},
 	}
 	for _, c := range cases {
