@@ -16,6 +16,7 @@ import (
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
+	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 	"gopkg.in/yaml.v3"
 )
@@ -484,13 +485,16 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 				return bad("quantize.kv.cache %s needs a calibrate section (OSCAR rotations are computed from calibration statistics)", kv.Cache)
 			}
 			if kv.ClipK == 0 {
-				kv.ClipK = 0.96
+				kv.ClipK = oscar.DefaultClipK
 			}
 			if kv.ClipV == 0 {
-				kv.ClipV = 0.92
+				kv.ClipV = oscar.DefaultClipV
 			}
-			if !(kv.ClipK > 0 && kv.ClipK <= 1) || !(kv.ClipV > 0 && kv.ClipV <= 1) {
-				return bad("quantize.kv clip_k %v, clip_v %v: want ratios in (0, 1]", kv.ClipK, kv.ClipV)
+			// Model, Calib and Out are the pipeline's.
+			o := kv.options()
+			o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+			if err := o.Validate(); err != nil {
+				return bad("%s", field.Rename(err, kvKeys))
 			}
 		} else if kv.ClipK != 0 || kv.ClipV != 0 {
 			return bad("quantize.kv clip_k/clip_v: cache %s takes no rotations, so no clipping ratios", kv.Cache)

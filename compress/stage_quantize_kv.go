@@ -8,6 +8,16 @@ import (
 	"github.com/lmpack/lmpack/quantize/oscar"
 )
 
+// kvKeys names oscar.KVOptions' fields as recipe keys (field.Rename of
+// its Validate errors).
+var kvKeys = map[string]string{"ClipK": "quantize.kv.clip_k", "ClipV": "quantize.kv.clip_v"}
+
+// options is the oscar.KVOptions of the section (Model, Calib, Out and
+// Version are the pipeline's).
+func (kv *KVStage) options() oscar.KVOptions {
+	return oscar.KVOptions{Method: oscar.Method, ClipK: kv.ClipK, ClipV: kv.ClipV}
+}
+
 // quantizeKVStage is the quantize-kv stage: its cache key is the
 // quantize.kv section.
 func (p *pipeline) quantizeKVStage() stage {
@@ -46,8 +56,9 @@ func (p *pipeline) quantizeKV(ctx context.Context, dir string) (outputs, any, er
 		}
 		s.Recalibrated = true
 	}
-	rs, err := oscar.QuantizeKV(ctx, oscar.KVOptions{Model: p.st.model, Calib: calib, Method: oscar.Method,
-		ClipK: kv.ClipK, ClipV: kv.ClipV, Out: filepath.Join(dir, "rot.safetensors"), Version: p.opt.Version})
+	ko := kv.options()
+	ko.Model, ko.Calib, ko.Out, ko.Version = p.st.model, calib, filepath.Join(dir, "rot.safetensors"), p.opt.Version
+	rs, err := oscar.QuantizeKV(ctx, ko)
 	if err != nil {
 		return outputs{}, nil, err
 	}

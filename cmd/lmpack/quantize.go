@@ -21,6 +21,10 @@ func newQuantizeCmd(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
+// kvFlags names oscar.KVOptions' fields as flags of quantize kv
+// (field.Rename of Validate's errors).
+var kvFlags = map[string]string{"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Method": "--method", "ClipK": "--clip-k", "ClipV": "--clip-v"}
+
 func newQuantizeKVCmd(g *globalFlags) *cobra.Command {
 	var (
 		opt    oscar.KVOptions
@@ -44,14 +48,8 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 			if err := checkOutput("-o", opt.Out, args[0], opt.Calib); err != nil {
 				return err
 			}
-			if opt.Method != oscar.Method {
-				return fmt.Errorf("--method %q: want %q", opt.Method, oscar.Method)
-			}
-			if !(opt.ClipK > 0 && opt.ClipK <= 1) {
-				return fmt.Errorf("--clip-k %g: want a ratio in (0, 1]", opt.ClipK)
-			}
-			if !(opt.ClipV > 0 && opt.ClipV <= 1) {
-				return fmt.Errorf("--clip-v %g: want a ratio in (0, 1]", opt.ClipV)
+			if err := opt.Validate(); err != nil {
+				return field.Rename(err, kvFlags)
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			s, err := oscar.QuantizeKV(cmd.Context(), opt)
