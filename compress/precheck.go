@@ -7,7 +7,6 @@ import (
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/field"
-	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
 	"github.com/lmpack/lmpack/quantize/wquant"
@@ -35,8 +34,8 @@ func (r *Recipe) checkModel(recipe string, d *arch.Description) error {
 		return bad("eval.ctx", "%d tokens exceed the model's max_position_embeddings %d", e.Ctx, maxPos)
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {
-		if err := pack.CheckKVWindows(q.KV.Sink, q.KV.Recent, maxPos); err != nil {
-			return bad("quantize.kv sink/recent", "%v", strings.TrimSuffix(err.Error(), ": "+pack.ErrFormat.Error()))
+		if err := q.KV.packOptions("").ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, packKeys))
 		}
 	}
 	L := len(d.Layers)

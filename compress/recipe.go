@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -474,11 +473,11 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {
 		kv := q.KV
-		if !slices.Contains(kvcache.Methods(), kv.Cache) {
-			return bad("quantize.kv.cache %q: want one of %s", kv.Cache, strings.Join(kvcache.Methods(), ", "))
+		if kv.Cache == "" {
+			return bad("quantize.kv.cache \"\": want one of %s", strings.Join(kvcache.Methods(), ", "))
 		}
-		if kv.Sink < 0 || kv.Recent < 0 {
-			return bad("quantize.kv sink %d, recent %d: want >= 0 tokens", kv.Sink, kv.Recent)
+		if err := kv.packOptions("(rotations)").Validate(); err != nil {
+			return bad("%s", field.Rename(err, packKeys))
 		}
 		if rotates(kv.Cache) {
 			if r.Calibrate == nil {

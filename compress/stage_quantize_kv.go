@@ -5,12 +5,28 @@ import (
 	"path/filepath"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/pack"
 	"github.com/lmpack/lmpack/quantize/oscar"
 )
 
 // kvKeys names oscar.KVOptions' fields as recipe keys (field.Rename of
 // its Validate errors).
 var kvKeys = map[string]string{"ClipK": "quantize.kv.clip_k", "ClipV": "quantize.kv.clip_v"}
+
+// packKeys names pack.FromOptions' KV fields as recipe keys (field.Rename
+// of its Validate errors).
+var packKeys = map[string]string{"KVCache": "quantize.kv.cache", "KVSink": "quantize.kv.sink", "KVRecent": "quantize.kv.recent", "KVRotations": "quantize.kv.cache"}
+
+// packOptions is the KV part of the pack stage's pack.FromOptions: the
+// section's cache and windows, with the rotation file rot when the cache
+// takes rotations.
+func (kv *KVStage) packOptions(rot string) *pack.FromOptions {
+	o := &pack.FromOptions{KVCache: kv.Cache, KVSink: kv.Sink, KVRecent: kv.Recent}
+	if rotates(kv.Cache) {
+		o.KVRotations = rot
+	}
+	return o
+}
 
 // options is the oscar.KVOptions of the section (Model, Calib, Out and
 // Version are the pipeline's).
