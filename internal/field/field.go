@@ -17,11 +17,19 @@ import (
 // what is expected ("> 0"; for a bool, what it needs). Want may name other fields of the same
 // options type in braces ("{Method} gptq"), so that Rename renames them
 // too. Error() words it with the Go names: "Tokens -5: want > 0".
+//
+// Err, when set, is the lower-level error that made the value invalid
+// (depth.ErrProtectedLayer, say): Unwrap returns it, so errors.Is sees it;
+// its text is not part of Error() (Want words the problem).
 type Error struct {
 	Field string
 	Value any
 	Want  string
+	Err   error
 }
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }
 
 // New returns an *Error for field with value and want (see Error).
 func New(field string, value any, want string) error {
