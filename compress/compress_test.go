@@ -669,10 +669,10 @@ func TestCompressModelMismatch(t *testing.T) {
 	for _, c := range []struct{ work, prune, want string }{
 		{"work-c", "prune:\n  sparsity: 0.95\n", "prune.sparsity: prune: bad options: sparsity 0.95"},
 		{"work-d", "prune:\n  sparsity: 0.2\n  head_refit: true\n", "prune.head_refit: prune.sparsity 0.2 removes no KV head group"},
-		{"work-e", "prune:\n  layers: 5\n", "prune.layers: removes 5 of the 5 layers; at most 3 can go"},
-		{"work-f", "prune:\n  method: list:1,99\n", `prune.method: "list:1,99" on the 5-layer model`},
-		{"work-g", "prune:\n  method: list:0\n", `prune.method: "list:0" on the 5-layer model`},
-		{"work-h", "prune:\n  ffn_ratio: 0.999999\n", "prune.ffn_ratio: layer 0:"},
+		{"work-e", "prune:\n  layers: 5\n", "prune.layers 5: want at most 3 of the 5 layers removed"},
+		{"work-f", "prune:\n  method: list:1,99\n", `prune.method "list:1,99": want layers the 5-layer model can lose`},
+		{"work-g", "prune:\n  method: list:0\n", `prune.method "list:0": want layers the 5-layer model can lose`},
+		{"work-h", "prune:\n  ffn_ratio: 0.999999\n", "prune.ffn_ratio 0.999999: want a ratio that keeps some and removes some units of every FFN (layer 0:"},
 	} {
 		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, "quantize:\n", c.prune+"quantize:\n", 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
 		if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) {

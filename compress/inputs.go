@@ -47,17 +47,12 @@ func (p *pipeline) inputs(ctx context.Context) error {
 			return err
 		}
 		q := p.r.Quantize
-		moe := false
-		for _, l := range d.Layers {
-			moe = moe || l.MoE != nil
-		}
 		if wantsWidth {
-			if moe {
-				return fmt.Errorf("%w: %s: prune.%s: %s is a mixture-of-experts model; width pruning (head_groups, head_ratio, ffn_ratio) supports dense models only (layers or layer_ratio work on MoE models)",
-					ErrRecipe, recipe, p.r.Prune.widthKey(), dir)
-			}
-			if err := p.r.Prune.checkHeadBudget(recipe, afterDepth(p.r.Prune, d)); err != nil {
-				return err
+			// On the model as the prune-layers stage leaves it, as far as
+			// that is known before it runs (afterDepth).
+			o := p.r.Prune.widthOptions()
+			if err := o.ValidateModel(afterDepth(p.r.Prune, d)); err != nil {
+				return fmt.Errorf("%w: %s: %s: %w", ErrRecipe, recipe, dir, field.Rename(err, pruneKeys))
 			}
 			// A sparsity on the model as it is (no layer removal first):
 			// its budget, and whether it removes any head for head_refit.

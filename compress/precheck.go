@@ -3,12 +3,9 @@ package compress
 import (
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/field"
-	"github.com/lmpack/lmpack/prune"
-	"github.com/lmpack/lmpack/prune/depth"
 	"github.com/lmpack/lmpack/quantize/wquant"
 )
 
@@ -38,36 +35,10 @@ func (r *Recipe) checkModel(recipe string, d *arch.Description) error {
 			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, packKeys))
 		}
 	}
-	L := len(d.Layers)
 	if p := r.Prune; p != nil && p.wantsDepth() {
-		if list, err := prune.ParseList(p.Method); err == nil {
-			if _, err := depth.ListPlan(list, L); err != nil {
-				return bad("prune.method", "%q on the %d-layer model: %v", p.Method, L, err)
-			}
-		} else if strings.HasPrefix(p.Method, "list:") {
-			return bad("prune.method", "%q: %v", p.Method, err)
-		} else {
-			key := "prune.layers"
-			if p.LayerRatio != 0 {
-				key = "prune.layer_ratio"
-			}
-			n, err := prune.LayerBudget(p.Layers, p.LayerRatio, L)
-			if err != nil {
-				return bad(key, "%v", err)
-			}
-			if n > L-2 {
-				return bad(key, "removes %d of the %d layers; at most %d can go (the first and last are never removed)", n, L, max(L-2, 0))
-			}
-		}
-	}
-	if p := r.Prune; p != nil && p.FFNRatio != 0 {
-		for l, ly := range d.Layers {
-			if ly.MLP == nil {
-				continue
-			}
-			if _, err := prune.FFNKeepCount(ly.MLP.IntermediateSize, p.FFNRatio); err != nil {
-				return bad("prune.ffn_ratio", "layer %d: %v", l, err)
-			}
+		o := p.depthOptions()
+		if err := o.ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, pruneKeys))
 		}
 	}
 	if q := r.Quantize; q != nil && q.Weights != nil && q.Weights.MoEBudget > 0 {

@@ -516,54 +516,41 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 	return nil
 }
 
-// validatePrune checks the prune section and fills its defaults (method
-// lorp for layer removal, head_method putri, refit true).
+// validatePrune checks the prune section with prune.Options.Validate (on
+// the layer-removal and the width options, each run as its own stage;
+// field names renamed to the recipe's keys) and fills its defaults
+// (method lorp for layer removal, head_method putri, refit true). What
+// only a recipe has is checked here: refit given without FFN pruning, and
+// the calibrate section the stages need.
 func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 	p := r.Prune
-	if !p.wantsDepth() && !p.wantsWidth() {
-		if p.Method != "" {
-			return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it", p.Method)
-		}
-		return bad("prune: give layers, layer_ratio or method list:L1,L2,... (layer removal), or head_groups, head_ratio or ffn_ratio (width pruning)")
+	if p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0 {
+		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	}
 	if p.wantsDepth() {
-		if err := r.validateDepth(bad); err != nil {
-			return err
+		if p.Method == "" {
+			p.Method = depth.MethodLoRP
 		}
-	} else if p.Method != "" {
-		return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it, or drop it for width pruning alone", p.Method)
+		o := p.depthOptions()
+		o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, pruneKeys))
+		}
+		if !strings.HasPrefix(p.Method, "list:") && r.Calibrate == nil {
+			return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
+		}
 	}
-	switch {
-	case p.HeadRefit && !p.wantsHeads():
-		return bad("prune.head_refit needs head_groups, head_ratio or sparsity (it refits o_proj after head removal)")
-	case p.HeadStep != 0 && !p.wantsHeads():
-		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
-	case p.HeadMethod != "" && !p.wantsHeads():
-		return bad("prune.head_method needs head_groups, head_ratio or sparsity")
-	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
-		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
+	if p.wantsWidth() || !p.wantsDepth() || p.HeadMethod != "" || p.HeadStep != 0 || p.HeadRefit {
+		o := p.widthOptions()
+		o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, pruneKeys))
+		}
 	}
 	if !p.wantsWidth() {
 		return nil
 	}
-	switch {
-	case p.HeadGroups < 0:
-		return bad("prune.head_groups %d: want > 0 (KV head groups to remove over all layers)", p.HeadGroups)
-	case p.HeadGroups != 0 && p.HeadRatio != 0:
-		return bad("prune: give at most one of head_groups and head_ratio")
-	case p.HeadRatio != 0 && !(p.HeadRatio > 0 && p.HeadRatio < 1):
-		return bad("prune.head_ratio %v: want in (0, 1)", p.HeadRatio)
-	case p.FFNRatio != 0 && !(p.FFNRatio > 0 && p.FFNRatio < 1):
-		return bad("prune.ffn_ratio %v: want in (0, 1) (the share of every FFN's intermediate units to remove)", p.FFNRatio)
-	case p.HeadMethod != "" && p.HeadMethod != prune.HeadPutri && p.HeadMethod != prune.HeadProxy:
-		return bad("prune.head_method %q: want putri or proxy", p.HeadMethod)
-	case p.Sparsity != 0 && !(p.Sparsity > 0 && p.Sparsity < 1):
-		return bad("prune.sparsity %v: want in (0, 1) (the share of the decoder's attention and FFN parameters to remove)", p.Sparsity)
-	case p.Sparsity != 0 && (p.HeadGroups != 0 || p.HeadRatio != 0 || p.FFNRatio != 0):
-		return bad("prune.sparsity sets head groups and FFN units itself: remove head_groups, head_ratio and ffn_ratio")
-	case p.HeadStep < 0:
-		return bad("prune.head_step %d: want >= 1", p.HeadStep)
-	case r.Calibrate == nil:
+	if r.Calibrate == nil {
 		return bad("prune: width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section (token ids and head statistics of the model)")
 	}
 	if p.wantsHeads() && p.HeadMethod == "" {
@@ -572,44 +559,6 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 	if (p.FFNRatio != 0 || p.Sparsity != 0) && p.Refit == nil {
 		t := true
 		p.Refit = &t
-	}
-	return nil
-}
-
-// validateDepth checks the layer-removal keys of the prune section.
-func (r *Recipe) validateDepth(bad func(string, ...any) error) error {
-	p := r.Prune
-	if p.Method == "" {
-		p.Method = depth.MethodLoRP
-	}
-	isList := strings.HasPrefix(p.Method, "list:")
-	switch {
-	case !isList && p.Method != depth.MethodLoRP && p.Method != depth.MethodShortGPT:
-		return bad("prune.method %q: want lorp, shortgpt or list:L1,L2,...", p.Method)
-	case !isList && (p.Layers != 0) == (p.LayerRatio != 0):
-		return bad("prune: give exactly one of layers and layer_ratio")
-	case p.Layers < 0:
-		return bad("prune.layers %d: want > 0", p.Layers)
-	case p.LayerRatio != 0 && !(p.LayerRatio > 0 && p.LayerRatio < 1):
-		return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
-	case !isList && r.Calibrate == nil:
-		return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
-	}
-	if isList {
-		list, err := prune.ParseList(p.Method)
-		if err != nil {
-			return bad("prune.method %q: want list:L1,L2,... (comma-separated layer indices)", p.Method)
-		}
-		seen := map[int]bool{}
-		for _, l := range list {
-			if seen[l] {
-				return bad("prune.method %q: layer %d is listed twice (duplicate index)", p.Method, l)
-			}
-			seen[l] = true
-		}
-		if p.Layers != 0 && p.Layers != len(list) {
-			return bad("prune.method %q removes %d layer(s), but prune.layers is %d; drop prune.layers", p.Method, len(list), p.Layers)
-		}
 	}
 	return nil
 }

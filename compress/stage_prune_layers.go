@@ -4,11 +4,25 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/prune"
 )
+
+// pruneKeys names prune.Options' fields as recipe keys (field.Rename of
+// its Validate errors).
+var pruneKeys = map[string]string{
+	"Layers": "prune.layers", "LayerRatio": "prune.layer_ratio", "Method": "prune.method",
+	"HeadGroups": "prune.head_groups", "HeadRatio": "prune.head_ratio", "HeadMethod": "prune.head_method", "HeadStep": "prune.head_step",
+	"FFNRatio": "prune.ffn_ratio", "NoRefit": "prune.refit", "HeadRefit": "prune.head_refit", "Sparsity": "prune.sparsity",
+}
+
+// depthOptions is the prune-layers stage's prune.Options (Model, Calib and
+// Out are the pipeline's).
+func (c *PruneStage) depthOptions() prune.Options {
+	return prune.Options{Layers: c.Layers, LayerRatio: c.LayerRatio, Method: c.Method}
+}
 
 // pruneLayersStage is the prune-layers stage: its cache key is the prune
 // section's layer-removal keys (depthParams).
@@ -30,21 +44,18 @@ func (p *PruneStage) depthParams() []byte {
 // later stages calibrate again.
 func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) {
 	c := p.r.Prune
-	// prune.Run words its option errors for the CLI (--layers); check
-	// the recipe's keys against the model first.
-	if strings.HasPrefix(c.Method, "list:") && c.LayerRatio != 0 {
-		d, err := arch.Load(p.st.model)
-		if err != nil {
-			return outputs{}, nil, err
-		}
-		list, _ := prune.ParseList(c.Method)
-		if n, err := prune.LayerBudget(0, c.LayerRatio, len(d.Layers)); err != nil || n != len(list) {
-			return outputs{}, nil, fmt.Errorf("%w: %s: prune.method %q removes %d layer(s), but prune.layer_ratio %v of %d layers is %d; drop prune.layer_ratio",
-				ErrRecipe, p.opt.RecipePath, c.Method, len(list), c.LayerRatio, len(d.Layers), n)
-		}
+	// The recipe's keys checked against the current model, before prune.Run
+	// words the same problem in its field names.
+	d, err := arch.Load(p.st.model)
+	if err != nil {
+		return outputs{}, nil, err
 	}
-	r, err := prune.Run(ctx, prune.Options{Model: p.st.model, Calib: p.st.calib, Out: filepath.Join(dir, "model"),
-		Layers: c.Layers, LayerRatio: c.LayerRatio, Method: c.Method})
+	o := c.depthOptions()
+	if err := o.ValidateModel(d); err != nil {
+		return outputs{}, nil, fmt.Errorf("%w: %s: %w", ErrRecipe, cmpOr(p.opt.RecipePath, "the recipe"), field.Rename(err, pruneKeys))
+	}
+	o.Model, o.Calib, o.Out = p.st.model, p.st.calib, filepath.Join(dir, "model")
+	r, err := prune.Run(ctx, o)
 	if err != nil {
 		return outputs{}, nil, err
 	}

@@ -3,13 +3,25 @@ package compress
 import (
 	"context"
 	"fmt"
-	"math"
 	"path/filepath"
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/prune"
 )
+
+// widthOptions is the prune-width stage's prune.Options (Model, Calib,
+// Out and Threads are the pipeline's). Without layer removal the section's
+// method is passed on, so that Validate refuses it.
+func (c *PruneStage) widthOptions() prune.Options {
+	o := prune.Options{HeadGroups: c.HeadGroups, HeadRatio: c.HeadRatio, HeadMethod: c.HeadMethod, FFNRatio: c.FFNRatio,
+		NoRefit: c.Refit != nil && !*c.Refit, HeadStep: c.HeadStep, Sparsity: c.Sparsity, HeadRefit: c.HeadRefit}
+	if !c.wantsDepth() {
+		o.Method = c.Method
+	}
+	return o
+}
 
 // pruneWidthStage is the prune-width stage: its cache key is the prune
 // section's width keys (widthParams).
@@ -53,8 +65,9 @@ func (p *pipeline) pruneWidth(ctx context.Context, dir string) (outputs, any, er
 	if err != nil {
 		return outputs{}, nil, err
 	}
-	if err := c.checkHeadBudget(cmpOr(p.opt.RecipePath, "the recipe"), d); err != nil {
-		return outputs{}, nil, err
+	o := c.widthOptions()
+	if err := o.ValidateModel(d); err != nil {
+		return outputs{}, nil, fmt.Errorf("%w: %s: %w", ErrRecipe, cmpOr(p.opt.RecipePath, "the recipe"), field.Rename(err, pruneKeys))
 	}
 	s := &widthSummary{}
 	calib := p.st.calib
@@ -64,51 +77,12 @@ func (p *pipeline) pruneWidth(ctx context.Context, dir string) (outputs, any, er
 		}
 		s.Recalibrated = true
 	}
-	noRefit := c.Refit != nil && !*c.Refit
-	if s.Report, err = prune.Run(ctx, prune.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
-		HeadGroups: c.HeadGroups, HeadRatio: c.HeadRatio, HeadMethod: c.HeadMethod, FFNRatio: c.FFNRatio, NoRefit: noRefit,
-		HeadStep: max(c.HeadStep, 1), Sparsity: c.Sparsity, HeadRefit: c.HeadRefit, Threads: p.opt.Threads}); err != nil {
+	o.Model, o.Calib, o.Out, o.Threads = p.st.model, calib, filepath.Join(dir, "model"), p.opt.Threads
+	if s.Report, err = prune.Run(ctx, o); err != nil {
 		return outputs{}, nil, err
 	}
 	s.Report.Model, s.Report.Out = "", "model"
 	return outputs{Model: "model", ClearCalib: true}, s, nil
-}
-
-// widthKey names the recipe key that asks for width pruning (the first
-// of head_groups, head_ratio and ffn_ratio given).
-func (c *PruneStage) widthKey() string {
-	switch {
-	case c.HeadGroups != 0:
-		return "head_groups"
-	case c.HeadRatio != 0:
-		return "head_ratio"
-	case c.Sparsity != 0:
-		return "sparsity"
-	}
-	return "ffn_ratio"
-}
-
-// checkHeadBudget refuses, in the recipe's words, a head_groups or
-// head_ratio that leaves some layer of the model d without a KV head
-// group (prune.HeadBudget). recipe names the recipe file.
-func (c *PruneStage) checkHeadBudget(recipe string, d *arch.Description) error {
-	if c.HeadGroups == 0 && c.HeadRatio == 0 {
-		return nil // sparsity: prune checks its budget against the model
-	}
-	total := 0
-	for _, l := range d.Layers {
-		total += l.NumKVHeads
-	}
-	n, err := prune.HeadBudget(c.HeadGroups, c.HeadRatio, total, len(d.Layers))
-	if err != nil {
-		n = c.HeadGroups
-		if n == 0 {
-			n = max(1, int(math.Round(c.HeadRatio*float64(total))))
-		}
-		return fmt.Errorf("%w: %s: prune.%s: removing %d of the %d KV head groups of the %d-layer model leaves a layer without one; at most %d can go",
-			ErrRecipe, recipe, c.widthKey(), n, total, len(d.Layers), total-len(d.Layers))
-	}
-	return nil
 }
 
 // afterDepth returns the model d as the prune section's layer removal

@@ -231,7 +231,7 @@ func TestCompressWidthMoE(t *testing.T) {
 	// head_ratio 0.9 of 20 groups is 18; the 5 layers keep at least 5.
 	src := strings.Replace(smallRecipe, "quantize:\n", "prune:\n  head_ratio: 0.9\nquantize:\n", 1)
 	_, err = Run(t.Context(), testOptions(t, mustRecipe(t, src), filepath.Join(dir, "m.lmpk"), work))
-	if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "prune.head_ratio: removing 18 of the 20") {
+	if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "prune.head_ratio 0.9: want at most 15 of the 20 KV head groups removed (removing 18 of 20") {
 		t.Fatalf("head_ratio 0.9: got %v", err)
 	}
 }

@@ -120,7 +120,7 @@ func (opt *Options) validateDepth() error {
 		seen := map[int]bool{}
 		for _, l := range list {
 			if seen[l] {
-				return field.New("Method", opt.Method, fmt.Sprintf("each layer once (layer %d is listed twice)", l))
+				return field.New("Method", opt.Method, fmt.Sprintf("each layer once (layer %d is listed twice: a duplicate index)", l))
 			}
 			seen[l] = true
 		}
