@@ -682,7 +682,7 @@ func TestCompressModelMismatch(t *testing.T) {
 	// Context and KV windows beyond max_position_embeddings (512).
 	for _, c := range []struct{ work, from, to, want string }{
 		{"work-i", "calibrate:\n  tokens: 1024\n  ctx: 256\n", "calibrate:\n  tokens: 2048\n  ctx: 1024\n", "calibrate.ctx 1024: want at most the model's max_position_embeddings 512"},
-		{"work-j", "eval:\n  ctx: 256\n", "eval:\n  ctx: 600\n", "eval.ctx: 600 tokens exceed"},
+		{"work-j", "eval:\n  ctx: 256\n", "eval:\n  ctx: 600\n", "eval.ctx 600: want at most the model's max_position_embeddings 512"},
 		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv.recent 600: want quantize.kv.sink 8 + quantize.kv.recent at most the model's max_position_embeddings 512"},
 	} {
 		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, c.from, c.to, 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))

@@ -11,24 +11,27 @@ import (
 
 // checkModel refuses, before any stage runs, recipe values that the model
 // d (the source checkpoint) cannot take and that a stage would otherwise
-// refuse after the earlier stages' work: calibrate.ctx and eval.ctx above
-// max_position_embeddings, KV windows that do not fit it, a layer budget
-// or list the model cannot meet, an ffn_ratio that removes no FFN unit or
-// all of them, a moe_budget below the smallest allocation. recipe names
-// the recipe in errors (ErrRecipe, naming the key).
+// refuse after the earlier stages' work: the stages' ValidateModel
+// (calibrate.ctx and eval.ctx above max_position_embeddings, KV windows
+// that do not fit it, a layer budget or list the model cannot meet) and a
+// moe_budget below the smallest allocation. Width pruning is checked by
+// inputs on the model as layer removal leaves it. recipe names the recipe
+// in errors (ErrRecipe, naming the key).
 func (r *Recipe) checkModel(recipe string, d *arch.Description) error {
 	bad := func(key, format string, a ...any) error {
 		return fmt.Errorf("%w: %s: %s: %s", ErrRecipe, recipe, key, fmt.Sprintf(format, a...))
 	}
-	maxPos := d.MaxPositionEmbeddings
 	if c := r.Calibrate; c != nil {
 		o := c.options("", "")
 		if err := o.ValidateModel(d); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, calibrateKeys))
 		}
 	}
-	if e := r.Eval; e != nil && maxPos > 0 && e.Ctx > maxPos {
-		return bad("eval.ctx", "%d tokens exceed the model's max_position_embeddings %d", e.Ctx, maxPos)
+	if e := r.Eval; e != nil {
+		o := e.options()
+		if err := o.ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, evalKeys))
+		}
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {
 		if err := q.KV.packOptions("").ValidateModel(d); err != nil {

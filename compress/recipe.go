@@ -504,11 +504,11 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 		r.Pack.LZ4 = &t
 	}
 	if e := r.Eval; e != nil {
+		o := e.options()
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, evalKeys))
+		}
 		switch {
-		case e.Ctx < 2:
-			return bad("eval.ctx %d: want >= 2", e.Ctx)
-		case e.MaxWindows < 0:
-			return bad("eval.max_windows %d: want >= 0 (0: all)", e.MaxWindows)
 		case !(e.MaxDeltaPPL >= 0) || !(e.MaxKL >= 0):
 			return bad("eval max_delta_ppl %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPL, e.MaxKL)
 		}

@@ -7,8 +7,18 @@ import (
 	"os"
 	"strings"
 
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/internal/engine"
 )
+
+// evalKeys names eval.PerplexityOptions' fields as recipe keys
+// (field.Rename of its Validate errors).
+var evalKeys = map[string]string{"Ctx": "eval.ctx", "MaxWindows": "eval.max_windows"}
+
+// options is the eval section's window options.
+func (e *EvalStage) options() eval.PerplexityOptions {
+	return eval.PerplexityOptions{Ctx: e.Ctx, MaxWindows: e.MaxWindows}
+}
 
 // evalStage is the eval stage: its cache key is the eval section (data
 // path and gate thresholds excluded) and the eval data's fingerprint;

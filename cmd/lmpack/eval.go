@@ -12,6 +12,7 @@ import (
 	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/spf13/cobra"
 )
 
@@ -36,11 +37,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if data == "" {
 				return fmt.Errorf("--data FILE is required")
 			}
-			if opt.Ctx < 2 {
-				return fmt.Errorf("--ctx %d: want >= 2", opt.Ctx)
-			}
-			if opt.MaxWindows < 0 {
-				return fmt.Errorf("--max-windows %d: want >= 0", opt.MaxWindows)
+			po := eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows}
+			if err := po.Validate(); err != nil {
+				return field.Rename(err, evalFlags)
 			}
 			if err := checkThreads(threads); err != nil {
 				return err
@@ -55,8 +54,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 					return err
 				}
 				kv = o
-				if kv.Windows && kv.Sink+kv.Recent >= opt.Ctx {
-					return fmt.Errorf("--kv-window %s: the windows cover all %d tokens of --ctx, so nothing would be quantized", kvWin, opt.Ctx)
+				kv.Ctx, kv.MaxWindows = opt.Ctx, opt.MaxWindows
+				if err := kv.Validate(); err != nil {
+					return field.Rename(err, evalFlags)
 				}
 				if plot != "" {
 					if err := checkOutput("--plot", plot, args[0], data, kvRot); err != nil {
@@ -89,7 +89,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				rep, err := kveval.Run(cmd.Context(), e, data, *kv)
 				finish()
 				if err != nil {
-					return err
+					return field.Rename(err, evalFlags)
 				}
 				if plot != "" {
 					if err := writePlot(plot, rep, e.Dir); err != nil {
@@ -143,26 +143,22 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-// parseKVFlags validates eval's --kv flags into kveval options.
+// evalFlags names eval.PerplexityOptions' and kveval.Options' fields as
+// flags of eval (field.Rename of their Validate errors).
+var evalFlags = map[string]string{
+	"Ctx": "--ctx", "MaxWindows": "--max-windows", "Methods": "--kv", "Rotations": "--kv-rotations",
+	"Windows": "--kv-window", "Sink": "--kv-window", "Recent": "--kv-window", "Layers": "--kv-layers",
+}
+
+// parseKVFlags parses eval's --kv flags into kveval options (Validate
+// checks the values).
 func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	o := &kveval.Options{Rotations: rot}
-	known := map[string]bool{}
-	for _, m := range kvcache.Methods() {
-		known[m] = true
-	}
-	seen := map[string]bool{}
 	for _, m := range strings.Split(list, ",") {
 		m = strings.TrimSpace(m)
 		if m == "" {
 			return nil, fmt.Errorf("--kv %q: empty method name in the list", list)
 		}
-		if !known[m] {
-			return nil, fmt.Errorf("--kv: unknown method %q (known: %s)", m, strings.Join(kvcache.Methods(), ", "))
-		}
-		if seen[m] {
-			return nil, fmt.Errorf("--kv: method %q listed twice", m)
-		}
-		seen[m] = true
 		o.Methods = append(o.Methods, m)
 	}
 	if win != "" {
@@ -174,9 +170,6 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	}
 	if plot != "" && !strings.HasSuffix(plot, ".svg") && !strings.HasSuffix(plot, ".png") {
 		return nil, fmt.Errorf("--plot %q: want a .svg or .png file name", plot)
-	}
-	if rot != "" && !seen["oscar2"] && !seen["oscar4"] {
-		return nil, fmt.Errorf("--kv-rotations %s: not used by any --kv method (only oscar2 and oscar4 take rotations)", rot)
 	}
 	return o, nil
 }
