@@ -116,6 +116,14 @@ func TestRecipeValues(t *testing.T) {
 		{"prune nothing", "quantize:", "prune: {}\nquantize:", "prune.layers: want something to prune", ErrRecipe},
 		{"width no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\nquantize:\n  kv:\n    cache: oscar2\n", "prune:\n  ffn_ratio: 0.25\n", "width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section", ErrRecipe},
 		{"width unknown key", "quantize:", "prune:\n  ffn_ratio: 0.25\n  ffn_method: putri\nquantize:", `line 8: unknown key "ffn_method" in prune`, ErrRecipe},
+		// Keys every CLI flag has (true_sequential, moe_solver, moe_group,
+		// moe_min_tokens, all_experts, min_expert_tokens) reach the
+		// stage's validator, which words its errors in the recipe's keys.
+		{"true_sequential rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    true_sequential: true\n", "line 10: quantize.weights.true_sequential: want quantize.weights.method gptq", ErrRecipe},
+		{"moe_solver", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2.5\n    moe_solver: ilp\n", `line 11: quantize.weights.moe_solver "ilp": want dp or lagrangian`, ErrRecipe},
+		{"moe_group alone", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_group: 32\n", "quantize.weights.moe_group 32: want quantize.weights.moe_budget", ErrRecipe},
+		{"moe_min_tokens", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2.5\n    moe_min_tokens: -1\n", "quantize.weights.moe_min_tokens -1: want >= 0", ErrRecipe},
+		{"min_expert_tokens", "  ctx: 256\nquantize", "  ctx: 256\n  min_expert_tokens: -3\nquantize", "line 6: calibrate.min_expert_tokens -3: want >= 0", ErrRecipe},
 		{"two documents", "name: t\n", "name: t\n---\nname: u\n", "more than one YAML document", ErrRecipe},
 		{"syntax", "name: t\n", "name: [t\n", "r.yaml", ErrRecipe},
 	} {
@@ -132,6 +140,20 @@ func TestRecipeValues(t *testing.T) {
 	}
 	if _, err := ParseRecipe("r.yaml", nil); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "empty recipe") {
 		t.Errorf("empty recipe: %v", err)
+	}
+}
+
+// TestRecipeNewKeys: the keys added for the CLI flags that had none parse
+// into their stage's options.
+func TestRecipeNewKeys(t *testing.T) {
+	src := strings.Replace(goodRecipe, "  ctx: 256\nquantize:\n", "  ctx: 256\n  all_experts: true\n  min_expert_tokens: 4\nquantize:\n  weights:\n    method: gptq\n    bits: 4\n    true_sequential: true\n    moe_budget: 2.5\n    moe_solver: lagrangian\n    moe_group: 32\n    moe_min_tokens: 8\n", 1)
+	r, err := ParseRecipe("r.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, w := r.Calibrate.options("d", "o"), r.Quantize.Weights.options()
+	if !c.AllExperts || c.MinExpertTokens != 4 || !w.TrueSequential || w.MoESolver != "lagrangian" || w.MoEGroup != 32 || w.MoEMinTokens != 8 {
+		t.Errorf("calibrate %+v\nweights %+v", c, w)
 	}
 }
 
