@@ -11,6 +11,7 @@ import (
 	goruntime "runtime"
 	"time"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 )
@@ -23,8 +24,9 @@ type Options struct {
 	Data string
 	// Tokens is the number of calibration tokens (> 0).
 	Tokens int
-	// Ctx is the window length in tokens (> 0, at most the model's
-	// max_position_embeddings).
+	// Ctx is the window length in tokens (>= 2, at most the model's
+	// max_position_embeddings); 0 means arch.DefaultContext of the model,
+	// min(512, max_position_embeddings).
 	Ctx int
 	// Out is the calibration file to write.
 	Out string
@@ -130,6 +132,9 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	defer e.Close()
 	if err := opt.ValidateModel(e.Desc); err != nil {
 		return nil, fmt.Errorf("calibrate: %s: %w", e.Dir, err)
+	}
+	if opt.Ctx == 0 {
+		opt.Ctx = arch.DefaultContext(e.Desc)
 	}
 	fp, err := ModelFingerprint(e.Dir, e.Checkpoint)
 	if err != nil {

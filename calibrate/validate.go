@@ -12,9 +12,10 @@ import (
 const MaxTokens = 1 << 30
 
 // Validate checks opt's values without opening anything: Data and Out
-// given, Tokens in [1, MaxTokens], Ctx >= 2, Tokens at least one window
-// of Ctx, MaxExpertBytes and MinExpertTokens >= 0. Model-dependent
-// limits are ValidateModel's.
+// given, Tokens in [1, MaxTokens], Ctx 0 (the model's
+// arch.DefaultContext) or >= 2, Tokens at least one window of Ctx,
+// MaxExpertBytes and MinExpertTokens >= 0. Model-dependent limits are
+// ValidateModel's.
 //
 // Errors: a *field.Error naming the Go field (cmd/lmpack and compress
 // rename it to their flag or recipe key).
@@ -26,8 +27,8 @@ func (opt *Options) Validate() error {
 		return field.New("Out", nil, "the calibration file to write")
 	case opt.Tokens <= 0 || opt.Tokens > MaxTokens:
 		return field.New("Tokens", opt.Tokens, "1 to 1073741824")
-	case opt.Ctx < 2:
-		return field.New("Ctx", opt.Ctx, ">= 2")
+	case opt.Ctx < 0 || opt.Ctx == 1:
+		return field.New("Ctx", opt.Ctx, ">= 2 (0: min(512, max_position_embeddings))")
 	case opt.Tokens < opt.Ctx:
 		return field.New("Tokens", opt.Tokens, "at least one window of {Ctx} tokens")
 	case opt.MaxExpertBytes < 0:
@@ -38,14 +39,22 @@ func (opt *Options) Validate() error {
 	return nil
 }
 
-// ValidateModel checks opt against the model d: Ctx at most
-// max_position_embeddings (when the config gives it), AllExperts only on
-// a model with a mixture-of-experts layer.
+// ValidateModel checks opt against the model d: Ctx (0: as Run resolves
+// it, arch.DefaultContext(d)) at most max_position_embeddings (when the
+// config gives it) and at most Tokens, AllExperts only on a model with a
+// mixture-of-experts layer.
 //
 // Errors: a *field.Error naming the Go field.
 func (opt *Options) ValidateModel(d *arch.Description) error {
-	if mp := d.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
-		return field.New("Ctx", opt.Ctx, "at most the model's max_position_embeddings "+strconv.Itoa(mp))
+	ctx := opt.Ctx
+	if ctx == 0 {
+		ctx = arch.DefaultContext(d)
+	}
+	if mp := d.MaxPositionEmbeddings; mp > 0 && ctx > mp {
+		return field.New("Ctx", ctx, "at most the model's max_position_embeddings "+strconv.Itoa(mp))
+	}
+	if opt.Tokens < ctx {
+		return field.New("Tokens", opt.Tokens, "at least one window of {Ctx} "+strconv.Itoa(ctx)+" tokens")
 	}
 	if opt.AllExperts && !hasMoE(d) {
 		return field.New("AllExperts", opt.AllExperts, "a mixture-of-experts model (this one has no MoE layer)")

@@ -12,8 +12,10 @@ import (
 // naming its Go field; good options pass.
 func TestValidate(t *testing.T) {
 	ok := Options{Model: "m", Data: "d.txt", Out: "c.safetensors", Tokens: 64, Ctx: 32}
-	if err := ok.Validate(); err != nil {
-		t.Fatalf("valid options: %v", err)
+	for _, o := range []Options{ok, {Data: "d.txt", Out: "c", Tokens: 8}} { // Ctx 0: the model's default
+		if err := o.Validate(); err != nil {
+			t.Fatalf("valid options %+v: %v", o, err)
+		}
 	}
 	for _, c := range []struct {
 		mod   func(*Options)
@@ -48,11 +50,14 @@ func TestValidateModel(t *testing.T) {
 		d     *arch.Description
 		field string
 	}{
-		{Options{Ctx: 64}, dense, ""},
-		{Options{Ctx: 65}, dense, "Ctx"},
-		{Options{Ctx: 4096}, &arch.Description{}, ""},
-		{Options{Ctx: 32, AllExperts: true}, dense, "AllExperts"},
-		{Options{Ctx: 32, AllExperts: true}, moe, ""},
+		{Options{Ctx: 64, Tokens: 64}, dense, ""},
+		{Options{Ctx: 65, Tokens: 65}, dense, "Ctx"},
+		{Options{Ctx: 4096, Tokens: 4096}, &arch.Description{}, ""},
+		{Options{Ctx: 32, Tokens: 32, AllExperts: true}, dense, "AllExperts"},
+		{Options{Ctx: 32, Tokens: 32, AllExperts: true}, moe, ""},
+		// Ctx 0 is min(512, max_position_embeddings): 64 here.
+		{Options{Tokens: 64}, dense, ""},
+		{Options{Tokens: 63}, dense, "Tokens"},
 	} {
 		err := c.opt.ValidateModel(c.d)
 		got := ""

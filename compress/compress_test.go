@@ -703,3 +703,51 @@ func TestCompressModelMismatch(t *testing.T) {
 		}
 	}
 }
+
+// TestCompressInputLengths: data files too short for the recipe (eval.ctx
+// × eval.max_windows, calibrate.tokens) are refused before any stage runs
+// (no work directory), naming the key and the token counts; the eval gate
+// never measures fewer windows than the recipe asks for.
+func TestCompressInputLengths(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ work, from, to, want string }{
+		{"work-a", "max_windows: 2\n", "max_windows: 1000\n", "eval.data"},
+		{"work-b", "tokens: 1024\n", "tokens: 100000000\n", "calibrate.data"},
+	} {
+		r := mustRecipe(t, strings.Replace(smallRecipe, c.from, c.to, 1))
+		o := testOptions(t, r, filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
+		o.Data, o.EvalData = "", ""
+		r.Calibrate.Data, r.Eval.Data = shared.Path(t, "tinystories-valid", "calib.txt"), shared.Path(t, "tinystories-valid", "heldout.txt")
+		_, err := Run(t.Context(), o)
+		if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "tokens, fewer than") {
+			t.Errorf("%s → %s: %v, want ErrRecipe naming %s", c.from, c.to, err, c.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, c.work)); !os.IsNotExist(err) {
+			t.Errorf("%s: work directory created before the inputs were checked", c.work)
+		}
+	}
+}
+
+// TestRecipeCtxFromModel: a recipe without calibrate.ctx and eval.ctx
+// parses, and Run's defaults give both min(512, max_position_embeddings)
+// of the model: 256 for tiny1m-hf, 512 for stories260K.
+func TestRecipeCtxFromModel(t *testing.T) {
+	src := strings.ReplaceAll(smallRecipe, "  ctx: 256\n", "")
+	r := mustRecipe(t, src)
+	if r.Calibrate.Ctx != 0 || r.Eval.Ctx != 0 {
+		t.Fatalf("parsed ctx %d, %d; want 0 (from the model)", r.Calibrate.Ctx, r.Eval.Ctx)
+	}
+	for _, c := range []struct {
+		model string
+		want  int
+	}{{"tiny1m-hf", 256}, {"stories260K-hf", 512}} {
+		d, err := arch.Load(shared.Path(t, c.model))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := r.withModelDefaults(d)
+		if got.Calibrate.Ctx != c.want || got.Eval.Ctx != c.want || r.Calibrate.Ctx != 0 {
+			t.Errorf("%s: ctx %d, %d (recipe %d); want %d", c.model, got.Calibrate.Ctx, got.Eval.Ctx, r.Calibrate.Ctx, c.want)
+		}
+	}
+}

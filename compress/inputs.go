@@ -12,6 +12,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/internal/fsx"
@@ -43,6 +44,8 @@ func (p *pipeline) inputs(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("compress: %w", err)
 		}
+		p.desc = d
+		p.r = p.r.withModelDefaults(d)
 		if err := p.r.checkModel(recipe, d); err != nil {
 			return err
 		}
@@ -97,6 +100,80 @@ func (p *pipeline) inputs(ctx context.Context) error {
 		}
 		if p.evalFP, err = fileFingerprint(p.evalData); err != nil {
 			return dataErr(p.opt.EvalData, "eval.data", p.evalData, err)
+		}
+	}
+	return p.checkDataLengths(recipe, dataErr)
+}
+
+// withModelDefaults returns r with what it leaves to the model filled in
+// for the model d: calibrate.ctx and eval.ctx 0 become
+// arch.DefaultContext(d), min(512, max_position_embeddings). r itself is
+// not changed (the sections that change are copied).
+func (r *Recipe) withModelDefaults(d *arch.Description) *Recipe {
+	out := *r
+	if c := r.Calibrate; c != nil && c.Ctx == 0 {
+		cc := *c
+		cc.Ctx = arch.DefaultContext(d)
+		out.Calibrate = &cc
+	}
+	if e := r.Eval; e != nil && e.Ctx == 0 {
+		ec := *e
+		ec.Ctx = arch.DefaultContext(d)
+		out.Eval = &ec
+	}
+	return &out
+}
+
+// checkDataLengths tokenizes the data files as calibrate and eval do (the
+// source model's tokenizer, BOS prepended) and refuses, before any stage
+// runs, a calibration file shorter than calibrate.tokens and an eval file
+// shorter than eval.ctx × eval.max_windows tokens (one window without
+// max_windows). dataErr words the error for the option or key the path
+// came from.
+func (p *pipeline) checkDataLengths(recipe string, dataErr func(override, key, path string, err error) error) error {
+	if p.data == "" && p.evalData == "" {
+		return nil
+	}
+	tok, err := tokenizer.Load(p.srcDir)
+	if err != nil {
+		return fmt.Errorf("compress: %s: %w", p.srcDir, err)
+	}
+	count := func(path string) (int, error) {
+		text, err := engine.ReadText(path)
+		if err != nil {
+			return 0, err
+		}
+		ids := tok.Encode(text, true)
+		bos, ok := tok.BOS()
+		if !ok && p.desc.BOSTokenID >= 0 {
+			bos, ok = p.desc.BOSTokenID, true
+		}
+		if ok && (len(ids) == 0 || ids[0] != bos) {
+			return len(ids) + 1, nil
+		}
+		return len(ids), nil
+	}
+	if c := p.r.Calibrate; c != nil {
+		n, err := count(p.data)
+		if err != nil {
+			return dataErr(p.opt.Data, "calibrate.data", p.data, err)
+		}
+		if n < c.Tokens {
+			return dataErr(p.opt.Data, "calibrate.data", p.data, fmt.Errorf("%d tokens, fewer than calibrate.tokens %d (use a longer file or fewer tokens)", n, c.Tokens))
+		}
+	}
+	if e := p.r.Eval; e != nil {
+		n, err := count(p.evalData)
+		if err != nil {
+			return dataErr(p.opt.EvalData, "eval.data", p.evalData, err)
+		}
+		w := max(e.MaxWindows, 1)
+		if n < e.Ctx*w {
+			what := fmt.Sprintf("eval.ctx %d", e.Ctx)
+			if e.MaxWindows > 0 {
+				what = fmt.Sprintf("eval.ctx %d × eval.max_windows %d = %d", e.Ctx, e.MaxWindows, e.Ctx*w)
+			}
+			return dataErr(p.opt.EvalData, "eval.data", p.evalData, fmt.Errorf("%d tokens, fewer than %s (use a longer file, a shorter ctx or fewer windows)", n, what))
 		}
 	}
 	return nil

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/lmpack/lmpack/formats/arch"
 )
 
 // Options configures Run.
@@ -128,6 +130,7 @@ type pipeline struct {
 	r                *Recipe
 	data, evalData   string
 	srcDir           string
+	desc             *arch.Description // the source model's
 	srcFP            string
 	dataFP, evalFP   string
 	st               state

@@ -2,6 +2,7 @@ package compress
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
@@ -504,7 +506,9 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 		r.Pack.LZ4 = &t
 	}
 	if e := r.Eval; e != nil {
+		// eval.ctx 0: the model's default, filled in by Run.
 		o := e.options()
+		o.Ctx = cmp.Or(o.Ctx, arch.DefaultContextTokens)
 		if err := o.Validate(); err != nil {
 			return bad("%s", field.Rename(err, evalKeys))
 		}

@@ -70,7 +70,7 @@ func TestRecipeValues(t *testing.T) {
 		{"no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\n", "", "needs a calibrate section", ErrRecipe},
 		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "prune.layers 1: want exactly one of prune.layers and prune.layer_ratio", ErrRecipe},
 		{"prune method", "quantize:", "prune:\n  layers: 1\n  method: random\nquantize:", `prune.method "random"`, ErrRecipe},
-		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 0\n  max_windows", "eval.ctx 0", ErrRecipe},
+		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 1\n  max_windows", "eval.ctx 1: want >= 2", ErrRecipe},
 		{"gate", "max_delta_ppl: 100", "max_delta_ppl: -1", "max_delta_ppl -1", ErrRecipe},
 		{"weights method", "quantize:\n", "quantize:\n  weights:\n    bits: 4\n", `quantize.weights.method ""`, ErrRecipe},
 		{"weights bits", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 5\n", "quantize.weights.bits 5", ErrRecipe},

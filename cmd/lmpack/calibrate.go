@@ -110,7 +110,7 @@ assembled at the end; the output does not depend on the grouping.
 	f := cmd.Flags()
 	f.StringVar(&opt.Data, "data", "", "UTF-8 calibration text file")
 	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
-	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
+	f.IntVar(&opt.Ctx, "ctx", 0, "window length in tokens (default min(512, max_position_embeddings))")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	addCPUDeviceFlag(cmd, &device, "calibrate")
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/eval/kveval"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"
@@ -37,7 +39,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if data == "" {
 				return fmt.Errorf("--data FILE is required")
 			}
-			po := eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows}
+			// --ctx 0 (the default) is resolved from the model once it is
+			// open; DefaultContextTokens stands in for the checks before.
+			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows}
 			if err := po.Validate(); err != nil {
 				return field.Rename(err, evalFlags)
 			}
@@ -54,10 +58,6 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 					return err
 				}
 				kv = o
-				kv.Ctx, kv.MaxWindows = opt.Ctx, opt.MaxWindows
-				if err := kv.Validate(); err != nil {
-					return field.Rename(err, evalFlags)
-				}
 				if plot != "" {
 					if err := checkOutput("--plot", plot, args[0], data, kvRot); err != nil {
 						return err
@@ -82,6 +82,19 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			defer e.Close()
+			if opt.Ctx == 0 {
+				opt.Ctx = arch.DefaultContext(e.Desc)
+			}
+			po.Ctx = opt.Ctx
+			if err := po.ValidateModel(e.Desc); err != nil {
+				return field.Rename(err, evalFlags)
+			}
+			if kv != nil {
+				kv.Ctx, kv.MaxWindows = opt.Ctx, opt.MaxWindows
+				if err := kv.Validate(); err != nil {
+					return field.Rename(err, evalFlags)
+				}
+			}
 			var finish func()
 			opt.Progress, finish = newProgress(cmd, g, "eval windows", "eval progress", "windows")
 			if kv != nil {
@@ -130,7 +143,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "UTF-8 text file to score")
-	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
+	f.IntVar(&opt.Ctx, "ctx", 0, "window length in tokens (default min(512, max_position_embeddings))")
 	f.IntVar(&opt.MaxWindows, "max-windows", 0, "stop after K windows (0: all)")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	addDeviceFlag(cmd, &device)
