@@ -180,12 +180,17 @@ type PackStage struct {
 // EvalStage configures the final comparison of the artifact against the
 // source model on the UTF-8 text file Data (relative to the recipe's
 // directory; Options.EvalData overrides it): MaxWindows windows (0: all)
-// of Ctx tokens. MaxDeltaPPL (perplexity points) and MaxKL (nats per
+// of Ctx tokens (Ctx 0: min(512, max_position_embeddings) of the model).
+// MaxDeltaPPLPct (ΔPPL in percent of the source model's perplexity) and
+// MaxKL (nats per
 // token, KL(source ‖ artifact)) are the gate; 0 disables a bound.
 type EvalStage struct {
-	Data        string  `yaml:"data" json:"-"`
-	Ctx         int     `yaml:"ctx" json:"ctx"`
-	MaxWindows  int     `yaml:"max_windows" json:"max_windows,omitempty"`
+	Data           string  `yaml:"data" json:"-"`
+	Ctx            int     `yaml:"ctx" json:"ctx"`
+	MaxWindows     int     `yaml:"max_windows" json:"max_windows,omitempty"`
+	MaxDeltaPPLPct float64 `yaml:"max_delta_ppl_pct" json:"-"`
+	// MaxDeltaPPL is the removed absolute bound (perplexity points): a
+	// recipe that gives it is refused with the way to max_delta_ppl_pct.
 	MaxDeltaPPL float64 `yaml:"max_delta_ppl" json:"-"`
 	MaxKL       float64 `yaml:"max_kl" json:"-"`
 }
@@ -513,8 +518,10 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 			return bad("%s", field.Rename(err, evalKeys))
 		}
 		switch {
-		case !(e.MaxDeltaPPL >= 0) || !(e.MaxKL >= 0):
-			return bad("eval max_delta_ppl %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPL, e.MaxKL)
+		case e.MaxDeltaPPL != 0:
+			return bad("eval.max_delta_ppl %v: removed, gates are relative to the source model now: give max_delta_ppl_pct, the allowed ΔPPL in percent of the source model's perplexity (an absolute bound D on a source perplexity P is max_delta_ppl_pct 100·D/P; the report's eval.source_perplexity gives P)", e.MaxDeltaPPL)
+		case !(e.MaxDeltaPPLPct >= 0) || !(e.MaxKL >= 0):
+			return bad("eval max_delta_ppl_pct %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPLPct, e.MaxKL)
 		}
 	}
 	return nil

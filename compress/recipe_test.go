@@ -23,7 +23,7 @@ eval:
   data: heldout.txt
   ctx: 256
   max_windows: 2
-  max_delta_ppl: 100
+  max_delta_ppl_pct: 100
 `
 
 // TestRecipeUnknownKey: an unknown key anywhere is ErrRecipe naming the
@@ -54,7 +54,7 @@ func TestRecipeValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kv := r.Quantize.KV; kv.ClipK != 0.96 || kv.ClipV != 0.92 || !*r.Pack.LZ4 || r.Eval.MaxDeltaPPL != 100 {
+	if kv := r.Quantize.KV; kv.ClipK != 0.96 || kv.ClipV != 0.92 || !*r.Pack.LZ4 || r.Eval.MaxDeltaPPLPct != 100 {
 		t.Errorf("defaults: kv %+v lz4 %v eval %+v", *kv, *r.Pack.LZ4, *r.Eval)
 	}
 	for _, c := range []struct {
@@ -71,7 +71,8 @@ func TestRecipeValues(t *testing.T) {
 		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "prune.layers 1: want exactly one of prune.layers and prune.layer_ratio", ErrRecipe},
 		{"prune method", "quantize:", "prune:\n  layers: 1\n  method: random\nquantize:", `prune.method "random"`, ErrRecipe},
 		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 1\n  max_windows", "eval.ctx 1: want >= 2", ErrRecipe},
-		{"gate", "max_delta_ppl: 100", "max_delta_ppl: -1", "max_delta_ppl -1", ErrRecipe},
+		{"gate", "max_delta_ppl_pct: 100", "max_delta_ppl_pct: -1", "max_delta_ppl_pct -1", ErrRecipe},
+		{"old absolute gate", "max_delta_ppl_pct: 100", "max_delta_ppl: 12", "line 15: eval.max_delta_ppl 12: removed, gates are relative to the source model now: give max_delta_ppl_pct", ErrRecipe},
 		{"weights method", "quantize:\n", "quantize:\n  weights:\n    bits: 4\n", `quantize.weights.method ""`, ErrRecipe},
 		{"weights bits", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 5\n", "quantize.weights.bits 5", ErrRecipe},
 		{"weights bits and bpw", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    target_bpw: 3\n", "want exactly one of quantize.weights.bits and quantize.weights.target_bpw", ErrRecipe},

@@ -39,7 +39,10 @@ func (p *pipeline) evalStage() stage {
 // Gate is the eval gate's outcome: the thresholds (0: no bound) and the
 // failures, one sentence each.
 type Gate struct {
-	MaxDeltaPPL float64  `json:"max_delta_ppl"`
+	MaxDeltaPPLPct float64 `json:"max_delta_ppl_pct"`
+	// DeltaPPLPct is the measured ΔPPL in percent of the source model's
+	// perplexity: 100 · DeltaPPL / SourcePerplexity.
+	DeltaPPLPct float64  `json:"delta_ppl_pct"`
 	MaxKL       float64  `json:"max_kl"`
 	Passed      bool     `json:"passed"`
 	Failures    []string `json:"failures,omitempty"`
@@ -54,9 +57,9 @@ func (p *pipeline) gate(rep *Report) error {
 	if e == nil {
 		return nil
 	}
-	g := &Gate{MaxDeltaPPL: e.MaxDeltaPPL, MaxKL: e.MaxKL}
-	if e.MaxDeltaPPL > 0 && !(rep.Eval.DeltaPPL <= e.MaxDeltaPPL) {
-		g.Failures = append(g.Failures, fmt.Sprintf("ΔPPL %.4f exceeds max_delta_ppl %g", rep.Eval.DeltaPPL, e.MaxDeltaPPL))
+	g := &Gate{MaxDeltaPPLPct: e.MaxDeltaPPLPct, MaxKL: e.MaxKL, DeltaPPLPct: 100 * rep.Eval.DeltaPPL / rep.Eval.SourcePerplexity}
+	if e.MaxDeltaPPLPct > 0 && !(g.DeltaPPLPct <= e.MaxDeltaPPLPct) {
+		g.Failures = append(g.Failures, fmt.Sprintf("ΔPPL %+.4f (%+.2f%% of the source perplexity %.4f) exceeds max_delta_ppl_pct %g", rep.Eval.DeltaPPL, g.DeltaPPLPct, rep.Eval.SourcePerplexity, e.MaxDeltaPPLPct))
 	}
 	if e.MaxKL > 0 && !(rep.Eval.KL <= e.MaxKL) {
 		g.Failures = append(g.Failures, fmt.Sprintf("KL %.5f exceeds max_kl %g", rep.Eval.KL, e.MaxKL))

@@ -33,7 +33,7 @@ eval:
   data: ` + shared.Path(t, "tinystories-valid", "heldout.txt") + `
   ctx: 256
   max_windows: 2
-  max_delta_ppl: ` + maxDeltaPPL + `
+  max_delta_ppl_pct: ` + maxDeltaPPL + `
   max_kl: ` + maxKL + `
 `
 	p := filepath.Join(t.TempDir(), "recipe.yaml")
@@ -66,7 +66,7 @@ func TestCompressCLI(t *testing.T) {
 
 	r = lmpack(t, nil, "compress", modelDir(t), "--recipe", writeRecipe(t, 1024, "0.001", "0"), "-o", out)
 	if last := r.stderr[strings.LastIndex(strings.TrimRight(r.stderr, "\n"), "\n")+1:]; r.code != 3 ||
-		!strings.HasPrefix(last, "lmpack: compress: eval gate failed: ΔPPL") || !strings.Contains(last, "exceeds max_delta_ppl 0.001") ||
+		!strings.HasPrefix(last, "lmpack: compress: eval gate failed: ΔPPL") || !strings.Contains(last, "exceeds max_delta_ppl_pct 0.001") ||
 		!strings.Contains(r.stdout, "gate FAILED") {
 		t.Errorf("failed gate: want exit 3, the eval table and the gate error:\n%v", r)
 	}
