@@ -39,7 +39,7 @@ pack:
 eval:
   ctx: 256
   max_windows: 2
-  max_delta_ppl_pct: 1000
+  max_delta_ppl_pct: 100000
   max_kl: 10
 `
 
@@ -303,7 +303,7 @@ func TestCompressRecipeChange(t *testing.T) {
 func TestCompressGate(t *testing.T) {
 	dir := t.TempDir()
 	src := strings.Replace(smallRecipe, "max_kl: 10", "max_kl: 0.0001", 1)
-	src = strings.Replace(src, "max_delta_ppl_pct: 1000", "max_delta_ppl_pct: 100000", 1)
+	src = strings.Replace(src, "max_delta_ppl_pct: 100000", "max_delta_ppl_pct: 10000000", 1)
 	src = strings.Replace(src, "quantize:", "prune:\n  layers: 1\nquantize:", 1)
 	out := filepath.Join(dir, "m.lmpk")
 	rep, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, filepath.Join(dir, "work")))

@@ -77,7 +77,7 @@ func TestCompressCLI(t *testing.T) {
 	// Same recipe with looser bounds: the bounds are not part of any cache
 	// key, so every stage is reused (and again on a rerun) and the gate
 	// now passes.
-	recipe := writeRecipe(t, 1024, "100", "10")
+	recipe := writeRecipe(t, 1024, "100000", "10")
 	for i := range 2 {
 		r = lmpack(t, nil, "compress", modelDir(t), "--recipe", recipe, "-o", out, "--json")
 		wantOK(t, r)
@@ -116,7 +116,7 @@ func TestCompressCLI(t *testing.T) {
 func TestCompressKilled(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	recipe := writeRecipe(t, 16384, "100", "10")
+	recipe := writeRecipe(t, 16384, "100000", "10")
 	inputs := []string{filepath.Join(modelDir(t), "model.safetensors"), filepath.Join(modelDir(t), "config.json"),
 		shared.Path(t, "tinystories-valid", "calib.txt"), shared.Path(t, "tinystories-valid", "heldout.txt")}
 	before := map[string][]byte{}
