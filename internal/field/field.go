@@ -90,17 +90,3 @@ func Rename(err error, names map[string]string) error {
 	}
 	return &renamed{msg: strings.Replace(err.Error(), fe.Error(), fe.Render(names), 1), err: err}
 }
-
-// Fields returns the field names err's *Error mentions: Field first, then
-// the braced names of Want in order; nil when err is no *Error.
-func Fields(err error) []string {
-	var fe *Error
-	if !errors.As(err, &fe) {
-		return nil
-	}
-	out := []string{fe.Field}
-	for _, m := range braced.FindAllStringSubmatch(fe.Want, -1) {
-		out = append(out, m[1])
-	}
-	return out
-}

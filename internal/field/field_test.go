@@ -12,11 +12,11 @@ func TestRender(t *testing.T) {
 		names map[string]string
 		want  string
 	}{
-		{&Error{"Tokens", -5, "> 0"}, nil, "Tokens -5: want > 0"},
-		{&Error{"Tokens", -5, "> 0"}, map[string]string{"Tokens": "--tokens"}, "--tokens -5: want > 0"},
-		{&Error{"Method", "x", "rtn or gptq"}, map[string]string{"Method": "quantize.weights.method"}, `quantize.weights.method "x": want rtn or gptq`},
-		{&Error{"ActOrder", true, "{Method} gptq"}, map[string]string{"ActOrder": "--act-order", "Method": "--method"}, "--act-order: want --method gptq"},
-		{&Error{"Bits", nil, "exactly one of {Bits} and {TargetBPW}"}, map[string]string{"Bits": "bits"}, "bits: want exactly one of bits and TargetBPW"},
+		{&Error{Field: "Tokens", Value: -5, Want: "> 0"}, nil, "Tokens -5: want > 0"},
+		{&Error{Field: "Tokens", Value: -5, Want: "> 0"}, map[string]string{"Tokens": "--tokens"}, "--tokens -5: want > 0"},
+		{&Error{Field: "Method", Value: "x", Want: "rtn or gptq"}, map[string]string{"Method": "quantize.weights.method"}, `quantize.weights.method "x": want rtn or gptq`},
+		{&Error{Field: "ActOrder", Value: true, Want: "{Method} gptq"}, map[string]string{"ActOrder": "--act-order", "Method": "--method"}, "--act-order: want --method gptq"},
+		{&Error{Field: "Bits", Value: nil, Want: "exactly one of {Bits} and {TargetBPW}"}, map[string]string{"Bits": "bits"}, "bits: want exactly one of bits and TargetBPW"},
 	}
 	for _, c := range cases {
 		if got := c.err.Render(c.names); got != c.want {
@@ -42,7 +42,8 @@ func TestRenameWrapped(t *testing.T) {
 	if other := errors.New("io"); Rename(other, nil) != other {
 		t.Error("Rename changed a non-field error")
 	}
-	if got := Fields(New("ActOrder", true, "{Method} gptq and {X}")); fmt.Sprint(got) != "[ActOrder Method X]" {
-		t.Errorf("Fields = %v", got)
+	cause := errors.New("depth: layer is protected")
+	if err := Rename(fmt.Errorf("prune: %w", &Error{Field: "Method", Value: "list:0", Want: "layers it can lose", Err: cause}), map[string]string{"Method": "--layer-method"}); !errors.Is(err, cause) || err.Error() != `prune: --layer-method "list:0": want layers it can lose` {
+		t.Errorf("Rename with a cause: %v (errors.Is %v)", err, errors.Is(err, cause))
 	}
 }
