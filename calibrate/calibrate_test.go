@@ -361,7 +361,7 @@ func TestRunOptions(t *testing.T) {
 		{"data short", func(o *Options) { o.Data = short }, "fewer than the 64 requested"},
 		{"out is another file", func(o *Options) { o.Out = short }, "is not an lmpack calibration file; refusing to overwrite"},
 		{"negative expert memory", func(o *Options) { o.MaxExpertBytes = -1 }, "MaxExpertBytes -1: want bytes >= 0"},
-		{"all experts on a dense model", func(o *Options) { o.AllExperts = true }, dir + ": AllExperts true: want a mixture-of-experts model"},
+		{"all experts on a dense model", func(o *Options) { o.AllExperts = true }, dir + ": AllExperts: want a mixture-of-experts model"},
 	} {
 		o := ok
 		c.mod(&o)

@@ -697,7 +697,7 @@ func TestCompressModelMismatch(t *testing.T) {
 	low := mustRecipe(t, strings.Replace(smallWeightsRecipe, "    act_order: true\n", "    act_order: true\n    moe_budget: 0.5\n", 1))
 	o = testOptions(t, low, filepath.Join(dir, "work-l.lmpk"), filepath.Join(dir, "work-l"))
 	o.Model = shared.Path(t, "stories260K-moe-hf")
-	if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "quantize.weights.moe_budget: 0.5 bits per expert weight is below the smallest allocation on this model") || !strings.Contains(err.Error(), "1.4032") {
+	if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "quantize.weights.moe_budget 0.5: want at least the smallest allocation on this model, every expert at 1 bit") || !strings.Contains(err.Error(), "1.4032") {
 		t.Errorf("moe_budget 0.5: %v", err)
 	}
 	for _, w := range []string{"work-a", "work-b", "work-c", "work-d", "work-e", "work-f", "work-g", "work-h", "work-i", "work-j", "work-k", "work-l"} {

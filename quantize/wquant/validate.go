@@ -90,11 +90,12 @@ func (opt *Options) Validate() error {
 }
 
 // ValidateModel checks opt against the model d: MoEBudget only on a model
-// with routed experts, TargetBPW only on a dense one (an MoE model's
-// experts take MoEBudget). The smallest budget the model accepts is
-// MinMoEBudget's.
+// with routed experts and at least MinMoEBudget (every expert at 1 bit,
+// or with MoERule the rule's cheapest allocation, at group MoEGroup);
+// TargetBPW only on a dense model (an MoE model's experts take
+// MoEBudget).
 //
-// Errors: a *field.Error naming the Go field.
+// Errors: a *field.Error naming the Go field; Targets' errors.
 func (opt *Options) ValidateModel(d *arch.Description) error {
 	moe := isMoE(d)
 	switch {
@@ -102,6 +103,24 @@ func (opt *Options) ValidateModel(d *arch.Description) error {
 		return field.New("MoEBudget", opt.MoEBudget, "a mixture-of-experts model; this is a dense model (use {Bits} or {TargetBPW})")
 	case opt.TargetBPW > 0 && moe:
 		return field.New("TargetBPW", opt.TargetBPW, "a dense model; this is a mixture-of-experts model (use {Bits} with {MoEBudget} for the experts)")
+	case opt.MoEBudget == 0:
+		return nil
+	}
+	for _, rule := range []bool{false, true} {
+		if rule && !opt.MoERule {
+			break
+		}
+		lo, err := MinMoEBudget(d, opt.MoEGroup, rule)
+		if err != nil {
+			return err
+		}
+		if opt.MoEBudget < lo {
+			why := fmt.Sprintf("every expert at %d bit", MoEWidths[0])
+			if rule {
+				why = fmt.Sprintf("under the per-layer rule ({MoERule}: one expert at %d bits and another at %d in every layer, the rest at %d)", MoEWidths[len(MoEWidths)-1], MoEWidths[len(MoEWidths)-2], MoEWidths[0])
+			}
+			return field.New("MoEBudget", opt.MoEBudget, fmt.Sprintf("at least the smallest allocation on this model, %s: %.4f (fp16 scales and zero-points counted)", why, ceil4(lo)))
+		}
 	}
 	return nil
 }

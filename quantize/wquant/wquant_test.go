@@ -251,7 +251,7 @@ func TestRunBadInput(t *testing.T) {
 		{"bits", func(o *Options) { o.Bits = 5 }, ErrOptions, "Bits 5"},
 		{"group", func(o *Options) { o.GroupSize = 48 }, ErrOptions, "GroupSize 48"},
 		{"both", func(o *Options) { o.TargetBPW = 3 }, ErrOptions, "exactly one"},
-		{"actorder rtn", func(o *Options) { o.ActOrder = true }, ErrOptions, "ActOrder true: want Method gptq"},
+		{"actorder rtn", func(o *Options) { o.ActOrder = true }, ErrOptions, "ActOrder: want Method gptq"},
 		{"out exists", func(o *Options) { o.Out = exists }, ErrOutput, "already exists"},
 		{"out in model", func(o *Options) { o.Out = filepath.Join(model, "q") }, ErrOutput, "inside"},
 		{"moe budget on a dense model", func(o *Options) { o.MoEBudget = 2.5 }, ErrOptions, "is a dense model"},
