@@ -50,4 +50,10 @@ func TestRunStopsAtContext(t *testing.T) {
 	if findLog(lines, "generation stopped at the model's context") == nil {
 		t.Errorf("no warning that generation stopped at the context in %v", lines)
 	}
+	// The largest --max-tokens does not overflow the context arithmetic.
+	r = lmpack(t, nil, "--log-format", "json", "run", shared.Path(t, "tiny1m-hf"), "--temperature", "0", "--ignore-eos", "--max-tokens", "9223372036854775807", "--threads", "1")
+	wantOK(t, r)
+	if done := findLog(jsonLogLines(t, r.stderr), "generation done"); done == nil || done["generated_tokens"] != 255.0 {
+		t.Errorf("--max-tokens MaxInt64: want 255 generated tokens, got %v", r.stderr)
+	}
 }

@@ -290,7 +290,7 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 		return nil, fmt.Errorf("engine: prompt (%d tokens) fills the context limit %d (max_position_embeddings, or %d when config.json gives none); nothing can be generated",
 			len(ids), limit, DefaultContextLimit)
 	}
-	if len(ids)+opt.MaxTokens > limit {
+	if opt.MaxTokens > limit-len(ids) { // not len(ids)+MaxTokens: that can overflow
 		opt.MaxTokens, limited = limit-len(ids), true
 	}
 	capacity := len(ids) + opt.MaxTokens
