@@ -6,7 +6,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/compress"
+	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/eval/kveval"
+	"github.com/lmpack/lmpack/pack"
+	"github.com/lmpack/lmpack/prune"
+	"github.com/lmpack/lmpack/quantize/oscar"
+	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/spf13/pflag"
 )
 
@@ -131,5 +138,34 @@ func TestEveryStageFlagHasARecipeKey(t *testing.T) {
 	}
 	if seen < len(flagRecipeKeys) {
 		t.Errorf("visited %d flags, fewer than the %d with recipe keys", seen, len(flagRecipeKeys))
+	}
+}
+
+// TestFlagTablesNameFields: every Go field a flag table renames exists in
+// its options type (a misspelt entry would leave that field's errors in
+// Go names).
+func TestFlagTablesNameFields(t *testing.T) {
+	for _, c := range []struct {
+		table map[string]string
+		typ   reflect.Type
+	}{
+		{calibrateFlags, reflect.TypeFor[calibrate.Options]()},
+		{weightsFlags, reflect.TypeFor[wquant.Options]()},
+		{kvFlags, reflect.TypeFor[oscar.KVOptions]()},
+		{pruneFlags, reflect.TypeFor[prune.Options]()},
+		{packFlags, reflect.TypeFor[pack.FromOptions]()},
+	} {
+		for f := range c.table {
+			if _, ok := c.typ.FieldByName(f); !ok {
+				t.Errorf("%s has no field %s", c.typ, f)
+			}
+		}
+	}
+	for f := range evalFlags {
+		_, a := reflect.TypeFor[eval.PerplexityOptions]().FieldByName(f)
+		_, b := reflect.TypeFor[kveval.Options]().FieldByName(f)
+		if !a && !b {
+			t.Errorf("evalFlags: no field %s in eval.PerplexityOptions or kveval.Options", f)
+		}
 	}
 }
