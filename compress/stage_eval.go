@@ -37,7 +37,9 @@ func (p *pipeline) evalStage() stage {
 }
 
 // Gate is the eval gate's outcome: the thresholds (0: no bound) and the
-// failures, one sentence each.
+// failures, one sentence each. MaxDeltaPPLPct bounds ΔPPL in percent of
+// the source model's perplexity (eval.max_delta_ppl_pct); MaxKL bounds
+// KL(source ‖ artifact) in nats per token (eval.max_kl).
 type Gate struct {
 	MaxDeltaPPLPct float64 `json:"max_delta_ppl_pct"`
 	// DeltaPPLPct is the measured ΔPPL in percent of the source model's
