@@ -305,17 +305,17 @@ func TestRunOptions(t *testing.T) {
 		mod  func(*Options)
 		want string
 	}{
-		{"tokens", func(o *Options) { o.Tokens = 0 }, "tokens 0: want > 0"},
-		{"ctx", func(o *Options) { o.Ctx = -1 }, "ctx -1: want > 0"},
-		{"ctx too long", func(o *Options) { o.Ctx = 1024 }, "exceeds the model's max_position_embeddings 512"},
-		{"no out", func(o *Options) { o.Out = "" }, "no output file"},
+		{"tokens", func(o *Options) { o.Tokens = 0 }, "Tokens 0: want 1 to 1073741824"},
+		{"ctx", func(o *Options) { o.Ctx = -1 }, "Ctx -1: want >= 2"},
+		{"ctx too long", func(o *Options) { o.Ctx, o.Tokens = 1024, 2048 }, "Ctx 1024: want at most the model's max_position_embeddings 512"},
+		{"no out", func(o *Options) { o.Out = "" }, "Out: want the calibration file to write"},
 		{"out dir missing", func(o *Options) { o.Out = filepath.Join(tmp, "nope", "c.safetensors") }, "no such file or directory"},
 		{"out is dir", func(o *Options) { o.Out = tmp }, "is a directory"},
 		{"data missing", func(o *Options) { o.Data = filepath.Join(tmp, "missing.txt") }, "missing.txt"},
 		{"data short", func(o *Options) { o.Data = short }, "fewer than the 64 requested"},
 		{"out is another file", func(o *Options) { o.Out = short }, "is not an lmpack calibration file; refusing to overwrite"},
-		{"negative expert memory", func(o *Options) { o.MaxExpertBytes = -1 }, "max expert memory -1 bytes: want >= 0"},
-		{"all experts on a dense model", func(o *Options) { o.AllExperts = true }, "--calibrate-all-experts: " + dir + " has no mixture-of-experts layer"},
+		{"negative expert memory", func(o *Options) { o.MaxExpertBytes = -1 }, "MaxExpertBytes -1: want bytes >= 0"},
+		{"all experts on a dense model", func(o *Options) { o.AllExperts = true }, dir + ": AllExperts: want a mixture-of-experts model"},
 	} {
 		o := ok
 		c.mod(&o)

@@ -11,6 +11,7 @@ import (
 	goruntime "runtime"
 	"time"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/model"
@@ -24,8 +25,9 @@ type Options struct {
 	Data string
 	// Tokens is the number of calibration tokens (> 0).
 	Tokens int
-	// Ctx is the window length in tokens (> 0, at most the model's
-	// max_position_embeddings).
+	// Ctx is the window length in tokens (>= 2, at most the model's
+	// max_position_embeddings); 0 means arch.DefaultContext of the model,
+	// min(512, max_position_embeddings).
 	Ctx int
 	// Out is the calibration file to write.
 	Out string
@@ -102,23 +104,14 @@ type Summary struct {
 // so that memory holds one group at a time; the output bytes do not depend
 // on the grouping.
 //
-// Errors: invalid options; an MoE layer needing more than
+// Errors: invalid options (Validate, ValidateModel: a *field.Error); an MoE layer needing more than
 // opt.MaxExpertBytes (ExpertPasses, naming the bytes needed); the output
 // directory missing; the data file
 // unreadable, empty, not UTF-8 or shorter than opt.Tokens tokens; model
 // errors from model.Load; collection and write errors.
 func Run(ctx context.Context, opt Options) (*Summary, error) {
-	switch {
-	case opt.Tokens <= 0:
-		return nil, fmt.Errorf("calibrate: tokens %d: want > 0", opt.Tokens)
-	case opt.Ctx <= 0:
-		return nil, fmt.Errorf("calibrate: ctx %d: want > 0", opt.Ctx)
-	case opt.Out == "":
-		return nil, fmt.Errorf("calibrate: no output file")
-	case opt.Data == "":
-		return nil, fmt.Errorf("calibrate: no data file")
-	case opt.MaxExpertBytes < 0:
-		return nil, fmt.Errorf("calibrate: max expert memory %d bytes: want >= 0 (0: no limit)", opt.MaxExpertBytes)
+	if err := opt.Validate(); err != nil {
+		return nil, fmt.Errorf("calibrate: %w", err)
 	}
 	if st, err := os.Stat(filepath.Dir(opt.Out)); err != nil {
 		return nil, fmt.Errorf("calibrate: output %s: %w", opt.Out, err)
@@ -143,8 +136,11 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}
 	defer e.Close()
-	if mp := e.Desc.MaxPositionEmbeddings; mp > 0 && opt.Ctx > mp {
-		return nil, fmt.Errorf("calibrate: ctx %d exceeds the model's max_position_embeddings %d", opt.Ctx, mp)
+	if err := opt.ValidateModel(e.Desc); err != nil {
+		return nil, fmt.Errorf("calibrate: %s: %w", e.Dir, err)
+	}
+	if opt.Ctx == 0 {
+		opt.Ctx = arch.DefaultContext(e.Desc)
 	}
 	fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
 	if err != nil {
@@ -164,9 +160,6 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	moe := false
 	for _, l := range e.Desc.Layers {
 		moe = moe || l.MoE != nil
-	}
-	if opt.AllExperts && !moe {
-		return nil, fmt.Errorf("calibrate: --calibrate-all-experts: %s has no mixture-of-experts layer", e.Dir)
 	}
 	groups, err := ExpertPasses(e.Desc, opt.MaxExpertBytes)
 	if err != nil {

@@ -14,7 +14,7 @@ func ExampleParseRecipe() {
 calibrate: {data: calib.txt, tokens: 16384, ctx: 512}
 quantize:
   kv: {cache: oscar2, sink: 64, recent: 256}
-eval: {data: heldout.txt, ctx: 512, max_delta_ppl: 1.5}
+eval: {data: heldout.txt, ctx: 512, max_delta_ppl_pct: 5}
 `))
 	if err != nil {
 		panic(err)

@@ -8,24 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
-	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
-	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/internal/engine"
-	"github.com/lmpack/lmpack/internal/fsx"
-	"github.com/lmpack/lmpack/model"
-	"github.com/lmpack/lmpack/pack"
-	"github.com/lmpack/lmpack/prune"
-	"github.com/lmpack/lmpack/quantize/gemq"
-	"github.com/lmpack/lmpack/quantize/oscar"
-	"github.com/lmpack/lmpack/quantize/wquant"
 )
 
 // Options configures Run.
@@ -93,15 +79,6 @@ type Sizes struct {
 	LZ4SavedBytes           int64   `json:"lz4_saved_bytes"`
 }
 
-// Gate is the eval gate's outcome: the thresholds (0: no bound) and the
-// failures, one sentence each.
-type Gate struct {
-	MaxDeltaPPL float64  `json:"max_delta_ppl"`
-	MaxKL       float64  `json:"max_kl"`
-	Passed      bool     `json:"passed"`
-	Failures    []string `json:"failures,omitempty"`
-}
-
 // Report is Run's final JSON report.
 type Report struct {
 	Model            string `json:"model"`
@@ -136,120 +113,15 @@ type Report struct {
 	Seconds             float64     `json:"seconds"`
 }
 
-// outputs are the files a stage produced (paths relative to its
-// directory in done.json) and what it changes in the pipeline state.
-type outputs struct {
-	Model       string `json:"model,omitempty"`
-	Calib       string `json:"calib,omitempty"`
-	ClearCalib  bool   `json:"clear_calib,omitempty"`
-	KVRotations string `json:"kv_rotations,omitempty"`
-	KVCache     string `json:"kv_cache,omitempty"`
-	KVSink      int    `json:"kv_sink,omitempty"`
-	KVRecent    int    `json:"kv_recent,omitempty"`
-	Artifact    string `json:"artifact,omitempty"`
-}
-
-// present reports whether every output file or directory exists in dir
-// (a finished stage whose files were deleted is recomputed).
-func (o outputs) present(dir string) bool {
-	for _, p := range []string{o.Model, o.Calib, o.KVRotations, o.Artifact} {
-		if p == "" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// validate checks that a cached stage's outputs in dir are usable: an
-// artifact passes pack.Verify (every CRC-32C and the whole-file sha256);
-// a model directory's config.json parses and agrees with its tensors
-// (model.Check, which also catches a deleted or truncated
-// shard); calibration and rotation files open as safetensors. The error
-// names the file and what is wrong.
-func (o outputs) validate(dir string) error {
-	if o.Artifact != "" {
-		if _, err := pack.Verify(filepath.Join(dir, o.Artifact)); err != nil {
-			return err
-		}
-	}
-	if o.Model != "" {
-		m := filepath.Join(dir, o.Model)
-		d, err := arch.Load(m)
-		if err != nil {
-			return err
-		}
-		ck, err := safetensors.OpenDir(m)
-		if err != nil {
-			return err
-		}
-		err = model.Check(m, d, ck)
-		ck.Close()
-		if err != nil {
-			return err
-		}
-	}
-	for _, f := range []string{o.Calib, o.KVRotations} {
-		if f == "" {
-			continue
-		}
-		ck, err := safetensors.OpenPath(filepath.Join(dir, f))
-		if err != nil {
-			return err
-		}
-		ck.Close()
-	}
-	return nil
-}
-
-// record is a stage's completion marker, done.json, written last.
-type record struct {
-	Stage   string          `json:"stage"`
-	Key     string          `json:"key"`
-	Seconds float64         `json:"seconds"`
-	Outputs outputs         `json:"outputs"`
-	Result  json.RawMessage `json:"result"`
-}
-
-// state is what the stages hand on: absolute paths.
-type state struct {
-	model, calib  string
-	kvRot, kvName string
-	kvSink        int
-	kvRecent      int
-	artifact      string
-}
-
-func (s *state) apply(dir string, o outputs) {
-	abs := func(p string) string { return filepath.Join(dir, p) }
-	if o.ClearCalib {
-		s.calib = ""
-	}
-	if o.Model != "" {
-		s.model = abs(o.Model)
-	}
-	if o.Calib != "" {
-		s.calib = abs(o.Calib)
-	}
-	if o.KVCache != "" {
-		s.kvName, s.kvSink, s.kvRecent, s.kvRot = o.KVCache, o.KVSink, o.KVRecent, ""
-		if o.KVRotations != "" {
-			s.kvRot = abs(o.KVRotations)
-		}
-	}
-	if o.Artifact != "" {
-		s.artifact = abs(o.Artifact)
-	}
-}
-
 // stage is one step of the pipeline: params is the recipe's contribution
-// to its cache key; run writes its files into dir.
+// to its cache key; run writes its files into dir; report, when set,
+// copies the stage's result (its done.json record, fresh or cached) into
+// the final report. Each stage's file (stage_*.go) builds its stage.
 type stage struct {
 	name   string
 	params []byte
 	run    func(ctx context.Context, dir string) (outputs, any, error)
+	report func(rep *Report, result json.RawMessage) error
 }
 
 // pipeline is one Run.
@@ -258,6 +130,7 @@ type pipeline struct {
 	r                *Recipe
 	data, evalData   string
 	srcDir           string
+	desc             *arch.Description // the source model's
 	srcFP            string
 	dataFP, evalFP   string
 	st               state
@@ -321,21 +194,10 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			return nil, err
 		}
 		rep.Stages = append(rep.Stages, *sr)
-		if s.name == "quantize-weights" {
-			var ws weightsSummary
-			if err := json.Unmarshal(sr.Result, &ws); err != nil {
-				return nil, fmt.Errorf("compress: quantize-weights stage record: %w", err)
+		if s.report != nil {
+			if err := s.report(rep, sr.Result); err != nil {
+				return nil, fmt.Errorf("compress: %s stage record: %w", s.name, err)
 			}
-			rep.WeightsMethod, rep.WeightsBitsPerWeight = ws.Method, ws.BitsPerWeight
-			rep.ExpertBitsPerWeight = ws.ExpertBitsPerWeight
-		}
-		if s.name == "eval" {
-			var ev EvalResult
-			if err := json.Unmarshal(sr.Result, &ev); err != nil {
-				return nil, fmt.Errorf("compress: eval stage record: %w", err)
-			}
-			rep.Eval = &ev
-			rep.KVBitsPerElement = ev.KVBitsPerElement
 		}
 	}
 	if p.st.kvName != "" {
@@ -344,25 +206,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if err := p.sizes(rep); err != nil {
 		return nil, err
 	}
-	var gateErr error
-	if e := p.r.Eval; e != nil {
-		g := &Gate{MaxDeltaPPL: e.MaxDeltaPPL, MaxKL: e.MaxKL}
-		if e.MaxDeltaPPL > 0 && !(rep.Eval.DeltaPPL <= e.MaxDeltaPPL) {
-			g.Failures = append(g.Failures, fmt.Sprintf("ΔPPL %.4f exceeds max_delta_ppl %g", rep.Eval.DeltaPPL, e.MaxDeltaPPL))
-		}
-		if e.MaxKL > 0 && !(rep.Eval.KL <= e.MaxKL) {
-			g.Failures = append(g.Failures, fmt.Sprintf("KL %.5f exceeds max_kl %g", rep.Eval.KL, e.MaxKL))
-		}
-		g.Passed = len(g.Failures) == 0
-		rep.Gate = g
-		if !g.Passed {
-			older := ""
-			if _, err := os.Lstat(opt.Out); err == nil {
-				older = fmt.Sprintf("; an older file at %s is left unchanged", opt.Out)
-			}
-			gateErr = fmt.Errorf("%w: %s; %s not written%s (the new artifact stays in %s)", ErrGate, strings.Join(g.Failures, "; "), opt.Out, older, p.st.artifact)
-		}
-	}
+	gateErr := p.gate(rep)
 	if gateErr == nil {
 		if err := copyAtomic(p.st.artifact, opt.Out); err != nil {
 			return nil, err
@@ -373,143 +217,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	return rep, gateErr
 }
 
-// inputs resolves the model and data files and fingerprints them.
-func (p *pipeline) inputs(ctx context.Context) error {
-	dir, err := model.Resolve(ctx, p.opt.Model, nil)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	ck, err := safetensors.OpenDir(dir)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	defer ck.Close()
-	if p.srcFP, err = model.Fingerprint(dir, ck); err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	p.srcDir = dir
-	p.st.model = dir
-	recipe := cmpOr(p.opt.RecipePath, "the recipe")
-	// Settings that only fit some models are checked before any stage
-	// runs, so a mistake costs no calibration.
-	wantsWidth := p.r.Prune != nil && p.r.Prune.wantsWidth()
-	{
-		d, err := arch.Load(dir)
-		if err != nil {
-			return fmt.Errorf("compress: %w", err)
-		}
-		if err := p.r.checkModel(recipe, d); err != nil {
-			return err
-		}
-		q := p.r.Quantize
-		moe := false
-		for _, l := range d.Layers {
-			moe = moe || l.MoE != nil
-		}
-		if wantsWidth {
-			if moe {
-				return fmt.Errorf("%w: %s: prune.%s: %s is a mixture-of-experts model; width pruning (head_groups, head_ratio, ffn_ratio) supports dense models only (layers or layer_ratio work on MoE models)",
-					ErrRecipe, recipe, p.r.Prune.widthKey(), dir)
-			}
-			if err := p.r.Prune.checkHeadBudget(recipe, afterDepth(p.r.Prune, d)); err != nil {
-				return err
-			}
-			// A sparsity on the model as it is (no layer removal first):
-			// its budget, and whether it removes any head for head_refit.
-			if c := p.r.Prune; c.Sparsity != 0 && !c.wantsDepth() {
-				plan, err := prune.PlanSparsity(dir, c.Sparsity)
-				if err != nil {
-					return fmt.Errorf("%w: %s: prune.sparsity: %w", ErrRecipe, recipe, err)
-				}
-				if c.HeadRefit && plan.HeadGroups == 0 {
-					return fmt.Errorf("%w: %s: prune.head_refit: prune.sparsity %v removes no KV head group of %s (only FFN nodes), so there is no o_proj to refit: remove head_refit or raise the sparsity", ErrRecipe, recipe, c.Sparsity, dir)
-				}
-			}
-		}
-		var w WeightsStage
-		if q != nil && q.Weights != nil {
-			w = *q.Weights
-		}
-		switch {
-		case w.MoEBudget > 0 && !moe:
-			return fmt.Errorf("%w: %s: quantize.weights.moe_budget: %s is a dense model (no mixture-of-experts layer); remove moe_budget or use bits/target_bpw", ErrRecipe, recipe, dir)
-		case w.TargetBPW > 0 && moe:
-			return fmt.Errorf("%w: %s: quantize.weights.target_bpw: %s is a mixture-of-experts model; use bits with moe_budget for the experts", ErrRecipe, recipe, dir)
-		}
-	}
-	// dataErr names where a data path came from: the override option or
-	// the recipe's key.
-	dataErr := func(override, key, path string, err error) error {
-		if override != "" {
-			return fmt.Errorf("compress: data file %s: %w", path, err)
-		}
-		return fmt.Errorf("%w: %s: %s %s: %v", ErrRecipe, recipe, key, path, err)
-	}
-	if c := p.r.Calibrate; c != nil {
-		p.data = cmpOr(p.opt.Data, c.Data)
-		if p.data == "" {
-			return fmt.Errorf("%w: %s: the calibrate stage needs a data file (set calibrate.data in %s, or pass --data)", ErrRecipe, recipe, recipe)
-		}
-		if p.dataFP, err = fileFingerprint(p.data); err != nil {
-			return dataErr(p.opt.Data, "calibrate.data", p.data, err)
-		}
-	}
-	if e := p.r.Eval; e != nil {
-		p.evalData = cmpOr(p.opt.EvalData, e.Data)
-		if p.evalData == "" {
-			return fmt.Errorf("%w: %s: the eval stage needs a data file (set eval.data in %s, or pass --eval-data)", ErrRecipe, recipe, recipe)
-		}
-		if p.evalFP, err = fileFingerprint(p.evalData); err != nil {
-			return dataErr(p.opt.EvalData, "eval.data", p.evalData, err)
-		}
-	}
-	return nil
-}
-
-// checkPaths refuses an output that is an input file and a work
-// directory or output inside the source model directory (inputs are never
-// modified).
-func (p *pipeline) checkPaths() error {
-	outSt, err := os.Stat(p.opt.Out)
-	for _, in := range []string{p.data, p.evalData} {
-		if in == "" || err != nil {
-			continue
-		}
-		if inSt, ierr := os.Stat(in); ierr == nil && os.SameFile(inSt, outSt) {
-			return fmt.Errorf("compress: output %s is the input %s; refusing to overwrite an input", p.opt.Out, in)
-		}
-	}
-	model, err := fsx.RealAbs(p.srcDir)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	for _, x := range []struct{ what, path string }{{"work dir", p.opt.WorkDir}, {"output", filepath.Dir(p.opt.Out)}} {
-		a, err := fsx.RealAbs(x.path)
-		if err != nil {
-			return fmt.Errorf("compress: %s: %w", x.what, err)
-		}
-		if a == model || strings.HasPrefix(a, model+string(filepath.Separator)) {
-			return fmt.Errorf("compress: %s %s is inside the model directory %s; write elsewhere (inputs are never modified)", x.what, x.path, p.srcDir)
-		}
-	}
-	return nil
-}
-
 func cmpOr(a, b string) string {
 	if a != "" {
 		return a
 	}
 	return b
-}
-
-// fileFingerprint is the hex sha256 of a regular file's bytes.
-func fileFingerprint(path string) (string, error) {
-	b, err := fsx.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:]), nil
 }
 
 // chain is the hex sha256 of the NUL-separated parts.
@@ -522,223 +234,31 @@ func chain(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// stages lists the enabled stages in order. The pack stage's params are
-// the recipe up to and including pack, which the artifact records as its
-// provenance.
+// stages lists the enabled stages in order; each stage's cache-key
+// params, run and report hook are in its stage_*.go file.
 func (p *pipeline) stages() []stage {
 	r := p.r
 	var out []stage
 	if r.Calibrate != nil {
-		out = append(out, stage{"calibrate", section(r.Calibrate), p.calibrate})
+		out = append(out, p.calibrateStage())
 	}
 	if r.Prune != nil && r.Prune.wantsDepth() {
-		out = append(out, stage{"prune-layers", r.Prune.depthParams(), p.prune})
+		out = append(out, p.pruneLayersStage())
 	}
 	if r.Prune != nil && r.Prune.wantsWidth() {
-		out = append(out, stage{"prune-width", r.Prune.widthParams(), p.pruneWidth})
+		out = append(out, p.pruneWidthStage())
 	}
 	if r.Quantize != nil && r.Quantize.Weights != nil {
-		out = append(out, stage{"quantize-weights", section(r.Quantize.Weights), p.quantizeWeights})
+		out = append(out, p.quantizeWeightsStage())
 	}
 	if r.Quantize != nil && r.Quantize.KV != nil {
-		out = append(out, stage{"quantize-kv", section(r.Quantize.KV), p.quantizeKV})
+		out = append(out, p.quantizeKVStage())
 	}
-	packed := *r
-	packed.Eval = nil
-	p.packedRecipeJSON = section(&packed)
-	out = append(out, stage{"pack", p.packedRecipeJSON, p.pack})
+	out = append(out, p.packStage())
 	if r.Eval != nil {
-		out = append(out, stage{"eval", append(section(r.Eval), p.evalFP...), p.eval})
+		out = append(out, p.evalStage())
 	}
 	return out
-}
-
-// runStage reuses the stage's directory when its completion marker holds
-// the key, and otherwise runs it in a temporary directory that is renamed
-// into place after done.json is written.
-func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageReport, error) {
-	t0 := time.Now()
-	final := filepath.Join(p.work, s.name+"-"+key[:24])
-	log := p.opt.Logger
-	rec, err := readRecord(final)
-	cached := err == nil && rec.Key == key && rec.Stage == s.name && rec.Outputs.present(final)
-	if cached && p.invalidated {
-		cached = false // an earlier stage was recomputed after a failed check
-	}
-	if cached {
-		if verr := rec.Outputs.validate(final); verr != nil {
-			cached, p.invalidated = false, true
-			if log != nil {
-				log.Warn("stage cache invalid; recomputing", "stage", s.name, "dir", final, "error", verr.Error())
-			}
-		}
-	}
-	if cached {
-		p.st.apply(final, rec.Outputs)
-		if log != nil {
-			log.Info("stage cached", "stage", s.name, "key", key[:12], "dir", final)
-		}
-		return &StageReport{Name: s.name, Key: key, Cached: true, Seconds: time.Since(t0).Seconds(), ComputeSeconds: rec.Seconds, Result: rec.Result}, nil
-	}
-	if err := os.RemoveAll(final); err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	if log != nil {
-		log.Info("stage started", "stage", s.name, "key", key[:12])
-	}
-	tmp, err := os.MkdirTemp(p.work, ".tmp-"+s.name+"-")
-	if err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	renamed := false
-	defer func() {
-		// A failed or interrupted stage leaves nothing behind (after a
-		// kill the next run removes the temporary directory).
-		if !renamed {
-			os.RemoveAll(tmp)
-		}
-	}()
-	out, res, err := s.run(ctx, tmp)
-	if err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	rb, err := json.Marshal(res)
-	if err != nil {
-		return nil, fmt.Errorf("compress: stage %s: result: %w", s.name, err)
-	}
-	rec = &record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
-	if err := writeRecord(tmp, rec); err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	renamed = true
-	syncDir(p.work)
-	p.st.apply(final, out)
-	if log != nil {
-		log.Info("stage finished", "stage", s.name, "seconds", rec.Seconds)
-	}
-	return &StageReport{Name: s.name, Key: key, Seconds: rec.Seconds, ComputeSeconds: rec.Seconds, Result: rb}, nil
-}
-
-const doneFile = "done.json"
-
-func readRecord(dir string) (*record, error) {
-	b, err := os.ReadFile(filepath.Join(dir, doneFile))
-	if err != nil {
-		return nil, err
-	}
-	var r record
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
-}
-
-// writeRecord writes dir/done.json and syncs it and the directory.
-func writeRecord(dir string, r *record) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(dir, doneFile))
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	syncDir(dir)
-	return nil
-}
-
-// syncDir flushes a directory's entries (best effort: some file systems
-// refuse fsync on directories).
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-}
-
-// lockDir takes an exclusive flock on dir/lock, so that two compress runs
-// cannot share a work directory. Errors: the lock is held (naming dir).
-func lockDir(dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("compress: work dir: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("compress: work dir %s is in use by another lmpack compress (%v)", dir, err)
-	}
-	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
-}
-
-// removeStale deletes temporary stage directories left by killed runs.
-func removeStale(dir string) error {
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("compress: work dir: %w", err)
-	}
-	for _, e := range es {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-				return fmt.Errorf("compress: work dir: %w", err)
-			}
-		}
-	}
-	return nil
-}
-
-// copyAtomic copies src to dst through a temporary file in dst's
-// directory, synced and renamed into place (mode 0644).
-func copyAtomic(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("compress: output: %w", err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, in); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	ok = true
-	return nil
 }
 
 // progress returns the Options.Progress callback bound to a stage.
@@ -749,417 +269,13 @@ func (p *pipeline) progress(name string) func(done, total int) {
 	return func(done, total int) { p.opt.Progress(name, done, total) }
 }
 
-// calibrate runs calibrate.Run on the current model.
-func (p *pipeline) calibrate(ctx context.Context, dir string) (outputs, any, error) {
-	c := p.r.Calibrate
-	s, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-		Out: filepath.Join(dir, "calib.safetensors"), Threads: p.opt.Threads, MaxExpertBytes: c.maxExpertBytes(), Version: p.opt.Version, Progress: p.progress("calibrate")})
+// section returns the canonical JSON of v (a recipe section, data paths
+// and gate thresholds excluded by their json:"-" tags): the part of a
+// stage's cache key the recipe contributes.
+func section(v any) []byte {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return outputs{}, nil, err
+		panic(fmt.Sprintf("compress: recipe section %T does not marshal: %v", v, err))
 	}
-	s.Path = "calib.safetensors"
-	return outputs{Calib: "calib.safetensors"}, s, nil
-}
-
-// prune (the prune-layers stage) runs prune.Run's layer removal on the
-// current model; the calibration no longer describes the pruned model, so
-// later stages calibrate again.
-func (p *pipeline) prune(ctx context.Context, dir string) (outputs, any, error) {
-	c := p.r.Prune
-	// prune.Run words its option errors for the CLI (--layers); check
-	// the recipe's keys against the model first.
-	if strings.HasPrefix(c.Method, "list:") && c.LayerRatio != 0 {
-		d, err := arch.Load(p.st.model)
-		if err != nil {
-			return outputs{}, nil, err
-		}
-		list, _ := prune.ParseList(c.Method)
-		if n, err := prune.LayerBudget(0, c.LayerRatio, len(d.Layers)); err != nil || n != len(list) {
-			return outputs{}, nil, fmt.Errorf("%w: %s: prune.method %q removes %d layer(s), but prune.layer_ratio %v of %d layers is %d; drop prune.layer_ratio",
-				ErrRecipe, p.opt.RecipePath, c.Method, len(list), c.LayerRatio, len(d.Layers), n)
-		}
-	}
-	r, err := prune.Run(ctx, prune.Options{Model: p.st.model, Calib: p.st.calib, Out: filepath.Join(dir, "model"),
-		Layers: c.Layers, LayerRatio: c.LayerRatio, Method: c.Method})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	r.Model, r.Out = "", "model"
-	return outputs{Model: "model", ClearCalib: true}, r, nil
-}
-
-// widthKey names the recipe key that asks for width pruning (the first
-// of head_groups, head_ratio and ffn_ratio given).
-func (c *PruneStage) widthKey() string {
-	switch {
-	case c.HeadGroups != 0:
-		return "head_groups"
-	case c.HeadRatio != 0:
-		return "head_ratio"
-	case c.Sparsity != 0:
-		return "sparsity"
-	}
-	return "ffn_ratio"
-}
-
-// checkHeadBudget refuses, in the recipe's words, a head_groups or
-// head_ratio that leaves some layer of the model d without a KV head
-// group (prune.HeadBudget). recipe names the recipe file.
-func (c *PruneStage) checkHeadBudget(recipe string, d *arch.Description) error {
-	if c.HeadGroups == 0 && c.HeadRatio == 0 {
-		return nil // sparsity: prune checks its budget against the model
-	}
-	total := 0
-	for _, l := range d.Layers {
-		total += l.NumKVHeads
-	}
-	n, err := prune.HeadBudget(c.HeadGroups, c.HeadRatio, total, len(d.Layers))
-	if err != nil {
-		n = c.HeadGroups
-		if n == 0 {
-			n = max(1, int(math.Round(c.HeadRatio*float64(total))))
-		}
-		return fmt.Errorf("%w: %s: prune.%s: removing %d of the %d KV head groups of the %d-layer model leaves a layer without one; at most %d can go",
-			ErrRecipe, recipe, c.widthKey(), n, total, len(d.Layers), total-len(d.Layers))
-	}
-	return nil
-}
-
-// afterDepth returns the model d as the prune section's layer removal
-// leaves it, as far as the head budget cares (its layers' KV head
-// counts): d itself without layer removal, or when the removed layers
-// are not known before the prune-layers stage runs and the layers differ
-// in KV heads (the stage then checks the budget on its result).
-func afterDepth(c *PruneStage, d *arch.Description) *arch.Description {
-	if !c.wantsDepth() {
-		return d
-	}
-	L := len(d.Layers)
-	n := 0
-	if list, err := prune.ParseList(c.Method); err == nil {
-		n = len(list)
-	} else if n, err = prune.LayerBudget(c.Layers, c.LayerRatio, L); err != nil {
-		return d
-	}
-	for _, l := range d.Layers {
-		if l.NumKVHeads != d.Layers[0].NumKVHeads {
-			return d
-		}
-	}
-	if n <= 0 || n >= L {
-		return d
-	}
-	return &arch.Description{Layers: d.Layers[:L-n]}
-}
-
-// widthSummary is the prune-width stage's result: prune's report and,
-// when an earlier stage changed the model, the calibration the stage
-// made of it.
-type widthSummary struct {
-	*prune.Report
-	// Recalibrated says the stage calibrated the (layer-pruned) model
-	// itself.
-	Recalibrated bool               `json:"recalibrated,omitempty"`
-	Calibration  *calibrate.Summary `json:"calibration,omitempty"`
-}
-
-// pruneWidth (the prune-width stage) runs prune.Run's head-group and FFN
-// pruning (Putri) on the current model, calibrating it first when an
-// earlier stage (prune-layers) changed it: Putri's masked perplexity and
-// the FFN refit rerun the model on the calibration's token ids. Later
-// stages calibrate the width-pruned model again.
-func (p *pipeline) pruneWidth(ctx context.Context, dir string) (outputs, any, error) {
-	c := p.r.Prune
-	d, err := arch.Load(p.st.model)
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	if err := c.checkHeadBudget(cmpOr(p.opt.RecipePath, "the recipe"), d); err != nil {
-		return outputs{}, nil, err
-	}
-	s := &widthSummary{}
-	calib := p.st.calib
-	if calib == "" {
-		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "prune-width:calibrate"); err != nil {
-			return outputs{}, nil, err
-		}
-		s.Recalibrated = true
-	}
-	noRefit := c.Refit != nil && !*c.Refit
-	if s.Report, err = prune.Run(ctx, prune.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
-		HeadGroups: c.HeadGroups, HeadRatio: c.HeadRatio, HeadMethod: c.HeadMethod, FFNRatio: c.FFNRatio, NoRefit: noRefit,
-		HeadStep: max(c.HeadStep, 1), Sparsity: c.Sparsity, HeadRefit: c.HeadRefit, Threads: p.opt.Threads,
-		Progress: p.progress("prune-width")}); err != nil {
-		return outputs{}, nil, err
-	}
-	s.Report.Model, s.Report.Out = "", "model"
-	return outputs{Model: "model", ClearCalib: true}, s, nil
-}
-
-// recalibrate calibrates the current model with the recipe's calibrate
-// settings into dir/calib.safetensors (a stage that needs statistics of
-// a model an earlier stage changed) and returns the file's path and
-// summary; progress is reported under the stage label name.
-func (p *pipeline) recalibrate(ctx context.Context, dir, name string) (string, *calibrate.Summary, error) {
-	c := p.r.Calibrate
-	calib := filepath.Join(dir, "calib.safetensors")
-	cs, err := calibrate.Run(ctx, calibrate.Options{Model: p.st.model, Data: p.data, Tokens: c.Tokens, Ctx: c.Ctx,
-		Out: calib, Threads: p.opt.Threads, MaxExpertBytes: c.maxExpertBytes(), Version: p.opt.Version, Progress: p.progress(name)})
-	if err != nil {
-		return "", nil, err
-	}
-	cs.Path = "calib.safetensors"
-	return calib, cs, nil
-}
-
-// weightsSummary is the quantize-weights stage's result: wquant's report
-// without its per-tensor lists and paths.
-type weightsSummary struct {
-	Method    string  `json:"method"`
-	Bits      int     `json:"bits,omitempty"`
-	Group     int     `json:"group,omitempty"`
-	Sym       bool    `json:"sym,omitempty"`
-	ActOrder  bool    `json:"act_order,omitempty"`
-	TargetBPW float64 `json:"target_bpw,omitempty"`
-	// MoEBudget echoes the recipe; ExpertBitsPerWeight is the storage bits
-	// per routed-expert weight GEMQ reached (≤ MoEBudget).
-	MoEBudget           float64 `json:"moe_budget,omitempty"`
-	ExpertBitsPerWeight float64 `json:"expert_bits_per_weight,omitempty"`
-	// Warnings are wquant's (sparse or never-routed experts and their
-	// fallbacks).
-	Warnings []string `json:"warnings,omitempty"`
-	// Params is the number of quantized weights; BitsPerWeight their
-	// storage bits per weight (codes, scales, zero-points, permutations).
-	Params        int64   `json:"params"`
-	BitsPerWeight float64 `json:"bits_per_weight"`
-	// QuantBytesBefore/After: the quantized tensors before and after;
-	// BytesBefore/After: all tensor data of the checkpoint.
-	QuantBytesBefore int64   `json:"quant_bytes_before"`
-	QuantBytesAfter  int64   `json:"quant_bytes_after"`
-	BytesBefore      int64   `json:"bytes_before"`
-	BytesAfter       int64   `json:"bytes_after"`
-	PredictedError   float64 `json:"predicted_error"`
-	CalibTokens      int     `json:"calib_tokens"`
-	// Recalibrated says the stage calibrated the (pruned) model itself.
-	Recalibrated bool               `json:"recalibrated,omitempty"`
-	Calibration  *calibrate.Summary `json:"calibration,omitempty"`
-}
-
-// quantizeWeights runs quantize/wquant on the current model (calibrating
-// it first when an earlier stage changed it). The quantized checkpoint
-// replaces the model, and the calibration no longer describes it, so the
-// KV stage calibrates the quantized model: its rotations and clip ratios
-// are fitted to the keys and values the quantized weights produce.
-func (p *pipeline) quantizeWeights(ctx context.Context, dir string) (outputs, any, error) {
-	w := p.r.Quantize.Weights
-	s := &weightsSummary{Method: w.Method, Bits: w.Bits, Sym: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW, MoEBudget: w.MoEBudget}
-	group := 0
-	if w.Group != nil {
-		group = *w.Group
-		s.Group = group
-	}
-	calib := p.st.calib
-	if calib == "" {
-		var err error
-		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "quantize-weights:calibrate"); err != nil {
-			return outputs{}, nil, err
-		}
-		s.Recalibrated = true
-	}
-	rep, err := wquant.Run(ctx, wquant.Options{Model: p.st.model, Calib: calib, Out: filepath.Join(dir, "model"),
-		Method: w.Method, Bits: w.Bits, GroupSize: group, Symmetric: w.Sym, ActOrder: w.ActOrder, TargetBPW: w.TargetBPW,
-		MoEBudget: w.MoEBudget, MoEWeighting: gemq.Weighting(w.MoEWeighting), MoERule: w.MoERule, MSEClip: w.MSEClip,
-		Threads: p.opt.Threads, Version: p.opt.Version, Progress: p.progress("quantize-weights")})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	s.Params, s.BitsPerWeight, s.PredictedError, s.CalibTokens = rep.Params, rep.BitsPerWeight, rep.PredictedError, rep.CalibTokens
-	s.ExpertBitsPerWeight, s.Warnings = rep.ExpertBitsPerWeight, rep.Warnings
-	s.QuantBytesBefore, s.QuantBytesAfter, s.BytesBefore, s.BytesAfter = rep.QuantBytesBefore, rep.QuantBytesAfter, rep.BytesBefore, rep.BytesAfter
-	return outputs{Model: "model", ClearCalib: true}, s, nil
-}
-
-// kvSummary is the quantize-kv stage's result.
-type kvSummary struct {
-	Cache  string `json:"cache"`
-	Sink   int    `json:"sink,omitempty"`
-	Recent int    `json:"recent,omitempty"`
-	// Recalibrated says the stage calibrated the (pruned) model itself.
-	Recalibrated bool               `json:"recalibrated,omitempty"`
-	Rotations    *oscar.KVSummary   `json:"rotations,omitempty"`
-	Calibration  *calibrate.Summary `json:"calibration,omitempty"`
-}
-
-// quantizeKV records the KV cache scheme and, for oscar caches, computes
-// the rotations (calibrating the current model first when an earlier
-// stage changed it).
-func (p *pipeline) quantizeKV(ctx context.Context, dir string) (outputs, any, error) {
-	kv := p.r.Quantize.KV
-	o := outputs{KVCache: kv.Cache, KVSink: kv.Sink, KVRecent: kv.Recent}
-	s := &kvSummary{Cache: kv.Cache, Sink: kv.Sink, Recent: kv.Recent}
-	if !rotates(kv.Cache) {
-		return o, s, nil
-	}
-	calib := p.st.calib
-	if calib == "" {
-		var err error
-		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "quantize-kv"); err != nil {
-			return outputs{}, nil, err
-		}
-		s.Recalibrated = true
-	}
-	rs, err := oscar.QuantizeKV(ctx, oscar.KVOptions{Model: p.st.model, Calib: calib, Method: oscar.Method,
-		ClipK: kv.ClipK, ClipV: kv.ClipV, Out: filepath.Join(dir, "rot.safetensors"), Version: p.opt.Version})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	rs.Path = "rot.safetensors"
-	s.Rotations = rs
-	o.KVRotations = "rot.safetensors"
-	return o, s, nil
-}
-
-// pack writes the current model with the KV scheme as an artifact.
-func (p *pipeline) pack(ctx context.Context, dir string) (outputs, any, error) {
-	a, err := pack.FromCheckpoint(p.st.model, pack.FromOptions{KVRotations: p.st.kvRot, KVCache: p.st.kvName,
-		KVSink: p.st.kvSink, KVRecent: p.st.kvRecent, Recipe: p.packedRecipeJSON, LmpackVersion: p.opt.Version,
-		SourceModelFingerprint: p.srcFP})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	defer a.Close()
-	if err := ctx.Err(); err != nil {
-		return outputs{}, nil, err
-	}
-	st, err := pack.Write(filepath.Join(dir, "model.lmpk"), a, pack.WriteOptions{NoCompress: !*p.r.Pack.LZ4})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	if _, err := pack.Verify(filepath.Join(dir, "model.lmpk")); err != nil {
-		return outputs{}, nil, err
-	}
-	st.Path, st.Sections = "model.lmpk", nil
-	return outputs{Artifact: "model.lmpk"}, st, nil
-}
-
-// eval compares the artifact with the source model.
-func (p *pipeline) eval(ctx context.Context, dir string) (outputs, any, error) {
-	e := p.r.Eval
-	src, err := engine.Open(ctx, p.srcDir, engine.Options{Threads: p.opt.Threads})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	defer src.Close()
-	art, err := engine.Open(ctx, p.st.artifact, engine.Options{Threads: p.opt.Threads, Artifacts: true})
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	defer art.Close()
-	ids, err := src.EvalIDs(p.evalData, e.Ctx)
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	r, err := compareModels(ctx, src, art, ids, e.Ctx, e.MaxWindows, p.progress("eval"))
-	if err != nil {
-		return outputs{}, nil, err
-	}
-	return outputs{}, r, nil
-}
-
-// sizes fills rep.Sizes, rep.SHA256 and rep.ContentSHA256 from the source checkpoint and the
-// artifact's manifest and section table.
-func (p *pipeline) sizes(rep *Report) error {
-	ck, err := safetensors.OpenDir(p.srcDir)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	defer ck.Close()
-	s := &rep.Sizes
-	for _, n := range ck.Names() {
-		t, err := ck.Tensor(n)
-		if err != nil {
-			return fmt.Errorf("compress: %w", err)
-		}
-		s.SourceTensorBytes += int64(len(t.Data))
-	}
-	// Parameters as lmpack inspect counts them: no tied lm_head copy, no
-	// RoPE buffers.
-	srcDesc, err := arch.Load(p.srcDir)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	ins, err := engine.Inspect(p.srcDir, srcDesc, ck)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	s.SourceParams = ins.Params
-	r, err := pack.Open(p.st.artifact)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	var tensorRaw int64
-	mm := &r.Manifest().Model
-	for _, t := range r.Manifest().Tensors {
-		if r.IsKVRotation(t.Name) || (mm.TieWordEmbeddings && t.Name == cmpOr(mm.LMHead, "lm_head.weight")) || strings.HasSuffix(t.Name, "rotary_emb.inv_freq") {
-			continue
-		}
-		secs := []string{t.Section}
-		if q := t.Quant; q != nil {
-			secs = append(secs, q.ScaleSection, q.ZeroSection, q.PermSection)
-		}
-		for _, sec := range secs {
-			if sec == "" {
-				continue
-			}
-			_, raw, _, err := r.SectionInfo(sec)
-			if err != nil {
-				return err
-			}
-			tensorRaw += raw
-		}
-		s.Params += numel(t.Shape)
-	}
-	for _, n := range r.Names() {
-		_, raw, stored, err := r.SectionInfo(n)
-		if err != nil {
-			return err
-		}
-		s.LZ4SavedBytes += raw - stored
-	}
-	st, err := os.Stat(p.st.artifact)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	s.ArtifactBytes = st.Size()
-	if s.Params > 0 {
-		s.BitsPerWeight = 8 * float64(tensorRaw) / float64(s.Params)
-	}
-	if s.SourceParams > 0 {
-		s.FileBitsPerSourceWeight = 8 * float64(s.ArtifactBytes) / float64(s.SourceParams)
-	}
-	s.Ratio = float64(s.SourceTensorBytes) / float64(s.ArtifactBytes)
-	for _, sr := range rep.Stages {
-		if sr.Name == "pack" {
-			var ps pack.Stats
-			if err := json.Unmarshal(sr.Result, &ps); err != nil {
-				return fmt.Errorf("compress: pack stage record: %w", err)
-			}
-			rep.ContentSHA256 = ps.ContentSHA256
-		}
-	}
-	sum, err := fileFingerprint(p.st.artifact)
-	if err != nil {
-		return fmt.Errorf("compress: %w", err)
-	}
-	rep.SHA256 = sum
-	return nil
-}
-
-func numel(shape []int) int64 {
-	n := int64(1)
-	for _, d := range shape {
-		n *= int64(d)
-	}
-	return n
+	return b
 }

@@ -2,83 +2,41 @@ package compress
 
 import (
 	"fmt"
-	"math"
-	"strings"
 
 	"github.com/lmpack/lmpack/formats/arch"
-	"github.com/lmpack/lmpack/pack"
-	"github.com/lmpack/lmpack/prune"
-	"github.com/lmpack/lmpack/prune/depth"
-	"github.com/lmpack/lmpack/quantize/wquant"
+	"github.com/lmpack/lmpack/internal/field"
 )
 
 // checkModel refuses, before any stage runs, recipe values that the model
 // d (the source checkpoint) cannot take and that a stage would otherwise
-// refuse after the earlier stages' work: calibrate.ctx and eval.ctx above
-// max_position_embeddings, KV windows that do not fit it, a layer budget
-// or list the model cannot meet, an ffn_ratio that removes no FFN unit or
-// all of them, a moe_budget below the smallest allocation. recipe names
-// the recipe in errors (ErrRecipe, naming the key).
+// refuse after the earlier stages' work: the stages' ValidateModel
+// (calibrate.ctx and eval.ctx above max_position_embeddings, KV windows
+// that do not fit it, a layer budget or list the model cannot meet). Width
+// pruning and the weights (moe_budget, target_bpw) are checked by inputs,
+// width pruning on the model as layer removal leaves it. recipe names the recipe
+// in errors (ErrRecipe, naming the key).
 func (r *Recipe) checkModel(recipe string, d *arch.Description) error {
-	bad := func(key, format string, a ...any) error {
-		return fmt.Errorf("%w: %s: %s: %s", ErrRecipe, recipe, key, fmt.Sprintf(format, a...))
+	if c := r.Calibrate; c != nil {
+		o := c.options("", "")
+		if err := o.ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, calibrateKeys))
+		}
 	}
-	maxPos := d.MaxPositionEmbeddings
-	if c := r.Calibrate; c != nil && maxPos > 0 && c.Ctx > maxPos {
-		return bad("calibrate.ctx", "%d tokens exceed the model's max_position_embeddings %d", c.Ctx, maxPos)
-	}
-	if e := r.Eval; e != nil && maxPos > 0 && e.Ctx > maxPos {
-		return bad("eval.ctx", "%d tokens exceed the model's max_position_embeddings %d", e.Ctx, maxPos)
+	if e := r.Eval; e != nil {
+		o := e.options()
+		if err := o.ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, evalKeys))
+		}
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {
-		if err := pack.CheckKVWindows(q.KV.Sink, q.KV.Recent, maxPos); err != nil {
-			return bad("quantize.kv sink/recent", "%v", strings.TrimSuffix(err.Error(), ": "+pack.ErrFormat.Error()))
+		if err := q.KV.packOptions("").ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, packKeys))
 		}
 	}
-	L := len(d.Layers)
 	if p := r.Prune; p != nil && p.wantsDepth() {
-		if list, err := prune.ParseList(p.Method); err == nil {
-			if _, err := depth.ListPlan(list, L); err != nil {
-				return bad("prune.method", "%q on the %d-layer model: %v", p.Method, L, err)
-			}
-		} else if strings.HasPrefix(p.Method, "list:") {
-			return bad("prune.method", "%q: %v", p.Method, err)
-		} else {
-			key := "prune.layers"
-			if p.LayerRatio != 0 {
-				key = "prune.layer_ratio"
-			}
-			n, err := prune.LayerBudget(p.Layers, p.LayerRatio, L)
-			if err != nil {
-				return bad(key, "%v", err)
-			}
-			if n > L-2 {
-				return bad(key, "removes %d of the %d layers; at most %d can go (the first and last are never removed)", n, L, max(L-2, 0))
-			}
-		}
-	}
-	if p := r.Prune; p != nil && p.FFNRatio != 0 {
-		for l, ly := range d.Layers {
-			if ly.MLP == nil {
-				continue
-			}
-			if _, err := prune.FFNKeepCount(ly.MLP.IntermediateSize, p.FFNRatio); err != nil {
-				return bad("prune.ffn_ratio", "layer %d: %v", l, err)
-			}
-		}
-	}
-	if q := r.Quantize; q != nil && q.Weights != nil && q.Weights.MoEBudget > 0 {
-		w := q.Weights
-		lo, err := wquant.MinMoEBudget(d, 0, w.MoERule)
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, err)
-		}
-		if lo > 0 && w.MoEBudget < lo {
-			why := "every expert at 1 bit"
-			if w.MoERule {
-				why = "moe_rule's one expert at 4 bits and one at 3 in every layer, the rest at 1"
-			}
-			return bad("quantize.weights.moe_budget", "%g bits per expert weight is below the smallest allocation on this model (%s, fp16 scales and zero-points counted): %.4f", w.MoEBudget, why, math.Ceil(lo*1e4)/1e4)
+		o := p.depthOptions()
+		if err := o.ValidateModel(d); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRecipe, recipe, field.Rename(err, pruneKeys))
 		}
 	}
 	return nil

@@ -2,23 +2,22 @@ package compress
 
 import (
 	"bytes"
-	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/prune/depth"
-	"github.com/lmpack/lmpack/quantize/wquant"
+	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 	"gopkg.in/yaml.v3"
 )
@@ -58,14 +57,13 @@ type CalibrateStage struct {
 	// calibrate.DefaultMaxExpertBytes (8 GiB), 0 no limit. The file is the
 	// same whatever the budget, so it is not part of the stage's cache key.
 	MaxExpertMemory *int64 `yaml:"max_expert_memory" json:"-"`
-}
-
-// maxExpertBytes is c's expert-statistics budget in bytes.
-func (c *CalibrateStage) maxExpertBytes() int64 {
-	if c.MaxExpertMemory == nil {
-		return calibrate.DefaultMaxExpertBytes
-	}
-	return *c.MaxExpertMemory
+	// AllExperts (MoE models) accumulates every token into every expert's
+	// Hessians (calibrate.Options.AllExperts, --calibrate-all-experts).
+	AllExperts bool `yaml:"all_experts" json:"all_experts,omitempty"`
+	// MinExpertTokens is the sparse-expert report threshold
+	// (calibrate.Options.MinExpertTokens, --min-expert-tokens; unset:
+	// calibrate.DefaultMinExpertTokens).
+	MinExpertTokens int `yaml:"min_expert_tokens" json:"min_expert_tokens,omitempty"`
 }
 
 // PruneStage configures prune.Run. Layer removal (depth): remove Layers
@@ -112,29 +110,6 @@ func (p *PruneStage) wantsHeads() bool {
 	return p.HeadGroups != 0 || p.HeadRatio != 0 || p.Sparsity != 0
 }
 
-// depthParams is the prune-layers stage's part of its cache key.
-func (p *PruneStage) depthParams() []byte {
-	return section(struct {
-		Layers     int     `json:"layers,omitempty"`
-		LayerRatio float64 `json:"layer_ratio,omitempty"`
-		Method     string  `json:"method"`
-	}{p.Layers, p.LayerRatio, p.Method})
-}
-
-// widthParams is the prune-width stage's part of its cache key.
-func (p *PruneStage) widthParams() []byte {
-	return section(struct {
-		HeadGroups int     `json:"head_groups,omitempty"`
-		HeadRatio  float64 `json:"head_ratio,omitempty"`
-		HeadMethod string  `json:"head_method,omitempty"`
-		FFNRatio   float64 `json:"ffn_ratio,omitempty"`
-		Refit      *bool   `json:"refit,omitempty"`
-		HeadStep   int     `json:"head_step,omitempty"`
-		Sparsity   float64 `json:"sparsity,omitempty"`
-		HeadRefit  bool    `json:"head_refit,omitempty"`
-	}{p.HeadGroups, p.HeadRatio, p.HeadMethod, p.FFNRatio, p.Refit, p.HeadStep, p.Sparsity, p.HeadRefit})
-}
-
 // QuantizeStage holds the quantization stages: Weights runs before KV,
 // so the KV rotations are computed on the quantized model.
 type QuantizeStage struct {
@@ -171,6 +146,16 @@ type WeightsStage struct {
 	MoEWeighting string  `yaml:"moe_weighting" json:"moe_weighting,omitempty"`
 	MoERule      bool    `yaml:"moe_rule" json:"moe_rule,omitempty"`
 	MSEClip      bool    `yaml:"mse_clip" json:"mse_clip,omitempty"`
+	// TrueSequential (GPTQ) collects each input's Hessian with the
+	// weights before it quantized (wquant.Options.TrueSequential).
+	TrueSequential bool `yaml:"true_sequential" json:"true_sequential,omitempty"`
+	// MoESolver (dp or lagrangian), MoEGroup (experts' group size, 0:
+	// per channel) and MoEMinTokens (sparse-expert threshold, unset:
+	// calibrate.DefaultMinExpertTokens) configure GEMQ under moe_budget
+	// (wquant.Options).
+	MoESolver    string `yaml:"moe_solver" json:"moe_solver,omitempty"`
+	MoEGroup     int    `yaml:"moe_group" json:"moe_group,omitempty"`
+	MoEMinTokens int    `yaml:"moe_min_tokens" json:"moe_min_tokens,omitempty"`
 }
 
 // KVStage configures the KV cache the artifact carries: Cache is a
@@ -195,12 +180,17 @@ type PackStage struct {
 // EvalStage configures the final comparison of the artifact against the
 // source model on the UTF-8 text file Data (relative to the recipe's
 // directory; Options.EvalData overrides it): MaxWindows windows (0: all)
-// of Ctx tokens. MaxDeltaPPL (perplexity points) and MaxKL (nats per
+// of Ctx tokens (Ctx 0: min(512, max_position_embeddings) of the model).
+// MaxDeltaPPLPct (ΔPPL in percent of the source model's perplexity) and
+// MaxKL (nats per
 // token, KL(source ‖ artifact)) are the gate; 0 disables a bound.
 type EvalStage struct {
-	Data        string  `yaml:"data" json:"-"`
-	Ctx         int     `yaml:"ctx" json:"ctx"`
-	MaxWindows  int     `yaml:"max_windows" json:"max_windows,omitempty"`
+	Data           string  `yaml:"data" json:"-"`
+	Ctx            int     `yaml:"ctx" json:"ctx"`
+	MaxWindows     int     `yaml:"max_windows" json:"max_windows,omitempty"`
+	MaxDeltaPPLPct float64 `yaml:"max_delta_ppl_pct" json:"-"`
+	// MaxDeltaPPL is the removed absolute bound (perplexity points): a
+	// recipe that gives it is refused with the way to max_delta_ppl_pct.
 	MaxDeltaPPL float64 `yaml:"max_delta_ppl" json:"-"`
 	MaxKL       float64 `yaml:"max_kl" json:"-"`
 }
@@ -459,51 +449,28 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 	}
 	if q := r.Quantize; q != nil && q.Weights != nil {
 		w := q.Weights
-		switch {
-		case w.MoEBudget < 0 || math.IsNaN(w.MoEBudget) || math.IsInf(w.MoEBudget, 0):
-			return bad("quantize.weights.moe_budget %v: want > 0 bits per expert weight", w.MoEBudget)
-		case w.MoEBudget > 0 && w.TargetBPW != 0:
-			return bad("quantize.weights: moe_budget sets the experts' widths with bits for the other weights; remove target_bpw")
-		case w.MoEWeighting != "" && w.MoEBudget == 0:
-			return bad("quantize.weights.moe_weighting needs moe_budget")
-		case w.MoERule && w.MoEBudget == 0:
-			return bad("quantize.weights.moe_rule needs moe_budget")
-		case !slices.Contains([]string{"", "routed", "soft", "kl"}, w.MoEWeighting):
-			return bad("quantize.weights.moe_weighting %q: want routed, soft or kl", w.MoEWeighting)
-		case w.Method != wquant.MethodRTN && w.Method != wquant.MethodGPTQ:
-			return bad("quantize.weights.method %q: want rtn or gptq", w.Method)
-		case (w.Bits != 0) == (w.TargetBPW != 0):
-			return bad("quantize.weights: give exactly one of bits and target_bpw")
-		case w.Bits != 0 && !slices.Contains([]int{2, 3, 4, 8}, w.Bits):
-			return bad("quantize.weights.bits %d: want 2, 3, 4 or 8", w.Bits)
-		case w.TargetBPW != 0 && !(w.TargetBPW > 0 && w.TargetBPW <= 32):
-			return bad("quantize.weights.target_bpw %v: want bits per weight in (0, 32]", w.TargetBPW)
-		case w.TargetBPW != 0 && w.Group != nil:
+		if w.TargetBPW != 0 && w.Group != nil {
 			return bad("quantize.weights: group is chosen per tensor by the allocator with target_bpw; remove group")
-		case w.Group != nil && !slices.Contains([]int{0, 32, 64, 128}, *w.Group):
-			return bad("quantize.weights.group %d: want 32, 64, 128 or 0 (per-channel)", *w.Group)
-		case w.ActOrder && w.Method != wquant.MethodGPTQ:
-			return bad("quantize.weights.act_order needs method gptq")
-		case r.Calibrate == nil:
-			return bad("quantize.weights needs a calibrate section (GPTQ Hessians and the error report use calibration tokens)")
 		}
 		if w.Group == nil && w.TargetBPW == 0 {
 			g := 128
 			w.Group = &g
 		}
+		// Model, Calib and Out are the pipeline's.
+		o := w.options()
+		o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, weightsKeys))
+		}
+		if r.Calibrate == nil {
+			return bad("quantize.weights needs a calibrate section (GPTQ Hessians and the error report use calibration tokens)")
+		}
 	}
 	if c := r.Calibrate; c != nil {
-		if c.Tokens <= 0 {
-			return bad("calibrate.tokens %d: want > 0", c.Tokens)
-		}
-		if c.Ctx < 2 {
-			return bad("calibrate.ctx %d: want >= 2", c.Ctx)
-		}
-		if c.Tokens < c.Ctx {
-			return bad("calibrate.tokens %d: want at least one window of calibrate.ctx %d tokens", c.Tokens, c.Ctx)
-		}
-		if c.MaxExpertMemory != nil && *c.MaxExpertMemory < 0 {
-			return bad("calibrate.max_expert_memory %d: want bytes >= 0 (0: no limit)", *c.MaxExpertMemory)
+		// Data and Out are checked and set by Run (inputs).
+		o := c.options("(data)", "(out)")
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, calibrateKeys))
 		}
 	}
 	if r.Prune != nil {
@@ -513,24 +480,27 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 	}
 	if q := r.Quantize; q != nil && q.KV != nil {
 		kv := q.KV
-		if !slices.Contains(kvcache.Methods(), kv.Cache) {
-			return bad("quantize.kv.cache %q: want one of %s", kv.Cache, strings.Join(kvcache.Methods(), ", "))
+		if kv.Cache == "" {
+			return bad("quantize.kv.cache \"\": want one of %s", strings.Join(kvcache.Methods(), ", "))
 		}
-		if kv.Sink < 0 || kv.Recent < 0 {
-			return bad("quantize.kv sink %d, recent %d: want >= 0 tokens", kv.Sink, kv.Recent)
+		if err := kv.packOptions("(rotations)").Validate(); err != nil {
+			return bad("%s", field.Rename(err, packKeys))
 		}
 		if rotates(kv.Cache) {
 			if r.Calibrate == nil {
 				return bad("quantize.kv.cache %s needs a calibrate section (OSCAR rotations are computed from calibration statistics)", kv.Cache)
 			}
 			if kv.ClipK == 0 {
-				kv.ClipK = 0.96
+				kv.ClipK = oscar.DefaultClipK
 			}
 			if kv.ClipV == 0 {
-				kv.ClipV = 0.92
+				kv.ClipV = oscar.DefaultClipV
 			}
-			if !(kv.ClipK > 0 && kv.ClipK <= 1) || !(kv.ClipV > 0 && kv.ClipV <= 1) {
-				return bad("quantize.kv clip_k %v, clip_v %v: want ratios in (0, 1]", kv.ClipK, kv.ClipV)
+			// Model, Calib and Out are the pipeline's.
+			o := kv.options()
+			o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+			if err := o.Validate(); err != nil {
+				return bad("%s", field.Rename(err, kvKeys))
 			}
 		} else if kv.ClipK != 0 || kv.ClipV != 0 {
 			return bad("quantize.kv clip_k/clip_v: cache %s takes no rotations, so no clipping ratios", kv.Cache)
@@ -541,66 +511,57 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 		r.Pack.LZ4 = &t
 	}
 	if e := r.Eval; e != nil {
+		// eval.ctx 0: the model's default, filled in by Run.
+		o := e.options()
+		o.Ctx = cmp.Or(o.Ctx, arch.DefaultContextTokens)
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, evalKeys))
+		}
 		switch {
-		case e.Ctx < 2:
-			return bad("eval.ctx %d: want >= 2", e.Ctx)
-		case e.MaxWindows < 0:
-			return bad("eval.max_windows %d: want >= 0 (0: all)", e.MaxWindows)
-		case !(e.MaxDeltaPPL >= 0) || !(e.MaxKL >= 0):
-			return bad("eval max_delta_ppl %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPL, e.MaxKL)
+		case e.MaxDeltaPPL != 0:
+			return bad("eval.max_delta_ppl %v: removed, gates are relative to the source model now: give max_delta_ppl_pct, the allowed ΔPPL in percent of the source model's perplexity (an absolute bound D on a source perplexity P is max_delta_ppl_pct 100·D/P; the report's eval.source_perplexity gives P)", e.MaxDeltaPPL)
+		case !(e.MaxDeltaPPLPct >= 0) || !(e.MaxKL >= 0):
+			return bad("eval max_delta_ppl_pct %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPLPct, e.MaxKL)
 		}
 	}
 	return nil
 }
 
-// validatePrune checks the prune section and fills its defaults (method
-// lorp for layer removal, head_method putri, refit true).
+// validatePrune checks the prune section with prune.Options.Validate (on
+// the layer-removal and the width options, each run as its own stage;
+// field names renamed to the recipe's keys) and fills its defaults
+// (method lorp for layer removal, head_method putri, refit true). What
+// only a recipe has is checked here: refit given without FFN pruning, and
+// the calibrate section the stages need.
 func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 	p := r.Prune
-	if !p.wantsDepth() && !p.wantsWidth() {
-		if p.Method != "" {
-			return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it", p.Method)
-		}
-		return bad("prune: give layers, layer_ratio or method list:L1,L2,... (layer removal), or head_groups, head_ratio or ffn_ratio (width pruning)")
+	if p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0 {
+		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
 	}
 	if p.wantsDepth() {
-		if err := r.validateDepth(bad); err != nil {
-			return err
+		if p.Method == "" {
+			p.Method = depth.MethodLoRP
 		}
-	} else if p.Method != "" {
-		return bad("prune.method %q chooses the layers to remove: give layers or layer_ratio with it, or drop it for width pruning alone", p.Method)
+		o := p.depthOptions()
+		o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, pruneKeys))
+		}
+		if !strings.HasPrefix(p.Method, "list:") && r.Calibrate == nil {
+			return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
+		}
 	}
-	switch {
-	case p.HeadRefit && !p.wantsHeads():
-		return bad("prune.head_refit needs head_groups, head_ratio or sparsity (it refits o_proj after head removal)")
-	case p.HeadStep != 0 && !p.wantsHeads():
-		return bad("prune.head_step needs head_groups, head_ratio or sparsity")
-	case p.HeadMethod != "" && !p.wantsHeads():
-		return bad("prune.head_method needs head_groups, head_ratio or sparsity")
-	case p.Refit != nil && p.FFNRatio == 0 && p.Sparsity == 0:
-		return bad("prune.refit needs ffn_ratio or sparsity (it refits the pruned FFNs' down_proj)")
+	if p.wantsWidth() || !p.wantsDepth() || p.HeadMethod != "" || p.HeadStep != 0 || p.HeadRefit {
+		o := p.widthOptions()
+		o.Model, o.Calib, o.Out = "(model)", "(calib)", "(out)"
+		if err := o.Validate(); err != nil {
+			return bad("%s", field.Rename(err, pruneKeys))
+		}
 	}
 	if !p.wantsWidth() {
 		return nil
 	}
-	switch {
-	case p.HeadGroups < 0:
-		return bad("prune.head_groups %d: want > 0 (KV head groups to remove over all layers)", p.HeadGroups)
-	case p.HeadGroups != 0 && p.HeadRatio != 0:
-		return bad("prune: give at most one of head_groups and head_ratio")
-	case p.HeadRatio != 0 && !(p.HeadRatio > 0 && p.HeadRatio < 1):
-		return bad("prune.head_ratio %v: want in (0, 1)", p.HeadRatio)
-	case p.FFNRatio != 0 && !(p.FFNRatio > 0 && p.FFNRatio < 1):
-		return bad("prune.ffn_ratio %v: want in (0, 1) (the share of every FFN's intermediate units to remove)", p.FFNRatio)
-	case p.HeadMethod != "" && p.HeadMethod != prune.HeadPutri && p.HeadMethod != prune.HeadProxy:
-		return bad("prune.head_method %q: want putri or proxy", p.HeadMethod)
-	case p.Sparsity != 0 && !(p.Sparsity > 0 && p.Sparsity < 1):
-		return bad("prune.sparsity %v: want in (0, 1) (the share of the decoder's attention and FFN parameters to remove)", p.Sparsity)
-	case p.Sparsity != 0 && (p.HeadGroups != 0 || p.HeadRatio != 0 || p.FFNRatio != 0):
-		return bad("prune.sparsity sets head groups and FFN units itself: remove head_groups, head_ratio and ffn_ratio")
-	case p.HeadStep < 0:
-		return bad("prune.head_step %d: want >= 1", p.HeadStep)
-	case r.Calibrate == nil:
+	if r.Calibrate == nil {
 		return bad("prune: width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section (token ids and head statistics of the model)")
 	}
 	if p.wantsHeads() && p.HeadMethod == "" {
@@ -611,56 +572,4 @@ func (r *Recipe) validatePrune(bad func(string, ...any) error) error {
 		p.Refit = &t
 	}
 	return nil
-}
-
-// validateDepth checks the layer-removal keys of the prune section.
-func (r *Recipe) validateDepth(bad func(string, ...any) error) error {
-	p := r.Prune
-	if p.Method == "" {
-		p.Method = depth.MethodLoRP
-	}
-	isList := strings.HasPrefix(p.Method, "list:")
-	switch {
-	case !isList && p.Method != depth.MethodLoRP && p.Method != depth.MethodShortGPT:
-		return bad("prune.method %q: want lorp, shortgpt or list:L1,L2,...", p.Method)
-	case !isList && (p.Layers != 0) == (p.LayerRatio != 0):
-		return bad("prune: give exactly one of layers and layer_ratio")
-	case p.Layers < 0:
-		return bad("prune.layers %d: want > 0", p.Layers)
-	case p.LayerRatio != 0 && !(p.LayerRatio > 0 && p.LayerRatio < 1):
-		return bad("prune.layer_ratio %v: want in (0, 1)", p.LayerRatio)
-	case !isList && r.Calibrate == nil:
-		return bad("prune.method %s needs a calibrate section (block similarities)", p.Method)
-	}
-	if isList {
-		list, err := prune.ParseList(p.Method)
-		if err != nil {
-			return bad("prune.method %q: want list:L1,L2,... (comma-separated layer indices)", p.Method)
-		}
-		seen := map[int]bool{}
-		for _, l := range list {
-			if seen[l] {
-				return bad("prune.method %q: layer %d is listed twice (duplicate index)", p.Method, l)
-			}
-			seen[l] = true
-		}
-		if p.Layers != 0 && p.Layers != len(list) {
-			return bad("prune.method %q removes %d layer(s), but prune.layers is %d; drop prune.layers", p.Method, len(list), p.Layers)
-		}
-	}
-	return nil
-}
-
-// rotates reports whether a kvcache method takes OSCAR rotations.
-func rotates(cache string) bool { return cache == "oscar2" || cache == "oscar4" }
-
-// section returns the canonical JSON of v (a recipe section, data paths
-// and gate thresholds excluded by their json:"-" tags): the part of a
-// stage's cache key the recipe contributes.
-func section(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("compress: recipe section %T does not marshal: %v", v, err))
-	}
-	return b
 }

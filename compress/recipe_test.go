@@ -23,7 +23,7 @@ eval:
   data: heldout.txt
   ctx: 256
   max_windows: 2
-  max_delta_ppl: 100
+  max_delta_ppl_pct: 100
 `
 
 // TestRecipeUnknownKey: an unknown key anywhere is ErrRecipe naming the
@@ -54,7 +54,7 @@ func TestRecipeValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kv := r.Quantize.KV; kv.ClipK != 0.96 || kv.ClipV != 0.92 || !*r.Pack.LZ4 || r.Eval.MaxDeltaPPL != 100 {
+	if kv := r.Quantize.KV; kv.ClipK != 0.96 || kv.ClipV != 0.92 || !*r.Pack.LZ4 || r.Eval.MaxDeltaPPLPct != 100 {
 		t.Errorf("defaults: kv %+v lz4 %v eval %+v", *kv, *r.Pack.LZ4, *r.Eval)
 	}
 	for _, c := range []struct {
@@ -68,32 +68,33 @@ func TestRecipeValues(t *testing.T) {
 		{"clip", "cache: oscar2", "cache: oscar2\n    clip_k: 1.5", "clip_k 1.5", ErrRecipe},
 		{"clip without rotation", "cache: oscar2", "cache: kivi2\n    clip_k: 0.9", "takes no rotations", ErrRecipe},
 		{"no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\n", "", "needs a calibrate section", ErrRecipe},
-		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "exactly one of layers and layer_ratio", ErrRecipe},
+		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "prune.layers 1: want exactly one of prune.layers and prune.layer_ratio", ErrRecipe},
 		{"prune method", "quantize:", "prune:\n  layers: 1\n  method: random\nquantize:", `prune.method "random"`, ErrRecipe},
-		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 0\n  max_windows", "eval.ctx 0", ErrRecipe},
-		{"gate", "max_delta_ppl: 100", "max_delta_ppl: -1", "max_delta_ppl -1", ErrRecipe},
+		{"eval ctx", "  ctx: 256\n  max_windows", "  ctx: 1\n  max_windows", "eval.ctx 1: want >= 2", ErrRecipe},
+		{"gate", "max_delta_ppl_pct: 100", "max_delta_ppl_pct: -1", "max_delta_ppl_pct -1", ErrRecipe},
+		{"old absolute gate", "max_delta_ppl_pct: 100", "max_delta_ppl: 12", "line 15: eval.max_delta_ppl 12: removed, gates are relative to the source model now: give max_delta_ppl_pct", ErrRecipe},
 		{"weights method", "quantize:\n", "quantize:\n  weights:\n    bits: 4\n", `quantize.weights.method ""`, ErrRecipe},
 		{"weights bits", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 5\n", "quantize.weights.bits 5", ErrRecipe},
-		{"weights bits and bpw", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    target_bpw: 3\n", "exactly one of bits and target_bpw", ErrRecipe},
-		{"weights neither", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n", "exactly one of bits and target_bpw", ErrRecipe},
+		{"weights bits and bpw", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    target_bpw: 3\n", "want exactly one of quantize.weights.bits and quantize.weights.target_bpw", ErrRecipe},
+		{"weights neither", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n", "want exactly one of quantize.weights.bits and quantize.weights.target_bpw", ErrRecipe},
 		{"weights group", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 48\n", "quantize.weights.group 48", ErrRecipe},
 		{"weights group with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3.5\n    group: 32\n", "remove group", ErrRecipe},
-		{"weights act_order rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    act_order: true\n", "act_order needs method gptq", ErrRecipe},
+		{"weights act_order rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    act_order: true\n", "quantize.weights.act_order: want quantize.weights.method gptq", ErrRecipe},
 		{"weights unknown key", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group_size: 32\n", `line 10: unknown key "group_size" in quantize.weights`, ErrRecipe},
 		{"weights no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\nquantize:\n  kv:\n    cache: oscar2\n", "quantize:\n  weights: {method: rtn, bits: 4}\n", "quantize.weights needs a calibrate section", ErrRecipe},
 		{"moe budget negative", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: -1\n", "quantize.weights.moe_budget -1", ErrRecipe},
-		{"moe budget with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3\n    moe_budget: 2.5\n", "remove target_bpw", ErrRecipe},
-		{"moe weighting alone", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_weighting: kl\n", "moe_weighting needs moe_budget", ErrRecipe},
+		{"moe budget with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3\n    moe_budget: 2.5\n", "quantize.weights.moe_budget 2.5: want quantize.weights.bits for the non-expert weights, not quantize.weights.target_bpw", ErrRecipe},
+		{"moe weighting alone", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_weighting: kl\n", "quantize.weights.moe_weighting \"kl\": want quantize.weights.moe_budget", ErrRecipe},
 		{"moe weighting", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2\n    moe_weighting: grad\n", `moe_weighting "grad"`, ErrRecipe},
 		{"ffn ratio 1", "quantize:", "prune:\n  ffn_ratio: 1\nquantize:", "prune.ffn_ratio 1: want in (0, 1)", ErrRecipe},
 		{"sparsity 1", "quantize:", "prune:\n  sparsity: 1\nquantize:", "prune.sparsity 1: want in (0, 1)", ErrRecipe},
-		{"sparsity with ffn ratio", "quantize:", "prune:\n  sparsity: 0.2\n  ffn_ratio: 0.1\nquantize:", "remove head_groups, head_ratio and ffn_ratio", ErrRecipe},
-		{"head step alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_step: 2\nquantize:", "prune.head_step needs", ErrRecipe},
-		{"head refit alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_refit: true\nquantize:", "prune.head_refit needs", ErrRecipe},
-		{"head refit with layers", "quantize:", "prune:\n  layers: 1\n  head_refit: true\nquantize:", "prune.head_refit needs", ErrRecipe},
-		{"head step with layers", "quantize:", "prune:\n  layers: 1\n  head_step: 3\nquantize:", "prune.head_step needs", ErrRecipe},
+		{"sparsity with ffn ratio", "quantize:", "prune:\n  sparsity: 0.2\n  ffn_ratio: 0.1\nquantize:", "prune.sparsity 0.2: want no prune.head_groups, prune.head_ratio or prune.ffn_ratio with it", ErrRecipe},
+		{"head step alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_step: 2\nquantize:", "line 8: prune.head_step 2: want prune.head_groups, prune.head_ratio or prune.sparsity", ErrRecipe},
+		{"head refit alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_refit: true\nquantize:", "line 8: prune.head_refit: want prune.head_groups, prune.head_ratio or prune.sparsity", ErrRecipe},
+		{"head refit with layers", "quantize:", "prune:\n  layers: 1\n  head_refit: true\nquantize:", "prune.head_refit: want prune.head_groups", ErrRecipe},
+		{"head step with layers", "quantize:", "prune:\n  layers: 1\n  head_step: 3\nquantize:", "prune.head_step 3: want prune.head_groups", ErrRecipe},
 		{"refit with layers", "quantize:", "prune:\n  layers: 1\n  refit: false\nquantize:", "prune.refit needs", ErrRecipe},
-		{"head method with layers", "quantize:", "prune:\n  layers: 1\n  head_method: proxy\nquantize:", "prune.head_method needs", ErrRecipe},
+		{"head method with layers", "quantize:", "prune:\n  layers: 1\n  head_method: proxy\nquantize:", `prune.head_method "proxy": want prune.head_groups`, ErrRecipe},
 		{"expert memory fraction", "  ctx: 256\nquantize", "  ctx: 256\n  max_expert_memory: 1.5\nquantize", "calibrate.max_expert_memory \"1.5\": want an integer", ErrRecipe},
 		{"expert memory string", "  ctx: 256\nquantize", "  ctx: 256\n  max_expert_memory: abc\nquantize", "line 6: calibrate.max_expert_memory \"abc\": want an integer", ErrRecipe},
 		{"head refit string", "quantize:", "prune:\n  head_groups: 2\n  head_refit: maybe\nquantize:", "prune.head_refit \"maybe\": want true or false", ErrRecipe},
@@ -107,15 +108,23 @@ func TestRecipeValues(t *testing.T) {
 		{"head step fraction", "quantize:", "prune:\n  head_ratio: 0.2\n  head_step: 1.5\nquantize:", "head_step", ErrRecipe},
 		{"ffn ratio negative", "quantize:", "prune:\n  ffn_ratio: -0.1\nquantize:", "prune.ffn_ratio -0.1", ErrRecipe},
 		{"head method", "quantize:", "prune:\n  head_ratio: 0.2\n  head_method: foo\nquantize:", `prune.head_method "foo": want putri or proxy`, ErrRecipe},
-		{"head method alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_method: proxy\nquantize:", "prune.head_method needs head_groups, head_ratio or sparsity", ErrRecipe},
-		{"head groups and ratio", "quantize:", "prune:\n  head_groups: 2\n  head_ratio: 0.2\nquantize:", "at most one of head_groups and head_ratio", ErrRecipe},
+		{"head method alone", "quantize:", "prune:\n  ffn_ratio: 0.2\n  head_method: proxy\nquantize:", `prune.head_method "proxy": want prune.head_groups, prune.head_ratio or prune.sparsity`, ErrRecipe},
+		{"head groups and ratio", "quantize:", "prune:\n  head_groups: 2\n  head_ratio: 0.2\nquantize:", "prune.head_groups 2: want at most one of prune.head_groups and prune.head_ratio", ErrRecipe},
 		{"head groups negative", "quantize:", "prune:\n  head_groups: -2\nquantize:", "prune.head_groups -2", ErrRecipe},
 		{"head ratio 1", "quantize:", "prune:\n  head_ratio: 1\nquantize:", "prune.head_ratio 1: want in (0, 1)", ErrRecipe},
 		{"refit alone", "quantize:", "prune:\n  head_groups: 2\n  refit: false\nquantize:", "prune.refit needs ffn_ratio", ErrRecipe},
-		{"prune empty", "quantize:", "prune:\n  method: lorp\nquantize:", `prune.method "lorp" chooses the layers to remove`, ErrRecipe},
-		{"prune nothing", "quantize:", "prune: {}\nquantize:", "give layers, layer_ratio", ErrRecipe},
+		{"prune empty", "quantize:", "prune:\n  method: lorp\nquantize:", `line 7: prune.method "lorp": want prune.layers or prune.layer_ratio with it`, ErrRecipe},
+		{"prune nothing", "quantize:", "prune: {}\nquantize:", "prune.layers: want something to prune", ErrRecipe},
 		{"width no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\nquantize:\n  kv:\n    cache: oscar2\n", "prune:\n  ffn_ratio: 0.25\n", "width pruning (head_groups, head_ratio, ffn_ratio) needs a calibrate section", ErrRecipe},
 		{"width unknown key", "quantize:", "prune:\n  ffn_ratio: 0.25\n  ffn_method: putri\nquantize:", `line 8: unknown key "ffn_method" in prune`, ErrRecipe},
+		// Keys every CLI flag has (true_sequential, moe_solver, moe_group,
+		// moe_min_tokens, all_experts, min_expert_tokens) reach the
+		// stage's validator, which words its errors in the recipe's keys.
+		{"true_sequential rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    true_sequential: true\n", "line 10: quantize.weights.true_sequential: want quantize.weights.method gptq", ErrRecipe},
+		{"moe_solver", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2.5\n    moe_solver: ilp\n", `line 11: quantize.weights.moe_solver "ilp": want dp or lagrangian`, ErrRecipe},
+		{"moe_group alone", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_group: 32\n", "quantize.weights.moe_group 32: want quantize.weights.moe_budget", ErrRecipe},
+		{"moe_min_tokens", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    bits: 4\n    moe_budget: 2.5\n    moe_min_tokens: -1\n", "quantize.weights.moe_min_tokens -1: want >= 0", ErrRecipe},
+		{"min_expert_tokens", "  ctx: 256\nquantize", "  ctx: 256\n  min_expert_tokens: -3\nquantize", "line 6: calibrate.min_expert_tokens -3: want >= 0", ErrRecipe},
 		{"two documents", "name: t\n", "name: t\n---\nname: u\n", "more than one YAML document", ErrRecipe},
 		{"syntax", "name: t\n", "name: [t\n", "r.yaml", ErrRecipe},
 	} {
@@ -132,6 +141,20 @@ func TestRecipeValues(t *testing.T) {
 	}
 	if _, err := ParseRecipe("r.yaml", nil); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "empty recipe") {
 		t.Errorf("empty recipe: %v", err)
+	}
+}
+
+// TestRecipeNewKeys: the keys added for the CLI flags that had none parse
+// into their stage's options.
+func TestRecipeNewKeys(t *testing.T) {
+	src := strings.Replace(goodRecipe, "  ctx: 256\nquantize:\n", "  ctx: 256\n  all_experts: true\n  min_expert_tokens: 4\nquantize:\n  weights:\n    method: gptq\n    bits: 4\n    true_sequential: true\n    moe_budget: 2.5\n    moe_solver: lagrangian\n    moe_group: 32\n    moe_min_tokens: 8\n", 1)
+	r, err := ParseRecipe("r.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, w := r.Calibrate.options("d", "o"), r.Quantize.Weights.options()
+	if !c.AllExperts || c.MinExpertTokens != 4 || !w.TrueSequential || w.MoESolver != "lagrangian" || w.MoEGroup != 32 || w.MoEMinTokens != 8 {
+		t.Errorf("calibrate %+v\nweights %+v", c, w)
 	}
 }
 

@@ -3,6 +3,7 @@ package compress
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,7 +147,7 @@ func TestCompressLayersWidth(t *testing.T) {
 	src := strings.Replace(smallRecipe, "quantize:\n", "prune:\n  layers: 1\n  head_groups: 2\n  head_method: proxy\n  ffn_ratio: 0.25\nquantize:\n", 1)
 	// Gate off: a layer and width out of a 260K-parameter model with
 	// 1024 calibration tokens costs more than smallRecipe's bounds.
-	src = strings.NewReplacer("max_delta_ppl: 100", "max_delta_ppl: 0", "max_kl: 10", "max_kl: 0").Replace(src)
+	src = strings.NewReplacer("max_delta_ppl_pct: 100000", "max_delta_ppl_pct: 0", "max_kl: 10", "max_kl: 0").Replace(src)
 	rep, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, work))
 	if err != nil {
 		t.Fatal(err)
@@ -231,15 +232,18 @@ func TestCompressWidthMoE(t *testing.T) {
 	// head_ratio 0.9 of 20 groups is 18; the 5 layers keep at least 5.
 	src := strings.Replace(smallRecipe, "quantize:\n", "prune:\n  head_ratio: 0.9\nquantize:\n", 1)
 	_, err = Run(t.Context(), testOptions(t, mustRecipe(t, src), filepath.Join(dir, "m.lmpk"), work))
-	if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "prune.head_ratio: removing 18 of the 20") {
+	if !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "prune.head_ratio 0.9: want at most 15 of the 20 KV head groups removed (removing 18 of 20") {
 		t.Fatalf("head_ratio 0.9: got %v", err)
 	}
 }
 
 // TestCompressWidthRecipe: recipes/prune-width-w4-kv-int2.yaml runs on
-// stories260K as written and passes its own gate; its artifact is the
-// width-pruned, 4-bit model (fewer parameters than the source, about 5
-// storage bits per quantized weight).
+// stories260K as written; its artifact is the width-pruned, 4-bit model
+// (fewer parameters than the source, about 5 storage bits per quantized
+// weight). Its gate (+30% of the source perplexity, KL 0.5) is what the
+// recipe's purpose allows and, as its comment says, stories260K does not
+// meet it: the gate fails, naming the relative ΔPPL, and the output is
+// not written.
 func TestCompressWidthRecipe(t *testing.T) {
 	if testing.Short() {
 		t.Skip("full example recipe (about 12 s on one core)")
@@ -251,11 +255,12 @@ func TestCompressWidthRecipe(t *testing.T) {
 	dir := t.TempDir()
 	o := testOptions(t, r, filepath.Join(dir, "w.lmpk"), filepath.Join(dir, "work"))
 	rep, err := Run(t.Context(), o)
-	if err != nil {
-		t.Fatal(err)
+	if !errors.Is(err, ErrGate) || rep == nil {
+		t.Fatalf("err %v, want ErrGate (the recipe's comment: stories260K does not meet its gate)", err)
 	}
-	t.Logf("sizes %+v; weights %.3f bits; eval %+v", rep.Sizes, rep.WeightsBitsPerWeight, *rep.Eval)
-	if !rep.Written || !rep.Gate.Passed || rep.Gate.MaxDeltaPPL == 0 || rep.Gate.MaxKL == 0 {
+	t.Logf("sizes %+v; weights %.3f bits; eval %+v; gate %+v", rep.Sizes, rep.WeightsBitsPerWeight, *rep.Eval, *rep.Gate)
+	if g := rep.Gate; rep.Written || g.Passed || g.MaxDeltaPPLPct != 30 || g.MaxKL != 0.5 || len(g.Failures) != 2 ||
+		!strings.Contains(g.Failures[0], "exceeds max_delta_ppl_pct 30") || math.Abs(g.DeltaPPLPct-100*rep.Eval.DeltaPPL/rep.Eval.SourcePerplexity) > 1e-9 {
 		t.Errorf("written %v, gate %+v", rep.Written, rep.Gate)
 	}
 	if rep.Sizes.Params >= rep.Sizes.SourceParams || !(rep.WeightsBitsPerWeight > 4 && rep.WeightsBitsPerWeight < 6) {

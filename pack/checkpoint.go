@@ -58,7 +58,8 @@ type FromOptions struct {
 // method other than QuantMethods (ErrFormat), invalid quantized values
 // (runtime.ReadQuantized, runtime.ErrBadWeights).
 //
-// Errors: model (model.OpenDir, model.Check), runtime and oscar errors
+// Errors: invalid options (Validate, ValidateModel: a *field.Error);
+// model (model.OpenDir, model.Check), runtime and oscar errors
 // (a rotation file of another model is oscar.ErrRotationModelMismatch),
 // wrapped with "pack:".
 func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
@@ -154,29 +155,17 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		m.Tensors = append(m.Tensors, TensorEntry{Name: name, Section: name, DType: string(t.DType), Shape: append([]int{}, t.Shape...)})
 		a.Sections = append(a.Sections, Section{Name: name, ElemSize: t.DType.Size(), Data: t.Data})
 	}
-	if err := CheckKVWindows(opt.KVSink, opt.KVRecent, desc.MaxPositionEmbeddings); err != nil {
+	if err := opt.Validate(); err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
+	if err := opt.ValidateModel(desc); err != nil {
 		return nil, fmt.Errorf("pack: %s: %w", modelDir, err)
 	}
 	cache := opt.KVCache
 	if cache == "" && opt.KVRotations != "" {
 		cache = "oscar2"
 	}
-	if cache == "" && (opt.KVSink != 0 || opt.KVRecent != 0) {
-		return nil, fmt.Errorf("pack: kv windows given without a kv cache method")
-	}
 	if cache != "" {
-		// The scheme must build for this model (unknown method, rotations
-		// missing or not applicable); checked again when loaded.
-		if !slices.Contains(kvcache.Methods(), cache) {
-			return nil, fmt.Errorf("pack: kv cache %q: %w (known: %s)", cache, kvcache.ErrUnknownMethod, strings.Join(kvcache.Methods(), ", "))
-		}
-		takesRot := cache == "oscar2" || cache == "oscar4"
-		if takesRot != (opt.KVRotations != "") {
-			if takesRot {
-				return nil, fmt.Errorf("pack: kv cache %s needs a rotation file (lmpack quantize kv)", cache)
-			}
-			return nil, fmt.Errorf("pack: kv cache %s does not use rotations; drop the rotation file %s", cache, opt.KVRotations)
-		}
 		m.KV = &KVScheme{Cache: cache, Sink: opt.KVSink, Recent: opt.KVRecent}
 	}
 	kvOpt := kvcache.Options{Sink: opt.KVSink, Recent: opt.KVRecent}

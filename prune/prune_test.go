@@ -178,8 +178,8 @@ func TestBadRequests(t *testing.T) {
 		{Options{Method: "list:4", Out: out}, depth.ErrProtectedLayer, "protected"},
 		{Options{Method: "list:7", Out: out}, depth.ErrLayerRange, "outside"},
 		{Options{Method: "list:1,2,3,4", Out: out}, depth.ErrTooManyLayers, "too many"},
-		{Options{Method: "list:x", Out: out}, ErrOptions, "not a layer index"},
-		{Options{Method: "lorp", Out: out}, ErrOptions, "needs a calibration"},
+		{Options{Method: "list:x", Out: out}, ErrOptions, `Method "list:x": want list:L1,L2,... (comma-separated layer indices)`},
+		{Options{Method: "lorp", Layers: 1, Out: out}, ErrOptions, "Calib: want a calibration file"},
 		{Options{Method: "magic", Out: out}, ErrOptions, "want lorp"},
 	} {
 		c.opt.Model = mdir

@@ -48,7 +48,7 @@ type Options struct {
 	HeadRatio float64
 	// HeadMethod is HeadPutri (default when empty) or HeadProxy.
 	HeadMethod string
-	// HeadStep is the number of groups Putri removes per round (<= 0: 1).
+	// HeadStep is the number of groups Putri removes per round (0: 1).
 	HeadStep int
 	// FFNRatio in (0, 1) removes round(FFNRatio·F) intermediate nodes of
 	// every FFN (FFNKeepCount); 0: no FFN pruning.
@@ -184,8 +184,10 @@ func ParseList(spec string) ([]int, error) {
 // similarity, depth.ShortGPT on the full (L+1)×(L+1) matrix, or
 // depth.ListPlan) and applies it (ApplyDepth).
 //
-// Errors: ErrOptions; ErrNoStatistic when the calibration file has no
-// "lorp" statistic ("re-run lmpack calibrate"); model.ErrModelMismatch
+// Errors: ErrOptions (Validate and ValidateModel, wrapping their
+// *field.Error, and budgets the calibration decides); ErrNoStatistic when
+// the calibration file has no "lorp" statistic ("re-run lmpack
+// calibrate"); model.ErrModelMismatch
 // and other calibrate.Read errors; depth errors (ErrTooManyLayers,
 // ErrProtectedLayer, ErrLayerRange); ApplyDepth's errors.
 //
@@ -197,11 +199,17 @@ func ParseList(spec string) ([]int, error) {
 // ErrNoStatistic (no token ids, or no head proxy for proxy); runtime and
 // prune/width errors.
 func Run(ctx context.Context, opt Options) (*Report, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+	}
 	dir, desc, ck, err := model.Open(ctx, opt.Model, nil)
 	if err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
 	defer ck.Close()
+	if err := opt.ValidateModel(desc); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrOptions, dir, err)
+	}
 	if desc.Quant != nil {
 		return nil, fmt.Errorf("%w: %s is a quantized checkpoint (lmpack_quantization in config.json): prune the float checkpoint, then quantize the result", ErrOptions, dir)
 	}
@@ -214,9 +222,6 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, fmt.Errorf("prune: %s: %w (the pruned checkpoint would have no usable tokenizer)", dir, err)
 	}
 	if opt.wantsWidth() {
-		if opt.wantsDepth() {
-			return nil, fmt.Errorf("%w: layer removal and head/FFN pruning in one run are not supported: remove layers first, calibrate the result, then prune heads or FFNs", ErrOptions)
-		}
 		return runWidth(ctx, opt, dir, desc, ck)
 	}
 	L := len(desc.Layers)
@@ -226,11 +231,6 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		if list, err = ParseList(opt.Method); err != nil {
 			return nil, err
 		}
-		if n, berr := LayerBudget(opt.Layers, opt.LayerRatio, L); (opt.Layers != 0 || opt.LayerRatio != 0) && (berr != nil || n != len(list)) {
-			return nil, fmt.Errorf("%w: method %q removes %d layer(s), which disagrees with the layer count or ratio given; drop --layers/--layer-ratio", ErrOptions, opt.Method, len(list))
-		}
-	} else if opt.Method != depth.MethodLoRP && opt.Method != depth.MethodShortGPT {
-		return nil, fmt.Errorf("%w: method %q: want lorp, shortgpt or list:L1,L2,...", ErrOptions, opt.Method)
 	}
 	var S []float64
 	if opt.Calib != "" {
@@ -249,8 +249,6 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		} else {
 			S = c.Similarity
 		}
-	} else if !isList {
-		return nil, fmt.Errorf("%w: method %s needs a calibration file", ErrOptions, opt.Method)
 	}
 	var plan *depth.Plan
 	if isList {

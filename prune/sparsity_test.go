@@ -107,17 +107,17 @@ func TestSparsityBad(t *testing.T) {
 		opt  Options
 		want []string
 	}{
-		{Options{Sparsity: math.NaN()}, []string{"sparsity NaN: want in (0, 1)"}},
-		{Options{Sparsity: 1}, []string{"sparsity 1: want in (0, 1)"}},
-		{Options{Sparsity: -0.2}, []string{"sparsity -0.2: want in (0, 1)"}},
+		{Options{Sparsity: math.NaN()}, []string{"Sparsity NaN: want in (0, 1)"}},
+		{Options{Sparsity: 1}, []string{"Sparsity 1: want in (0, 1)"}},
+		{Options{Sparsity: -0.2}, []string{"Sparsity -0.2: want in (0, 1)"}},
 		// 5·0.9^(2.6875/1.5) rounds to 4 units = 16 of 20 groups.
 		{Options{Sparsity: 0.9}, []string{"4 attention unit(s) = 16 of 20 KV head groups", "at most 15", "reaches sparsity 0.003 to 0.8"}},
 		// 0.001 · 226560 / 5 = 45 parameters per FFN: no 192-parameter node.
 		{Options{Sparsity: 0.001}, []string{"rounds to no head group and no FFN node", "reaches sparsity 0.003"}},
-		{Options{Sparsity: 0.2, FFNRatio: 0.1}, []string{"without head groups, head ratio or FFN ratio"}},
-		{Options{Sparsity: 0.2, HeadGroups: 2}, []string{"without head groups"}},
-		{Options{Sparsity: 0.2, Layers: 1, Method: "lorp"}, []string{"in one run are not supported"}},
-		{Options{Sparsity: 0.2, HeadMethod: "magic"}, []string{`head method "magic"`}},
+		{Options{Sparsity: 0.2, FFNRatio: 0.1}, []string{"Sparsity 0.2: want no HeadGroups, HeadRatio or FFNRatio with it"}},
+		{Options{Sparsity: 0.2, HeadGroups: 2}, []string{"Sparsity 0.2: want no HeadGroups"}},
+		{Options{Sparsity: 0.2, Layers: 1, Method: "lorp"}, []string{"Sparsity: want no layer removal (Layers) in the same run"}},
+		{Options{Sparsity: 0.2, HeadMethod: "magic"}, []string{`HeadMethod "magic": want putri or proxy`}},
 	} {
 		o := k.opt
 		o.Model, o.Out, o.Calib = model, out, filepath.Join(t.TempDir(), "never-read.safetensors")

@@ -369,20 +369,20 @@ func TestWidthBad(t *testing.T) {
 	}{
 		{Options{HeadGroups: 1, Calib: short}, []string{"calibration file has 16 tokens", "needs at least 32", "--head-method proxy"}},
 		{Options{HeadGroups: 1, HeadRefit: true, Calib: tiny}, []string{"holds 128 tokens", "o_proj refit", "needs at least 144", "--head-refit"}},
-		{Options{FFNRatio: 0.25, HeadRefit: true}, []string{"o_proj refit (--head-refit, recipe prune.head_refit) applies to head pruning"}},
+		{Options{FFNRatio: 0.25, HeadRefit: true}, []string{"HeadRefit: want HeadGroups, HeadRatio or Sparsity"}},
 		{Options{Sparsity: 0.2, HeadRefit: true}, []string{"sparsity 0.2 removes no KV head group", "nothing to refit"}},
 		{Options{FFNRatio: 0.001}, []string{"removes round(0.001·172) = 0 of the 172"}},
 		{Options{FFNRatio: 0.999}, []string{"removes all 172", "at most 171"}},
 		{Options{FFNRatio: 0.25, Calib: few}, []string{"holds 256 tokens", "needs at least 516", "--no-refit"}},
 		{Options{HeadGroups: 16}, []string{"breaks GQA grouping", "16 of 20", "at most 15"}},
 		{Options{HeadRatio: 0.9}, []string{"breaks GQA grouping", "18 of 20"}},
-		{Options{HeadGroups: 2, HeadRatio: 0.1}, []string{"not both"}},
-		{Options{HeadGroups: 2, HeadMethod: "magic"}, []string{`head method "magic"`}},
-		{Options{FFNRatio: 1}, []string{"FFN ratio 1: want in (0, 1)"}},
-		{Options{HeadGroups: 2, Layers: 1, Method: "lorp"}, []string{"in one run are not supported"}},
+		{Options{HeadGroups: 2, HeadRatio: 0.1}, []string{"HeadGroups 2: want at most one of HeadGroups and HeadRatio"}},
+		{Options{HeadGroups: 2, HeadMethod: "magic"}, []string{`HeadMethod "magic": want putri or proxy`}},
+		{Options{FFNRatio: 1}, []string{"FFNRatio 1: want in (0, 1)"}},
+		{Options{HeadGroups: 2, Layers: 1, Method: "lorp"}, []string{"HeadGroups: want no layer removal (Layers) in the same run"}},
 		{Options{HeadGroups: 2, HeadMethod: HeadProxy, Calib: noTok}, []string{"lacks heads.layers.0.proxy", "re-run lmpack calibrate"}},
 		{Options{FFNRatio: 0.25, Calib: noTok}, []string{"lacks calibration.tokens"}},
-		{Options{HeadGroups: 2, Calib: "-"}, []string{"need a calibration file"}},
+		{Options{HeadGroups: 2, Calib: "-"}, []string{"Calib: want a calibration file"}},
 	} {
 		o := k.opt
 		o.Model, o.Out = mdir, out

@@ -231,8 +231,8 @@ func TestArtifactKVNoRotations(t *testing.T) {
 		t.Errorf("artifact eval: kv %q perplexity %.12f, want kivi2 with windows %.12f (without windows %.12f)", got.KVCache, got.Perplexity, want, ref.Rows[0].Perplexity)
 	}
 	out := filepath.Join(t.TempDir(), "x.lmpk")
-	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar2"), "needs a rotation file")
-	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar7"), "unknown method", "oscar7")
-	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-window", "4,64"), "--kv-window needs --kv-cache")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar2"), "--kv-cache \"oscar2\": want --kv-rotations: it needs a rotation file")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "oscar7"), "--kv-cache \"oscar7\": want a known method")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-window", "4,64"), "--kv-window sink: want --kv-cache")
 	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "int4", "--kv-window", "4"), "--kv-window \"4\"")
 }

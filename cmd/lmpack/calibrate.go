@@ -1,16 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/spf13/cobra"
 )
 
-// maxCalibTokens bounds --tokens: statistics are streamed, but the token
-// ids of the data file are held in memory.
-const maxCalibTokens = 1 << 30
+// calibrateFlags names calibrate.Options' fields as flags (field.Rename
+// of Validate's errors).
+var calibrateFlags = map[string]string{
+	"Model": "MODEL", "Data": "--data", "Out": "-o", "Tokens": "--tokens", "Ctx": "--ctx", "Threads": "--threads",
+	"AllExperts": "--calibrate-all-experts", "MinExpertTokens": "--min-expert-tokens", "MaxExpertBytes": "--max-expert-memory",
+}
 
 func newCalibrateCmd(g *globalFlags) *cobra.Command {
 	var (
@@ -52,26 +57,14 @@ assembled at the end; the output does not depend on the grouping.
 			if opt.Out == "" {
 				return fmt.Errorf("-o CALIB is required (the calibration file to write)")
 			}
-			if opt.Tokens <= 0 || opt.Tokens > maxCalibTokens {
-				return fmt.Errorf("--tokens %d: want 1 to %d", opt.Tokens, maxCalibTokens)
-			}
-			if opt.Ctx < 2 {
-				return fmt.Errorf("--ctx %d: want >= 2", opt.Ctx)
-			}
-			if opt.Tokens < opt.Ctx {
-				return fmt.Errorf("--tokens %d: want at least one window of --ctx %d tokens", opt.Tokens, opt.Ctx)
+			if err := opt.Validate(); err != nil {
+				return field.Rename(err, calibrateFlags)
 			}
 			if err := checkOutput("-o", opt.Out, args[0], opt.Data); err != nil {
 				return err
 			}
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
-			}
-			if opt.MaxExpertBytes < 0 {
-				return fmt.Errorf("--max-expert-memory %d: want bytes >= 0 (0: no limit)", opt.MaxExpertBytes)
-			}
-			if opt.MinExpertTokens < 1 {
-				return fmt.Errorf("--min-expert-tokens %d: want >= 1", opt.MinExpertTokens)
 			}
 			if err := checkDevice(device); err != nil {
 				return err
@@ -87,7 +80,7 @@ assembled at the end; the output does not depend on the grouping.
 			s, err := calibrate.Run(cmd.Context(), opt)
 			finish()
 			if err != nil {
-				return err
+				return field.Rename(err, calibrateFlags)
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(s)
@@ -102,7 +95,7 @@ assembled at the end; the output does not depend on the grouping.
 					passes = "pass"
 				}
 				if _, err = fmt.Fprintf(cmd.OutOrStdout(), "expert statistics for %d MoE layers in %d %s; %d experts routed fewer than %d tokens\n",
-					s.ExpertLayers, s.ExpertPasses, passes, len(s.SparseExperts), opt.MinExpertTokens); err != nil {
+					s.ExpertLayers, s.ExpertPasses, passes, len(s.SparseExperts), cmp.Or(opt.MinExpertTokens, calibrate.DefaultMinExpertTokens)); err != nil {
 					return err
 				}
 				for _, x := range s.SparseExperts {
@@ -117,12 +110,12 @@ assembled at the end; the output does not depend on the grouping.
 	f := cmd.Flags()
 	f.StringVar(&opt.Data, "data", "", "UTF-8 calibration text file")
 	f.IntVar(&opt.Tokens, "tokens", 16384, "calibration tokens")
-	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
+	f.IntVar(&opt.Ctx, "ctx", 0, "window length in tokens (default min(512, max_position_embeddings))")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	addCPUDeviceFlag(cmd, &device, "calibrate")
 	f.StringVarP(&opt.Out, "output", "o", "", "calibration file to write")
 	f.BoolVar(&opt.AllExperts, "calibrate-all-experts", false, "MoE: add every token to every expert's Hessians (statistics only)")
-	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", calibrate.DefaultMinExpertTokens, "MoE: report experts routed fewer tokens than this")
+	f.IntVar(&opt.MinExpertTokens, "min-expert-tokens", 0, fmt.Sprintf("MoE: report experts routed fewer tokens than this (0: %d)", calibrate.DefaultMinExpertTokens))
 	f.Int64Var(&opt.MaxExpertBytes, "max-expert-memory", calibrate.DefaultMaxExpertBytes, "MoE: memory budget of the expert statistics in bytes, one pass per group of layers that fits (0: no limit, one pass)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd

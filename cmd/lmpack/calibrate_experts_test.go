@@ -58,7 +58,7 @@ func TestCalibrateExperts(t *testing.T) {
 			t.Errorf("layer %d: %d routed tokens, want 256·top-2 = 512", l, sum)
 		}
 	}
-	wantError(t, lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--min-expert-tokens", "0", "-o", filepath.Join(dir, "x")), "--min-expert-tokens 0: want >= 1")
+	wantError(t, lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--min-expert-tokens", "-1", "-o", filepath.Join(dir, "x")), "--min-expert-tokens -1: want >= 0")
 }
 
 // TestCalibrateExpertMemory: --max-expert-memory of one MoE layer's

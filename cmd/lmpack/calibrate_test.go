@@ -78,7 +78,7 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 		{[]string{"calibrate", modelDir(t), "--data", calibText(t)}, []string{"-o CALIB is required"}},
 		{[]string{"calibrate", modelDir(t), "--data", calibText(t), "--tokens", "0", "-o", other}, []string{"--tokens 0"}},
 		{[]string{"calibrate", modelDir(t), "--data", calibText(t), "--ctx", "0", "-o", other}, []string{"--ctx 0: want >= 2"}},
-		{[]string{"calibrate", modelDir(t), "--data", calibText(t), "--ctx", "4096", "-o", other}, []string{"ctx 4096 exceeds", "max_position_embeddings 512"}},
+		{[]string{"calibrate", modelDir(t), "--data", calibText(t), "--ctx", "4096", "-o", other}, []string{"--ctx 4096: want at most", "max_position_embeddings 512"}},
 		{[]string{"calibrate", modelDir(t), "--data", calibText(t), "--tokens", "10000000", "-o", other}, []string{"fewer than the 10000000 requested"}},
 		{[]string{"calibrate", modelDir(t), "--data", calibText(t), "-o", filepath.Join(dir, "missing", "c")}, []string{"missing"}},
 		{[]string{"quantize", "kv", modelDir(t), "-o", other}, []string{"--calib CALIB is required"}},

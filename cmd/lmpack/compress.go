@@ -25,7 +25,8 @@ func newCompressCmd(g *globalFlags) *cobra.Command {
 prune width (head groups and FFN units, on a calibration of the
 layer-pruned model), quantize weights (RTN or GPTQ), quantize the KV cache
 (on the quantized model), pack and eval, and writes OUT.lmpk when the eval gate
-passes (ΔPPL and KL within the recipe's max_delta_ppl and max_kl). A failed
+passes (ΔPPL in percent of the source model's perplexity within the
+recipe's max_delta_ppl_pct, and KL within max_kl). A failed
 gate exits with status 3 and writes no OUT.
 
 Stage outputs are cached in --work-dir (default OUT.lmpk.work) under keys
@@ -153,7 +154,7 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	}
 	if g := r.Gate; g != nil {
 		if g.Passed {
-			fmt.Fprintf(&b, "gate passed (max_delta_ppl %g, max_kl %g)\n", g.MaxDeltaPPL, g.MaxKL)
+			fmt.Fprintf(&b, "gate passed (ΔPPL %+.2f%% of the source perplexity, max_delta_ppl_pct %g; max_kl %g)\n", g.DeltaPPLPct, g.MaxDeltaPPLPct, g.MaxKL)
 		} else {
 			fmt.Fprintf(&b, "gate FAILED: %s\n", strings.Join(g.Failures, "; "))
 		}

@@ -33,7 +33,7 @@ eval:
   data: ` + shared.Path(t, "tinystories-valid", "heldout.txt") + `
   ctx: 256
   max_windows: 2
-  max_delta_ppl: ` + maxDeltaPPL + `
+  max_delta_ppl_pct: ` + maxDeltaPPL + `
   max_kl: ` + maxKL + `
 `
 	p := filepath.Join(t.TempDir(), "recipe.yaml")
@@ -66,7 +66,7 @@ func TestCompressCLI(t *testing.T) {
 
 	r = lmpack(t, nil, "compress", modelDir(t), "--recipe", writeRecipe(t, 1024, "0.001", "0"), "-o", out)
 	if last := r.stderr[strings.LastIndex(strings.TrimRight(r.stderr, "\n"), "\n")+1:]; r.code != 3 ||
-		!strings.HasPrefix(last, "lmpack: compress: eval gate failed: ΔPPL") || !strings.Contains(last, "exceeds max_delta_ppl 0.001") ||
+		!strings.HasPrefix(last, "lmpack: compress: eval gate failed: ΔPPL") || !strings.Contains(last, "exceeds max_delta_ppl_pct 0.001") ||
 		!strings.Contains(r.stdout, "gate FAILED") {
 		t.Errorf("failed gate: want exit 3, the eval table and the gate error:\n%v", r)
 	}
@@ -77,7 +77,7 @@ func TestCompressCLI(t *testing.T) {
 	// Same recipe with looser bounds: the bounds are not part of any cache
 	// key, so every stage is reused (and again on a rerun) and the gate
 	// now passes.
-	recipe := writeRecipe(t, 1024, "100", "10")
+	recipe := writeRecipe(t, 1024, "100000", "10")
 	for i := range 2 {
 		r = lmpack(t, nil, "compress", modelDir(t), "--recipe", recipe, "-o", out, "--json")
 		wantOK(t, r)
@@ -116,7 +116,7 @@ func TestCompressCLI(t *testing.T) {
 func TestCompressKilled(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	recipe := writeRecipe(t, 16384, "100", "10")
+	recipe := writeRecipe(t, 16384, "100000", "10")
 	inputs := []string{filepath.Join(modelDir(t), "model.safetensors"), filepath.Join(modelDir(t), "config.json"),
 		shared.Path(t, "tinystories-valid", "calib.txt"), shared.Path(t, "tinystories-valid", "heldout.txt")}
 	before := map[string][]byte{}

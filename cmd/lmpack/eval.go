@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,9 +11,11 @@ import (
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/eval/kveval"
 	"github.com/lmpack/lmpack/internal/fsx"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/spf13/cobra"
 )
 
@@ -37,11 +40,11 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if data == "" {
 				return fmt.Errorf("--data FILE is required")
 			}
-			if opt.Ctx < 2 {
-				return fmt.Errorf("--ctx %d: want >= 2", opt.Ctx)
-			}
-			if opt.MaxWindows < 0 {
-				return fmt.Errorf("--max-windows %d: want >= 0", opt.MaxWindows)
+			// --ctx 0 (the default) is resolved from the model once it is
+			// open; DefaultContextTokens stands in for the checks before.
+			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows}
+			if err := po.Validate(); err != nil {
+				return field.Rename(err, evalFlags)
 			}
 			if err := checkThreads(threads); err != nil {
 				return err
@@ -56,9 +59,6 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 					return err
 				}
 				kv = o
-				if kv.Windows && kv.Sink+kv.Recent >= opt.Ctx {
-					return fmt.Errorf("--kv-window %s: the windows cover all %d tokens of --ctx, so nothing would be quantized", kvWin, opt.Ctx)
-				}
 				if plot != "" {
 					if err := checkOutput("--plot", plot, args[0], data, kvRot); err != nil {
 						return err
@@ -83,6 +83,19 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			defer e.Close()
+			if opt.Ctx == 0 {
+				opt.Ctx = arch.DefaultContext(e.Desc)
+			}
+			po.Ctx = opt.Ctx
+			if err := po.ValidateModel(e.Desc); err != nil {
+				return field.Rename(err, evalFlags)
+			}
+			if kv != nil {
+				kv.Ctx, kv.MaxWindows = opt.Ctx, opt.MaxWindows
+				if err := kv.Validate(); err != nil {
+					return field.Rename(err, evalFlags)
+				}
+			}
 			var finish func()
 			opt.Progress, finish = newProgress(cmd, g, "eval windows", "eval progress", "windows")
 			if kv != nil {
@@ -90,7 +103,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				rep, err := kveval.Run(cmd.Context(), e, data, *kv)
 				finish()
 				if err != nil {
-					return err
+					return field.Rename(err, evalFlags)
 				}
 				if plot != "" {
 					if err := writePlot(plot, rep, e.Dir); err != nil {
@@ -131,7 +144,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "UTF-8 text file to score")
-	f.IntVar(&opt.Ctx, "ctx", 512, "window length in tokens")
+	f.IntVar(&opt.Ctx, "ctx", 0, "window length in tokens (default min(512, max_position_embeddings))")
 	f.IntVar(&opt.MaxWindows, "max-windows", 0, "stop after K windows (0: all)")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	addDeviceFlag(cmd, &device)
@@ -144,26 +157,22 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-// parseKVFlags validates eval's --kv flags into kveval options.
+// evalFlags names eval.PerplexityOptions' and kveval.Options' fields as
+// flags of eval (field.Rename of their Validate errors).
+var evalFlags = map[string]string{
+	"Ctx": "--ctx", "MaxWindows": "--max-windows", "Methods": "--kv", "Rotations": "--kv-rotations",
+	"Windows": "--kv-window", "Sink": "--kv-window", "Recent": "--kv-window", "Layers": "--kv-layers",
+}
+
+// parseKVFlags parses eval's --kv flags into kveval options (Validate
+// checks the values).
 func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	o := &kveval.Options{Rotations: rot}
-	known := map[string]bool{}
-	for _, m := range kvcache.Methods() {
-		known[m] = true
-	}
-	seen := map[string]bool{}
 	for _, m := range strings.Split(list, ",") {
 		m = strings.TrimSpace(m)
 		if m == "" {
 			return nil, fmt.Errorf("--kv %q: empty method name in the list", list)
 		}
-		if !known[m] {
-			return nil, fmt.Errorf("--kv: unknown method %q (known: %s)", m, strings.Join(kvcache.Methods(), ", "))
-		}
-		if seen[m] {
-			return nil, fmt.Errorf("--kv: method %q listed twice", m)
-		}
-		seen[m] = true
 		o.Methods = append(o.Methods, m)
 	}
 	if win != "" {
@@ -175,9 +184,6 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	}
 	if plot != "" && !strings.HasSuffix(plot, ".svg") && !strings.HasSuffix(plot, ".png") {
 		return nil, fmt.Errorf("--plot %q: want a .svg or .png file name", plot)
-	}
-	if rot != "" && !seen["oscar2"] && !seen["oscar4"] {
-		return nil, fmt.Errorf("--kv-rotations %s: not used by any --kv method (only oscar2 and oscar4 take rotations)", rot)
 	}
 	return o, nil
 }

@@ -103,9 +103,9 @@ func TestKVFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--kv", "fp32,int3"}, `--kv: unknown method "int3"`},
-		{[]string{"--kv", "fp32,fp32"}, `listed twice`},
-		{[]string{"--kv", "oscar2"}, "--kv oscar2 needs --kv-rotations"},
+		{[]string{"--kv", "fp32,int3"}, `--kv "int3": want known methods`},
+		{[]string{"--kv", "fp32,fp32"}, `--kv "fp32": want each method once (listed twice)`},
+		{[]string{"--kv", "oscar2"}, "--kv-rotations: want an OSCAR rotation file for oscar2/oscar4 in --kv"},
 		{[]string{"--kv", "fp32", "--kv-window", "64"}, `--kv-window "64": want SINK,RECENT`},
 		{[]string{"--kv", "fp32", "--plot", "x.jpg"}, "want a .svg or .png"},
 		{[]string{"--kv-layers"}, "need --kv LIST"},

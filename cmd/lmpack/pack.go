@@ -9,9 +9,14 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/spf13/cobra"
 )
+
+// packFlags names pack.FromOptions' fields as flags of pack
+// (field.Rename of Validate's errors).
+var packFlags = map[string]string{"KVRotations": "--kv-rotations", "KVCache": "--kv-cache", "KVSink": "--kv-window sink", "KVRecent": "--kv-window recent"}
 
 func newPackCmd(g *globalFlags) *cobra.Command {
 	var (
@@ -60,16 +65,17 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 			}
 			var sink, recent int
 			if kvWin != "" {
-				if n, err := fmt.Sscanf(kvWin, "%d,%d", &sink, &recent); n != 2 || err != nil || sink < 0 || recent < 0 || fmt.Sprintf("%d,%d", sink, recent) != kvWin {
+				if n, err := fmt.Sscanf(kvWin, "%d,%d", &sink, &recent); n != 2 || err != nil || fmt.Sprintf("%d,%d", sink, recent) != kvWin {
 					return fmt.Errorf("--kv-window %q: want SINK,RECENT (two non-negative token counts, e.g. 64,256)", kvWin)
 				}
-				if kvCache == "" && rot == "" {
-					return fmt.Errorf("--kv-window needs --kv-cache METHOD")
-				}
 			}
-			a, err := pack.FromCheckpoint(args[0], pack.FromOptions{KVRotations: rot, KVCache: kvCache, KVSink: sink, KVRecent: recent, LmpackVersion: version})
+			fo := pack.FromOptions{KVRotations: rot, KVCache: kvCache, KVSink: sink, KVRecent: recent, LmpackVersion: version}
+			if err := fo.Validate(); err != nil {
+				return field.Rename(err, packFlags)
+			}
+			a, err := pack.FromCheckpoint(args[0], fo)
 			if err != nil {
-				return err
+				return field.Rename(err, packFlags)
 			}
 			defer a.Close()
 			st, err := pack.Write(out, a, pack.WriteOptions{NoCompress: noCompress})

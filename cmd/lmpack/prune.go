@@ -3,11 +3,43 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/spf13/cobra"
 )
+
+// pruneFlags names prune.Options' fields as flags of prune (field.Rename
+// of Validate's errors).
+var pruneFlags = map[string]string{
+	"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Layers": "--layers", "LayerRatio": "--layer-ratio", "Method": "--layer-method",
+	"HeadGroups": "--head-groups", "HeadRatio": "--head-ratio", "HeadMethod": "--head-method", "HeadStep": "--head-step",
+	"FFNRatio": "--ffn-ratio", "NoRefit": "--no-refit", "HeadRefit": "--head-refit", "Sparsity": "--sparsity", "Threads": "--threads",
+}
+
+// pruneZeroFlags are prune's flags whose 0 means "not given", with what a
+// given value must be (zeroFlags).
+var pruneZeroFlags = map[string]string{
+	"layers": "> 0", "layer-ratio": "in (0, 1)", "head-groups": "> 0", "head-ratio": "in (0, 1)", "ffn-ratio": "in (0, 1)", "sparsity": "in (0, 1)",
+}
+
+// zeroFlags refuses a flag of want (name → what a value must be) given
+// explicitly as 0: in the options type 0 means "not given", so a typed 0
+// would otherwise silently mean the flag is absent.
+func zeroFlags(cmd *cobra.Command, want map[string]string) error {
+	for _, n := range slices.Sorted(maps.Keys(want)) {
+		if f := cmd.Flags().Lookup(n); f != nil && f.Changed {
+			if v, err := strconv.ParseFloat(f.Value.String(), 64); err == nil && v == 0 {
+				return fmt.Errorf("--%s %s: want %s, or leave the flag out", n, f.Value.String(), want[n])
+			}
+		}
+	}
+	return nil
+}
 
 func newPruneCmd(g *globalFlags) *cobra.Command {
 	var (
@@ -62,81 +94,24 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
-			fl := cmd.Flags()
-			isSparsity := fl.Changed("sparsity")
-			isWidth := fl.Changed("head-groups") || fl.Changed("head-ratio") || fl.Changed("ffn-ratio") || isSparsity
-			isList := strings.HasPrefix(opt.Method, "list:")
-			switch {
-			case isWidth && (fl.Changed("layers") || fl.Changed("layer-ratio") || fl.Changed("layer-method")):
-				return fmt.Errorf("--layers/--layer-ratio/--layer-method and --head-groups/--head-ratio/--ffn-ratio/--sparsity cannot be combined in one run: remove layers first, calibrate the result, then prune heads or FFNs")
-			case isWidth:
-				if opt.Calib == "" {
-					return fmt.Errorf("--calib CALIB is required for head and FFN pruning")
-				}
-				if isSparsity && !(opt.Sparsity > 0 && opt.Sparsity < 1) {
-					return fmt.Errorf("--sparsity %v: want in (0, 1), the fraction of decoder parameters to remove", opt.Sparsity)
-				}
-				if isSparsity && (fl.Changed("head-groups") || fl.Changed("head-ratio") || fl.Changed("ffn-ratio")) {
-					return fmt.Errorf("--sparsity sets the head groups and FFN sizes itself: drop --head-groups/--head-ratio/--ffn-ratio")
-				}
-				if fl.Changed("head-groups") && fl.Changed("head-ratio") {
-					return fmt.Errorf("give at most one of --head-groups N and --head-ratio r")
-				}
-				if fl.Changed("head-groups") && opt.HeadGroups <= 0 {
-					return fmt.Errorf("--head-groups %d: want > 0", opt.HeadGroups)
-				}
-				if fl.Changed("head-ratio") && !(opt.HeadRatio > 0 && opt.HeadRatio < 1) {
-					return fmt.Errorf("--head-ratio %v: want in (0, 1)", opt.HeadRatio)
-				}
-				if fl.Changed("ffn-ratio") && !(opt.FFNRatio > 0 && opt.FFNRatio < 1) {
-					return fmt.Errorf("--ffn-ratio %v: want in (0, 1)", opt.FFNRatio)
-				}
-				if opt.HeadMethod != prune.HeadPutri && opt.HeadMethod != prune.HeadProxy {
-					return fmt.Errorf("--head-method %q: want putri or proxy", opt.HeadMethod)
-				}
-				if opt.HeadStep < 1 {
-					return fmt.Errorf("--head-step %d: want >= 1", opt.HeadStep)
-				}
-				headFlags := fl.Changed("head-groups") || fl.Changed("head-ratio") || isSparsity
-				if !headFlags && (fl.Changed("head-method") || fl.Changed("head-step") || fl.Changed("head-refit")) {
-					return fmt.Errorf("--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s")
-				}
-				if !fl.Changed("ffn-ratio") && !isSparsity && fl.Changed("no-refit") {
-					return fmt.Errorf("--no-refit needs --ffn-ratio r or --sparsity s")
-				}
-				opt.Method = ""
-			case fl.Changed("head-method") || fl.Changed("head-step") || fl.Changed("head-refit"):
-				return fmt.Errorf("--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s")
-			case fl.Changed("no-refit"):
-				return fmt.Errorf("--no-refit needs --ffn-ratio r or --sparsity s")
+			if err := zeroFlags(cmd, pruneZeroFlags); err != nil {
+				return err
 			}
-			if !isList && !isWidth {
-				if opt.Method != "lorp" && opt.Method != "shortgpt" {
-					return fmt.Errorf("--layer-method %q: want lorp, shortgpt or list:L1,L2,... (layer indices)", opt.Method)
-				}
-				if cmd.Flags().Changed("layers") && opt.Layers <= 0 {
-					return fmt.Errorf("--layers %d: want > 0", opt.Layers)
-				}
-				if cmd.Flags().Changed("layer-ratio") && !(opt.LayerRatio > 0 && opt.LayerRatio < 1) {
-					return fmt.Errorf("--layer-ratio %v: want in (0, 1)", opt.LayerRatio)
-				}
-				if (opt.Layers != 0) == (opt.LayerRatio != 0) {
-					if opt.Layers == 0 {
-						return fmt.Errorf("nothing to prune: give --layers N or --layer-ratio r (layer pruning), or --head-groups N, --head-ratio r, --ffn-ratio r or --sparsity s (width pruning)")
-					}
-					return fmt.Errorf("give exactly one of --layers N and --layer-ratio r")
-				}
-				if opt.Calib == "" {
-					return fmt.Errorf("--calib CALIB is required for --layer-method %s", opt.Method)
-				}
+			// --layer-method's default (lorp) applies to layer removal only.
+			fl := cmd.Flags()
+			if !fl.Changed("layer-method") && !fl.Changed("layers") && !fl.Changed("layer-ratio") {
+				opt.Method = ""
 			}
 			opt.Model = args[0]
+			if err := opt.Validate(); err != nil {
+				return field.Rename(err, pruneFlags)
+			}
 			var finish func()
 			opt.Progress, finish = newProgress(cmd, g, "width pruning", "width pruning progress (steps: Putri masked-perplexity runs, o_proj refit layers, FFN layers)", "steps")
 			r, err := prune.Run(cmd.Context(), opt)
 			finish()
 			if err != nil {
-				return err
+				return field.Rename(err, pruneFlags)
 			}
 			g.logger.Info("pruned checkpoint written", "out", r.Out, "layers", r.LayersAfter, "head_groups_removed", len(r.HeadsRemoved))
 			if asJSON {
@@ -153,8 +128,8 @@ Hugging Face loaders cannot load a width-pruned checkpoint.`,
 	f.StringVar(&opt.Method, "layer-method", "lorp", "lorp, shortgpt or list:L1,L2,...")
 	f.IntVar(&opt.HeadGroups, "head-groups", 0, "number of GQA head groups (KV head + its query heads) to remove over all layers")
 	f.Float64Var(&opt.HeadRatio, "head-ratio", 0, "fraction of GQA head groups to remove, in (0, 1): round(r·groups), at least 1")
-	f.StringVar(&opt.HeadMethod, "head-method", prune.HeadPutri, "head group scores: putri (masked perplexity) or proxy (calibration head proxy)")
-	f.IntVar(&opt.HeadStep, "head-step", 1, "head groups removed per Putri round")
+	f.StringVar(&opt.HeadMethod, "head-method", "", "head group scores: putri (masked perplexity, the default) or proxy (calibration head proxy)")
+	f.IntVar(&opt.HeadStep, "head-step", 0, "head groups removed per Putri round (0: 1)")
 	f.Float64Var(&opt.FFNRatio, "ffn-ratio", 0, "fraction of every FFN's intermediate units to remove, in (0, 1)")
 	f.Float64Var(&opt.Sparsity, "sparsity", 0, "fraction of decoder attention+FFN parameters to remove, in (0, 1), split between head groups and FFN nodes by Putri's rule")
 	f.BoolVar(&opt.NoRefit, "no-refit", false, "keep the original down_proj columns instead of the least-squares refit")

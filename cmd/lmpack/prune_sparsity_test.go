@@ -133,9 +133,9 @@ func TestPruneSparsityBad(t *testing.T) {
 		{[]string{"--sparsity", "0"}, []string{"--sparsity 0: want in (0, 1)"}},
 		{[]string{"--sparsity", "1"}, []string{"--sparsity 1: want in (0, 1)"}},
 		{[]string{"--sparsity", "NaN"}, []string{"--sparsity NaN: want in (0, 1)"}},
-		{[]string{"--sparsity", "0.2", "--ffn-ratio", "0.2"}, []string{"--sparsity sets the head groups and FFN sizes itself"}},
-		{[]string{"--sparsity", "0.2", "--head-groups", "2"}, []string{"drop --head-groups/--head-ratio/--ffn-ratio"}},
-		{[]string{"--sparsity", "0.2", "--layers", "1"}, []string{"cannot be combined"}},
+		{[]string{"--sparsity", "0.2", "--ffn-ratio", "0.2"}, []string{"--sparsity 0.2: want no --head-groups, --head-ratio or --ffn-ratio with it"}},
+		{[]string{"--sparsity", "0.2", "--head-groups", "2"}, []string{"--sparsity 0.2: want no --head-groups"}},
+		{[]string{"--sparsity", "0.2", "--layers", "1"}, []string{"--sparsity: want no layer removal (--layers)"}},
 		{[]string{"--sparsity", "0.9"}, []string{"16 of 20 KV head groups", "at most 15", "reaches sparsity"}},
 		{[]string{"--sparsity", "0.001"}, []string{"rounds to no head group and no FFN node"}},
 		// 256 tokens cannot refit 172-node FFNs.

@@ -159,18 +159,18 @@ func TestPruneWidthBad(t *testing.T) {
 		{[]string{"--head-groups", "2", "--head-ratio", "0.1"}, []string{"at most one of --head-groups"}},
 		{[]string{"--head-groups", "2", "--head-method", "magic"}, []string{`--head-method "magic"`}},
 		{[]string{"--ffn-ratio", "1.5"}, []string{"--ffn-ratio 1.5: want in (0, 1)"}},
-		{[]string{"--head-groups", "2", "--layers", "1"}, []string{"cannot be combined"}},
-		{[]string{"--ffn-ratio", "0.2", "--layer-method", "list:2"}, []string{"cannot be combined"}},
-		{[]string{"--layers", "1", "--no-refit"}, []string{"--no-refit needs --ffn-ratio r or --sparsity s"}},
-		{[]string{"--layers", "1", "--head-refit"}, []string{"--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s"}},
-		{[]string{"--head-refit"}, []string{"--head-method, --head-step and --head-refit need --head-groups N, --head-ratio r or --sparsity s"}},
-		{[]string{"--ffn-ratio", "0.2", "--head-refit"}, []string{"--head-method, --head-step and --head-refit need --head-groups N"}},
+		{[]string{"--head-groups", "2", "--layers", "1"}, []string{"--head-groups: want no layer removal (--layers) in the same run"}},
+		{[]string{"--ffn-ratio", "0.2", "--layer-method", "list:2"}, []string{"--ffn-ratio: want no layer removal (--layer-method)"}},
+		{[]string{"--layers", "1", "--no-refit"}, []string{"--no-refit: want --ffn-ratio or --sparsity"}},
+		{[]string{"--layers", "1", "--head-refit"}, []string{"--head-refit: want --head-groups, --head-ratio or --sparsity"}},
+		{[]string{"--head-refit"}, []string{"--head-refit: want --head-groups, --head-ratio or --sparsity"}},
+		{[]string{"--ffn-ratio", "0.2", "--head-refit"}, []string{"--head-refit: want --head-groups"}},
 		{[]string{"--ffn-ratio", "0.2", "-o", model}, []string{"is the model directory"}},
 	} {
 		args := append([]string{"prune", model, "--calib", cal, "-o", out, "--threads", "1"}, tc.args...)
 		wantError(t, lmpack(t, nil, args...), tc.want...)
 	}
-	wantError(t, lmpack(t, nil, "prune", model, "-o", out, "--ffn-ratio", "0.2"), "--calib CALIB is required for head and FFN pruning")
+	wantError(t, lmpack(t, nil, "prune", model, "-o", out, "--ffn-ratio", "0.2"), "--calib: want a calibration file (head and FFN pruning")
 	if _, err := os.Stat(out); err == nil {
 		t.Errorf("a failed prune created %s", out)
 	}

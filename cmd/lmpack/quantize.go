@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/lmpack/lmpack/quantize/gemq"
+	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/spf13/cobra"
@@ -20,6 +20,10 @@ func newQuantizeCmd(g *globalFlags) *cobra.Command {
 	cmd.AddCommand(newQuantizeKVCmd(g), newQuantizeWeightsCmd(g))
 	return cmd
 }
+
+// kvFlags names oscar.KVOptions' fields as flags of quantize kv
+// (field.Rename of Validate's errors).
+var kvFlags = map[string]string{"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Method": "--method", "ClipK": "--clip-k", "ClipV": "--clip-v"}
 
 func newQuantizeKVCmd(g *globalFlags) *cobra.Command {
 	var (
@@ -44,14 +48,8 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 			if err := checkOutput("-o", opt.Out, args[0], opt.Calib); err != nil {
 				return err
 			}
-			if opt.Method != oscar.Method {
-				return fmt.Errorf("--method %q: want %q", opt.Method, oscar.Method)
-			}
-			if !(opt.ClipK > 0 && opt.ClipK <= 1) {
-				return fmt.Errorf("--clip-k %g: want a ratio in (0, 1]", opt.ClipK)
-			}
-			if !(opt.ClipV > 0 && opt.ClipV <= 1) {
-				return fmt.Errorf("--clip-v %g: want a ratio in (0, 1]", opt.ClipV)
+			if err := opt.Validate(); err != nil {
+				return field.Rename(err, kvFlags)
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			s, err := oscar.QuantizeKV(cmd.Context(), opt)
@@ -74,6 +72,15 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 	f.StringVarP(&opt.Out, "output", "o", "", "rotation file to write")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// weightsFlags names wquant.Options' fields as flags of quantize weights
+// (field.Rename of Validate's errors).
+var weightsFlags = map[string]string{
+	"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Method": "--method", "Bits": "--bits", "GroupSize": "--group",
+	"Symmetric": "--sym", "MSEClip": "--mse-clip", "ActOrder": "--act-order", "TrueSequential": "--true-sequential",
+	"TargetBPW": "--target-bpw", "MoEBudget": "--moe-budget", "MoEGroup": "--moe-group", "MoEWeighting": "--moe-weighting",
+	"MoERule": "--moe-rule", "MoESolver": "--moe-solver", "MoEMinTokens": "--moe-min-tokens", "Threads": "--threads",
 }
 
 func newQuantizeWeightsCmd(g *globalFlags) *cobra.Command {
@@ -132,72 +139,18 @@ report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
-			bitsSet, bpwSet, moeSet := cmd.Flags().Changed("bits"), cmd.Flags().Changed("target-bpw"), cmd.Flags().Changed("moe-budget")
-			if !moeSet {
-				for _, n := range []string{"moe-weighting", "moe-rule", "moe-solver", "moe-group", "moe-min-tokens"} {
-					if cmd.Flags().Changed(n) {
-						return fmt.Errorf("--%s needs --moe-budget X", n)
-					}
-				}
-			}
-			if moeSet {
-				if bpwSet {
-					return fmt.Errorf("give one of --target-bpw X and --moe-budget X, not both (--target-bpw is for dense models)")
-				}
-				if !(opt.MoEBudget > 0) {
-					return fmt.Errorf("--moe-budget %v: want > 0 bits per expert weight", opt.MoEBudget)
-				}
-				switch opt.MoEGroup {
-				case 0, 32, 64, 128:
-				default:
-					return fmt.Errorf("--moe-group %d: want 32, 64, 128 or 0 (per-channel)", opt.MoEGroup)
-				}
-				switch opt.MoEWeighting {
-				case gemq.WeightRouted, gemq.WeightSoft, gemq.WeightKL:
-				default:
-					return fmt.Errorf("--moe-weighting %q: want routed, soft or kl", opt.MoEWeighting)
-				}
-				switch opt.MoESolver {
-				case gemq.SolverDP, gemq.SolverLagrangian:
-				default:
-					return fmt.Errorf("--moe-solver %q: want dp or lagrangian", opt.MoESolver)
-				}
-				if opt.MoEMinTokens < 0 {
-					return fmt.Errorf("--moe-min-tokens %d: want >= 0", opt.MoEMinTokens)
-				}
-			}
-			switch {
-			case bitsSet && bpwSet:
-				return fmt.Errorf("give one of --bits B and --target-bpw X, not both")
-			case bpwSet:
+			// Flag defaults that apply only without --target-bpw.
+			fl := cmd.Flags()
+			if fl.Changed("target-bpw") && !fl.Changed("bits") {
 				opt.Bits = 0
-				if !(opt.TargetBPW > 0) {
-					return fmt.Errorf("--target-bpw %v: want > 0 bits per weight", opt.TargetBPW)
-				}
-				if cmd.Flags().Changed("group") {
-					return fmt.Errorf("--group is chosen per tensor with --target-bpw; drop it")
-				}
-			default:
-				switch opt.Bits {
-				case 2, 3, 4, 8:
-				default:
-					return fmt.Errorf("--bits %d: want 2, 3, 4 or 8", opt.Bits)
-				}
 			}
-			switch opt.GroupSize {
-			case 0, 32, 64, 128:
-			default:
-				return fmt.Errorf("--group %d: want 32, 64, 128 or 0 (per-channel)", opt.GroupSize)
+			if fl.Changed("target-bpw") && !fl.Changed("group") {
+				opt.GroupSize = 0
 			}
 			opt.Method = strings.ToLower(opt.Method)
-			if opt.Method != wquant.MethodRTN && opt.Method != wquant.MethodGPTQ {
-				return fmt.Errorf("--method %q: want rtn or gptq", opt.Method)
-			}
-			if opt.ActOrder && opt.Method != wquant.MethodGPTQ {
-				return fmt.Errorf("--act-order needs --method gptq")
-			}
-			if opt.TrueSequential && opt.Method != wquant.MethodGPTQ {
-				return fmt.Errorf("--true-sequential needs --method gptq (it orders GPTQ's Hessian passes)")
+			opt.Model = args[0]
+			if err := opt.Validate(); err != nil {
+				return field.Rename(err, weightsFlags)
 			}
 			opt.Model, opt.Version, opt.Logger = args[0], version, g.logger
 			report, finish := newProgress(cmd, g, "quantizing", "quantizing weights (steps: blocks, plus the bit allocation)", "steps")
@@ -205,7 +158,7 @@ report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 			r, err := wquant.Run(cmd.Context(), opt)
 			finish()
 			if err != nil {
-				return err
+				return field.Rename(err, weightsFlags)
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(r)
@@ -227,10 +180,10 @@ report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 	f.Float64Var(&opt.MoEBudget, "moe-budget", 0, "MoE: GEMQ expert widths (1-4 bits) within this many bits per expert weight (scales and zero-points counted)")
 	f.IntVar(&opt.MoEGroup, "moe-group", 0, "MoE: experts' group size: 32, 64, 128 or 0 (per output channel)")
 	weighting := (*string)(&opt.MoEWeighting)
-	f.StringVar(weighting, "moe-weighting", string(gemq.WeightRouted), "MoE: GEMQ coefficients: routed (block output, top-k routing), soft (softmax-weighted, all tokens) or kl (final logits; small models)")
+	f.StringVar(weighting, "moe-weighting", "", "MoE: GEMQ coefficients: routed (block output, top-k routing; the default), soft (softmax-weighted, all tokens) or kl (final logits; small models)")
 	f.BoolVar(&opt.MoERule, "moe-rule", false, "MoE: keep one expert at 4 bits and another at 3 in every layer")
 	solver := (*string)(&opt.MoESolver)
-	f.StringVar(solver, "moe-solver", string(gemq.SolverDP), "MoE: allocation solver: dp (exact) or lagrangian (reports its gap)")
+	f.StringVar(solver, "moe-solver", "", "MoE: allocation solver: dp (exact, the default) or lagrangian (reports its gap)")
 	f.IntVar(&opt.MoEMinTokens, "moe-min-tokens", 0, "MoE: experts routed fewer calibration tokens fall back, with a warning (default 16)")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")

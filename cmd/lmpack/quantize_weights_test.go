@@ -90,9 +90,9 @@ func TestQuantizeWeights(t *testing.T) {
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--bits", "5"}, "--bits 5"},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--group", "16"}, "--group 16"},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "awq"}, `--method "awq"`},
-		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--act-order"}, "--act-order needs --method gptq"},
-		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--true-sequential"}, "--true-sequential needs --method gptq"},
-		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--bits", "4", "--target-bpw", "3"}, "not both"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--act-order"}, "--act-order: want --method gptq"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--method", "rtn", "--true-sequential"}, "--true-sequential: want --method gptq"},
+		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--bits", "4", "--target-bpw", "3"}, "want exactly one of --bits and --target-bpw"},
 		{[]string{"--calib", cal, "-o", filepath.Join(dir, "x"), "--target-bpw", "-1"}, "--target-bpw -1"},
 		{[]string{"--calib", cal, "-o", q4}, "already exists"},
 		{[]string{"--calib", cal, "-o", filepath.Join(model, "q")}, "inside"},
@@ -193,13 +193,13 @@ func TestQuantizeWeightsMoE(t *testing.T) {
 		want  string
 	}{
 		{moe, []string{"--moe-budget", "-1"}, "--moe-budget -1"},
-		{moe, []string{"--moe-budget", "1.2"}, "below the smallest allocation, every expert at 1 bit"},
-		{moe, []string{"--moe-budget", "2.5", "--target-bpw", "3"}, "not both"},
-		{moe, []string{"--moe-rule"}, "--moe-rule needs --moe-budget"},
+		{moe, []string{"--moe-budget", "1.2"}, "--moe-budget 1.2: want at least the smallest allocation on this model, every expert at 1 bit"},
+		{moe, []string{"--moe-budget", "2.5", "--target-bpw", "3"}, "not --target-bpw"},
+		{moe, []string{"--moe-rule"}, "--moe-rule: want --moe-budget"},
 		{moe, []string{"--moe-budget", "2.5", "--moe-weighting", "grad"}, `--moe-weighting "grad"`},
 		{moe, []string{"--moe-budget", "2.5", "--moe-solver", "ilp"}, `--moe-solver "ilp"`},
 		{moe, []string{"--moe-budget", "2.5", "--moe-group", "64"}, "does not divide the 172 columns"},
-		{moe, []string{"--target-bpw", "3"}, "use a moe budget"},
+		{moe, []string{"--target-bpw", "3"}, "--target-bpw 3: want a dense model"},
 		{dense, []string{"--moe-budget", "2.5"}, "is a dense model"},
 	} {
 		c := cal

@@ -69,6 +69,9 @@ file.`,
 			if err != nil {
 				return err
 			}
+			if st.ContextLimited {
+				g.logger.Warn("generation stopped at the model's context", "prompt_tokens", st.PromptTokens, "generated_tokens", st.GeneratedTokens, "max_tokens", opt.MaxTokens)
+			}
 			g.logger.Info("generation done", "prompt_tokens", st.PromptTokens, "generated_tokens", st.GeneratedTokens,
 				"prefill_tokens_per_second", round1(st.PrefillTPS), "decode_tokens_per_second", round1(st.DecodeTPS))
 			return nil
@@ -76,7 +79,7 @@ file.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&prompt, "prompt", "", "prompt text; empty means BOS only")
-	f.IntVar(&opt.MaxTokens, "max-tokens", 256, "number of tokens to generate")
+	f.IntVar(&opt.MaxTokens, "max-tokens", 256, "number of tokens to generate (generation stops at the model's context)")
 	f.Float64Var(&opt.Temperature, "temperature", 0.8, "sampling temperature; 0 is greedy")
 	f.Float64Var(&opt.TopP, "top-p", 0.9, "nucleus sampling: sample from the smallest set of tokens whose probability sums to P, in (0,1]; 1 disables")
 	f.Uint64Var(&opt.Seed, "seed", 1, "random seed for sampling")

@@ -48,9 +48,12 @@ func windowed(name string) bool {
 
 // Run tokenizes the text file as engine.EvalFile does and compares the KV
 // cache methods side by side against the float32 cache in one run
-// (eval.CompareKV). Errors: an unknown method, oscar2/oscar4 without a
-// rotation file, a rotation file for another model, a bad data file.
+// (eval.CompareKV). Errors: invalid options (Validate: a *field.Error),
+// a rotation file for another model, a bad data file.
 func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval.KVReport, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, fmt.Errorf("kveval: %w", err)
+	}
 	ids, err := e.EvalIDs(path, opt.Ctx)
 	if err != nil {
 		return nil, err
@@ -58,9 +61,6 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 	var rot *kvcache.Rotations
 	for _, name := range opt.Methods {
 		if (name == "oscar2" || name == "oscar4") && rot == nil {
-			if opt.Rotations == "" {
-				return nil, fmt.Errorf("kveval: --kv %s needs --kv-rotations ROT (made by lmpack calibrate and lmpack quantize kv)", name)
-			}
 			fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
 			if err != nil {
 				return nil, err

@@ -142,6 +142,9 @@ type GenerateStats struct {
 	PrefillTPS      float64 `json:"prefill_tokens_per_second"`
 	DecodeTPS       float64 `json:"decode_tokens_per_second"`
 	IDs             []int   `json:"ids"`
+	// ContextLimited says generation stopped at the model's context
+	// (prompt + MaxTokens would have exceeded it).
+	ContextLimited bool `json:"context_limited,omitempty"`
 }
 
 // PromptIDs encodes a prompt with the tokenizer's special tokens (BOS for
@@ -188,6 +191,10 @@ func CheckPromptUTF8(prompt string) error {
 // empty prompt, BOS alone) loses the leading space a SentencePiece
 // decoder strips. With opt.Echo the prompt's decoded text is emitted
 // first.
+// It stops at the model's context (max_position_embeddings, or
+// DefaultContextLimit when config.json gives none): at most context −
+// prompt tokens are generated, and GenerateStats.ContextLimited says so.
+// Errors: a prompt that fills the context.
 func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOptions, emit func(string) error) (*GenerateStats, error) {
 	ids, err := e.PromptIDs(prompt)
 	if err != nil {
@@ -200,9 +207,13 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 	if limit <= 0 {
 		limit = DefaultContextLimit
 	}
-	if opt.MaxTokens > limit || len(ids)+opt.MaxTokens > limit {
-		return nil, fmt.Errorf("engine: prompt (%d tokens) + max tokens (%d) exceeds the context limit %d (max_position_embeddings, or %d when config.json gives none)",
-			len(ids), opt.MaxTokens, limit, DefaultContextLimit)
+	limited := false
+	if len(ids) >= limit {
+		return nil, fmt.Errorf("engine: prompt (%d tokens) fills the context limit %d (max_position_embeddings, or %d when config.json gives none); nothing can be generated",
+			len(ids), limit, DefaultContextLimit)
+	}
+	if opt.MaxTokens > limit-len(ids) { // not len(ids)+MaxTokens: that can overflow
+		opt.MaxTokens, limited = limit-len(ids), true
 	}
 	capacity := len(ids) + opt.MaxTokens
 	if err := checkMemory(e.Desc, capacity, "prompt + --max-tokens"); err != nil {
@@ -210,7 +221,7 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 	}
 	cache := e.Model.NewCache(capacity)
 	logits := make([]float32, e.Desc.VocabSize)
-	st := &GenerateStats{PromptTokens: len(ids)}
+	st := &GenerateStats{PromptTokens: len(ids), ContextLimited: limited}
 	t0 := time.Now()
 	if err := e.Model.Forward(ctx, ids, cache, logits, false); err != nil {
 		return nil, err

@@ -156,11 +156,11 @@ func TestQuantizeKVOptions(t *testing.T) {
 		mod  func(*KVOptions)
 		want string
 	}{
-		{"method", func(o *KVOptions) { o.Method = "quarot" }, `method "quarot": want "oscar"`},
-		{"clip_k 0", func(o *KVOptions) { o.ClipK = 0 }, "clip_k 0: want a ratio in (0, 1]"},
-		{"clip_v > 1", func(o *KVOptions) { o.ClipV = 1.5 }, "clip_v 1.5"},
-		{"clip NaN", func(o *KVOptions) { o.ClipK = math.NaN() }, "clip_k NaN"},
-		{"no calib", func(o *KVOptions) { o.Calib = "" }, "calibration file"},
+		{"method", func(o *KVOptions) { o.Method = "quarot" }, `Method "quarot": want "oscar"`},
+		{"clip_k 0", func(o *KVOptions) { o.ClipK = 0 }, "ClipK 0: want a ratio in (0, 1]"},
+		{"clip_v > 1", func(o *KVOptions) { o.ClipV = 1.5 }, "ClipV 1.5"},
+		{"clip NaN", func(o *KVOptions) { o.ClipK = math.NaN() }, "ClipK NaN"},
+		{"no calib", func(o *KVOptions) { o.Calib = "" }, "Calib: want a calibration file"},
 		{"calib missing", func(o *KVOptions) { o.Calib = filepath.Join(tmp, "none.safetensors") }, "none.safetensors"},
 		{"calib is the model", func(o *KVOptions) { o.Calib = filepath.Join(dir, "model.safetensors") }, "not an lmpack calibration file"},
 		{"out dir missing", func(o *KVOptions) { o.Out = filepath.Join(tmp, "no", "r") }, "no such file or directory"},

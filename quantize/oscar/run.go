@@ -52,24 +52,13 @@ type KVSummary struct {
 // rotations (Compute) and writes the rotation file opt.Out (WriteFile) with
 // the clip ratios and both fingerprints.
 //
-// Errors: an unknown method; a clip ratio outside (0, 1]; the output
+// Errors: invalid options (Validate: a *field.Error); the output
 // directory missing; model errors; calibration errors (another model:
 // model.ErrModelMismatch; no "oscar" statistics); a head_dim that is not
 // a power of two (ErrBadCovariance); write errors.
 func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
-	if opt.Method != "" && opt.Method != Method {
-		return nil, fmt.Errorf("oscar: method %q: want %q", opt.Method, Method)
-	}
-	for _, c := range []struct {
-		name string
-		v    float64
-	}{{"clip_k", opt.ClipK}, {"clip_v", opt.ClipV}} {
-		if err := CheckClip(c.name, c.v); err != nil {
-			return nil, err
-		}
-	}
-	if opt.Calib == "" || opt.Out == "" {
-		return nil, fmt.Errorf("oscar: want both a calibration file and an output file")
+	if err := opt.Validate(); err != nil {
+		return nil, fmt.Errorf("oscar: %w", err)
 	}
 	if st, err := os.Stat(filepath.Dir(opt.Out)); err != nil {
 		return nil, fmt.Errorf("oscar: output %s: %w", opt.Out, err)

@@ -17,15 +17,6 @@ import (
 // 3 and 4 bits (gemq.DefaultBits; 1 bit is weights' two-level grid).
 var MoEWidths = gemq.DefaultBits
 
-// moeMinBPW returns the smallest stored bits per expert weight an
-// allocation can reach: every expert at MoEWidths[0] bits with an fp16
-// scale and zero-point per group (the costs gemq.Allocate uses with
-// Overhead) or, with rule, in each layer the cheapest pair of experts at
-// the top and second widths and the others at the lowest.
-func (p *pipeline) moeMinBPW(rule bool) float64 {
-	return minMoEBPW(p.targets, p.opt.MoEGroup, rule)
-}
-
 // MinMoEBudget is the smallest Options.MoEBudget the MoE model d accepts,
 // in stored bits per routed-expert weight, with expert group size group (0:
 // per channel) and, with rule, Options.MoERule: what Run refuses a smaller
@@ -39,7 +30,12 @@ func MinMoEBudget(d *arch.Description, group int, rule bool) (float64, error) {
 	return minMoEBPW(ts, group, rule), nil
 }
 
-// minMoEBPW is moeMinBPW over targets with expert group size group.
+// minMoEBPW returns the smallest stored bits per expert weight an
+// allocation over targets can reach with expert group size group: every
+// expert at MoEWidths[0] bits with an fp16 scale and zero-point per group
+// (the costs gemq.Allocate uses with Overhead) or, with rule, in each
+// layer the cheapest pair of experts at the top and second widths and the
+// others at the lowest.
 func minMoEBPW(targets []Target, group int, rule bool) float64 {
 	nw := len(MoEWidths)
 	// cost[l][e][w]: expert e of layer l at width MoEWidths[w].
@@ -104,20 +100,12 @@ func (p *pipeline) checkMoEGroup() error {
 // allocates a width in MoEWidths to every expert under opt.MoEBudget
 // stored bits per expert weight (gemq.Allocate with Overhead: fp16 scale
 // and zero-point per group and row padding counted, exactly as the
-// checkpoint stores the experts). Errors: ErrOptions for a budget below
-// the all-1-bit cost (before any computation), and those of model
-// loading, gemq.Compute and gemq.Allocate. Also ErrOptions under
-// opt.MoERule for a budget below the rule's cheapest allocation.
+// checkpoint stores the experts; Run refused a budget below the cheapest
+// allocation already, Options.ValidateModel). Errors: those of
+// checkMoEGroup, model loading, gemq.Compute and gemq.Allocate.
 func (p *pipeline) allocateMoE(ctx context.Context) (*gemq.Allocation, error) {
 	if err := p.checkMoEGroup(); err != nil {
 		return nil, err
-	}
-	if lo := p.moeMinBPW(false); p.opt.MoEBudget < lo {
-		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation, every expert at %d bit: %.4f (fp16 scales and zero-points counted)", ErrOptions, p.opt.MoEBudget, MoEWidths[0], ceil4(lo))
-	}
-	if lo := p.moeMinBPW(true); p.opt.MoERule && p.opt.MoEBudget < lo {
-		return nil, fmt.Errorf("%w: moe budget %g bits per expert weight is below the smallest allocation under the per-layer rule (one expert at %d bits and another at %d in every layer, the rest at %d): %.4f (fp16 scales and zero-points counted)",
-			ErrOptions, p.opt.MoEBudget, MoEWidths[len(MoEWidths)-1], MoEWidths[len(MoEWidths)-2], MoEWidths[0], ceil4(lo))
 	}
 	m, err := runtime.NewCPU().Load(ctx, p.d, p.ck, runtime.LoadOptions{Threads: p.opt.Threads})
 	if err != nil {

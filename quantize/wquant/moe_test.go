@@ -318,11 +318,11 @@ func TestMoEBadOptions(t *testing.T) {
 	}{
 		// 1 bit per channel: gate/up [172, 64] 64+32 bits a row, down
 		// [64, 172] 176+32: (2·172·96 + 64·208)/(3·64·172) = 1.4031.
-		{"below the 1-bit cost", func(o *Options) { o.MoEBudget = 1.2 }, "below the smallest allocation, every expert at 1 bit: 1.4032"},
-		{"target bpw on MoE", func(o *Options) { o.Bits, o.TargetBPW, o.MoEBudget = 0, 3, 0 }, "mixture-of-experts model"},
+		{"below the 1-bit cost", func(o *Options) { o.MoEBudget = 1.2 }, "MoEBudget 1.2: want at least the smallest allocation on this model, every expert at 1 bit: 1.4032"},
+		{"target bpw on MoE", func(o *Options) { o.Bits, o.TargetBPW, o.MoEBudget, o.GroupSize = 0, 3, 0, 0 }, "mixture-of-experts model"},
 		{"moe group", func(o *Options) { o.MoEGroup = 64 }, "does not divide the 172 columns"},
 		// The rule: per layer 4.3953 + 3.4031 + 2·1.4031 over 4 experts.
-		{"rule infeasible", func(o *Options) { o.MoEBudget, o.MoERule = 2.6, true }, "under the per-layer rule (one expert at 4 bits and another at 3 in every layer, the rest at 1): 2.6512"},
+		{"rule infeasible", func(o *Options) { o.MoEBudget, o.MoERule = 2.6, true }, "under the per-layer rule (MoERule: one expert at 4 bits and another at 3 in every layer, the rest at 1): 2.6512"},
 	} {
 		o := ok
 		tc.mod(&o)

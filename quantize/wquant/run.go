@@ -221,56 +221,6 @@ type spec struct {
 	fallback bool
 }
 
-// validate checks the Options that do not need the model.
-func (opt *Options) validate() error {
-	if opt.Method != MethodRTN && opt.Method != MethodGPTQ {
-		return fmt.Errorf("%w: method %q, want rtn or gptq", ErrOptions, opt.Method)
-	}
-	if opt.ActOrder && opt.Method != MethodGPTQ {
-		return fmt.Errorf("%w: act-order needs method gptq", ErrOptions)
-	}
-	if (opt.Bits > 0) == (opt.TargetBPW > 0) {
-		return fmt.Errorf("%w: give exactly one of bits and a target bits per weight", ErrOptions)
-	}
-	if opt.Bits > 0 && !slices.Contains([]int{2, 3, 4, 8}, opt.Bits) {
-		return fmt.Errorf("%w: bits %d, want 2, 3, 4 or 8", ErrOptions, opt.Bits)
-	}
-	if !slices.Contains([]int{0, 32, 64, 128}, opt.GroupSize) {
-		return fmt.Errorf("%w: group %d, want 32, 64, 128 or 0 (per-channel)", ErrOptions, opt.GroupSize)
-	}
-	if opt.TargetBPW < 0 || !finite(opt.TargetBPW) {
-		return fmt.Errorf("%w: target bits per weight %v, want > 0", ErrOptions, opt.TargetBPW)
-	}
-	if opt.MoEBudget < 0 || !finite(opt.MoEBudget) {
-		return fmt.Errorf("%w: moe budget %v, want > 0 bits per expert weight", ErrOptions, opt.MoEBudget)
-	}
-	if opt.MoEBudget > 0 && opt.TargetBPW > 0 {
-		return fmt.Errorf("%w: give bits (for the non-expert weights) with a moe budget, not a target bits per weight", ErrOptions)
-	}
-	if !slices.Contains([]int{0, 32, 64, 128}, opt.MoEGroup) {
-		return fmt.Errorf("%w: moe group %d, want 32, 64, 128 or 0 (per-channel)", ErrOptions, opt.MoEGroup)
-	}
-	switch opt.MoEWeighting {
-	case "", gemq.WeightRouted, gemq.WeightSoft, gemq.WeightKL:
-	default:
-		return fmt.Errorf("%w: moe weighting %q, want routed, soft or kl", ErrOptions, opt.MoEWeighting)
-	}
-	switch opt.MoESolver {
-	case "", gemq.SolverDP, gemq.SolverLagrangian:
-	default:
-		return fmt.Errorf("%w: moe solver %q, want dp or lagrangian", ErrOptions, opt.MoESolver)
-	}
-	if opt.Damp < 0 || !finite(opt.Damp) {
-		return fmt.Errorf("%w: damp %v, want ≥ 0", ErrOptions, opt.Damp)
-	}
-	for _, c := range opt.Choices {
-		if !slices.Contains([]int{2, 3, 4, 8}, c.Bits) || !slices.Contains([]int{0, 32, 64, 128}, c.GroupSize) {
-			return fmt.Errorf("%w: allocator choice %d bits group %d", ErrOptions, c.Bits, c.GroupSize)
-		}
-	}
-	return nil
-}
-
 // Run quantizes opt.Model's decoder-block weights with the calibration
 // tokens of opt.Calib and writes the quantized checkpoint to opt.Out (a
 // temporary directory beside it, renamed at the end). See the package doc
@@ -280,16 +230,16 @@ func (opt *Options) validate() error {
 // MoEBudget (GEMQ widths per expert, see Options.MoEBudget); the
 // calibration file must hold its expert statistics.
 //
-// Errors: ErrOptions (also MoEBudget on a dense model, a MoEBudget below
-// the all-1-bit cost, TargetBPW on an MoE model); ErrOutput;
+// Errors: ErrOptions (Validate and ValidateModel, wrapping their
+// *field.Error; also a MoEBudget below the all-1-bit cost); ErrOutput;
 // ErrUnsupported (already quantized); ErrCalibration (no
 // token ids, no expert statistics); model.ErrModelMismatch (a calibration
 // file of another model); quantizer errors naming the tensor; I/O errors
 // naming the file.
 func Run(ctx context.Context, opt Options) (*Report, error) {
 	t0 := time.Now()
-	if err := opt.validate(); err != nil {
-		return nil, err
+	if err := opt.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
 	}
 	dir, d, ck, err := model.Open(ctx, opt.Model, nil)
 	if err != nil {
@@ -315,12 +265,11 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if len(wins) == 0 {
 		return nil, fmt.Errorf("%w: %s holds no calibration token ids (written by an older lmpack calibrate; calibrate again)", ErrCalibration, opt.Calib)
 	}
+	if err := opt.ValidateModel(d); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrOptions, opt.Model, err)
+	}
 	moe := isMoE(d)
 	switch {
-	case opt.MoEBudget > 0 && !moe:
-		return nil, fmt.Errorf("%w: moe budget %g: %s is a dense model (no mixture-of-experts layer); use bits or a target bits per weight", ErrOptions, opt.MoEBudget, opt.Model)
-	case opt.TargetBPW > 0 && moe:
-		return nil, fmt.Errorf("%w: target bits per weight on %s, a mixture-of-experts model: use a moe budget for the experts' widths", ErrOptions, opt.Model)
 	case moe && len(cal.Experts) == 0:
 		return nil, fmt.Errorf("%w: %s holds no expert statistics for the MoE model %s (calibrate again with this lmpack)", ErrCalibration, opt.Calib, opt.Model)
 	}

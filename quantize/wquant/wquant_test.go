@@ -248,19 +248,19 @@ func TestRunBadInput(t *testing.T) {
 		is   error
 		want string
 	}{
-		{"method", func(o *Options) { o.Method = "awq" }, ErrOptions, `method "awq"`},
-		{"bits", func(o *Options) { o.Bits = 5 }, ErrOptions, "bits 5"},
-		{"group", func(o *Options) { o.GroupSize = 48 }, ErrOptions, "group 48"},
+		{"method", func(o *Options) { o.Method = "awq" }, ErrOptions, `Method "awq"`},
+		{"bits", func(o *Options) { o.Bits = 5 }, ErrOptions, "Bits 5"},
+		{"group", func(o *Options) { o.GroupSize = 48 }, ErrOptions, "GroupSize 48"},
 		{"both", func(o *Options) { o.TargetBPW = 3 }, ErrOptions, "exactly one"},
-		{"actorder rtn", func(o *Options) { o.ActOrder = true }, ErrOptions, "act-order"},
+		{"actorder rtn", func(o *Options) { o.ActOrder = true }, ErrOptions, "ActOrder: want Method gptq"},
 		{"out exists", func(o *Options) { o.Out = exists }, ErrOutput, "already exists"},
 		{"out in model", func(o *Options) { o.Out = filepath.Join(mdir, "q") }, ErrOutput, "inside"},
 		{"moe budget on a dense model", func(o *Options) { o.MoEBudget = 2.5 }, ErrOptions, "is a dense model"},
-		{"negative moe budget", func(o *Options) { o.MoEBudget = -1 }, ErrOptions, "moe budget -1"},
-		{"moe budget with target", func(o *Options) { o.Bits, o.TargetBPW, o.MoEBudget = 0, 3, 2.5 }, ErrOptions, "not a target bits per weight"},
-		{"moe weighting", func(o *Options) { o.MoEWeighting = "grad" }, ErrOptions, `moe weighting "grad"`},
-		{"moe solver", func(o *Options) { o.MoESolver = "ilp" }, ErrOptions, `moe solver "ilp"`},
-		{"budget too small", func(o *Options) { o.Bits, o.TargetBPW = 0, 2.0 }, ErrOptions, "below the smallest the choices allow, 2.4237"},
+		{"negative moe budget", func(o *Options) { o.MoEBudget = -1 }, ErrOptions, "MoEBudget -1"},
+		{"moe budget with target", func(o *Options) { o.Bits, o.GroupSize, o.TargetBPW, o.MoEBudget = 0, 0, 3, 2.5 }, ErrOptions, "not TargetBPW"},
+		{"moe weighting", func(o *Options) { o.MoEWeighting = "grad" }, ErrOptions, `MoEWeighting "grad"`},
+		{"moe solver", func(o *Options) { o.MoESolver = "ilp" }, ErrOptions, `MoESolver "ilp"`},
+		{"budget too small", func(o *Options) { o.Bits, o.GroupSize, o.TargetBPW = 0, 0, 2.0 }, ErrOptions, "below the smallest the choices allow, 2.4237"},
 		{"other model's calibration", func(o *Options) { o.Calib = other }, model.ErrModelMismatch, "another model"},
 		{"no token ids", func(o *Options) { o.Calib = noTokens }, ErrCalibration, "no calibration token ids"},
 	} {

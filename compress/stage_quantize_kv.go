@@ -1,0 +1,85 @@
+package compress
+
+import (
+	"context"
+	"path/filepath"
+
+	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/pack"
+	"github.com/lmpack/lmpack/quantize/oscar"
+)
+
+// kvKeys names oscar.KVOptions' fields as recipe keys (field.Rename of
+// its Validate errors).
+var kvKeys = map[string]string{"ClipK": "quantize.kv.clip_k", "ClipV": "quantize.kv.clip_v"}
+
+// packKeys names pack.FromOptions' KV fields as recipe keys (field.Rename
+// of its Validate errors).
+var packKeys = map[string]string{"KVCache": "quantize.kv.cache", "KVSink": "quantize.kv.sink", "KVRecent": "quantize.kv.recent", "KVRotations": "quantize.kv.cache"}
+
+// packOptions is the KV part of the pack stage's pack.FromOptions: the
+// section's cache and windows, with the rotation file rot when the cache
+// takes rotations.
+func (kv *KVStage) packOptions(rot string) *pack.FromOptions {
+	o := &pack.FromOptions{KVCache: kv.Cache, KVSink: kv.Sink, KVRecent: kv.Recent}
+	if rotates(kv.Cache) {
+		o.KVRotations = rot
+	}
+	return o
+}
+
+// options is the oscar.KVOptions of the section (Model, Calib, Out and
+// Version are the pipeline's).
+func (kv *KVStage) options() oscar.KVOptions {
+	return oscar.KVOptions{Method: oscar.Method, ClipK: kv.ClipK, ClipV: kv.ClipV}
+}
+
+// quantizeKVStage is the quantize-kv stage: its cache key is the
+// quantize.kv section.
+func (p *pipeline) quantizeKVStage() stage {
+	return stage{name: "quantize-kv", params: section(p.r.Quantize.KV), run: p.quantizeKV}
+}
+
+// rotates reports whether a kvcache method takes OSCAR rotations.
+func rotates(cache string) bool { return cache == "oscar2" || cache == "oscar4" }
+
+// kvSummary is the quantize-kv stage's result.
+type kvSummary struct {
+	Cache  string `json:"cache"`
+	Sink   int    `json:"sink,omitempty"`
+	Recent int    `json:"recent,omitempty"`
+	// Recalibrated says the stage calibrated the (pruned) model itself.
+	Recalibrated bool               `json:"recalibrated,omitempty"`
+	Rotations    *oscar.KVSummary   `json:"rotations,omitempty"`
+	Calibration  *calibrate.Summary `json:"calibration,omitempty"`
+}
+
+// quantizeKV records the KV cache scheme and, for oscar caches, computes
+// the rotations (calibrating the current model first when an earlier
+// stage changed it).
+func (p *pipeline) quantizeKV(ctx context.Context, dir string) (outputs, any, error) {
+	kv := p.r.Quantize.KV
+	o := outputs{KVCache: kv.Cache, KVSink: kv.Sink, KVRecent: kv.Recent}
+	s := &kvSummary{Cache: kv.Cache, Sink: kv.Sink, Recent: kv.Recent}
+	if !rotates(kv.Cache) {
+		return o, s, nil
+	}
+	calib := p.st.calib
+	if calib == "" {
+		var err error
+		if calib, s.Calibration, err = p.recalibrate(ctx, dir, "quantize-kv"); err != nil {
+			return outputs{}, nil, err
+		}
+		s.Recalibrated = true
+	}
+	ko := kv.options()
+	ko.Model, ko.Calib, ko.Out, ko.Version = p.st.model, calib, filepath.Join(dir, "rot.safetensors"), p.opt.Version
+	rs, err := oscar.QuantizeKV(ctx, ko)
+	if err != nil {
+		return outputs{}, nil, err
+	}
+	rs.Path = "rot.safetensors"
+	s.Rotations = rs
+	o.KVRotations = "rot.safetensors"
+	return o, s, nil
+}

@@ -1,0 +1,58 @@
+package pack
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/internal/field"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+// Validate checks opt's KV scheme without opening anything: KVSink and
+// KVRecent >= 0 and only with a KV cache (KVCache, or KVRotations, which
+// implies oscar2); KVCache one of kvcache.Methods; KVRotations given
+// exactly when the cache takes rotations (oscar2, oscar4). Model-dependent
+// limits are ValidateModel's.
+//
+// Errors: a *field.Error naming the Go field (cmd/lmpack and compress
+// rename it to their flag or recipe key).
+func (opt *FromOptions) Validate() error {
+	cache := opt.KVCache
+	if cache == "" && opt.KVRotations != "" {
+		cache = "oscar2"
+	}
+	switch {
+	case opt.KVSink < 0:
+		return field.New("KVSink", opt.KVSink, ">= 0 tokens")
+	case opt.KVRecent < 0:
+		return field.New("KVRecent", opt.KVRecent, ">= 0 tokens")
+	case cache == "" && (opt.KVSink != 0 || opt.KVRecent != 0):
+		return field.New("KVSink", nil, "{KVCache} (fp16 windows belong to a quantized KV cache)")
+	case cache == "":
+		return nil
+	case !slices.Contains(kvcache.Methods(), cache):
+		return field.New("KVCache", cache, "a known method: "+strings.Join(kvcache.Methods(), ", "))
+	}
+	takesRot := cache == "oscar2" || cache == "oscar4"
+	switch {
+	case takesRot && opt.KVRotations == "":
+		return field.New("KVCache", cache, "{KVRotations}: it needs a rotation file (lmpack quantize kv)")
+	case !takesRot && opt.KVRotations != "":
+		return field.New("KVRotations", opt.KVRotations, "none with {KVCache} "+cache+" (it does not use rotations)")
+	}
+	return nil
+}
+
+// ValidateModel checks the KV windows against the model d's context:
+// KVSink + KVRecent at most max_position_embeddings (when the config
+// gives it; CheckKVWindows).
+//
+// Errors: a *field.Error naming KVRecent.
+func (opt *FromOptions) ValidateModel(d *arch.Description) error {
+	if mp := d.MaxPositionEmbeddings; mp > 0 && (opt.KVSink > mp || opt.KVRecent > mp || opt.KVSink+opt.KVRecent > mp) {
+		return field.New("KVRecent", opt.KVRecent, "{KVSink} "+strconv.Itoa(opt.KVSink)+" + {KVRecent} at most the model's max_position_embeddings "+strconv.Itoa(mp))
+	}
+	return nil
+}
