@@ -10,8 +10,8 @@ import (
 
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/eval/kveval"
-	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 
 	"github.com/lmpack/lmpack/internal/engine"

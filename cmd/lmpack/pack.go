@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/internal/field"
+	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 	"github.com/spf13/cobra"
 )
