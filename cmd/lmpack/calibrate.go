@@ -57,6 +57,11 @@ assembled at the end; the output does not depend on the grouping.
 			if opt.Out == "" {
 				return fmt.Errorf("-o CALIB is required (the calibration file to write)")
 			}
+			// 0 means "the model's default" in calibrate.Options; an
+			// explicit --ctx 0 is a mistake, not a request for it.
+			if err := zeroFlags(cmd, map[string]string{"ctx": ">= 2"}); err != nil {
+				return err
+			}
 			if err := opt.Validate(); err != nil {
 				return field.Rename(err, calibrateFlags)
 			}

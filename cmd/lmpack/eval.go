@@ -40,7 +40,10 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			if data == "" {
 				return fmt.Errorf("--data FILE is required")
 			}
-			// --ctx 0 (the default) is resolved from the model once it is
+			if err := zeroFlags(cmd, map[string]string{"ctx": ">= 2"}); err != nil {
+				return err
+			}
+			// --ctx left out (0) is resolved from the model once it is
 			// open; DefaultContextTokens stands in for the checks before.
 			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows}
 			if err := po.Validate(); err != nil {
