@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/lmpack/lmpack/calibrate"
@@ -676,12 +675,12 @@ func lockDir(dir string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("compress: work dir: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := fsx.TryLock(f); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("compress: work dir %s is in use by another lmpack compress (%v)", dir, err)
 	}
 	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		fsx.Unlock(f)
 		f.Close()
 	}, nil
 }

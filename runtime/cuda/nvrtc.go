@@ -12,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // NVRTC is a loaded NVRTC library.
@@ -51,6 +49,9 @@ const nvrtcHint = "set LMPACK_NVRTC to the library file, or install Debian's lib
 // and returns it (each library is opened once per process). Errors wrap
 // ErrNoNVRTC and list every path tried with why it failed.
 func LoadNVRTC() (*NVRTC, error) {
+	if errUnsupportedOS != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoNVRTC, errUnsupportedOS)
+	}
 	var tried []string
 	for nv, err := range nvrtcLibraries() {
 		if err != nil {
@@ -108,7 +109,7 @@ func openNVRTC(path string) (*NVRTC, error) {
 	if nv, ok := nvrtcByPath[path]; ok {
 		return nv, nil
 	}
-	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	lib, err := dlopen(path, false)
 	if err != nil {
 		return nil, fmt.Errorf("%s (%v)", path, err)
 	}
