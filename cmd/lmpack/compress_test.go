@@ -142,8 +142,8 @@ func TestCompressKilled(t *testing.T) {
 		if _, err := os.Stat(out); !os.IsNotExist(err) {
 			t.Fatalf("output exists after the kill in %s", c.stage)
 		}
-		if tmp, _ := filepath.Glob(filepath.Join(work, ".tmp-"+c.stage+"-*")); len(tmp) != 1 {
-			all, _ := filepath.Glob(filepath.Join(work, ".tmp-*"))
+		if tmp, _ := filepath.Glob(filepath.Join(work, "."+c.stage+"-*.tmp-*")); len(tmp) != 1 {
+			all, _ := filepath.Glob(filepath.Join(work, ".*.tmp-*"))
 			t.Fatalf("after the kill in %s: temporary stage dirs %v, want that stage's", c.stage, all)
 		}
 	}

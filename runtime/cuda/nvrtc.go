@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
 // NVRTC is a loaded NVRTC library.
@@ -424,19 +426,12 @@ func decodeCached(b []byte, t Target) *Image {
 	return &Image{Target: t, Data: data, Entries: strings.Fields(string(line))}
 }
 
-// writeAtomic writes b to path through a temporary file in dir renamed
-// into place; failures leave no partial file and are ignored (a cache).
+// writeAtomic writes b to path (in dir, created if needed) atomically
+// (fsx.WriteBytes); failures leave no partial file and are ignored (a
+// cache).
 func writeAtomic(dir, path string, b []byte) {
 	if os.MkdirAll(dir, 0o755) != nil {
 		return
 	}
-	f, err := os.CreateTemp(dir, ".kernel-*")
-	if err != nil {
-		return
-	}
-	_, werr := f.Write(b)
-	cerr := f.Close()
-	if werr != nil || cerr != nil || os.Rename(f.Name(), path) != nil {
-		os.Remove(f.Name())
-	}
+	_ = fsx.WriteBytes(path, b, 0o644)
 }
