@@ -8,11 +8,15 @@ import (
 // block_q4_K, block_q6_K) and llama.cpp's reference quantizers
 // (ggml-quants.c quantize_row_q4_K_ref with make_qkx2_quants,
 // quantize_row_q6_K_ref with make_qx_quants), which choose each sub-block's
-// scale (and min) by a small weighted least-squares search. The scale
-// choices follow those functions step by step; the only deliberate
-// difference is that the search statistics (the weighted sums) accumulate
-// in float64 instead of float32, which can only change a choice where two
-// candidates' errors agree to float32 precision.
+// scale (and min) by a small weighted least-squares search. The code
+// follows those functions step by step in float32, in ggml's order of
+// operations: the search statistics are float32 sums here, against the
+// house rule of float64 accumulation, because the reference quantizer's
+// output is what llama-quantize writes, and matching it makes our Q4_K and
+// Q6_K blocks byte-identical to llama.cpp's (TestAgainstGGML checks this
+// against node-llama-cpp's libggml-base.so). Products are converted to
+// float32 explicitly so that no compiler fuses them into FMAs (ggml's
+// build does not either).
 
 // nearestInt rounds to the nearest integer, ties to even: ggml-quants.c
 // nearest_int (which adds 1.5·2^23 in float32).
@@ -26,11 +30,11 @@ func nearestInt(v float32) int { return int(math.RoundToEven(float64(v))) }
 // returns scale ≥ 0 and the_min = −offset ≥ 0. laux is scratch of len(x).
 func makeQKX2(nmax int, x, w []float32, L, laux []uint8, rmin, rdelta float32, nstep int) (scale, theMin float32) {
 	lo, hi := x[0], x[0]
-	var sumW, sumX float64
+	var sumW, sumX float32
 	for i, v := range x {
 		lo, hi = min(lo, v), max(hi, v)
-		sumW += float64(w[i])
-		sumX += float64(w[i]) * float64(v)
+		sumW += w[i]
+		sumX += float32(w[i] * v)
 	}
 	if lo > 0 {
 		lo = 0
@@ -42,39 +46,41 @@ func makeQKX2(nmax int, x, w []float32, L, laux []uint8, rmin, rdelta float32, n
 	fmax := float32(nmax)
 	iscale := fmax / (hi - lo)
 	scale = 1 / iscale
-	var bestErr float64
+	var bestErr float32
 	for i, v := range x {
 		l := min(nmax, max(0, nearestInt(iscale*(v-lo))))
 		L[i] = uint8(l)
-		diff := float64(scale*float32(l) + lo - v)
-		bestErr += float64(w[i]) * diff * diff
+		diff := float32(scale*float32(l)) + lo - v
+		bestErr += float32(w[i] * diff * diff)
 	}
+	// As in ggml, each trial grid starts from the current best offset mn
+	// (which an accepted fit moves), not from the block minimum.
 	mn := lo
 	for is := 0; is <= nstep; is++ {
-		iscale = (rmin + rdelta*float32(is) + fmax) / (hi - lo)
-		var sumL, sumL2, sumXL float64
+		iscale = (rmin + float32(rdelta*float32(is)) + fmax) / (hi - mn)
+		var sumL, sumL2, sumXL float32
 		for i, v := range x {
-			l := min(nmax, max(0, nearestInt(iscale*(v-lo))))
+			l := min(nmax, max(0, nearestInt(iscale*(v-mn))))
 			laux[i] = uint8(l)
-			wl := float64(w[i]) * float64(l)
-			sumL += wl
-			sumL2 += wl * float64(l)
-			sumXL += wl * float64(v)
+			fl := float32(l)
+			sumL += float32(w[i] * fl)
+			sumL2 += float32(w[i] * fl * fl)
+			sumXL += float32(w[i] * fl * v)
 		}
-		D := sumW*sumL2 - sumL*sumL
+		D := float32(sumW*sumL2) - float32(sumL*sumL)
 		if D <= 0 {
 			continue
 		}
-		thisScale := float32((sumW*sumXL - sumX*sumL) / D)
-		thisMin := float32((sumL2*sumX - sumL*sumXL) / D)
+		thisScale := (float32(sumW*sumXL) - float32(sumX*sumL)) / D
+		thisMin := (float32(sumL2*sumX) - float32(sumL*sumXL)) / D
 		if thisMin > 0 {
 			thisMin = 0
-			thisScale = float32(sumXL / sumL2)
+			thisScale = sumXL / sumL2
 		}
-		var cur float64
+		var cur float32
 		for i, v := range x {
-			diff := float64(thisScale*float32(laux[i]) + thisMin - v)
-			cur += float64(w[i]) * diff * diff
+			diff := float32(thisScale*float32(laux[i])) + thisMin - v
+			cur += float32(w[i] * diff * diff)
 		}
 		if cur < bestErr {
 			copy(L[:len(x)], laux[:len(x)])
@@ -127,11 +133,11 @@ func quantizeQ4K(dst []byte, x []float32) error {
 	var maxScale, maxMin float32
 	for j := 0; j < 8; j++ {
 		xs := x[32*j : 32*j+32]
-		var sumX2 float64
+		var sumX2 float32
 		for _, v := range xs {
-			sumX2 += float64(v) * float64(v)
+			sumX2 += float32(v * v)
 		}
-		av := float32(math.Sqrt(sumX2 / 32))
+		av := float32(math.Sqrt(float64(sumX2 / 32)))
 		for l, v := range xs {
 			w[l] = av + float32(math.Abs(float64(v)))
 		}
@@ -224,20 +230,21 @@ func makeQX(nmax int, x []float32, L []uint8) float32 {
 		return 0
 	}
 	fmax := float32(nmax)
-	sums := func(iscale float32, store bool) (sumLX, sumL2 float64) {
+	sums := func(iscale float32, store bool) (sumLX, sumL2 float32) {
 		for i, v := range x {
 			l := min(nmax-1, max(-nmax, nearestInt(iscale*v)))
 			if store {
 				L[i] = uint8(l + nmax)
 			}
-			w := float64(v) * float64(v)
-			sumLX += w * float64(v) * float64(l)
-			sumL2 += w * float64(l) * float64(l)
+			w := v * v
+			fl := float32(l)
+			sumLX += float32(w * v * fl)
+			sumL2 += float32(w * fl * fl)
 		}
 		return
 	}
 	sumLX, sumL2 := sums(-fmax/mx, true)
-	var scale float64
+	var scale float32
 	if sumL2 != 0 {
 		scale = sumLX / sumL2
 	}
@@ -246,15 +253,15 @@ func makeQX(nmax int, x []float32, L []uint8) float32 {
 		if is == 0 {
 			continue
 		}
-		iscale := -(fmax + 0.1*float32(is)) / mx
+		iscale := -(fmax + float32(0.1*float32(is))) / mx
 		lx, l2 := sums(iscale, false)
-		if l2 > 0 && lx*lx > best*l2 {
+		if l2 > 0 && float32(lx*lx) > float32(best*l2) {
 			sums(iscale, true)
 			scale = lx / l2
 			best = scale * lx
 		}
 	}
-	return float32(scale)
+	return scale
 }
 
 // quantizeQ6K is quantize_row_q6_K_ref for one super-block of 256: each

@@ -1,8 +1,9 @@
-// Package gguf reads and writes GGUF files, llama.cpp's model format. The
-// tensor data types and their block layouts (this file and quant*.go) follow
+// GGUF tensor data types (the package comment is in writer.go). The types
+// and their block layouts (this file and quant*.go) follow
 // llama.cpp's ggml-common.h (the block_* structs) and ggml-quants.c (the
 // reference quantizers quantize_row_*_ref and dequantize_row_*), which
 // define the format; the enum values are ggml.h's enum ggml_type.
+
 package gguf
 
 import (
