@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	goruntime "runtime"
 	"strings"
+	"sync"
 )
 
 // Type is a ggml tensor type: the values of ggml.h's enum ggml_type, as
@@ -144,8 +146,9 @@ func (t Type) RowBytes(n int) (int, error) {
 // quantizers (quantize_row_*_ref in ggml-quants.c, what llama-quantize uses
 // without an importance matrix); F16 and BF16 round to nearest even.
 //
-// Errors: ErrType; ErrShape (n, or len(src) not a multiple of n); ErrValue
-// naming the element for a NaN or ±Inf input, or for a value beyond fp16's
+// Large inputs are encoded on up to GOMAXPROCS goroutines; the bytes do
+// not depend on it. Errors: ErrType; ErrShape (n, or len(src) not a
+// multiple of n); ErrValue naming the element for a NaN or ±Inf input, or for a value beyond fp16's
 // range (F16) or whose block scale exceeds it (quantized types).
 func Quantize(t Type, src []float32, n int) ([]byte, error) {
 	rb, err := t.RowBytes(n)
@@ -195,10 +198,30 @@ func Quantize(t Type, src []float32, n int) ([]byte, error) {
 		enc = quantizeQ6K
 	}
 	bs, bb := t.BlockSize(), t.BlockBytes()
-	for b := 0; b < len(src)/bs; b++ {
-		if err := enc(dst[b*bb:(b+1)*bb], src[b*bs:(b+1)*bs]); err != nil {
-			e := b * bs
-			return nil, fmt.Errorf("%v block at element [%d, %d]: %w", t, e/n, e%n, err)
+	nb := len(src) / bs
+	// Blocks are independent: split them over up to GOMAXPROCS goroutines
+	// (the output does not depend on the split). Each part reports its
+	// first failing block; the lowest one is returned.
+	parts := min(goruntime.GOMAXPROCS(0), max(1, len(src)/(1<<16)), nb)
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for k := 0; k < parts; k++ {
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			for b := k * nb / parts; b < (k+1)*nb/parts; b++ {
+				if err := enc(dst[b*bb:(b+1)*bb], src[b*bs:(b+1)*bs]); err != nil {
+					e := b * bs
+					errs[k] = fmt.Errorf("%v block at element [%d, %d]: %w", t, e/n, e%n, err)
+					return
+				}
+			}
+		}(k)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
 		}
 	}
 	return dst, nil
