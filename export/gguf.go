@@ -806,7 +806,9 @@ func (e *exporter) addExperts(out string, names []string) error {
 		info: gguf.TensorInfo{Name: out, Dims: gguf.DimsOf(shape), Type: t},
 		row:  row,
 		produce: func() ([]byte, *TensorRow, error) {
-			var all []byte
+			ti := gguf.TensorInfo{Name: out, Dims: gguf.DimsOf(shape), Type: t}
+			size, _ := ti.Size()
+			all := make([]byte, 0, size)
 			modes := map[string]int{}
 			var reasons []string
 			for _, n := range names {

@@ -258,6 +258,52 @@ func TestGGUFOutput(t *testing.T) {
 	if _, err := GGUF(context.Background(), filepath.Join(t.TempDir(), "nope"), GGUFOptions{Out: out}); err == nil {
 		t.Error("a missing model exported")
 	}
-	var fe interface{ Unwrap() error }
-	_ = errors.As(nil, &fe)
+}
+
+// TestGGUFQuantArtifact: an artifact packed from a quantized checkpoint
+// exports to the same bytes as the checkpoint (its storage tensors are
+// read through the manifest).
+func TestGGUFQuantArtifact(t *testing.T) {
+	dir := writeQuantCheckpoint(t, shared.Path(t, "stories260K-hf"), func(name string, rows, cols int) *weights.Options {
+		if cols%32 != 0 {
+			return nil
+		}
+		return &weights.Options{Bits: 4, GroupSize: 32}
+	})
+	a, err := pack.FromCheckpoint(dir, pack.FromOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	art := filepath.Join(t.TempDir(), filepath.Base(dir)+".lmpk")
+	if _, err := pack.Write(art, a, pack.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	_, x := exportGGUF(t, art, GGUFOptions{})
+	_, y := exportGGUF(t, dir, GGUFOptions{})
+	bx, _ := os.ReadFile(x)
+	by, _ := os.ReadFile(y)
+	if !bytes.Equal(bx, by) {
+		t.Error("the quantized artifact's export differs from its checkpoint's")
+	}
+	if f := openGGUF(t, x); f.Tensors[1].Type != gguf.TypeF32 {
+		t.Errorf("tensor 1 %s: %v", f.Tensors[1].Name, f.Tensors[1].Type)
+	} else if ti, _ := f.Tensor("blk.0.attn_v.weight"); ti.Type != gguf.TypeQ4_1 {
+		t.Errorf("blk.0.attn_v.weight: %v, want Q4_1", ti.Type)
+	}
+}
+
+// TestGGUFCanceled: a canceled export fails and leaves nothing in the
+// output directory.
+func TestGGUFCanceled(t *testing.T) {
+	outDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := GGUF(ctx, shared.Path(t, "stories260K-hf"), GGUFOptions{Out: filepath.Join(outDir, "m.gguf")})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled export: %v, want context.Canceled", err)
+	}
+	if es, _ := os.ReadDir(outDir); len(es) != 0 {
+		t.Errorf("canceled export left %v", es)
+	}
 }
