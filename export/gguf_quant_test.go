@@ -117,6 +117,7 @@ func TestGGUFExactQuant(t *testing.T) {
 					t.Errorf("ffn_down %d: %v, want F32 (float in the checkpoint)", i, ti.Type)
 				}
 			}
+			t.Logf("%s: modes %v, %.3f bits per weight", c.name, rep.Counts(), rep.BitsPerWeight)
 			if checked != 30 {
 				t.Errorf("%d tensors checked", checked)
 			}
