@@ -104,6 +104,27 @@ func TestGGUFArchitectures(t *testing.T) {
 			}
 		}
 	})
+	t.Run("qwen2moe", func(t *testing.T) {
+		dir := writeSynthetic(t, map[string]any{"architectures": []string{"Qwen2MoeForCausalLM"}, "model_type": "qwen2_moe", "qkv_bias": true,
+			"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "norm_topk_prob": false})
+		rep, out := exportGGUF(t, dir, GGUFOptions{})
+		f := openGGUF(t, out)
+		for k, v := range map[string]any{"general.architecture": "qwen2moe", "qwen2moe.expert_count": uint32(4), "qwen2moe.expert_used_count": uint32(2),
+			"qwen2moe.expert_feed_forward_length": uint32(32), "qwen2moe.expert_shared_feed_forward_length": uint32(48), "qwen2moe.feed_forward_length": uint32(96)} {
+			if got := kv(t, f, k); !reflect.DeepEqual(got, v) {
+				t.Errorf("%s = %#v, want %#v", k, got, v)
+			}
+		}
+		for n, dims := range map[string][]uint64{"blk.1.ffn_gate_exps.weight": {64, 32, 4}, "blk.1.ffn_down_exps.weight": {32, 64, 4}, "blk.1.ffn_gate_inp.weight": {64, 4},
+			"blk.1.ffn_up_shexp.weight": {64, 48}, "blk.1.ffn_down_shexp.weight": {48, 64}, "blk.1.ffn_gate_inp_shexp.weight": {64}, "blk.1.attn_k.bias": {32}} {
+			if ti, _ := f.Tensor(n); ti == nil || !slices.Equal(ti.Dims, dims) {
+				t.Errorf("%s: %+v, want dims %v", n, ti, dims)
+			}
+		}
+		if len(rep.Warnings) != 0 {
+			t.Errorf("warnings %q (norm_topk_prob false is what llama.cpp's qwen2moe does)", rep.Warnings)
+		}
+	})
 	t.Run("mistral", func(t *testing.T) {
 		dir := writeSynthetic(t, map[string]any{"architectures": []string{"MistralForCausalLM"}, "model_type": "mistral", "sliding_window": 128})
 		rep, out := exportGGUF(t, dir, GGUFOptions{})
