@@ -57,8 +57,13 @@ func openSource(ctx context.Context, path string) (*source, error) {
 	if err != nil {
 		return nil, err
 	}
+	name := filepath.Base(filepath.Clean(dir))
+	if _, err := os.Stat(path); err != nil {
+		// A hub id "org/name[@revision]": the name, not the snapshot hash.
+		name, _, _ = strings.Cut(filepath.Base(path), "@")
+	}
 	return &source{
-		path: path, name: filepath.Base(filepath.Clean(dir)), desc: d, tensors: ck,
+		path: path, name: name, desc: d, tensors: ck,
 		file: func(name string) ([]byte, error) {
 			b, err := os.ReadFile(filepath.Join(dir, name))
 			if errors.Is(err, fs.ErrNotExist) {
