@@ -308,3 +308,54 @@ func TestGGUFCanceled(t *testing.T) {
 		t.Errorf("canceled export left %v", es)
 	}
 }
+
+// TestGGUFActOrder: an act-order weight (8-bit symmetric group 32 with a
+// column permutation) whose permutation keeps each block of 32 original
+// columns in one group is written as Q8_0 exactly after undoing it; one
+// whose permutation mixes groups is requantized, saying so.
+func TestGGUFActOrder(t *testing.T) {
+	src := shared.Path(t, "stories260K-hf")
+	o := &weights.Options{Bits: 8, GroupSize: 32, Symmetric: true}
+	dir := writeQuantCheckpointPerm(t, src, func(name string, rows, cols int) *weights.Options {
+		if strings.Contains(name, "layers.0.mlp.gate_proj") || strings.Contains(name, "layers.0.mlp.up_proj") {
+			return o
+		}
+		return nil
+	}, func(name string, cols int) []int32 {
+		perm := make([]int32, cols)
+		for j := range perm {
+			perm[j] = int32(j)
+		}
+		if strings.Contains(name, "gate_proj") { // reverse inside each group of 32
+			for j := range perm {
+				perm[j] = int32(j/32*32 + 31 - j%32)
+			}
+		} else { // reverse the whole row: groups mix original blocks
+			slices.Reverse(perm)
+			perm[0], perm[40] = perm[40], perm[0]
+		}
+		return perm
+	})
+	rep, out := exportGGUF(t, dir, GGUFOptions{})
+	f := openGGUF(t, out)
+	rows := map[string]TensorRow{}
+	for _, r := range rep.Tensors {
+		rows[r.Name] = r
+	}
+	g := rows["blk.0.ffn_gate.weight"]
+	if g.Mode != ModeExact || g.To != "Q8_0" || !strings.Contains(g.From, "act-order") {
+		t.Errorf("gate (permutation within groups): %+v, want exact Q8_0 from an act-order tensor", g)
+	}
+	data, _ := f.TensorData("blk.0.ffn_gate.weight")
+	got, err := gguf.Dequantize(gguf.TypeQ8_0, data, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := lmpackValues(t, dir, "model.layers.0.mlp.gate_proj.weight"); !slices.Equal(got, want) {
+		t.Error("the act-order gate_proj does not decode to lmpack's values in the original column order")
+	}
+	u := rows["blk.0.ffn_up.weight"]
+	if u.Mode != ModeRequantized || u.To != "Q8_0" || !strings.Contains(u.Reason, "act-order") {
+		t.Errorf("up (permutation across groups): %+v, want requantized Q8_0 naming the act-order permutation", u)
+	}
+}
