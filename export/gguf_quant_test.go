@@ -359,3 +359,25 @@ func TestGGUFActOrder(t *testing.T) {
 		t.Errorf("up (permutation across groups): %+v, want requantized Q8_0 naming the act-order permutation", u)
 	}
 }
+
+// TestKVWarning: each lmpack KV scheme names the llama.cpp cache type to
+// use instead.
+func TestKVWarning(t *testing.T) {
+	for _, c := range []struct {
+		cache string
+		rot   bool
+		want  []string
+	}{
+		{"oscar2", true, []string{`KV cache "oscar2" with OSCAR rotations`, "--cache-type-k q4_0 --cache-type-v q4_0", "-fa", "2-bit has no counterpart"}},
+		{"int4", false, []string{"--cache-type-k q4_0"}},
+		{"int8", false, []string{"--cache-type-k q8_0 --cache-type-v q8_0"}},
+		{"fp16", false, []string{"--cache-type-k f16"}},
+	} {
+		w := kvWarning(c.cache, c.rot)
+		for _, s := range c.want {
+			if !strings.Contains(w, s) {
+				t.Errorf("kvWarning(%q, %v) = %q, want %q in it", c.cache, c.rot, w, s)
+			}
+		}
+	}
+}
