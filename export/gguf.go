@@ -658,7 +658,7 @@ func (e *exporter) metaOf(name string) (*meta, error) {
 	if tq, ok := e.src.quantOf(name); ok {
 		m.tq = &tq
 	} else {
-		t, err := e.src.tensors.Tensor(name)
+		t, err := e.src.info(name)
 		if err != nil {
 			return nil, err
 		}
