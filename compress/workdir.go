@@ -12,6 +12,7 @@ import (
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 )
