@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"os"
 	"path/filepath"
