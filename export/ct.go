@@ -252,8 +252,8 @@ func CompressedTensors(ctx context.Context, modelPath string, opt CTOptions) (*R
 	if err := json.Unmarshal(s.config, &raw); err != nil {
 		return nil, fmt.Errorf("export: %s: config.json: %w", modelPath, err)
 	}
-	if lc, ok := raw["layer_configs"]; ok && string(lc) != "null" && string(lc) != "[]" {
-		return nil, fmt.Errorf("export: %s: config.json: layer_configs: %w: the model is width-pruned (its layers differ in head counts or FFN sizes) and stock loaders, vLLM's included, build every layer from the one num_attention_heads/num_key_value_heads/intermediate_size; export a depth-pruned or unpruned model", modelPath, ErrCTUnsupported)
+	if err := checkUniform(raw); err != nil {
+		return nil, fmt.Errorf("export: %s: config.json: layer_configs: %w: %v: the model is width-pruned, and stock loaders, vLLM's included, build every layer from the one num_attention_heads, num_key_value_heads and intermediate_size; export a depth-pruned or unpruned model", modelPath, ErrCTUnsupported, err)
 	}
 	if s.kv != nil {
 		msg := fmt.Sprintf("the artifact's KV-cache scheme %q (method %q", s.kv.Cache, s.kv.Method)
@@ -700,6 +700,47 @@ func torchDType(raw map[string]json.RawMessage) string {
 		}
 	}
 	return ""
+}
+
+// checkUniform fails when config.json's layer_configs (lmpack's
+// width-pruning extension) gives a layer head counts or an FFN size other
+// than the top-level num_attention_heads, num_key_value_heads and
+// intermediate_size (a zero intermediate_size means the top-level one).
+// An absent, null or empty list, or one that only repeats the top-level
+// values, passes (the key is then dropped).
+func checkUniform(raw map[string]json.RawMessage) error {
+	lcRaw, ok := raw["layer_configs"]
+	if !ok || string(lcRaw) == "null" {
+		return nil
+	}
+	var lcs []arch.LayerConfig
+	if err := json.Unmarshal(lcRaw, &lcs); err != nil {
+		return err
+	}
+	var top struct {
+		Heads int  `json:"num_attention_heads"`
+		KV    *int `json:"num_key_value_heads"`
+		Inter int  `json:"intermediate_size"`
+	}
+	b, _ := json.Marshal(raw)
+	if err := json.Unmarshal(b, &top); err != nil {
+		return err
+	}
+	kv := top.Heads
+	if top.KV != nil {
+		kv = *top.KV
+	}
+	for i, lc := range lcs {
+		inter := lc.IntermediateSize
+		if inter == 0 {
+			inter = top.Inter
+		}
+		if lc.NumAttentionHeads != top.Heads || lc.NumKeyValueHeads != kv || inter != top.Inter {
+			return fmt.Errorf("layer %d has %d attention heads, %d KV heads and intermediate_size %d, the config %d, %d and %d",
+				i, lc.NumAttentionHeads, lc.NumKeyValueHeads, inter, top.Heads, kv, top.Inter)
+		}
+	}
+	return nil
 }
 
 // layerOf returns N of a "model.layers.N." tensor name.
