@@ -22,6 +22,7 @@ import (
 	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
+	"github.com/lmpack/lmpack/prune"
 	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/quantize/wquant"
 	"github.com/lmpack/lmpack/runtime"
@@ -423,13 +424,19 @@ func TestCompressedTensorsDecodesExactly(t *testing.T) {
 	t1m := shared.Path(t, "tiny1m-hf")
 	root := t.TempDir()
 	synth := synthLlama(t, filepath.Join(root, "synth"), nil)
+	// Depth-pruned: stories260K without block 2 (lmpack prune, list:2).
+	depthDir := filepath.Join(root, "depth")
+	if _, err := prune.Run(t.Context(), prune.Options{Model: s260, Out: depthDir, Method: "list:2", Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	models := map[string]string{"s260": s260, "t1m": t1m, "synth": synth, "depth": depthDir,
+		"moe": shared.Path(t, "stories260K-moe-hf"), "qwen3moe": shared.Path(t, "qwen3moe-2m-hf")}
 	calibs := map[string]string{}
-	for name, dir := range map[string]string{"s260": s260, "t1m": t1m, "synth": synth} {
+	for name, dir := range models {
 		cd := filepath.Join(root, "calib-"+name)
 		os.MkdirAll(cd, 0o755)
 		calibs[name] = ctCalib(t, dir, cd)
 	}
-	models := map[string]string{"s260": s260, "t1m": t1m, "synth": synth}
 	cases := []struct {
 		model, method string
 		bits, group   int
@@ -444,6 +451,9 @@ func TestCompressedTensorsDecodesExactly(t *testing.T) {
 		{"s260", wquant.MethodGPTQ, 4, 32, false, true},
 		{"synth", wquant.MethodGPTQ, 8, 128, true, true},
 		{"synth", wquant.MethodGPTQ, 4, 128, false, true},
+		{"depth", wquant.MethodRTN, 4, 32, false, false},
+		{"moe", wquant.MethodRTN, 4, 32, true, false},
+		{"qwen3moe", wquant.MethodRTN, 8, 64, false, false},
 	}
 	for _, tc := range cases {
 		name := fmt.Sprintf("%s-%s-%db-g%d-sym%v-act%v", tc.model, tc.method, tc.bits, tc.group, tc.sym, tc.act)
@@ -459,6 +469,11 @@ func TestCompressedTensorsDecodesExactly(t *testing.T) {
 				t.Fatal(err)
 			}
 			acts := checkCTExport(t, qdir, out, false)
+			if tc.model == "depth" {
+				if n := string(ctReadConfig(t, out)["num_hidden_layers"]); n != "4" {
+					t.Fatalf("depth-pruned export: num_hidden_layers %s, want 4", n)
+				}
+			}
 			if tc.act && acts == 0 {
 				t.Fatalf("act-order case exported no act-order weight")
 			}
@@ -478,7 +493,7 @@ func TestCompressedTensorsDecodesExactly(t *testing.T) {
 				t.Fatal(err)
 			}
 			sameTree(t, out, out2)
-			t.Logf("%s: %.3f bits per weight, %d bytes, %d act-order weights", name, rep.BitsPerWeight, rep.Bytes, acts)
+			t.Logf("%s: %.3f bits per weight, %d bytes, %d act-order weights; warnings %q", name, rep.BitsPerWeight, rep.Bytes, acts, rep.Warnings)
 		})
 	}
 }
@@ -524,6 +539,22 @@ func TestCompressedTensorsRefuses(t *testing.T) {
 		t.Fatalf("width-pruned: %v", err)
 	}
 	noLeftovers(t, od)
+
+	// A checkpoint width-pruned by lmpack prune (4 head groups, a quarter
+	// of every FFN), then quantized.
+	pdir := filepath.Join(root, "pruned")
+	if _, err := prune.Run(t.Context(), prune.Options{Model: s260, Calib: calib, Out: pdir, HeadGroups: 4, HeadMethod: prune.HeadProxy,
+		FFNRatio: 0.25, NoRefit: true, Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	pq := ctQuantize(t, pdir, ctCalib(t, pdir, t.TempDir()), filepath.Join(root, "pruned-q"), wquant.MethodRTN, 4, 32, true, false)
+	for _, m := range []string{pdir, pq} {
+		_, err = CompressedTensors(t.Context(), m, CTOptions{Out: filepath.Join(od, "ct")})
+		if !errors.Is(err, ErrCTUnsupported) || !strings.Contains(err.Error(), "width-pruned") {
+			t.Fatalf("prune width output %s: %v", m, err)
+		}
+		noLeftovers(t, od)
+	}
 
 	// Uniform layer_configs (every layer as the top level) is no pruning.
 	up := synthLlama(t, filepath.Join(root, "up"), map[string]any{"layer_configs": []map[string]int{
