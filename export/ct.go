@@ -197,7 +197,8 @@ func schemeOf(tq arch.TensorQuant, cols int) ctScheme {
 // quantized checkpoint (docs/QUANT.md), Hugging Face id or .lmpk
 // artifact) as a Hugging Face directory in the compressed-tensors
 // "pack-quantized" format that vLLM's compressed-tensors loader reads
-// (docs/EXPORT.md, "compressed-tensors"):
+// (the layout of compressed-tensors' PackedQuantizationCompressor and
+// QuantizationArgs, release CTVersion):
 //
 //   - each quantized weight NAME.weight [out, in] (4 or 8 bits) becomes
 //     NAME.weight_packed I32 [out, ceil(in/(32/bits))]: the unsigned codes
@@ -217,6 +218,26 @@ func schemeOf(tq arch.TensorQuant, cols int) ctScheme {
 //     other float 2-d Linear weight in ignore) and loses lmpack_quantization.
 //   - with opt.KVCalib, an FP8 kv_cache_scheme and per-layer
 //     model.layers.N.self_attn.k_scale / v_scale F32 scalars (kvScales).
+//
+// What maps how:
+//
+//	lmpack                          compressed-tensors            mode
+//	4/8-bit, group 32/64/128        strategy group, group_size    exact
+//	4/8-bit, group = cols           strategy channel              exact
+//	symmetric (z = 2^(bits−1))      symmetric, no zero-point      exact
+//	asymmetric (integer z)          weight_zero_point             exact
+//	act-order (NAME.perm)           actorder "group", g_idx       exact
+//	float tensors                   same dtype, in ignore         exact
+//	1-, 2-, 3-bit weights           —                             refused
+//	width-pruned (layer_configs)    —                             refused
+//	artifact KV scheme (oscar2 ...) — (DropKV: left out)          refused
+//	calibration token ids           FP8 kv_cache_scheme, scales   measured
+//
+// Scales stay F16 (lmpack's); vLLM casts them to the model's dtype at
+// load (exact for fp16/fp32 models; a warning for bf16). Nothing here was
+// checked by running vLLM (it does not run on this machine): the tests
+// decode the output with an unpacker written from the format's
+// documentation and compare with lmpack's dequantized weights.
 //
 // One safetensors shard per decoder block plus one for the rest, with
 // model.safetensors.index.json; tokenizer and side files copied. The
@@ -297,6 +318,9 @@ func CompressedTensors(ctx context.Context, modelPath string, opt CTOptions) (*R
 		rep.Warnings = append(rep.Warnings, "weight_scale is stored F16 (lmpack's scales bit for bit); vLLM casts it to the model's bfloat16 at load, rounding each scale to 8 significant bits")
 	}
 	rep.Warnings = append(rep.Warnings, fusedMismatch(d, quant)...)
+	if len(schemes) > 1 {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d weight schemes, so %d config groups: the largest targets \"Linear\", the others name their modules", len(schemes), len(schemes)))
+	}
 
 	var kv *kvResult
 	if opt.KVCalib != "" {
@@ -619,6 +643,20 @@ func quantConfig(d *arch.Description, quant map[string]arch.TensorQuant, schemes
 	if len(quant) == 0 {
 		c.Format = "dense"
 	}
+	// The scheme with the most weight elements targets "Linear" (vLLM's
+	// MoE method looks a fused expert layer up under "Linear"); the others
+	// name their modules, which matches them first.
+	shapes := d.TensorShapes()
+	linear, most := -1, -1
+	for i, sc := range keys {
+		n := 0
+		for _, w := range schemes[sc] {
+			n += numel(shapes[w])
+		}
+		if n > most {
+			linear, most = i, n
+		}
+	}
 	for i, sc := range keys {
 		a := &ctArgs{NumBits: sc.Bits, Type: "int", Symmetric: sc.Symmetric, Strategy: "channel", Observer: "minmax"}
 		if sc.GroupSize > 0 {
@@ -630,7 +668,7 @@ func quantConfig(d *arch.Description, quant map[string]arch.TensorQuant, schemes
 			a.ActOrder = &ao
 		}
 		targets := []string{"Linear"}
-		if len(keys) > 1 {
+		if i != linear {
 			targets = nil
 			for _, n := range schemes[sc] {
 				targets = append(targets, arch.QuantPrefix(n))
@@ -641,7 +679,6 @@ func quantConfig(d *arch.Description, quant map[string]arch.TensorQuant, schemes
 	// ignore: every Linear the config groups do not cover (lm_head, the
 	// MoE routers, float projections).
 	ign := map[string]bool{arch.QuantPrefix(d.LMHead): true}
-	shapes := d.TensorShapes()
 	for n, sh := range shapes {
 		if _, q := quant[n]; q || len(sh) != 2 || n == d.Embedding || !strings.HasSuffix(n, ".weight") {
 			continue

@@ -311,12 +311,27 @@ func checkCTExport(t *testing.T, qdir, out string, wantKV bool) int {
 		t.Errorf("kv_cache_scheme %s, want present %v", qc.KVCacheScheme, wantKV)
 	}
 	// The config group of each module.
+	// (A module's own name matches before the class target "Linear".)
+	linear := 0
+	for _, g := range qc.ConfigGroups {
+		if string(g.InputActivations) != "null" || string(g.OutputActivations) != "null" {
+			t.Errorf("group activations %s %s, want null", g.InputActivations, g.OutputActivations)
+		}
+		if slices.Contains(g.Targets, "Linear") {
+			linear++
+		}
+	}
+	if len(d.Quant.Tensors) > 0 && linear != 1 {
+		t.Errorf("%d config groups target Linear, want 1", linear)
+	}
 	groupOf := func(mod string) (ctArgsJSON, bool) {
 		for _, g := range qc.ConfigGroups {
-			if string(g.InputActivations) != "null" || string(g.OutputActivations) != "null" {
-				t.Errorf("group activations %s %s, want null", g.InputActivations, g.OutputActivations)
+			if slices.Contains(g.Targets, mod) {
+				return g.Weights, true
 			}
-			if slices.Equal(g.Targets, []string{"Linear"}) && !slices.Contains(qc.Ignore, mod) || slices.Contains(g.Targets, mod) {
+		}
+		for _, g := range qc.ConfigGroups {
+			if slices.Equal(g.Targets, []string{"Linear"}) && !slices.Contains(qc.Ignore, mod) {
 				return g.Weights, true
 			}
 		}
