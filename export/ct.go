@@ -111,6 +111,18 @@ func openCTSource(ctx context.Context, name string) (*ctSource, error) {
 			r.Close()
 			return nil, fmt.Errorf("export: %s: %w", name, err)
 		}
+		// The embedded config.json becomes the export's: it must describe
+		// the manifest's model (layers, sizes).
+		cd, err := arch.Parse(cfg)
+		if err != nil {
+			r.Close()
+			return nil, fmt.Errorf("export: %s: embedded config.json: %w", name, err)
+		}
+		if len(cd.Layers) != len(d.Layers) || cd.HiddenSize != d.HiddenSize || cd.VocabSize != d.VocabSize {
+			r.Close()
+			return nil, fmt.Errorf("export: %s: embedded config.json describes %d layers, hidden_size %d, vocab_size %d; the manifest %d, %d, %d", name,
+				len(cd.Layers), cd.HiddenSize, cd.VocabSize, len(d.Layers), d.HiddenSize, d.VocabSize)
+		}
 		s := &ctSource{desc: d, src: r, config: cfg, kv: r.Manifest().KV, close: r.Close, path: name, dtypes: map[string]safetensors.DType{}}
 		for _, ti := range r.TensorInfos() {
 			s.dtypes[ti.Name] = ti.DType
@@ -262,8 +274,8 @@ func CompressedTensors(ctx context.Context, modelPath string, opt CTOptions) (*R
 	}
 	defer s.close()
 	if s.dir != "" {
-		if err := fsx.CheckNewDir(s.dir, opt.Out, "output"); err != nil {
-			return nil, err
+		if err := fsx.CheckNewDir(s.dir, opt.Out, "the export"); err != nil {
+			return nil, fmt.Errorf("export: %w", err)
 		}
 	}
 	rep := &Report{Format: FormatCompressedTensors, Out: opt.Out}

@@ -32,6 +32,11 @@ import (
 // of modelDir.
 func ctCalib(t *testing.T, modelDir, dir string) string {
 	t.Helper()
+	return benchCalib(t, modelDir, dir)
+}
+
+func benchCalib(t testing.TB, modelDir, dir string) string {
+	t.Helper()
 	out := filepath.Join(dir, "calib.safetensors")
 	if _, err := calibrate.Run(t.Context(), calibrate.Options{Model: modelDir, Data: shared.Path(t, "tinystories-valid", "calib.txt"),
 		Tokens: 512, Ctx: 128, Out: out, Threads: 1, Version: "test"}); err != nil {
