@@ -329,6 +329,9 @@ func CompressedTensors(ctx context.Context, modelPath string, opt CTOptions) (*R
 	if dt := torchDType(raw); dt == "bfloat16" && len(qnames) > 0 {
 		rep.Warnings = append(rep.Warnings, "weight_scale is stored F16 (lmpack's scales bit for bit); vLLM casts it to the model's bfloat16 at load, rounding each scale to 8 significant bits")
 	}
+	if _, ok := s.dtypes[d.LMHead]; ok && d.TieWordEmbeddings {
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s is a stored copy of the tied embedding (tie_word_embeddings); it is not written, loaders tie it to %s", d.LMHead, d.Embedding))
+	}
 	rep.Warnings = append(rep.Warnings, fusedMismatch(d, quant)...)
 	if len(schemes) > 1 {
 		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d weight schemes, so %d config groups: the largest targets \"Linear\", the others name their modules", len(schemes), len(schemes)))

@@ -758,3 +758,58 @@ func TestCompressedTensorsKVScales(t *testing.T) {
 		t.Errorf("warnings %q do not say which statistic was used", rep.Warnings)
 	}
 }
+
+// TestCompressedTensorsFloat: a float checkpoint exports as a stock
+// Hugging Face directory (no quantization_config, tensors byte-equal,
+// a warning that nothing is quantized); with KVCalib it gets a
+// quantization_config holding only the FP8 kv_cache_scheme.
+func TestCompressedTensorsFloat(t *testing.T) {
+	s260 := shared.Path(t, "stories260K-hf")
+	root := t.TempDir()
+	out := filepath.Join(root, "ct")
+	rep, err := CompressedTensors(t.Context(), s260, CTOptions{Out: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ctReadConfig(t, out)
+	if _, ok := cfg["quantization_config"]; ok {
+		t.Fatalf("float export has quantization_config %s", cfg["quantization_config"])
+	}
+	// stories260K is tied and stores an lm_head.weight copy, which is said
+	// and left out.
+	if len(rep.Warnings) != 2 || !strings.Contains(rep.Warnings[0], "no quantized weights") || !strings.Contains(rep.Warnings[1], "lm_head.weight is a stored copy") {
+		t.Fatalf("warnings %q", rep.Warnings)
+	}
+	ck, err := safetensors.OpenDir(s260)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	ex, err := safetensors.OpenDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	if want := slices.DeleteFunc(ck.Names(), func(n string) bool { return n == "lm_head.weight" }); !slices.Equal(want, ex.Names()) {
+		t.Fatalf("names %v, want %v", ex.Names(), ck.Names())
+	}
+	for _, n := range ex.Names() {
+		a, _ := ck.Tensor(n)
+		b, _ := ex.Tensor(n)
+		if a.DType != b.DType || !bytes.Equal(a.Data, b.Data) {
+			t.Fatalf("%s differs", n)
+		}
+	}
+	calib := ctCalib(t, s260, root)
+	out2 := filepath.Join(root, "kv")
+	if _, err := CompressedTensors(t.Context(), s260, CTOptions{Out: out2, KVCalib: calib, Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var qc ctQC
+	if err := json.Unmarshal(ctReadConfig(t, out2)["quantization_config"], &qc); err != nil {
+		t.Fatal(err)
+	}
+	if qc.QuantMethod != "compressed-tensors" || len(qc.ConfigGroups) != 0 || string(qc.KVCacheScheme) == "null" || len(qc.KVCacheScheme) == 0 {
+		t.Fatalf("KV-only quantization_config %+v", qc)
+	}
+}
