@@ -226,8 +226,11 @@ func schemeOf(tq arch.TensorQuant, cols int) ctScheme {
 //     original input column. Dequantisation (q − z)·scale[r, g_idx[c]]
 //     equals lmpack's bit for bit.
 //   - float tensors are copied in their dtype; config.json gets
-//     quantization_config (one config group per scheme; lm_head and every
-//     other float 2-d Linear weight in ignore) and loses lmpack_quantization.
+//     quantization_config (one config group per scheme, the largest
+//     targeting "Linear", the others their module names; lm_head and every
+//     other float 2-d Linear weight in ignore) and loses lmpack_quantization
+//     (and a layer_configs list that only repeats the top-level sizes). A
+//     stored copy of a tied lm_head is not written (a warning says so).
 //   - with opt.KVCalib, an FP8 kv_cache_scheme and per-layer
 //     model.layers.N.self_attn.k_scale / v_scale F32 scalars (kvScales).
 //
@@ -246,9 +249,8 @@ func schemeOf(tq arch.TensorQuant, cols int) ctScheme {
 //	calibration token ids           FP8 kv_cache_scheme, scales   measured
 //
 // Scales stay F16 (lmpack's); vLLM casts them to the model's dtype at
-// load (exact for fp16/fp32 models; a warning for bf16). Nothing here was
-// checked by running vLLM (it does not run on this machine): the tests
-// decode the output with an unpacker written from the format's
+// load (exact for fp16/fp32 models; a warning for bf16). vLLM itself was
+// not run on this output in lmpack's tests: they decode the output with an unpacker written from the format's
 // documentation and compare with lmpack's dequantized weights.
 //
 // One safetensors shard per decoder block plus one for the rest, with
