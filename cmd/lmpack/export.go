@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/lmpack/lmpack/export"
@@ -15,16 +13,14 @@ import (
 // (field.Rename of Validate's errors).
 var ggufFlags = map[string]string{"Out": "-o", "Type": "--gguf-type", "AllowRequant": "--allow-requant"}
 
-// exportCompressedTensors is the compressed-tensors exporter; the stub
-// stands until export.CompressedTensors (helper branch h-ct) is merged.
-var exportCompressedTensors = func(ctx context.Context, model, out string, allowRequant bool) (*export.Report, error) {
-	return nil, errors.New("export: --format compressed-tensors is not built into this binary yet (export.CompressedTensors)")
-}
+// ctFlags names export.CTOptions' fields as flags of export.
+var ctFlags = map[string]string{"Out": "-o", "KVCalib": "--kv-calib", "DropKV": "--drop-kv", "Threads": "--threads"}
 
 func newExportCmd(g *globalFlags) *cobra.Command {
 	var (
-		format, out, ggufType string
-		allowRequant, asJSON  bool
+		format, out, ggufType, kvCalib string
+		allowRequant, dropKV, asJSON   bool
+		threads                        int
 	)
 	cmd := &cobra.Command{
 		Use:   "export MODEL|ARTIFACT --format gguf|compressed-tensors -o OUT [--gguf-type auto|q8_0|q4_0|q4_1|q4_k|q6_k|f16|bf16|f32] [--allow-requant] [--json]",
@@ -46,26 +42,42 @@ report names the llama.cpp --cache-type-k/-v to use instead.
 The report lists what each tensor became (exact, requantized, kept) and
 why, and the bits per weight of the result. OUT is written atomically and
 is byte-identical across runs; an existing OUT is replaced only when it is
-a file of the same format.`,
+a file of the same format.
+
+--format compressed-tensors writes a Hugging Face directory that vLLM's
+compressed-tensors loader reads: 4- and 8-bit weights as pack-quantized
+(weight_packed, weight_scale, weight_zero_point, weight_shape, weight_g_idx
+for act-order) with quantization_config; other widths and width-pruned
+models are refused. --kv-calib CALIB adds an FP8 kv_cache_scheme with
+per-layer k_scale/v_scale measured on the calibration tokens; an
+artifact's own KV scheme has no counterpart and is refused unless
+--drop-kv. OUT must not exist.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var rep *export.Report
 			var err error
 			switch format {
 			case "gguf":
+				if kvCalib != "" || dropKV {
+					return fmt.Errorf("--kv-calib and --drop-kv apply to --format compressed-tensors only")
+				}
 				opt := export.GGUFOptions{Out: out, Type: ggufType, AllowRequant: allowRequant}
 				if verr := opt.Validate(); verr != nil {
 					return field.Rename(verr, ggufFlags)
 				}
 				rep, err = export.GGUF(cmd.Context(), args[0], opt)
 			case "compressed-tensors":
-				if out == "" {
-					return fmt.Errorf("-o OUT is required")
-				}
 				if ggufType != "" {
 					return fmt.Errorf("--gguf-type applies to --format gguf only")
 				}
-				rep, err = exportCompressedTensors(cmd.Context(), args[0], out, allowRequant)
+				if allowRequant {
+					return fmt.Errorf("--allow-requant applies to --format gguf only (compressed-tensors never requantizes)")
+				}
+				opt := export.CTOptions{Out: out, KVCalib: kvCalib, DropKV: dropKV, Threads: threads, Logger: g.logger}
+				if verr := opt.Validate(); verr != nil {
+					return field.Rename(verr, ctFlags)
+				}
+				rep, err = export.CompressedTensors(cmd.Context(), args[0], opt)
 			case "":
 				return fmt.Errorf("--format is required: gguf or compressed-tensors")
 			default:
@@ -89,6 +101,9 @@ a file of the same format.`,
 	f.StringVarP(&out, "output", "o", "", "file (gguf) or directory (compressed-tensors) to write")
 	f.StringVar(&ggufType, "gguf-type", "", "tensor type of the 2-D weights: auto (default), q8_0, q4_0, q4_1, q4_k, q6_k, f16, bf16, f32")
 	f.BoolVar(&allowRequant, "allow-requant", false, "requantize MoE experts of mixed widths to the widest instead of refusing")
+	f.StringVar(&kvCalib, "kv-calib", "", "compressed-tensors: calibration file (lmpack calibrate) for an FP8 kv_cache_scheme with per-layer k_scale/v_scale")
+	f.BoolVar(&dropKV, "drop-kv", false, "compressed-tensors: export an artifact's weights without its KV-cache scheme (no counterpart) instead of refusing")
+	f.IntVar(&threads, "threads", 0, "CPU workers for the --kv-calib forward passes (default: all cores)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
 }

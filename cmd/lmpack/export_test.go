@@ -40,3 +40,36 @@ func TestExportGGUFCLI(t *testing.T) {
 		t.Errorf("-o file changed: %q", b)
 	}
 }
+
+// TestExportCompressedTensorsCLI: --format compressed-tensors writes a
+// directory whose config.json carries no quantization_config for a float
+// model (the tensors keep their dtype), refuses an existing OUT and the
+// GGUF-only flags, and leaves nothing behind on a refusal.
+func TestExportCompressedTensorsCLI(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "ct")
+	r := lmpack(t, nil, "export", modelDir(t), "--format", "compressed-tensors", "-o", out, "--json")
+	wantOK(t, r)
+	var rep struct {
+		Format  string `json:"format"`
+		Tensors []struct {
+			Name, To, Mode string
+		} `json:"tensors"`
+	}
+	decodeOneJSON(t, r.stdout, &rep)
+	if rep.Format != "compressed-tensors" || len(rep.Tensors) == 0 {
+		t.Errorf("report %+v", rep)
+	}
+	for _, f := range []string{"config.json", "model.safetensors.index.json", "tokenizer.json"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Errorf("export output lacks %s: %v", f, err)
+		}
+	}
+	wantError(t, lmpack(t, nil, "export", modelDir(t), "--format", "compressed-tensors", "-o", out), out)
+	other := filepath.Join(dir, "ct2")
+	wantError(t, lmpack(t, nil, "export", modelDir(t), "--format", "compressed-tensors", "-o", other, "--gguf-type", "q8_0"), "--gguf-type applies to --format gguf only")
+	wantError(t, lmpack(t, nil, "export", modelDir(t), "--format", "gguf", "-o", filepath.Join(dir, "m.gguf"), "--drop-kv"), "apply to --format compressed-tensors only")
+	if _, err := os.Stat(other); err == nil {
+		t.Errorf("a refused export left %s behind", other)
+	}
+}
