@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZTIME ?= 10s
 
-.PHONY: build test bench lint fuzz ci gpu-check kernels
+.PHONY: build test bench lint cross fuzz ci gpu-check kernels
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/lmpack ./cmd/lmpack
@@ -19,6 +19,18 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# Builds and vets (tests included) for the other supported systems: the
+# CPU backend everywhere, mmap and file locks per OS (internal/fsx), the
+# portable Go kernels off amd64, the CUDA backend reporting "unsupported
+# on this OS" off Linux.
+CROSS ?= darwin/arm64 darwin/amd64 windows/amd64 linux/arm64
+cross:
+	@set -e; for p in $(CROSS); do \
+		echo "GOOS=$${p%/*} GOARCH=$${p#*/}: go build ./... && go vet ./..."; \
+		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build ./...; \
+		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet ./...; \
+	done
 
 # Brief runs of every fuzz target (CI runs this too).
 fuzz:
@@ -37,7 +49,7 @@ fuzz:
 kernels:
 	$(GO) test -count=1 -v -run '^(TestCompileKernels|TestKernelsNoSpills)$$' ./runtime/cuda/
 
-ci: lint test kernels fuzz
+ci: lint cross test kernels fuzz
 
 # CUDA backend check on a machine with a GPU (parity tests and benchmarks,
 # under 5 minutes on an H200): see scripts/gpu-check.sh.

@@ -146,7 +146,7 @@ func TestCompressResumeDeterminism(t *testing.T) {
 		}
 		// A cancelled stage removes its temporary directory (a killed one
 		// leaves it for the next run to remove: cmd/lmpack.TestCompressKilled).
-		if tmp, _ := filepath.Glob(filepath.Join(workB, ".tmp-*")); len(tmp) != 0 {
+		if tmp, _ := filepath.Glob(filepath.Join(workB, ".*.tmp-*")); len(tmp) != 0 {
 			t.Fatalf("after the interrupt in %s: temporary dirs %v left behind", stage, tmp)
 		}
 		if _, err := os.Stat(outB); !os.IsNotExist(err) {
@@ -164,7 +164,7 @@ func TestCompressResumeDeterminism(t *testing.T) {
 	if got := cachedStages(repB); !mapsEqual(got, want) {
 		t.Errorf("resumed run cached stages %v, want %v", got, want)
 	}
-	if tmp, _ := filepath.Glob(filepath.Join(workB, ".tmp-*")); len(tmp) != 0 {
+	if tmp, _ := filepath.Glob(filepath.Join(workB, ".*.tmp-*")); len(tmp) != 0 {
 		t.Errorf("temporary dirs left after the resumed run: %v", tmp)
 	}
 

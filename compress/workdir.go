@@ -7,12 +7,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
 )
@@ -158,35 +157,25 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	if log != nil {
 		log.Info("stage started", "stage", s.name, "key", key[:12])
 	}
-	tmp, err := os.MkdirTemp(p.work, ".tmp-"+s.name+"-")
-	if err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	renamed := false
-	defer func() {
-		// A failed or interrupted stage leaves nothing behind (after a
-		// kill the next run removes the temporary directory).
-		if !renamed {
-			os.RemoveAll(tmp)
+	// A failed or interrupted stage leaves nothing behind (after a kill
+	// the next run removes the temporary directory: removeStale).
+	var out outputs
+	var rb []byte
+	err = fsx.WriteDir(final, func(tmp string) error {
+		o, res, err := s.run(ctx, tmp)
+		if err != nil {
+			return err
 		}
-	}()
-	out, res, err := s.run(ctx, tmp)
+		if rb, err = json.Marshal(res); err != nil {
+			return fmt.Errorf("result: %w", err)
+		}
+		out = o
+		rec = &record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
+		return writeRecord(tmp, rec)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
-	rb, err := json.Marshal(res)
-	if err != nil {
-		return nil, fmt.Errorf("compress: stage %s: result: %w", s.name, err)
-	}
-	rec = &record{Stage: s.name, Key: key, Seconds: time.Since(t0).Seconds(), Outputs: out, Result: rb}
-	if err := writeRecord(tmp, rec); err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
-	}
-	renamed = true
-	syncDir(p.work)
 	p.st.apply(final, out)
 	if log != nil {
 		log.Info("stage finished", "stage", s.name, "seconds", rec.Seconds)
@@ -208,38 +197,13 @@ func readRecord(dir string) (*record, error) {
 	return &r, nil
 }
 
-// writeRecord writes dir/done.json and syncs it and the directory.
+// writeRecord writes dir/done.json (fsx.WriteDir syncs it).
 func writeRecord(dir string, r *record) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(dir, doneFile))
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	syncDir(dir)
-	return nil
-}
-
-// syncDir flushes a directory's entries (best effort: some file systems
-// refuse fsync on directories).
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
+	return os.WriteFile(filepath.Join(dir, doneFile), append(b, '\n'), 0o644)
 }
 
 // lockDir takes an exclusive flock on dir/lock, so that two compress runs
@@ -249,24 +213,25 @@ func lockDir(dir string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("compress: work dir: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := fsx.TryLock(f); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("compress: work dir %s is in use by another lmpack compress (%v)", dir, err)
 	}
 	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		fsx.Unlock(f)
 		f.Close()
 	}, nil
 }
 
-// removeStale deletes temporary stage directories left by killed runs.
+// removeStale deletes temporary stage directories (fsx.WriteDir's) left
+// by killed runs.
 func removeStale(dir string) error {
 	es, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("compress: work dir: %w", err)
 	}
 	for _, e := range es {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
+		if fsx.IsTemp(e.Name()) {
 			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return fmt.Errorf("compress: work dir: %w", err)
 			}
@@ -275,40 +240,18 @@ func removeStale(dir string) error {
 	return nil
 }
 
-// copyAtomic copies src to dst through a temporary file in dst's
-// directory, synced and renamed into place (mode 0644).
+// copyAtomic copies src to dst atomically (fsx.WriteAtomic, mode 0644).
 func copyAtomic(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
 	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("compress: output: %w", err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, in); err != nil {
+	if err := fsx.WriteAtomic(dst, 0o644, func(f *os.File) error {
+		_, err := io.Copy(f, in)
+		return err
+	}); err != nil {
 		return fmt.Errorf("compress: output %s: %w", dst, err)
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return fmt.Errorf("compress: output %s: %w", dst, err)
-	}
-	ok = true
 	return nil
 }

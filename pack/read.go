@@ -10,8 +10,8 @@ import (
 	"slices"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/pierrec/lz4/v4"
-	"golang.org/x/sys/unix"
 )
 
 // Reader is an opened artifact backed by a read-only memory map. Safe for
@@ -20,7 +20,7 @@ import (
 type Reader struct {
 	path     string
 	mem      []byte
-	mapped   bool
+	unmap    func() error // nil when mem is not a mapping
 	l        *layout
 	manifest *Manifest
 	storage  map[string]storageRef // quantized weights' storage tensors
@@ -52,16 +52,16 @@ func Open(path string) (*Reader, error) {
 	if st.Size() < HeaderSize {
 		return nil, fmtErr(path, "file is %d bytes, shorter than the %d-byte header (truncated?)", st.Size(), HeaderSize)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	mem, unmap, err := fsx.Map(f, st.Size())
 	if err != nil {
-		return nil, fmt.Errorf("pack: mmap %s: %w", path, err)
+		return nil, fmt.Errorf("pack: %s: %w", path, err)
 	}
 	r, errs := parse(path, mem)
 	if len(errs) > 0 {
-		unix.Munmap(mem)
+		unmap()
 		return nil, errs[0]
 	}
-	r.mapped = true
+	r.unmap = unmap
 	return r, nil
 }
 
@@ -245,8 +245,8 @@ func (r *Reader) decode(e entry) ([]byte, error) {
 
 // Close unmaps the file.
 func (r *Reader) Close() error {
-	if r.mapped && r.mem != nil {
-		err := unix.Munmap(r.mem)
+	if r.unmap != nil && r.mem != nil {
+		err := r.unmap()
 		r.mem = nil
 		if err != nil {
 			return fmt.Errorf("pack: %s: %w", r.path, err)

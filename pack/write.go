@@ -8,11 +8,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/pierrec/lz4/v4"
 )
 
@@ -139,7 +139,7 @@ func encodeSection(s Section, noCompress bool, minSaving float64) (Codec, []byte
 
 // Write stores a at path: deterministically (same Artifact and options,
 // same bytes) and atomically (a temporary file in path's directory,
-// synced, then renamed over path). It sets a.Manifest.FormatVersion to
+// synced, renamed over path, the directory synced: fsx.WriteAtomic). It sets a.Manifest.FormatVersion to
 // the lowest version that describes the artifact: MinFormatVersion, or
 // QuantFormatVersion when a tensor is quantized.
 //
@@ -220,65 +220,54 @@ func Write(path string, a *Artifact, opt WriteOptions) (*Stats, error) {
 	le.PutUint32(hdr[offTableCRC:], crc(table))
 	le.PutUint32(hdr[offHeaderCRC:], crc(hdr[:offHeaderCRC]))
 
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return nil, fmt.Errorf("pack: %w", err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
+	var fileSum []byte
+	var bodyErr error // an error of the write below, already naming path
+	err = fsx.WriteAtomic(path, 0o644, func(tmp *os.File) error {
+		h := sha256.New()
+		w := bufio.NewWriterSize(tmp, 1<<20)
+		var pos uint64
+		put := func(b []byte) {
+			h.Write(b)
+			w.Write(b)
+			pos += uint64(len(b))
 		}
-	}()
-	h := sha256.New()
-	w := bufio.NewWriterSize(tmp, 1<<20)
-	var pos uint64
-	put := func(b []byte) {
-		h.Write(b)
-		w.Write(b)
-		pos += uint64(len(b))
-	}
-	var zeros [Alignment]byte
-	// body emits everything after the header.
-	body := func(put func([]byte), pos uint64) {
-		for _, e := range encs {
-			put(zeros[:e.Offset-pos])
-			put(e.data)
-			pos = e.Offset + uint64(len(e.data))
+		var zeros [Alignment]byte
+		// body emits everything after the header.
+		body := func(put func([]byte), pos uint64) {
+			for _, e := range encs {
+				put(zeros[:e.Offset-pos])
+				put(e.data)
+				pos = e.Offset + uint64(len(e.data))
+			}
+			put(zeros[:tableOff-pos])
+			put(table)
+			put(man)
 		}
-		put(zeros[:tableOff-pos])
-		put(table)
-		put(man)
-	}
-	put(hdr)
-	body(put, pos)
-	if err := w.Flush(); err != nil {
+		put(hdr)
+		body(put, pos)
+		if err := w.Flush(); err != nil {
+			bodyErr = fmt.Errorf("pack: writing %s: %w", path, err)
+			return bodyErr
+		}
+		sum := h.Sum(nil)
+		// The file's own sha256 (sha256sum): the header with the hash in place.
+		fh := sha256.New()
+		copy(hdr[offSHA256:endSHA256], sum)
+		fh.Write(hdr)
+		body(func(b []byte) { fh.Write(b) }, HeaderSize)
+		fileSum = fh.Sum(nil)
+		if _, err := tmp.WriteAt(sum, offSHA256); err != nil {
+			bodyErr = fmt.Errorf("pack: writing %s: %w", path, err)
+			return bodyErr
+		}
+		return nil
+	})
+	if err != nil && err != bodyErr {
 		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
+	} else if err != nil {
+		return nil, err
 	}
-	sum := h.Sum(nil)
-	// The file's own sha256 (sha256sum): the header with the hash in place.
-	fh := sha256.New()
-	copy(hdr[offSHA256:endSHA256], sum)
-	fh.Write(hdr)
-	body(func(b []byte) { fh.Write(b) }, HeaderSize)
-	fileSum := fh.Sum(nil)
-	if _, err := tmp.WriteAt(sum, offSHA256); err != nil {
-		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("pack: writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return nil, fmt.Errorf("pack: %w", err)
-	}
-	ok = true
+	sum := hdr[offSHA256:endSHA256]
 	st := &Stats{Path: path, FileSize: int64(size), SHA256: hex.EncodeToString(fileSum), ContentSHA256: hex.EncodeToString(sum)}
 	by := map[string]*DTypeStat{}
 	for _, e := range encs {

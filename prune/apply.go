@@ -122,36 +122,29 @@ func ApplyDepth(modelDir string, ck *safetensors.Checkpoint, plan *depth.Plan, o
 
 // writeDir builds out in a temporary directory beside it (model.safetensors
 // from ts, config.json from cfg, modelDir's side files) and renames it into
-// place, so out appears complete or not at all.
+// place (fsx.WriteDir), so out appears complete or not at all.
 func writeDir(modelDir, out string, ts []safetensors.WriteTensor, cfg []byte) error {
-	parent := filepath.Dir(filepath.Clean(out))
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(out)+".tmp-")
-	if err != nil {
+	var buildErr error // already prefixed "prune: "
+	err := fsx.WriteDir(out, func(tmp string) error {
+		buildErr = writeFiles(modelDir, tmp, ts, cfg)
+		return buildErr
+	})
+	if err != nil && err != buildErr {
 		return fmt.Errorf("prune: output %s: %w", out, err)
 	}
-	done := false
-	defer func() {
-		if !done {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if err := safetensors.WriteFile(filepath.Join(tmp, "model.safetensors"), ts, map[string]string{"format": "pt"}); err != nil {
+	return err
+}
+
+// writeFiles writes model.safetensors, config.json and the side files
+// into dir.
+func writeFiles(modelDir, dir string, ts []safetensors.WriteTensor, cfg []byte) error {
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), ts, map[string]string{"format": "pt"}); err != nil {
 		return fmt.Errorf("prune: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		return fmt.Errorf("prune: %w", err)
 	}
-	if err := copySideFiles(modelDir, tmp); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return fmt.Errorf("prune: %w", err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return fmt.Errorf("prune: output %s: %w", out, err)
-	}
-	done = true
-	return nil
+	return copySideFiles(modelDir, dir)
 }
 
 // prunedConfig returns config.json (at path) rewritten for the kept

@@ -81,6 +81,7 @@ if [ "$bin" = "$root/.gpucheck/cuda.test" ] && [ -f .gpucheck/sources.sha256 ]; 
 	fi
 fi
 export LMPACK_REQUIRE_GPU=1
+export LMPACK_REQUIRE_NVRTC=1 # the NVRTC compile tests fail instead of skipping
 if [ -z "${LMPACK_SHARED_DATA:-}" ]; then
 	if [ -d "$root/../shared/data" ]; then
 		LMPACK_SHARED_DATA=$(cd "$root/../shared/data" && pwd)

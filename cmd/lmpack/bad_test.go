@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -517,15 +516,11 @@ func TestFIFOData(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "data.txt")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	mkfifo(t, fifo)
 	wantError(t, lmpack(t, nil, "eval", modelDir(t), "--data", fifo), fifo, "not a regular file")
 	m := brokenDir(t, origSafetensors(t))
 	os.Remove(filepath.Join(m, "config.json"))
-	if err := syscall.Mkfifo(filepath.Join(m, "config.json"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	mkfifo(t, filepath.Join(m, "config.json"))
 	wantError(t, lmpack(t, nil, "inspect", m), "config.json", "not a regular file")
 }
 

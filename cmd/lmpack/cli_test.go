@@ -98,16 +98,21 @@ func isolatedEnv(t *testing.T, extra ...string) []string {
 }
 
 // lmpack runs the binary with args in env (nil: isolatedEnv) and waits for
-// it (at most 10 minutes: the whole-file KV table takes about 4 on a
-// loaded 2-core machine). It fails the test when the process cannot be
-// started or is killed by the timeout.
+// it. There is no time limit of its own: the process is killed only
+// shortly before go test -timeout would end the test binary (t.Deadline),
+// so that the failure names the command instead of leaving it running.
+// It fails the test when the process cannot be started or is killed so.
 func lmpack(t *testing.T, env []string, args ...string) cliResult {
 	t.Helper()
 	if env == nil {
 		env = isolatedEnv(t)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := context.Background()
+	if dl, ok := t.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(-5*time.Second))
+		defer cancel()
+	}
 	cmd := exec.CommandContext(ctx, lmpackBin, args...)
 	cmd.Env = env
 	var stdout, stderr bytes.Buffer
@@ -117,7 +122,7 @@ func lmpack(t *testing.T, env []string, args ...string) cliResult {
 	var ee *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("timed out:\n%v", r)
+		t.Fatalf("killed just before the go test -timeout deadline:\n%v", r)
 	case errors.As(err, &ee):
 		r.code = ee.ExitCode()
 	case err != nil:
@@ -599,12 +604,9 @@ func testInterrupt(t *testing.T, sig syscall.Signal, code int, text string) {
 		}
 	})
 
-	// Wait until the model is loaded and windows are being evaluated.
-	deadline := time.Now().Add(30 * time.Second)
+	// Wait until the model is loaded and windows are being evaluated (no
+	// time limit: the line comes or the process ends).
 	for !strings.Contains(stderr.String(), "model loaded") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no \"model loaded\" line after 30 s; stderr:\n%s", stderr.String())
-		}
 		select {
 		case err := <-done:
 			exited = true
@@ -617,13 +619,10 @@ func testInterrupt(t *testing.T, sig syscall.Signal, code int, text string) {
 		t.Fatal(err)
 	}
 	sent := time.Now()
-	var err error
-	select {
-	case err = <-done:
-		exited = true
-	case <-time.After(10 * time.Second):
-		t.Fatalf("still running 10 s after SIGINT; stderr:\n%s", stderr.String())
-	}
+	// No time limit: an eval that ignored the signal would run to its end
+	// and exit 0 with a result, which the checks below refuse.
+	err := <-done
+	exited = true
 	t.Logf("exited %v after SIGINT", time.Since(sent).Round(time.Millisecond))
 	r := cliResult{args: cmd.Args[1:], stdout: stdout.String(), stderr: stderr.String()}
 	var ee *exec.ExitError

@@ -142,8 +142,8 @@ func TestCompressKilled(t *testing.T) {
 		if _, err := os.Stat(out); !os.IsNotExist(err) {
 			t.Fatalf("output exists after the kill in %s", c.stage)
 		}
-		if tmp, _ := filepath.Glob(filepath.Join(work, ".tmp-"+c.stage+"-*")); len(tmp) != 1 {
-			all, _ := filepath.Glob(filepath.Join(work, ".tmp-*"))
+		if tmp, _ := filepath.Glob(filepath.Join(work, "."+c.stage+"-*.tmp-*")); len(tmp) != 1 {
+			all, _ := filepath.Glob(filepath.Join(work, ".*.tmp-*"))
 			t.Fatalf("after the kill in %s: temporary stage dirs %v, want that stage's", c.stage, all)
 		}
 	}
@@ -190,13 +190,8 @@ func killAt(t *testing.T, args []string, line string) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	deadline := time.Now().Add(60 * time.Second)
+	// No time limit: the line comes or the process ends.
 	for !strings.Contains(stderr.String(), line) {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("no %s after 60 s:\n%s", line, stderr.String())
-		}
 		select {
 		case err := <-done:
 			t.Fatalf("lmpack ended before the kill (%v):\n%s", err, stderr.String())

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/lmpack/lmpack/eval"
@@ -188,30 +187,19 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 	return o, nil
 }
 
-// writePlot writes the report's SVG plot atomically (temp file + rename).
+// writePlot writes the report's SVG or PNG plot atomically
+// (fsx.WriteAtomic, mode 0644).
 func writePlot(path string, rep *eval.KVReport, title string) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".lmpack-plot-*")
-	if err != nil {
-		return fmt.Errorf("--plot: %w", err)
-	}
-	defer os.Remove(f.Name())
 	write := rep.WriteSVG
 	if strings.HasSuffix(path, ".png") {
 		write = rep.WritePNG
 	}
-	if err := write(f, "perplexity vs KV bits/element: "+title); err != nil {
-		f.Close()
+	if err := fsx.WriteAtomic(path, 0o644, func(f *os.File) error {
+		return write(f, "perplexity vs KV bits/element: "+title)
+	}); err != nil {
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return fmt.Errorf("--plot %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("--plot %s: %w", path, err)
-	}
-	return os.Rename(f.Name(), path)
+	return nil
 }
 
 type resultNoWindows struct {

@@ -288,35 +288,8 @@ func WriteIndex(path string, totalSize int64, weightMap map[string]string) error
 	if err := enc.Encode(doc); err != nil { // map keys are sorted by encoding/json
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	}
-	return writeAtomic(path, buf.Bytes())
-}
-
-// writeAtomic writes b to a temporary file beside path, fsyncs it and renames
-// it onto path; the temporary file is removed on error.
-func writeAtomic(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
+	if err := fsx.WriteBytes(path, buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	}
-	name := tmp.Name()
-	_, err = tmp.Write(b)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(name, path)
-	}
-	if err != nil {
-		os.Remove(name)
-		return fmt.Errorf("safetensors: %s: %w", path, err)
-	}
-	syncDir(dir)
 	return nil
 }

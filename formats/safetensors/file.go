@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
 // File is one opened .safetensors file. Open parses and validates only the
@@ -65,7 +67,7 @@ func Open(path string) (*File, error) {
 	if err := checkHeaderLen(path, binary.LittleEndian.Uint64(lenBuf[:]), size); err != nil {
 		return nil, err
 	}
-	mem, release, err := mapFile(f, size)
+	mem, release, err := fsx.Map(f, size)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
 	}

@@ -10,11 +10,12 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
 // WriteTensor is one tensor to write with WriteFile.
@@ -67,8 +68,8 @@ func FromFloat32As(name string, dtype DType, shape []int, data []float32) (Write
 // to a multiple of 8 bytes. Identical inputs give identical bytes.
 //
 // The write is streaming and atomic: bytes go through a buffer to a temporary
-// file in path's directory, which is fsynced, closed and renamed onto path
-// (then the directory is fsynced where supported). On any error the
+// file in path's directory, which is fsynced, closed and renamed onto path,
+// then the directory is fsynced (fsx.WriteAtomic). On any error the
 // temporary file is removed and path is left as it was. The file gets mode
 // 0644.
 //
@@ -87,21 +88,21 @@ func WriteFile(path string, tensors []WriteTensor, metadata map[string]string) (
 	for _, n := range sizes {
 		total += n
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
+	var bodyErr error // an error of the body, already naming path
+	err = fsx.WriteAtomic(path, 0o644, func(f *os.File) error {
+		bodyErr = writeBody(f, path, hdr, tensors, order, sizes, total)
+		return bodyErr
+	})
+	if err != nil && err != bodyErr {
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	}
-	tmpName := tmp.Name()
-	committed := false
-	defer func() {
-		if !committed {
-			tmp.Close()
-			os.Remove(tmpName)
-		}
-	}()
+	return err
+}
 
-	bw := bufio.NewWriterSize(tmp, 1<<20)
+// writeBody writes the header length, hdr and the tensors in order to f
+// through a buffer and checks that f holds total bytes.
+func writeBody(f *os.File, path string, hdr []byte, tensors []WriteTensor, order []int, sizes []int64, total int64) error {
+	bw := bufio.NewWriterSize(f, 1<<20)
 	var lenBuf [8]byte
 	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(hdr)))
 	if _, err := bw.Write(lenBuf[:]); err != nil {
@@ -134,35 +135,12 @@ func WriteFile(path string, tensors []WriteTensor, metadata map[string]string) (
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	}
-	if st, err := tmp.Stat(); err != nil {
+	if st, err := f.Stat(); err != nil {
 		return fmt.Errorf("safetensors: %s: %w", path, err)
 	} else if st.Size() != total {
 		return fmt.Errorf("safetensors: %s: wrote %d bytes, want %d", path, st.Size(), total)
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("safetensors: %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("safetensors: %s: fsync: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("safetensors: %s: %w", path, err)
-	}
-	if err := os.Rename(tmpName, path); err != nil {
-		return fmt.Errorf("safetensors: %s: %w", path, err)
-	}
-	committed = true
-	syncDir(dir)
 	return nil
-}
-
-// syncDir fsyncs a directory so a rename into it is durable; errors are
-// ignored because some platforms and file systems cannot sync directories.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // limitedWriter passes at most left bytes on to w and records any excess.

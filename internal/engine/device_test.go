@@ -81,3 +81,23 @@ func TestLoadModelBlocker(t *testing.T) {
 		t.Errorf("cuda with a blocker: %v", err)
 	}
 }
+
+// TestPickBackendUnsupportedOS: off Linux the probe fails with
+// cuda.ErrUnsupportedOS (runtime/cuda TestUnsupportedOS); auto then runs
+// on the CPU with one log line saying so, and cuda fails with it.
+func TestPickBackendUnsupportedOS(t *testing.T) {
+	old := cudaProbe
+	defer func() { cudaProbe = old }()
+	cudaProbe = func(int) error { return fmt.Errorf("%w: %w (windows)", cuda.ErrNoDriver, cuda.ErrUnsupportedOS) }
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	if b, err := PickBackend("auto", logger); err != nil || b.Name() != "cpu" {
+		t.Fatalf("auto: backend %v, err %v; want cpu", b, err)
+	}
+	if n := strings.Count(buf.String(), "\n"); n != 1 || !strings.Contains(buf.String(), "unsupported on this OS") {
+		t.Errorf("auto logged %d lines %q, want one saying unsupported on this OS", n, buf.String())
+	}
+	if _, err := PickBackend("cuda", logger); !errors.Is(err, cuda.ErrUnsupportedOS) || !strings.Contains(err.Error(), "--device cuda") {
+		t.Errorf("cuda: err %v, want ErrUnsupportedOS naming --device cuda", err)
+	}
+}

@@ -4,16 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 )
 
 func TestReadFileRefusesFIFO(t *testing.T) {
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	mkfifo(t, fifo)
 	// Would block forever without the check.
 	if _, err := ReadFile(fifo); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Fatalf("fifo: %v", err)

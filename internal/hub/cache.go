@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
 // File names lmpack needs from a repository (top level only).
@@ -277,7 +279,7 @@ func (r *resolver) linkSnapshot(commit, name, etag string) error {
 	if err := os.Symlink(target, tmp); err != nil {
 		return fmt.Errorf("hub: %s: %s: symlink into the cache: %w", r.ref(), name, err)
 	}
-	if err := os.Rename(tmp, link); err != nil {
+	if err := fsx.Commit(tmp, link); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("hub: %s: %s: %w", r.ref(), name, err)
 	}
@@ -285,19 +287,13 @@ func (r *resolver) linkSnapshot(commit, name, etag string) error {
 }
 
 // writeRef stores commit in refs/<revision> (no trailing newline, as
-// huggingface_hub writes it) through a temporary file and a rename.
+// huggingface_hub writes it) atomically (fsx.WriteBytes).
 func (r *resolver) writeRef(commit string) error {
 	p := r.refPath()
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("hub: %s: ref: %w", r.ref(), err)
 	}
-	tmp := tmpName(p)
-	if err := os.WriteFile(tmp, []byte(commit), 0o644); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("hub: %s: ref: %w", r.ref(), err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
+	if err := fsx.WriteBytes(p, []byte(commit), 0o644); err != nil {
 		return fmt.Errorf("hub: %s: ref: %w", r.ref(), err)
 	}
 	return nil

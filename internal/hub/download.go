@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
 // maxAPIBytes bounds the JSON answer of the model-info endpoint.
@@ -398,7 +400,9 @@ func (r *resolver) downloadBlob(ctx context.Context, u, name string, m fileMeta,
 	if cerr != nil {
 		return fail("%w", cerr)
 	}
-	if err := os.Rename(inc, blob); err != nil {
+	// The .incomplete file is huggingface_hub's resumable partial
+	// download (synced above); only its final rename is fsx's.
+	if err := fsx.Commit(inc, blob); err != nil {
 		return fail("%w", err)
 	}
 	return nil

@@ -323,27 +323,16 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		}
 	}
 
-	parent := filepath.Dir(filepath.Clean(opt.Out))
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(opt.Out)+".tmp-")
-	if err != nil {
+	var qErr error // the pipeline's, returned unchanged
+	err = fsx.WriteDir(opt.Out, func(tmp string) error {
+		qErr = p.quantize(ctx, specs, tmp, rep)
+		return qErr
+	})
+	if err != nil && err != qErr {
 		return nil, fmt.Errorf("wquant: output %s: %w", opt.Out, err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if err := p.quantize(ctx, specs, tmp, rep); err != nil {
+	} else if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, fmt.Errorf("wquant: %w", err)
-	}
-	if err := os.Rename(tmp, opt.Out); err != nil {
-		return nil, fmt.Errorf("wquant: output %s: %w", opt.Out, err)
-	}
-	done = true
 	rep.Seconds = time.Since(t0).Seconds()
 	return rep, nil
 }

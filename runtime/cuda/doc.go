@@ -2,7 +2,10 @@
 // driver API (libcuda.so.1) and NVRTC are opened at run time through
 // github.com/ebitengine/purego, so the package builds, and its tests run,
 // on any machine; calls that need a GPU return ErrNoDevice (or an error
-// naming the missing library and every path searched).
+// naming the missing library and every path searched). The libraries are
+// loaded on Linux only: elsewhere (macOS, Windows) the package builds and
+// every load fails with ErrNoDriver or ErrNoNVRTC wrapping
+// ErrUnsupportedOS, so --device auto runs on the CPU.
 //
 // All driver calls run on one goroutine locked to its OS thread (the CUDA
 // context is per thread), using the device's primary context

@@ -50,6 +50,10 @@ var (
 func loadDriver() (*driverAPI, error) {
 	driverOnce.Do(func() {
 		lib, path, err := dlopenFirst(ErrNoDriver, []string{"libcuda.so.1"})
+		if err != nil && errUnsupportedOS != nil {
+			driverErr = err
+			return
+		}
 		if err != nil {
 			driverErr = fmt.Errorf("%w (the NVIDIA driver installs libcuda.so.1; is this a GPU machine?)", err)
 			return

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"github.com/ebitengine/purego"
 )
 
 // ErrNoDriver is wrapped by the errors returned when libcuda.so.1 cannot
@@ -19,6 +17,10 @@ var (
 	ErrNoNVRTC  = errors.New("cuda: no NVRTC library")
 	// ErrNoDevice: the driver loaded but reports no CUDA device.
 	ErrNoDevice = errors.New("cuda: no CUDA device")
+	// ErrUnsupportedOS is wrapped (with ErrNoDriver or ErrNoNVRTC) on
+	// operating systems other than Linux, where the backend cannot load
+	// its libraries; the CPU backend runs everywhere.
+	ErrUnsupportedOS = errors.New("the CUDA backend is unsupported on this OS")
 )
 
 // nvrtcSonames are the NVRTC sonames tried through the dynamic loader, in
@@ -90,6 +92,9 @@ func wheelLibDirs() []string {
 // returns its handle and path; the error wraps base and names every
 // candidate with its dlopen error.
 func dlopenFirst(base error, cands []string) (uintptr, string, error) {
+	if errUnsupportedOS != nil {
+		return 0, "", fmt.Errorf("%w: %w", base, errUnsupportedOS)
+	}
 	var tried []string
 	for _, c := range cands {
 		if strings.ContainsRune(c, '/') {
@@ -98,7 +103,7 @@ func dlopenFirst(base error, cands []string) (uintptr, string, error) {
 				continue
 			}
 		}
-		h, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		h, err := dlopen(c, true)
 		if err == nil {
 			return h, c, nil
 		}
@@ -111,16 +116,15 @@ func dlopenFirst(base error, cands []string) (uintptr, string, error) {
 // a missing symbol is an error naming the library.
 func bind(lib uintptr, path string, fns map[string]any) error {
 	for name, fp := range fns {
-		if _, err := purego.Dlsym(lib, name); err != nil {
+		if err := dlsym(lib, name); err != nil {
 			return fmt.Errorf("cuda: %s lacks symbol %s: %w", path, name, err)
 		}
-		purego.RegisterLibFunc(fp, lib, name)
+		registerLibFunc(fp, lib, name)
 	}
 	return nil
 }
 
 // optionalSym reports whether lib exports name.
 func optionalSym(lib uintptr, name string) bool {
-	_, err := purego.Dlsym(lib, name)
-	return err == nil
+	return dlsym(lib, name) == nil
 }

@@ -2,7 +2,9 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -62,11 +64,36 @@ func TestNoDriver(t *testing.T) {
 	if errors.Is(err, ErrNoDevice) {
 		t.Skipf("a driver is present without a device: %v", err)
 	}
-	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "libcuda.so.1") {
+	if goruntime.GOOS != "linux" {
+		if !errors.Is(err, ErrNoDriver) || !errors.Is(err, ErrUnsupportedOS) || !strings.Contains(err.Error(), "unsupported on this OS") {
+			t.Fatalf("OpenDevice err = %v, want ErrNoDriver and ErrUnsupportedOS", err)
+		}
+	} else if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "libcuda.so.1") {
 		t.Fatalf("OpenDevice err = %v, want ErrNoDriver naming libcuda.so.1", err)
 	}
 	if err := Probe(0); !errors.Is(err, ErrNoDriver) {
 		t.Errorf("Probe err = %v, want ErrNoDriver", err)
+	}
+}
+
+// TestUnsupportedOS: where the backend cannot load libraries (any OS but
+// Linux; simulated here on Linux), opening the driver fails with
+// ErrNoDriver and NVRTC with ErrNoNVRTC, both wrapping ErrUnsupportedOS
+// and saying so, before any library is tried (so --device auto falls back
+// to the CPU with that reason and --device cuda fails with it:
+// internal/engine TestPickBackend).
+func TestUnsupportedOS(t *testing.T) {
+	if errUnsupportedOS == nil {
+		errUnsupportedOS = fmt.Errorf("%w (%s)", ErrUnsupportedOS, "plan9")
+		defer func() { errUnsupportedOS = nil }()
+	}
+	_, _, err := dlopenFirst(ErrNoDriver, []string{"libcuda.so.1"})
+	if !errors.Is(err, ErrNoDriver) || !errors.Is(err, ErrUnsupportedOS) || !strings.Contains(err.Error(), "unsupported on this OS") || strings.Contains(err.Error(), "searched") {
+		t.Errorf("dlopenFirst: %v, want ErrNoDriver wrapping ErrUnsupportedOS, no search", err)
+	}
+	_, err = LoadNVRTC()
+	if !errors.Is(err, ErrNoNVRTC) || !errors.Is(err, ErrUnsupportedOS) || !strings.Contains(err.Error(), "unsupported on this OS") {
+		t.Errorf("LoadNVRTC: %v, want ErrNoNVRTC wrapping ErrUnsupportedOS", err)
 	}
 }
 

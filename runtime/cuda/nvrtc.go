@@ -13,7 +13,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
 // NVRTC is a loaded NVRTC library.
@@ -51,6 +51,9 @@ const nvrtcHint = "set LMPACK_NVRTC to the library file, or install Debian's lib
 // and returns it (each library is opened once per process). Errors wrap
 // ErrNoNVRTC and list every path tried with why it failed.
 func LoadNVRTC() (*NVRTC, error) {
+	if errUnsupportedOS != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoNVRTC, errUnsupportedOS)
+	}
 	var tried []string
 	for nv, err := range nvrtcLibraries() {
 		if err != nil {
@@ -108,7 +111,7 @@ func openNVRTC(path string) (*NVRTC, error) {
 	if nv, ok := nvrtcByPath[path]; ok {
 		return nv, nil
 	}
-	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	lib, err := dlopen(path, false)
 	if err != nil {
 		return nil, fmt.Errorf("%s (%v)", path, err)
 	}
@@ -423,19 +426,12 @@ func decodeCached(b []byte, t Target) *Image {
 	return &Image{Target: t, Data: data, Entries: strings.Fields(string(line))}
 }
 
-// writeAtomic writes b to path through a temporary file in dir renamed
-// into place; failures leave no partial file and are ignored (a cache).
+// writeAtomic writes b to path (in dir, created if needed) atomically
+// (fsx.WriteBytes); failures leave no partial file and are ignored (a
+// cache).
 func writeAtomic(dir, path string, b []byte) {
 	if os.MkdirAll(dir, 0o755) != nil {
 		return
 	}
-	f, err := os.CreateTemp(dir, ".kernel-*")
-	if err != nil {
-		return
-	}
-	_, werr := f.Write(b)
-	cerr := f.Close()
-	if werr != nil || cerr != nil || os.Rename(f.Name(), path) != nil {
-		os.Remove(f.Name())
-	}
+	_ = fsx.WriteBytes(path, b, 0o644)
 }

@@ -1,5 +1,3 @@
-//go:build unix
-
 package hub
 
 import (
@@ -9,13 +7,14 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/lmpack/lmpack/internal/fsx"
 )
 
-// lockFile takes an exclusive flock(2) on path (created if needed), the
-// kind of lock huggingface_hub's filelock takes on the same
-// <cache>/.locks/<repo>/<blob>.lock file, so two processes never write one
-// blob at once. It polls every 100 ms until the lock is free or ctx ends.
+// lockFile takes an exclusive lock on path (created if needed; flock(2)
+// on Unix, the kind of lock huggingface_hub's filelock takes on the same
+// <cache>/.locks/<repo>/<blob>.lock file, LockFileEx on Windows:
+// fsx.TryLock), so two processes never write one blob at once. It polls
+// every 100 ms until the lock is free or ctx ends.
 func lockFile(ctx context.Context, path string) (unlock func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
@@ -25,14 +24,14 @@ func lockFile(ctx context.Context, path string) (unlock func(), err error) {
 		return nil, err
 	}
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		err := fsx.TryLock(f)
 		if err == nil {
 			return func() {
-				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+				_ = fsx.Unlock(f)
 				f.Close()
 			}, nil
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+		if !errors.Is(err, fsx.ErrLocked) {
 			f.Close()
 			return nil, err
 		}
