@@ -2,7 +2,13 @@ package gguf
 
 // Temporary stand-in for h-ggufq's types.go (deleted when it merges).
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/weights"
+)
 
 // Type is a ggml tensor type.
 type Type uint32
@@ -51,4 +57,48 @@ func (t Type) RowBytes(n int) (int, error) {
 		return 0, fmt.Errorf("gguf: %s row of %d values: want a multiple of %d", i.name, n, i.block)
 	}
 	return n / i.block * i.nbytes, nil
+}
+
+// ErrNotExact stand-in.
+var ErrNotExact = fmt.Errorf("gguf: no exact GGUF block type")
+
+// Conversion stand-in.
+type Conversion struct {
+	Type      Type
+	Exact     bool
+	MaxAbsErr float64
+	Reason    string
+}
+
+// FromQuantized stand-in: nothing is exact until h-ggufq lands.
+func FromQuantized(q *weights.Quantized) ([]byte, Conversion, error) {
+	return nil, Conversion{}, fmt.Errorf("%w: quantizers not merged yet", ErrNotExact)
+}
+
+// FromQuantizedAs stand-in.
+func FromQuantizedAs(q *weights.Quantized, t Type) ([]byte, Conversion, error) {
+	return nil, Conversion{}, fmt.Errorf("%w: quantizers not merged yet", ErrNotExact)
+}
+
+// Quantize stand-in: float types only.
+func Quantize(t Type, src []float32, n int) ([]byte, error) {
+	switch t {
+	case TypeF32:
+		return safetensors.F32Bytes(src), nil
+	case TypeF16:
+		return safetensors.F16Bytes(src), nil
+	case TypeBF16:
+		return safetensors.BF16Bytes(src), nil
+	}
+	return nil, fmt.Errorf("gguf: %v quantizer not merged yet", t)
+}
+
+// ParseType stand-in.
+func ParseType(s string) (Type, error) {
+	for t, i := range tmpInfo {
+		if strings.EqualFold(i.name, s) {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("gguf: unknown type %q", s)
 }

@@ -1,0 +1,167 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/pack"
+	"github.com/lmpack/lmpack/quantize/weights"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// source is an opened model: a checkpoint directory (plain or lmpack-wq)
+// or an .lmpk artifact, seen through the same interface.
+type source struct {
+	// path is the MODEL argument; name the model's name (the directory's
+	// or artifact's base name without extension).
+	path, name string
+	desc       *arch.Description
+	// tensors serves plain tensors by name and, for quantized weights,
+	// their storage tensors (docs/QUANT.md names).
+	tensors runtime.TensorSource
+	// file reads an auxiliary file (tokenizer.json, tokenizer_config.json,
+	// config.json); fs.ErrNotExist when absent.
+	file func(name string) ([]byte, error)
+	// kv is the artifact's KV-cache scheme (nil for checkpoints).
+	kv    *pack.KVScheme
+	close func() error
+}
+
+// openSource opens model (an artifact when model.IsArtifact, else a
+// checkpoint directory through model.Open).
+func openSource(ctx context.Context, path string) (*source, error) {
+	if model.IsArtifact(path) {
+		r, err := pack.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		d, err := r.Description()
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		return &source{
+			path: path, name: strings.TrimSuffix(filepath.Base(path), filepath.Ext(path)),
+			desc: d, tensors: r, file: r.File, kv: r.Manifest().KV, close: r.Close,
+		}, nil
+	}
+	dir, d, ck, err := model.Open(ctx, path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &source{
+		path: path, name: filepath.Base(filepath.Clean(dir)), desc: d, tensors: ck,
+		file: func(name string) ([]byte, error) {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("export: %s has no %s: %w", dir, name, fs.ErrNotExist)
+			}
+			return b, err
+		},
+		close: ck.Close,
+	}, nil
+}
+
+// weight is one 2-D (or 1-D) tensor of the model as export sees it:
+// either float (t set) or quantized (q set).
+type weight struct {
+	name  string
+	shape []int // row-major
+	t     *safetensors.Tensor
+	q     *weights.Quantized
+	tq    arch.TensorQuant
+}
+
+// from describes the weight's lmpack storage for the report.
+func (w *weight) from() string {
+	if w.q == nil {
+		return string(w.t.DType)
+	}
+	return quantDesc(w.tq)
+}
+
+func quantDesc(tq arch.TensorQuant) string {
+	s := fmt.Sprintf("int%d g%d", tq.Bits, tq.GroupSize)
+	if tq.Symmetric {
+		s += " sym"
+	} else {
+		s += " asym"
+	}
+	if tq.Perm {
+		s += " act-order"
+	}
+	return s
+}
+
+// quantOf returns the quantization of tensor name (ok false for a float
+// tensor).
+func (s *source) quantOf(name string) (arch.TensorQuant, bool) {
+	if s.desc.Quant == nil {
+		return arch.TensorQuant{}, false
+	}
+	tq, ok := s.desc.Quant.Tensors[name]
+	return tq, ok
+}
+
+// shapeOf returns the logical row-major shape of tensor name without
+// reading its data.
+func (s *source) shapeOf(name string) ([]int, error) {
+	if tq, ok := s.quantOf(name); ok {
+		sc, err := s.tensors.Tensor(arch.QuantPrefix(name) + arch.SuffixScales)
+		if err != nil {
+			return nil, err
+		}
+		if len(sc.Shape) != 2 {
+			return nil, fmt.Errorf("export: %s: scales of %q: shape %v, want 2-D", s.path, name, sc.Shape)
+		}
+		return []int{sc.Shape[0], sc.Shape[1] * tq.GroupSize}, nil
+	}
+	t, err := s.tensors.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	return t.Shape, nil
+}
+
+// load reads the weight name (float or quantized storage).
+func (s *source) load(name string) (*weight, error) {
+	if tq, ok := s.quantOf(name); ok {
+		q, _, err := runtime.ReadQuantized(s.tensors, name, tq)
+		if err != nil {
+			return nil, err
+		}
+		return &weight{name: name, shape: []int{q.Rows, q.Cols}, q: q, tq: tq}, nil
+	}
+	t, err := s.tensors.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	switch t.DType {
+	case safetensors.F32, safetensors.F16, safetensors.BF16:
+	default:
+		return nil, fmt.Errorf("export: %s: tensor %q has dtype %s, want F32, F16 or BF16", s.path, name, t.DType)
+	}
+	if len(t.Data) != t.NumElements()*t.DType.Size() {
+		return nil, fmt.Errorf("export: %s: tensor %q: %d bytes for shape %v %s", s.path, name, len(t.Data), t.Shape, t.DType)
+	}
+	return &weight{name: name, shape: t.Shape, t: t}, nil
+}
+
+// floats returns the weight's values (dequantized when quantized),
+// row-major.
+func (w *weight) floats() ([]float32, error) {
+	if w.q != nil {
+		out := make([]float32, w.q.Rows*w.q.Cols)
+		w.q.Dequantize(out)
+		return out, nil
+	}
+	return w.t.Float32()
+}
