@@ -370,7 +370,8 @@ func quantized(t *testing.T, dir, method string, bits, group int, sym bool) stri
 // (rows of 128 and 352 columns: groups of 32 divide every block weight),
 // asymmetric (→ Q4_1) and symmetric (→ Q4_0), and compares llama.cpp's
 // next-token distributions with lmpack's runtime on the same checkpoint,
-// whose weights are the dequantised codes the export carries.
+// whose weights are the dequantised codes the export carries; then the
+// same checkpoint exported as F32.
 func TestGGUFLlamaCppGPTQ4(t *testing.T) {
 	r := llamacpp.Require(t)
 	dir := shared.Path(t, "tiny1m-hf")
@@ -380,12 +381,18 @@ func TestGGUFLlamaCppGPTQ4(t *testing.T) {
 	}{{"asym", false}, {"sym", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			q := quantized(t, dir, "gptq", 4, 32, c.sym)
-			gguf := ggufFile(t, q, "")
+			e := openLM(t, q)
 			// Activation rounding in llama.cpp's Q4 kernels can flip a
 			// near-tied argmax, so only the prompt ids must agree and the
 			// distributions are compared along llama.cpp's own sequence.
-			m := compare(t, r, openLM(t, q), gguf, checks{gen: 32})
-			checkLogits(t, "tiny1m GPTQ w4 g32 "+c.name, m, q4LogitBound)
+			m := compare(t, r, e, ggufFile(t, q, ""), checks{gen: 32})
+			checkLogits(t, "tiny1m GPTQ w4 g32 "+c.name+" as Q4", m, q4LogitBound)
+			// The same checkpoint exported as F32 (the dequantised
+			// weights) holds the values lmpack's runtime computes with, so
+			// the F32 bound and identical greedy text apply: this separates
+			// the export's weights from llama.cpp's activation rounding.
+			m = compare(t, r, e, ggufFile(t, q, "f32"), checks{gen: 32, sameIDs: true})
+			checkLogits(t, "tiny1m GPTQ w4 g32 "+c.name+" dequantised to F32", m, f32LogitBound)
 		})
 	}
 }
