@@ -152,6 +152,9 @@ func GGUF(ctx context.Context, path string, opt GGUFOptions) (*Report, error) {
 		}
 	}
 	if len(refused) > 0 {
+		for _, p := range e.out {
+			e.rep.Tensors = append(e.rep.Tensors, p.row)
+		}
 		return e.rep, fmt.Errorf("export: %s: GGUF cannot hold %d tensor(s): %s", path, len(refused), strings.Join(refused, "; "))
 	}
 	kvs = append(kvs, gguf.KV{Key: "general.file_type", Value: e.fileType()})
