@@ -180,6 +180,18 @@ type measured struct {
 // difference) and the measurements.
 func compare(t *testing.T, r *llamacpp.Runner, e *engine.Engine, gguf string, c checks) measured {
 	t.Helper()
+	reqs, wins := c.requests(t, e)
+	out, err := r.Run(context.Background(), gguf, 256, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.measure(t, e, wins, out, nil)
+}
+
+// requests returns the llama.cpp requests of c (greedy prompts first,
+// then one scoring request per perplexity window) and the windows.
+func (c checks) requests(t *testing.T, e *engine.Engine) ([]llamacpp.Request, [][]int) {
+	t.Helper()
 	var reqs []llamacpp.Request
 	if c.gen > 0 {
 		for _, p := range prompts {
@@ -193,10 +205,14 @@ func compare(t *testing.T, r *llamacpp.Runner, e *engine.Engine, gguf string, c 
 			reqs = append(reqs, llamacpp.Request{Tokens: win, Score: true})
 		}
 	}
-	out, err := r.Run(context.Background(), gguf, 256, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return reqs, wins
+}
+
+// measure compares llama.cpp's answers out to c.requests with lmpack's e;
+// lm, when not nil, is lmpack's side of the perplexity windows already
+// computed (lmScores).
+func (c checks) measure(t *testing.T, e *engine.Engine, wins [][]int, out *llamacpp.Output, lm *lmScores) measured {
+	t.Helper()
 	var m measured
 	if c.gen > 0 {
 		for i, p := range prompts {
@@ -204,7 +220,10 @@ func compare(t *testing.T, r *llamacpp.Runner, e *engine.Engine, gguf string, c 
 		}
 	}
 	if c.windows > 0 {
-		m.pplLM, m.pplLL, m.tokNLL = perplexities(t, e, wins, out.Results[len(out.Results)-len(wins):])
+		if lm == nil {
+			lm = lmPerplexity(t, e, wins)
+		}
+		m.pplLM, m.pplLL, m.tokNLL = lm.against(t, wins, out.Results[len(out.Results)-len(wins):])
 	}
 	return m
 }
@@ -270,11 +289,17 @@ func pplWindows(t *testing.T, e *engine.Engine, w, ctx int) [][]int {
 	return out
 }
 
-// perplexities returns lmpack's perplexity over wins (eval.Perplexity on
-// the windows laid end to end, one window each), llama.cpp's from its
-// target probabilities res (one Result per window), and the largest
-// per-token NLL difference.
-func perplexities(t *testing.T, e *engine.Engine, wins [][]int, res []llamacpp.Result) (lm, ll, maxTok float64) {
+// lmScores is lmpack's side of a perplexity comparison: eval.Perplexity's
+// result and the per-token NLL of every scored position.
+type lmScores struct {
+	ppl    float64
+	scored int
+	nll    [][]float64 // [window][position 0..ctx-2]
+}
+
+// lmPerplexity runs eval.Perplexity on the windows laid end to end (one
+// window each) and the per-token NLL of each window's positions.
+func lmPerplexity(t *testing.T, e *engine.Engine, wins [][]int) *lmScores {
 	t.Helper()
 	var flat []int
 	for _, win := range wins {
@@ -284,21 +309,37 @@ func perplexities(t *testing.T, e *engine.Engine, wins [][]int, res []llamacpp.R
 	if err != nil {
 		t.Fatal(err)
 	}
+	s := &lmScores{ppl: pr.Perplexity, scored: pr.TokensScored}
+	for _, win := range wins {
+		rows := allLogits(t, e, win)
+		nll := make([]float64, len(win)-1)
+		for j := range nll {
+			nll[j] = eval.NLL(rows[j], win[j+1])
+		}
+		s.nll = append(s.nll, nll)
+	}
+	return s
+}
+
+// against returns lmpack's perplexity, llama.cpp's from its target
+// probabilities res (one Result per window), and the largest per-token
+// NLL difference.
+func (s *lmScores) against(t *testing.T, wins [][]int, res []llamacpp.Result) (lm, ll, maxTok float64) {
+	t.Helper()
 	var sum float64
 	var n int
-	for i, win := range wins {
-		rows := allLogits(t, e, win)
+	for i := range wins {
 		for j, p := range res[i].TargetProbs {
 			nll := -math.Log(p)
 			sum += nll
 			n++
-			maxTok = math.Max(maxTok, math.Abs(nll-eval.NLL(rows[j], win[j+1])))
+			maxTok = math.Max(maxTok, math.Abs(nll-s.nll[i][j]))
 		}
 	}
-	if n != pr.TokensScored {
-		t.Fatalf("llama.cpp scored %d tokens, lmpack %d", n, pr.TokensScored)
+	if n != s.scored {
+		t.Fatalf("llama.cpp scored %d tokens, lmpack %d", n, s.scored)
 	}
-	return pr.Perplexity, math.Exp(sum / float64(n)), maxTok
+	return s.ppl, math.Exp(sum / float64(n)), maxTok
 }
 
 // checkLogits fails t when the worst logitDiff m.logit exceeds bound.
@@ -448,4 +489,56 @@ func TestGGUFLlamaCppDepthPruned(t *testing.T) {
 	}
 	m := compare(t, r, e, ggufFile(t, out, "f32"), checks{gen: 16, sameIDs: true})
 	checkLogits(t, "stories260K without block 2, F32", m, f32LogitBound)
+}
+
+// TestGGUFLlamaCppEveryType exports qwen3moe-2m (bf16; its o_proj rows of
+// 256 take the k-quants, the other tensors fall back as the report says)
+// with every --gguf-type and checks that llama.cpp loads each file and
+// that its perplexity over the same 4 windows stays within a per-type
+// bound of lmpack's on the source checkpoint. These are requantisations,
+// so the bounds are the quantisation's expected cost plus llama.cpp's
+// activation rounding, not an equality; a file llama.cpp misreads (wrong
+// block layout, scales, names) gives perplexities in the hundreds (a
+// uniform guess over the 512 tokens is 512).
+func TestGGUFLlamaCppEveryType(t *testing.T) {
+	r := llamacpp.Require(t)
+	dir := shared.Path(t, "qwen3moe-2m-hf")
+	e := openLM(t, dir)
+	types := []struct {
+		typ   string
+		bound float64
+	}{
+		// bf16: the source's own values; llama.cpp rounds activations to
+		// bf16 (2^-9 relative) in its BF16 dot products: well under 1 %.
+		{"bf16", 1e-2},
+		// f16: bf16 values fit f16's 11-bit mantissa (below 6e-5 they
+		// lose bits as subnormals); activations rounded to f16 (2^-12).
+		{"f16", 1e-2},
+		// q8_0: 8-bit blocks of 32 (≈0.2 % weight error) and Q8_0
+		// activations, as q8PPLBound.
+		{"q8_0", 1e-2},
+		// q6_k (and its fallback for rows that are not multiples of
+		// 256): ≈1 % weight error, a perplexity cost of a few tenths of
+		// a percent on trained weights; 3 %.
+		{"q6_k", 3e-2},
+		// 4-bit round-to-nearest on a 2M-parameter model: ≈6–8 % weight
+		// error, a perplexity cost of several percent, up to ~15 %; 30 %.
+		{"q4_0", 0.3}, {"q4_1", 0.3}, {"q4_k", 0.3},
+	}
+	// One node process for all files (llama.cpp's binary loaded once),
+	// and lmpack's side computed once.
+	c := checks{windows: 4}
+	reqs, wins := c.requests(t, e)
+	lm := lmPerplexity(t, e, wins)
+	var jobs []llamacpp.Job
+	for _, ty := range types {
+		jobs = append(jobs, llamacpp.Job{Model: ggufFile(t, dir, ty.typ), ContextSize: 256, Requests: reqs})
+	}
+	outs, err := r.RunJobs(context.Background(), jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ty := range types {
+		checkPPL(t, "qwen3moe-2m "+ty.typ, c.measure(t, e, wins, outs[i], lm), ty.bound)
+	}
 }

@@ -2,8 +2,9 @@
 // lmpack's GGUF export, for tests. llama.cpp comes as the node-llama-cpp
 // npm package (pinned 3.21.1 with its prebuilt linux-x64 CPU binary in
 // test/llamacpp/package-lock.json; .ci/run installs it with `npm ci`),
-// driven by the script test/llamacpp/run.mjs, which reads one JSON
-// request on stdin and prints one JSON result (see Request and Output).
+// driven by the script test/llamacpp/run.mjs, which reads the jobs (GGUF
+// files and their requests) as JSON on stdin and prints one JSON result
+// per job (see Job, Request and Output).
 //
 // Tests get a Runner from Require, which skips the test, naming what is
 // missing, when node or test/llamacpp/node_modules is absent, and fails it
@@ -132,17 +133,31 @@ type Output struct {
 	Logs    []string  `json:"logs"`
 }
 
+// Job is one GGUF file and the requests to answer with it, in a KV cache
+// of ContextSize tokens.
+type Job struct {
+	Model       string    `json:"model"`
+	ContextSize int       `json:"context_size"`
+	Requests    []Request `json:"requests"`
+}
+
 // Run loads the GGUF file gguf in llama.cpp (CPU, F32 KV cache of
-// contextSize tokens) and answers reqs in order. Errors: llama.cpp refusing
-// the file (the error carries llama.cpp's loader messages), a malformed
-// request, a result count that does not match.
+// contextSize tokens) and answers reqs in order (RunJobs with one job).
 func (r *Runner) Run(ctx context.Context, gguf string, contextSize int, reqs []Request) (*Output, error) {
-	in, err := json.Marshal(map[string]any{
-		"model":        gguf,
-		"threads":      r.Threads,
-		"context_size": contextSize,
-		"requests":     reqs,
-	})
+	outs, err := r.RunJobs(ctx, []Job{{Model: gguf, ContextSize: contextSize, Requests: reqs}})
+	if err != nil {
+		return nil, err
+	}
+	return outs[0], nil
+}
+
+// RunJobs runs the jobs in order in one node process (llama.cpp's binary
+// loaded once, each file loaded, answered and released in turn) and
+// returns one Output per job. Errors: llama.cpp refusing a file (the error
+// carries node-llama-cpp's reason and llama.cpp's log), a malformed
+// request, result counts that do not match.
+func (r *Runner) RunJobs(ctx context.Context, jobs []Job) ([]*Output, error) {
+	in, err := json.Marshal(map[string]any{"threads": r.Threads, "jobs": jobs})
 	if err != nil {
 		return nil, err
 	}
@@ -152,16 +167,23 @@ func (r *Runner) Run(ctx context.Context, gguf string, contextSize int, reqs []R
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("llamacpp: %s: %v\n%s", gguf, err, stderr.String())
+		return nil, fmt.Errorf("llamacpp: %v\n%s", err, stderr.String())
 	}
-	var out Output
+	var out struct {
+		Jobs []*Output `json:"jobs"`
+	}
 	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
-		return nil, fmt.Errorf("llamacpp: %s: bad JSON from run.mjs: %v\n%s", gguf, err, stderr.String())
+		return nil, fmt.Errorf("llamacpp: bad JSON from run.mjs: %v\n%s", err, stderr.String())
 	}
-	if len(out.Results) != len(reqs) {
-		return nil, fmt.Errorf("llamacpp: %s: %d results for %d requests", gguf, len(out.Results), len(reqs))
+	if len(out.Jobs) != len(jobs) {
+		return nil, fmt.Errorf("llamacpp: %d results for %d jobs", len(out.Jobs), len(jobs))
 	}
-	return &out, nil
+	for i, o := range out.Jobs {
+		if len(o.Results) != len(jobs[i].Requests) {
+			return nil, fmt.Errorf("llamacpp: %s: %d results for %d requests", jobs[i].Model, len(o.Results), len(jobs[i].Requests))
+		}
+	}
+	return out.Jobs, nil
 }
 
 // LogProbs returns log(p) for each probability in float64 (−Inf for 0).
