@@ -188,6 +188,36 @@ func compare(t *testing.T, r *llamacpp.Runner, e *engine.Engine, gguf string, c 
 	return c.measure(t, e, wins, out, nil)
 }
 
+// run is one export to compare: lmpack's model e, the exported file and
+// the checks.
+type run struct {
+	e    *engine.Engine
+	gguf string
+	c    checks
+}
+
+// runAll runs every export in one node process (llama.cpp's binary is
+// loaded once; the machines are small) and returns what each measured.
+func runAll(t *testing.T, r *llamacpp.Runner, runs []run) []measured {
+	t.Helper()
+	jobs := make([]llamacpp.Job, len(runs))
+	wins := make([][][]int, len(runs))
+	for i, x := range runs {
+		var reqs []llamacpp.Request
+		reqs, wins[i] = x.c.requests(t, x.e)
+		jobs[i] = llamacpp.Job{Model: x.gguf, ContextSize: 256, Requests: reqs}
+	}
+	outs, err := r.RunJobs(context.Background(), jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := make([]measured, len(runs))
+	for i, x := range runs {
+		ms[i] = x.c.measure(t, x.e, wins[i], outs[i], nil)
+	}
+	return ms
+}
+
 // requests returns the llama.cpp requests of c (greedy prompts first,
 // then one scoring request per perplexity window) and the windows.
 func (c checks) requests(t *testing.T, e *engine.Engine) ([]llamacpp.Request, [][]int) {
@@ -368,14 +398,15 @@ func checkPPL(t *testing.T, label string, m measured, bound float64) {
 // perplexity (4 windows of 128) with lmpack's runtime on the checkpoint.
 func TestGGUFLlamaCppF32(t *testing.T) {
 	r := llamacpp.Require(t)
-	for _, name := range []string{"stories260K-hf", "tiny1m-hf"} {
-		t.Run(name, func(t *testing.T) {
-			dir := shared.Path(t, name)
-			gguf := ggufFile(t, dir, "f32")
-			m := compare(t, r, openLM(t, dir), gguf, checks{gen: 32, sameIDs: true, windows: 4})
-			checkLogits(t, name+" F32", m, f32LogitBound)
-			checkPPL(t, name+" F32", m, f32PPLBound)
-		})
+	names := []string{"stories260K-hf", "tiny1m-hf"}
+	var runs []run
+	for _, name := range names {
+		dir := shared.Path(t, name)
+		runs = append(runs, run{openLM(t, dir), ggufFile(t, dir, "f32"), checks{gen: 32, sameIDs: true, windows: 4}})
+	}
+	for i, m := range runAll(t, r, runs) {
+		checkLogits(t, names[i]+" F32", m, f32LogitBound)
+		checkPPL(t, names[i]+" F32", m, f32PPLBound)
 	}
 }
 
@@ -394,12 +425,12 @@ func calibrateFile(t *testing.T, dir string) string {
 }
 
 // quantized writes lmpack's quantized checkpoint of dir (lmpack quantize
-// weights) and returns its directory.
-func quantized(t *testing.T, dir, method string, bits, group int, sym bool) string {
+// weights with the calibration file calib) and returns its directory.
+func quantized(t *testing.T, dir, calib, method string, bits, group int, sym bool) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%s-w%dg%d", filepath.Base(dir), method, bits, group))
+	out := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%s-w%dg%d-sym%v", filepath.Base(dir), method, bits, group, sym))
 	if _, err := wquant.Run(context.Background(), wquant.Options{
-		Model: dir, Calib: calibrateFile(t, dir), Out: out,
+		Model: dir, Calib: calib, Out: out,
 		Method: method, Bits: bits, GroupSize: group, Symmetric: sym, Threads: 1,
 	}); err != nil {
 		t.Fatalf("quantize %s: %v", dir, err)
@@ -416,25 +447,27 @@ func quantized(t *testing.T, dir, method string, bits, group int, sym bool) stri
 func TestGGUFLlamaCppGPTQ4(t *testing.T) {
 	r := llamacpp.Require(t)
 	dir := shared.Path(t, "tiny1m-hf")
-	for _, c := range []struct {
-		name string
-		sym  bool
-	}{{"asym", false}, {"sym", true}} {
-		t.Run(c.name, func(t *testing.T) {
-			q := quantized(t, dir, "gptq", 4, 32, c.sym)
-			e := openLM(t, q)
-			// Activation rounding in llama.cpp's Q4 kernels can flip a
-			// near-tied argmax, so only the prompt ids must agree and the
-			// distributions are compared along llama.cpp's own sequence.
-			m := compare(t, r, e, ggufFile(t, q, ""), checks{gen: 32})
-			checkLogits(t, "tiny1m GPTQ w4 g32 "+c.name+" as Q4", m, q4LogitBound)
-			// The same checkpoint exported as F32 (the dequantised
-			// weights) holds the values lmpack's runtime computes with, so
-			// the F32 bound and identical greedy text apply: this separates
-			// the export's weights from llama.cpp's activation rounding.
-			m = compare(t, r, e, ggufFile(t, q, "f32"), checks{gen: 32, sameIDs: true})
-			checkLogits(t, "tiny1m GPTQ w4 g32 "+c.name+" dequantised to F32", m, f32LogitBound)
-		})
+	calib := calibrateFile(t, dir)
+	names := []string{"asym", "sym"}
+	var runs []run
+	for _, name := range names {
+		q := quantized(t, dir, calib, "gptq", 4, 32, name == "sym")
+		e := openLM(t, q)
+		// Activation rounding in llama.cpp's Q4 kernels can flip a
+		// near-tied argmax, so only the prompt ids must agree and the
+		// distributions are compared along llama.cpp's own sequence.
+		// The same checkpoint exported as F32 (the dequantised weights)
+		// holds the values lmpack's runtime computes with, so the F32
+		// bound and identical greedy text apply: this separates the
+		// export's weights from llama.cpp's activation rounding.
+		runs = append(runs,
+			run{e, ggufFile(t, q, ""), checks{gen: 32}},
+			run{e, ggufFile(t, q, "f32"), checks{gen: 32, sameIDs: true}})
+	}
+	ms := runAll(t, r, runs)
+	for i, name := range names {
+		checkLogits(t, "tiny1m GPTQ w4 g32 "+name+" as Q4", ms[2*i], q4LogitBound)
+		checkLogits(t, "tiny1m GPTQ w4 g32 "+name+" dequantised to F32", ms[2*i+1], f32LogitBound)
 	}
 }
 
@@ -444,13 +477,15 @@ func TestGGUFLlamaCppGPTQ4(t *testing.T) {
 // the same windows.
 func TestGGUFLlamaCppQ8Perplexity(t *testing.T) {
 	r := llamacpp.Require(t)
-	for _, name := range []string{"stories260K-hf", "tiny1m-hf"} {
-		t.Run(name, func(t *testing.T) {
-			q := quantized(t, shared.Path(t, name), "rtn", 8, 32, true)
-			gguf := ggufFile(t, q, "")
-			m := compare(t, r, openLM(t, q), gguf, checks{windows: 4})
-			checkPPL(t, name+" Q8_0", m, q8PPLBound)
-		})
+	names := []string{"stories260K-hf", "tiny1m-hf"}
+	var runs []run
+	for _, name := range names {
+		dir := shared.Path(t, name)
+		q := quantized(t, dir, calibrateFile(t, dir), "rtn", 8, 32, true)
+		runs = append(runs, run{openLM(t, q), ggufFile(t, q, ""), checks{windows: 4}})
+	}
+	for i, m := range runAll(t, r, runs) {
+		checkPPL(t, names[i]+" Q8_0", m, q8PPLBound)
 	}
 }
 
@@ -462,13 +497,14 @@ func TestGGUFLlamaCppQ8Perplexity(t *testing.T) {
 // and both route by softmax then top-k, renormalised.
 func TestGGUFLlamaCppMoE(t *testing.T) {
 	r := llamacpp.Require(t)
-	for _, name := range []string{"stories260K-moe-hf", "qwen3moe-2m-hf"} {
-		t.Run(name, func(t *testing.T) {
-			dir := shared.Path(t, name)
-			gguf := ggufFile(t, dir, "f32")
-			m := compare(t, r, openLM(t, dir), gguf, checks{gen: 16, sameIDs: true})
-			checkLogits(t, name+" F32", m, f32LogitBound)
-		})
+	names := []string{"stories260K-moe-hf", "qwen3moe-2m-hf"}
+	var runs []run
+	for _, name := range names {
+		dir := shared.Path(t, name)
+		runs = append(runs, run{openLM(t, dir), ggufFile(t, dir, "f32"), checks{gen: 16, sameIDs: true}})
+	}
+	for i, m := range runAll(t, r, runs) {
+		checkLogits(t, names[i]+" F32", m, f32LogitBound)
 	}
 }
 
