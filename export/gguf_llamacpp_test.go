@@ -578,3 +578,31 @@ func TestGGUFLlamaCppEveryType(t *testing.T) {
 		checkPPL(t, "qwen3moe-2m "+ty.typ, c.measure(t, e, wins, outs[i], lm), ty.bound)
 	}
 }
+
+// TestGGUFLlamaCppWidthPruned width-prunes tiny1m (lmpack prune: one GQA
+// head group of one layer removed by Putri's scores, and a quarter of
+// every FFN's nodes), which the export writes as llama.cpp's deci
+// architecture with per-layer head_count / head_count_kv /
+// feed_forward_length arrays, and checks it decodes like lmpack's runtime
+// on the pruned checkpoint: the same float32 weights, so the F32 bound.
+func TestGGUFLlamaCppWidthPruned(t *testing.T) {
+	r := llamacpp.Require(t)
+	dir := shared.Path(t, "tiny1m-hf")
+	out := filepath.Join(t.TempDir(), "tiny1m-width")
+	if _, err := prune.Run(context.Background(), prune.Options{
+		Model: dir, Calib: calibrateFile(t, dir), Out: out, HeadGroups: 1, FFNRatio: 0.25, NoRefit: true, Threads: 1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e := openLM(t, out)
+	heads := map[int]bool{}
+	for _, l := range e.Desc.Layers {
+		heads[l.NumKVHeads] = true
+	}
+	if len(heads) < 2 {
+		t.Fatalf("pruned checkpoint has uniform KV head counts %v: the per-layer case is not exercised", heads)
+	}
+	m := runAll(t, r, []run{{e, ggufFile(t, out, "f32"), checks{gen: 16, sameIDs: true, windows: 2}}})[0]
+	checkLogits(t, "tiny1m width-pruned (deci), F32", m, f32LogitBound)
+	checkPPL(t, "tiny1m width-pruned (deci), F32", m, f32PPLBound)
+}
