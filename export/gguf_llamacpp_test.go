@@ -21,9 +21,13 @@ package export_test
 //     eval.Perplexity scores it.
 
 import (
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +36,7 @@ import (
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/export"
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/llamacpp"
 	"github.com/lmpack/lmpack/internal/shared"
@@ -380,7 +385,7 @@ func (s *lmScores) against(t *testing.T, wins [][]int, res []llamacpp.Result) (l
 // checkLogits fails t when the worst logitDiff m.logit exceeds bound.
 func checkLogits(t *testing.T, label string, m measured, bound float64) {
 	t.Helper()
-	t.Logf("%s: worst max|Δ log p|/(logit range) over %d prompts = %.3g (bound %g)", label, len(prompts), m.logit, bound)
+	t.Logf("%s: worst max|Δ log p|/(logit range) over all decoding steps = %.3g (bound %g)", label, m.logit, bound)
 	if !(m.logit <= bound) {
 		t.Errorf("%s: next-token log-probabilities differ by %.3g of the logit range, bound %g", label, m.logit, bound)
 	}
@@ -619,4 +624,154 @@ func TestGGUFLlamaCppWidthPruned(t *testing.T) {
 	m := runAll(t, r, []run{{e, ggufFile(t, out, "f32"), checks{gen: 16, sameIDs: true, windows: 2}}})[0]
 	checkLogits(t, "tiny1m width-pruned (deci), F32", m, f32LogitBound)
 	checkPPL(t, "tiny1m width-pruned (deci), F32", m, f32PPLBound)
+}
+
+// writeQwen3Synth writes a one-block Qwen3 checkpoint (hidden 16, two
+// query heads and one KV head of head_dim 8 with q/k norm, tied
+// embeddings) with seeded random float32 weights and the real Qwen3
+// tokenizer (byte-level BPE, 151,643 tokens and the added ones in a
+// vocabulary of 151,936), and returns its directory.
+func writeQwen3Synth(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "synth-qwen3")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const vocab, hidden, heads, kv, hd, inter = 151936, 16, 2, 1, 8, 32
+	cfg := map[string]any{
+		"architectures": []string{"Qwen3ForCausalLM"}, "model_type": "qwen3",
+		"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 1,
+		"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+		"vocab_size": vocab, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+		"rope_theta": 1000000.0, "tie_word_embeddings": true, "torch_dtype": "float32",
+		"bos_token_id": 151643, "eos_token_id": 151645,
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(15, 1))
+	mat := func(name string, scale float64, shape ...int) safetensors.WriteTensor {
+		n := 1
+		for _, s := range shape {
+			n *= s
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		return safetensors.FromFloat32(name, shape, v)
+	}
+	norm := func(name string, n int) safetensors.WriteTensor {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(1 + 0.1*rng.NormFloat64())
+		}
+		return safetensors.FromFloat32(name, []int{n}, v)
+	}
+	p := "model.layers.0."
+	ts := []safetensors.WriteTensor{
+		mat("model.embed_tokens.weight", 1, vocab, hidden),
+		norm(p+"input_layernorm.weight", hidden),
+		mat(p+"self_attn.q_proj.weight", 0.25, heads*hd, hidden),
+		mat(p+"self_attn.k_proj.weight", 0.25, kv*hd, hidden),
+		mat(p+"self_attn.v_proj.weight", 0.25, kv*hd, hidden),
+		mat(p+"self_attn.o_proj.weight", 0.25, hidden, heads*hd),
+		norm(p+"self_attn.q_norm.weight", hd),
+		norm(p+"self_attn.k_norm.weight", hd),
+		norm(p+"post_attention_layernorm.weight", hidden),
+		mat(p+"mlp.gate_proj.weight", 0.25, inter, hidden),
+		mat(p+"mlp.up_proj.weight", 0.25, inter, hidden),
+		mat(p+"mlp.down_proj.weight", 0.18, hidden, inter),
+		norm("model.norm.weight", hidden),
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	zf, err := os.Open(shared.Path(t, "qwen3-tokenizer", "tokenizer.json.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zf.Close()
+	zr, err := gzip.NewReader(zf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tj, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc, err := os.ReadFile(shared.Path(t, "qwen3-tokenizer", "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tc, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestGGUFLlamaCppQwen3ByteLevelBPE exports a synthetic Qwen3 checkpoint
+// with the real Qwen3 tokenizer and checks, in llama.cpp: the
+// tokenization of every reference text of qwen3-tokenizer (from the
+// GGUF's gpt2 tokens, merges and qwen2 pre-tokenizer; special-token text
+// parsed as Hugging Face does) equals the reference ids (tokenizers-js)
+// and lmpack's; and the qwen3 graph (q/k norm, NEOX RoPE, tied
+// embeddings) decodes the same greedy ids as lmpack with next-token
+// distributions within the F32 bound (the same float32 weights).
+func TestGGUFLlamaCppQwen3ByteLevelBPE(t *testing.T) {
+	r := llamacpp.Require(t)
+	var ref struct {
+		Cases []struct {
+			Text string `json:"text"`
+			IDs  []int  `json:"ids"`
+		} `json:"cases"`
+	}
+	b, err := os.ReadFile(shared.Path(t, "qwen3-tokenizer", "reference_encodings.tokenizers-js.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	dir := writeQwen3Synth(t)
+	e := openLM(t, dir)
+	gguf := ggufFile(t, dir, "f32")
+	var reqs []llamacpp.Request
+	var texts []string
+	var want [][]int
+	for _, c := range ref.Cases {
+		if c.Text == "" { // llama.cpp has nothing to evaluate
+			continue
+		}
+		texts, want = append(texts, c.Text), append(want, c.IDs)
+		reqs = append(reqs, llamacpp.Request{Prompt: c.Text, Special: true, Generate: 1})
+	}
+	const prompt = "Once upon a time, there was a little girl named Lily."
+	c := checks{gen: 4, sameIDs: true, bytesText: true}
+	reqs = append(reqs, llamacpp.Request{Prompt: prompt, Generate: c.gen, Probs: true})
+	out, err := r.Run(context.Background(), gguf, 256, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Model.AddBOS {
+		t.Errorf("llama.cpp prepends BOS for the Qwen3 tokenizer (tokenizer_config.json has add_bos_token false)")
+	}
+	for i, text := range texts {
+		got := out.Results[i].PromptIDs
+		if fmt.Sprint(got) != fmt.Sprint(want[i]) {
+			t.Errorf("%q: llama.cpp tokenizes to %v, reference %v", text, got, want[i])
+		}
+		if lm := e.Tokenizer.Encode(text, true); fmt.Sprint(got) != fmt.Sprint(lm) {
+			t.Errorf("%q: llama.cpp tokenizes to %v, lmpack %v", text, got, lm)
+		}
+	}
+	d := greedyPrompt(t, e, prompt, out.Results[len(texts)], c)
+	checkLogits(t, "synthetic Qwen3, F32", measured{logit: d}, f32LogitBound)
 }

@@ -96,6 +96,9 @@ type Request struct {
 	// token.
 	Probs bool `json:"probs,omitempty"`
 	Score bool `json:"score,omitempty"`
+	// Special makes llama.cpp parse special-token text in Prompt
+	// ("<|im_start|>") as those tokens, as Hugging Face tokenizers do.
+	Special bool `json:"special,omitempty"`
 }
 
 // Result is llama.cpp's answer to one Request.

@@ -17,6 +17,8 @@
 //         // GGUF's tokenizer metadata, BOS prepended when
 //         // tokenizer.ggml.add_bos_token says so) or token ids (used as
 //         // given), then `generate` tokens at temperature 0.
+//         // "special": true parses special-token text ("<|im_start|>") as
+//         // those tokens, as Hugging Face tokenizers do by default.
 //         {"prompt": "Once upon a time", "generate": 32, "probs": true},
 //         {"tokens": [1, 403, 407], "generate": 32},
 //         // Teacher-forced scoring of a token sequence: the probability
@@ -125,7 +127,7 @@ async function runJob(job) {
         if (Array.isArray(r.tokens)) {
             prompt = r.tokens;
         } else if (typeof r.prompt === "string") {
-            prompt = model.tokenize(r.prompt, false);
+            prompt = model.tokenize(r.prompt, r.special === true);
             if (model.tokens.shouldPrependBosToken && model.tokens.bos != null)
                 prompt = [model.tokens.bos, ...prompt];
         } else {
