@@ -297,7 +297,11 @@ func greedyPrompt(t *testing.T, e *engine.Engine, p string, res llamacpp.Result,
 	rows := allLogits(t, e, seq)
 	var worst float64
 	for k := 0; k < c.gen; k++ {
-		worst = math.Max(worst, logitDiff(rows[len(res.PromptIDs)-1+k], res.Probs[k]))
+		row := rows[len(res.PromptIDs)-1+k]
+		if len(res.Probs[k]) != len(row) {
+			t.Fatalf("prompt %q step %d: llama.cpp gave %d probabilities, lmpack %d logits", p, k, len(res.Probs[k]), len(row))
+		}
+		worst = math.Max(worst, logitDiff(row, res.Probs[k]))
 	}
 	return worst
 }

@@ -96,7 +96,8 @@ async function runJob(job) {
     } catch (e) {
         fail(`llama.cpp did not load ${job.model}: ${e?.message ?? e}\n` + logs.join("\n"));
     }
-    const V = model.fileInsights.vocabularySize;
+    // llama.cpp's n_vocab: the number of tokenizer.ggml.tokens.
+    const V = model.fileInfo.metadata?.tokenizer?.ggml?.tokens?.length;
     let context;
     try {
         context = await model.createContext({
@@ -113,9 +114,12 @@ async function runJob(job) {
     }
     const seq = context.getSequence();
 
-    // dense returns the probabilities of a Map<token, p> as an array over
-    // the vocabulary (0 where llama.cpp gave none).
+    // dense returns the probabilities of a Map<token, p> (llama.cpp gives
+    // one for every token of the vocabulary) as an array over the
+    // vocabulary (0 where it gave none).
     function dense(m) {
+        if (!Number.isInteger(V) || m.size !== V)
+            fail(`${job.model}: llama.cpp gave ${m.size} probabilities for a vocabulary of ${V} tokens`);
         const out = new Array(V).fill(0);
         for (const [tok, p] of m)
             out[tok] = p;
