@@ -201,6 +201,21 @@ func GGUF(ctx context.Context, path string, opt GGUFOptions) (*Report, error) {
 		e.rep.Tensors = append(e.rep.Tensors, p.row)
 	}
 	e.rep.Finish()
+	// Read the header back (gguf.Read checks every range against the
+	// file) and compare it with what was planned.
+	g, err := gguf.Open(opt.Out)
+	if err != nil {
+		return nil, fmt.Errorf("export: reading back %s: %w", opt.Out, err)
+	}
+	defer g.Close()
+	if len(g.Tensors) != len(infos) || len(g.KVs) != len(kvs) {
+		return nil, fmt.Errorf("export: reading back %s: %d tensors and %d keys, wrote %d and %d", opt.Out, len(g.Tensors), len(g.KVs), len(infos), len(kvs))
+	}
+	for i, t := range g.Tensors {
+		if t.Name != infos[i].Name || t.Type != infos[i].Type || !slices.Equal(t.Dims, infos[i].Dims) || t.Offset != infos[i].Offset {
+			return nil, fmt.Errorf("export: reading back %s: tensor %d is %s %v %v, wrote %s %v %v", opt.Out, i, t.Name, t.Type, t.Dims, infos[i].Name, infos[i].Type, infos[i].Dims)
+		}
+	}
 	if st, err := os.Stat(opt.Out); err == nil {
 		e.rep.Bytes = st.Size()
 	}
@@ -643,7 +658,7 @@ func (e *exporter) metaOf(name string) (*meta, error) {
 	if tq, ok := e.src.quantOf(name); ok {
 		m.tq = &tq
 	} else {
-		t, err := e.src.tensors.Tensor(name)
+		t, err := e.src.info(name)
 		if err != nil {
 			return nil, err
 		}
@@ -806,7 +821,9 @@ func (e *exporter) addExperts(out string, names []string) error {
 		info: gguf.TensorInfo{Name: out, Dims: gguf.DimsOf(shape), Type: t},
 		row:  row,
 		produce: func() ([]byte, *TensorRow, error) {
-			var all []byte
+			ti := gguf.TensorInfo{Name: out, Dims: gguf.DimsOf(shape), Type: t}
+			size, _ := ti.Size()
+			all := make([]byte, 0, size)
 			modes := map[string]int{}
 			var reasons []string
 			for _, n := range names {

@@ -117,6 +117,7 @@ func TestGGUFExactQuant(t *testing.T) {
 					t.Errorf("ffn_down %d: %v, want F32 (float in the checkpoint)", i, ti.Type)
 				}
 			}
+			t.Logf("%s: modes %v, %.3f bits per weight", c.name, rep.Counts(), rep.BitsPerWeight)
 			if checked != 30 {
 				t.Errorf("%d tensors checked", checked)
 			}
@@ -258,6 +259,125 @@ func TestGGUFOutput(t *testing.T) {
 	if _, err := GGUF(context.Background(), filepath.Join(t.TempDir(), "nope"), GGUFOptions{Out: out}); err == nil {
 		t.Error("a missing model exported")
 	}
-	var fe interface{ Unwrap() error }
-	_ = errors.As(nil, &fe)
+}
+
+// TestGGUFQuantArtifact: an artifact packed from a quantized checkpoint
+// exports to the same bytes as the checkpoint (its storage tensors are
+// read through the manifest).
+func TestGGUFQuantArtifact(t *testing.T) {
+	dir := writeQuantCheckpoint(t, shared.Path(t, "stories260K-hf"), func(name string, rows, cols int) *weights.Options {
+		if cols%32 != 0 {
+			return nil
+		}
+		return &weights.Options{Bits: 4, GroupSize: 32}
+	})
+	a, err := pack.FromCheckpoint(dir, pack.FromOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	art := filepath.Join(t.TempDir(), filepath.Base(dir)+".lmpk")
+	if _, err := pack.Write(art, a, pack.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	_, x := exportGGUF(t, art, GGUFOptions{})
+	_, y := exportGGUF(t, dir, GGUFOptions{})
+	bx, _ := os.ReadFile(x)
+	by, _ := os.ReadFile(y)
+	if !bytes.Equal(bx, by) {
+		t.Error("the quantized artifact's export differs from its checkpoint's")
+	}
+	if f := openGGUF(t, x); f.Tensors[1].Type != gguf.TypeF32 {
+		t.Errorf("tensor 1 %s: %v", f.Tensors[1].Name, f.Tensors[1].Type)
+	} else if ti, _ := f.Tensor("blk.0.attn_v.weight"); ti.Type != gguf.TypeQ4_1 {
+		t.Errorf("blk.0.attn_v.weight: %v, want Q4_1", ti.Type)
+	}
+}
+
+// TestGGUFCanceled: a canceled export fails and leaves nothing in the
+// output directory.
+func TestGGUFCanceled(t *testing.T) {
+	outDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := GGUF(ctx, shared.Path(t, "stories260K-hf"), GGUFOptions{Out: filepath.Join(outDir, "m.gguf")})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled export: %v, want context.Canceled", err)
+	}
+	if es, _ := os.ReadDir(outDir); len(es) != 0 {
+		t.Errorf("canceled export left %v", es)
+	}
+}
+
+// TestGGUFActOrder: an act-order weight (8-bit symmetric group 32 with a
+// column permutation) whose permutation keeps each block of 32 original
+// columns in one group is written as Q8_0 exactly after undoing it; one
+// whose permutation mixes groups is requantized, saying so.
+func TestGGUFActOrder(t *testing.T) {
+	src := shared.Path(t, "stories260K-hf")
+	o := &weights.Options{Bits: 8, GroupSize: 32, Symmetric: true}
+	dir := writeQuantCheckpointPerm(t, src, func(name string, rows, cols int) *weights.Options {
+		if strings.Contains(name, "layers.0.mlp.gate_proj") || strings.Contains(name, "layers.0.mlp.up_proj") {
+			return o
+		}
+		return nil
+	}, func(name string, cols int) []int32 {
+		perm := make([]int32, cols)
+		for j := range perm {
+			perm[j] = int32(j)
+		}
+		if strings.Contains(name, "gate_proj") { // reverse inside each group of 32
+			for j := range perm {
+				perm[j] = int32(j/32*32 + 31 - j%32)
+			}
+		} else { // reverse the whole row: groups mix original blocks
+			slices.Reverse(perm)
+			perm[0], perm[40] = perm[40], perm[0]
+		}
+		return perm
+	})
+	rep, out := exportGGUF(t, dir, GGUFOptions{})
+	f := openGGUF(t, out)
+	rows := map[string]TensorRow{}
+	for _, r := range rep.Tensors {
+		rows[r.Name] = r
+	}
+	g := rows["blk.0.ffn_gate.weight"]
+	if g.Mode != ModeExact || g.To != "Q8_0" || !strings.Contains(g.From, "act-order") {
+		t.Errorf("gate (permutation within groups): %+v, want exact Q8_0 from an act-order tensor", g)
+	}
+	data, _ := f.TensorData("blk.0.ffn_gate.weight")
+	got, err := gguf.Dequantize(gguf.TypeQ8_0, data, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := lmpackValues(t, dir, "model.layers.0.mlp.gate_proj.weight"); !slices.Equal(got, want) {
+		t.Error("the act-order gate_proj does not decode to lmpack's values in the original column order")
+	}
+	u := rows["blk.0.ffn_up.weight"]
+	if u.Mode != ModeRequantized || u.To != "Q8_0" || !strings.Contains(u.Reason, "act-order") {
+		t.Errorf("up (permutation across groups): %+v, want requantized Q8_0 naming the act-order permutation", u)
+	}
+}
+
+// TestKVWarning: each lmpack KV scheme names the llama.cpp cache type to
+// use instead.
+func TestKVWarning(t *testing.T) {
+	for _, c := range []struct {
+		cache string
+		rot   bool
+		want  []string
+	}{
+		{"oscar2", true, []string{`KV cache "oscar2" with OSCAR rotations`, "--cache-type-k q4_0 --cache-type-v q4_0", "-fa", "2-bit has no counterpart"}},
+		{"int4", false, []string{"--cache-type-k q4_0"}},
+		{"int8", false, []string{"--cache-type-k q8_0 --cache-type-v q8_0"}},
+		{"fp16", false, []string{"--cache-type-k f16"}},
+	} {
+		w := kvWarning(c.cache, c.rot)
+		for _, s := range c.want {
+			if !strings.Contains(w, s) {
+				t.Errorf("kvWarning(%q, %v) = %q, want %q in it", c.cache, c.rot, w, s)
+			}
+		}
+	}
 }

@@ -21,6 +21,15 @@ import (
 // tokenizer files are copied.
 func writeQuantCheckpoint(t *testing.T, src string, choose func(name string, rows, cols int) *weights.Options) string {
 	t.Helper()
+	return writeQuantCheckpointPerm(t, src, choose, nil)
+}
+
+// writeQuantCheckpointPerm is writeQuantCheckpoint with an act-order
+// column permutation: where permFor returns one, storage column j holds
+// original column perm[j] (the weight's columns are permuted before RTN
+// and NAME.perm is stored).
+func writeQuantCheckpointPerm(t *testing.T, src string, choose func(name string, rows, cols int) *weights.Options, permFor func(name string, cols int) []int32) string {
+	t.Helper()
 	dir := t.TempDir()
 	ck, err := safetensors.OpenDir(src)
 	if err != nil {
@@ -56,18 +65,39 @@ func writeQuantCheckpoint(t *testing.T, src string, choose func(name string, row
 		if err != nil {
 			t.Fatal(err)
 		}
+		var perm []int32
+		if permFor != nil {
+			perm = permFor(n, tt.Shape[1])
+		}
+		if perm != nil {
+			rows, cols := tt.Shape[0], tt.Shape[1]
+			pv := make([]float32, len(v))
+			for r := 0; r < rows; r++ {
+				for j, c := range perm {
+					pv[r*cols+j] = v[r*cols+int(c)]
+				}
+			}
+			v = pv
+		}
 		q, err := weights.QuantizeRTN(v, tt.Shape[0], tt.Shape[1], *o)
 		if err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
 		p := arch.QuantPrefix(n)
+		if perm != nil {
+			pb := make([]byte, 4*len(perm))
+			for j, c := range perm {
+				binary.LittleEndian.PutUint32(pb[4*j:], uint32(c))
+			}
+			out = append(out, safetensors.WriteTensor{Name: p + arch.SuffixPerm, DType: safetensors.I32, Shape: []int{len(perm)}, Data: pb})
+		}
 		g := q.Cols / q.GroupSize
 		out = append(out, safetensors.WriteTensor{Name: p + arch.SuffixQWeight, DType: safetensors.U8, Shape: []int{q.Rows, weights.RowBytes(q.Cols, q.Bits)}, Data: q.Codes},
 			safetensors.WriteTensor{Name: p + arch.SuffixScales, DType: safetensors.F16, Shape: []int{q.Rows, g}, Data: u16Bytes(q.Scales)})
 		if !q.Symmetric {
 			out = append(out, safetensors.WriteTensor{Name: p + arch.SuffixQZeros, DType: safetensors.F16, Shape: []int{q.Rows, g}, Data: u16Bytes(q.Zeros)})
 		}
-		tensors[n] = map[string]any{"bits": q.Bits, "group_size": q.GroupSize, "symmetric": q.Symmetric}
+		tensors[n] = map[string]any{"bits": q.Bits, "group_size": q.GroupSize, "symmetric": q.Symmetric, "perm": perm != nil}
 	}
 	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), out, nil); err != nil {
 		t.Fatal(err)

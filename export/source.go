@@ -30,6 +30,9 @@ type source struct {
 	// file reads an auxiliary file (tokenizer.json, tokenizer_config.json,
 	// config.json); fs.ErrNotExist when absent.
 	file func(name string) ([]byte, error)
+	// infos maps every (storage) tensor name to its dtype and shape, so
+	// that planning reads no data.
+	infos map[string]safetensors.TensorInfo
 	// kv is the artifact's KV-cache scheme (nil for checkpoints).
 	kv    *pack.KVScheme
 	close func() error
@@ -50,15 +53,26 @@ func openSource(ctx context.Context, path string) (*source, error) {
 		}
 		return &source{
 			path: path, name: strings.TrimSuffix(filepath.Base(path), filepath.Ext(path)),
-			desc: d, tensors: r, file: r.File, kv: r.Manifest().KV, close: r.Close,
+			desc: d, tensors: r, file: r.File, kv: r.Manifest().KV, close: r.Close, infos: infoMap(r.TensorInfos()),
 		}, nil
 	}
 	dir, d, ck, err := model.Open(ctx, path, nil)
 	if err != nil {
 		return nil, err
 	}
+	name := filepath.Base(filepath.Clean(dir))
+	if _, err := os.Stat(path); err != nil {
+		// A hub id "org/name[@revision]": the name, not the snapshot hash.
+		name, _, _ = strings.Cut(filepath.Base(path), "@")
+	}
+	var infos []safetensors.TensorInfo
+	for _, n := range ck.Names() {
+		if ti, _, err := ck.Info(n); err == nil {
+			infos = append(infos, ti)
+		}
+	}
 	return &source{
-		path: path, name: filepath.Base(filepath.Clean(dir)), desc: d, tensors: ck,
+		path: path, name: name, desc: d, tensors: ck, infos: infoMap(infos),
 		file: func(name string) ([]byte, error) {
 			b, err := os.ReadFile(filepath.Join(dir, name))
 			if errors.Is(err, fs.ErrNotExist) {
@@ -68,6 +82,23 @@ func openSource(ctx context.Context, path string) (*source, error) {
 		},
 		close: ck.Close,
 	}, nil
+}
+
+func infoMap(ts []safetensors.TensorInfo) map[string]safetensors.TensorInfo {
+	m := make(map[string]safetensors.TensorInfo, len(ts))
+	for _, t := range ts {
+		m[t.Name] = t
+	}
+	return m
+}
+
+// info returns the dtype and shape of tensor name without reading it.
+// Errors: no such tensor (naming the model).
+func (s *source) info(name string) (safetensors.TensorInfo, error) {
+	if t, ok := s.infos[name]; ok {
+		return t, nil
+	}
+	return safetensors.TensorInfo{}, fmt.Errorf("export: %s: tensor %q: %w", s.path, name, safetensors.ErrMissingTensor)
 }
 
 // weight is one 2-D (or 1-D) tensor of the model as export sees it:
@@ -115,7 +146,7 @@ func (s *source) quantOf(name string) (arch.TensorQuant, bool) {
 // reading its data.
 func (s *source) shapeOf(name string) ([]int, error) {
 	if tq, ok := s.quantOf(name); ok {
-		sc, err := s.tensors.Tensor(arch.QuantPrefix(name) + arch.SuffixScales)
+		sc, err := s.info(arch.QuantPrefix(name) + arch.SuffixScales)
 		if err != nil {
 			return nil, err
 		}
@@ -124,7 +155,7 @@ func (s *source) shapeOf(name string) ([]int, error) {
 		}
 		return []int{sc.Shape[0], sc.Shape[1] * tq.GroupSize}, nil
 	}
-	t, err := s.tensors.Tensor(name)
+	t, err := s.info(name)
 	if err != nil {
 		return nil, err
 	}

@@ -25,8 +25,9 @@ func nearestInt(v float32) int { return int(math.RoundToEven(float64(v))) }
 // makeQKX2 is ggml-quants.c make_qkx2_quants with use_mad = false: codes
 // L[i] ∈ [0, nmax] and (scale, min) with x ≈ scale·L − min, minimising the
 // weighted squared error over nstep+1 trial grids iscale =
-// (nmax + rmin + rdelta·is)/(max − min), each refined by the weighted
-// least-squares fit of scale and offset (offset clamped to ≤ 0). It
+// (nmax + rmin + rdelta·is)/(max − mn), codes round(iscale·(x − mn)), each
+// refined by the weighted least-squares fit of scale and offset (offset
+// clamped to ≤ 0); mn starts at min(min x, 0) and follows the best fit. It
 // returns scale ≥ 0 and the_min = −offset ≥ 0. laux is scratch of len(x).
 func makeQKX2(nmax int, x, w []float32, L, laux []uint8, rmin, rdelta float32, nstep int) (scale, theMin float32) {
 	lo, hi := x[0], x[0]

@@ -450,3 +450,39 @@ func TestGoldenQ6_K(t *testing.T) {
 		t.Errorf("re-encoding the golden block: relative RMSE %.4f", e)
 	}
 }
+
+// FuzzDequantize: any byte string and row length either decodes to whole
+// rows (len(data)/RowBytes(n)·n values) or is refused with ErrShape or
+// ErrType; it never panics. The seeds run with `go test`; `go test -fuzz
+// FuzzDequantize` explores further.
+func FuzzDequantize(f *testing.F) {
+	for _, ty := range Types() {
+		rb, _ := ty.RowBytes(256)
+		f.Add(uint32(ty), 256, make([]byte, rb))
+		f.Add(uint32(ty), 256, make([]byte, rb-1))
+		f.Add(uint32(ty), 32, make([]byte, 3*ty.BlockBytes()))
+	}
+	f.Add(uint32(9), 32, make([]byte, 36))
+	f.Fuzz(func(t *testing.T, ty uint32, n int, data []byte) {
+		y, err := Dequantize(Type(ty), data, n)
+		if err != nil {
+			if !errors.Is(err, ErrShape) && !errors.Is(err, ErrType) {
+				t.Fatalf("error %v, want ErrShape or ErrType", err)
+			}
+			return
+		}
+		rb, _ := Type(ty).RowBytes(n)
+		if len(data)%rb != 0 || len(y) != len(data)/rb*n {
+			t.Fatalf("%v n %d: %d bytes gave %d values", Type(ty), n, len(data), len(y))
+		}
+	})
+}
+
+func TestRowBytesOverflow(t *testing.T) {
+	if _, err := TypeF32.RowBytes(math.MaxInt); !errors.Is(err, ErrShape) {
+		t.Errorf("F32 row of MaxInt: error %v, want ErrShape", err)
+	}
+	if _, err := Dequantize(TypeF32, make([]byte, 8), 1<<62); !errors.Is(err, ErrShape) {
+		t.Errorf("F32 rows of 2^62: error %v, want ErrShape", err)
+	}
+}

@@ -68,7 +68,7 @@ func (f *File) Close() error {
 // fields, unknown value or tensor types, duplicate keys or tensor names,
 // a misaligned or overlapping offset, data past the end of the file.
 func Read(r io.ReaderAt, size int64) (*File, error) {
-	d := &dec{r: bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 1<<16)}
+	d := &dec{r: bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 1<<16), size: uint64(max(size, 0))}
 	magic := d.bytes(4)
 	if d.err == nil && string(magic) != Magic {
 		return nil, fmt.Errorf("gguf: magic %q, want %q", magic, Magic)
@@ -186,17 +186,22 @@ func (f *File) TensorData(name string) ([]byte, error) {
 
 // dec reads little-endian values, keeping the first error and a count.
 type dec struct {
-	r   *bufio.Reader
-	n   uint64
-	err error
+	r    *bufio.Reader
+	n    uint64
+	size uint64 // bytes in the file: no field can be longer than what is left
+	err  error
 }
 
 func (d *dec) bytes(n uint64) []byte {
 	if d.err != nil {
 		return nil
 	}
+	if n > d.size-d.n {
+		d.err = fmt.Errorf("truncated: %d bytes at byte %d run past the end of the file (%d bytes)", n, d.n, d.size)
+		return nil
+	}
 	if n > maxCount {
-		d.err = fmt.Errorf("length %d too large", n)
+		d.err = fmt.Errorf("length %d at byte %d: over %d", n, d.n, maxCount)
 		return nil
 	}
 	b := make([]byte, n)
@@ -235,8 +240,8 @@ func (d *dec) u64() uint64 {
 }
 func (d *dec) count() uint64 {
 	n := d.u64()
-	if d.err == nil && n > maxCount {
-		d.err = fmt.Errorf("count %d too large", n)
+	if d.err == nil && (n > maxCount || n > d.size-d.n) {
+		d.err = fmt.Errorf("count %d at byte %d: more than the file's %d bytes can hold", n, d.n, d.size)
 	}
 	return n
 }

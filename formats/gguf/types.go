@@ -127,8 +127,8 @@ func (t Type) BlockBytes() int { return types[t].size }
 
 // RowBytes returns the bytes one row of n elements takes,
 // n/BlockSize·BlockBytes. Errors: ErrType for an unsupported type, ErrShape
-// when n ≤ 0 or n is not a multiple of BlockSize (k-quants need rows that
-// are multiples of 256).
+// when n ≤ 0, n is not a multiple of BlockSize (k-quants need rows that
+// are multiples of 256) or the row would exceed 2^31 bytes.
 func (t Type) RowBytes(n int) (int, error) {
 	ti, ok := types[t]
 	if !ok {
@@ -136,6 +136,9 @@ func (t Type) RowBytes(n int) (int, error) {
 	}
 	if n <= 0 || n%ti.block != 0 {
 		return 0, fmt.Errorf("%w: row of %d elements, %v needs a positive multiple of %d", ErrShape, n, t, ti.block)
+	}
+	if n/ti.block > math.MaxInt32/ti.size {
+		return 0, fmt.Errorf("%w: row of %d elements is too long (over 2^31 bytes of %v)", ErrShape, n, t)
 	}
 	return n / ti.block * ti.size, nil
 }

@@ -136,3 +136,29 @@ func TestReadErrors(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRead: Read never panics and either fails or returns infos whose data
+// lies inside the file.
+func FuzzRead(f *testing.F) {
+	var buf bytes.Buffer
+	w, _ := NewWriter(&buf, []KV{{"a", "b"}, {"ids", []int32{1, 2}}, {"s", []string{"x", "yz"}}}, []TensorInfo{{Name: "t", Dims: []uint64{32, 2}, Type: TypeQ8_0}})
+	w.WriteTensor(make([]byte, 68))
+	w.Close()
+	f.Add(buf.Bytes())
+	f.Add([]byte("GGUF\x03\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		g, err := Read(bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			return
+		}
+		for _, ti := range g.Tensors {
+			n, err := ti.Size()
+			if err != nil || g.DataOffset+ti.Offset+n > uint64(len(b)) {
+				t.Fatalf("tensor %q accepted past the end: %v", ti.Name, err)
+			}
+			if _, err := g.TensorData(ti.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
