@@ -30,12 +30,14 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/export"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/llamacpp"
@@ -778,4 +780,109 @@ func TestGGUFLlamaCppQwen3ByteLevelBPE(t *testing.T) {
 	}
 	d := greedyPrompt(t, e, prompt, out.Results[len(texts)], c)
 	checkLogits(t, "synthetic Qwen3, F32", measured{logit: d}, f32LogitBound)
+}
+
+// writeSynth writes a checkpoint for cfg (merged over a small decoder:
+// hidden 64, 2 layers, 4 heads and 2 KV heads of head_dim 16, FFN 96,
+// stories260K's tokenizer and vocabulary of 512) with seeded random
+// float32 weights: the embedding N(0, 1), matrices N(0, 1/in_features),
+// biases N(0, 0.1²), norms 1 + N(0, 0.1²). Weights of that size give
+// logits with a range of several nats, so greedy decoding has clear
+// margins.
+func writeSynth(t *testing.T, cfg map[string]any) string {
+	t.Helper()
+	base := map[string]any{
+		"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+		"rope_theta": 10000.0, "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2,
+		"hidden_act": "silu", "torch_dtype": "float32",
+	}
+	for k, v := range cfg {
+		base[k] = v
+	}
+	raw, err := json.Marshal(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := arch.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "synth")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		b, err := os.ReadFile(shared.Path(t, "stories260K-hf", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh := d.TensorShapes()
+	names := make([]string, 0, len(sh))
+	for n := range sh {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	rng := rand.New(rand.NewPCG(15, 2))
+	var ts []safetensors.WriteTensor
+	for _, n := range names {
+		s := sh[n]
+		size := 1
+		for _, x := range s {
+			size *= x
+		}
+		v := make([]float32, size)
+		for i := range v {
+			switch {
+			case strings.HasSuffix(n, "norm.weight"):
+				v[i] = float32(1 + 0.1*rng.NormFloat64())
+			case len(s) == 1:
+				v[i] = float32(0.1 * rng.NormFloat64())
+			case n == d.Embedding:
+				v[i] = float32(rng.NormFloat64())
+			default:
+				v[i] = float32(rng.NormFloat64() / math.Sqrt(float64(s[len(s)-1])))
+			}
+		}
+		ts = append(ts, safetensors.FromFloat32(n, s, v))
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestGGUFLlamaCppArchitectures runs synthetic checkpoints of the dense
+// families the export writes besides Llama: Qwen2 (q/k/v biases, NEOX
+// RoPE, no permutation), Mistral (as llama, permuted q/k, with a sliding
+// window of 4096 that the 256-token context never reaches) and Llama 3.1
+// RoPE scaling (rope_freqs factors; original context 64 so that the
+// scaling changes every frequency band). Same float32 weights: identical
+// greedy ids (16 tokens) and the F32 bound on the distributions.
+func TestGGUFLlamaCppArchitectures(t *testing.T) {
+	r := llamacpp.Require(t)
+	cases := []struct {
+		name string
+		cfg  map[string]any
+	}{
+		{"qwen2", map[string]any{"architectures": []string{"Qwen2ForCausalLM"}, "model_type": "qwen2", "rope_theta": 1e6}},
+		{"mistral", map[string]any{"architectures": []string{"MistralForCausalLM"}, "model_type": "mistral", "sliding_window": 4096}},
+		{"llama3.1-rope", map[string]any{"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama", "rope_theta": 500000.0,
+			"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}},
+	}
+	var runs []run
+	for _, c := range cases {
+		dir := writeSynth(t, c.cfg)
+		runs = append(runs, run{openLM(t, dir), ggufFile(t, dir, "f32"), checks{gen: 16, sameIDs: true, bytesText: true}})
+	}
+	for i, m := range runAll(t, r, runs) {
+		checkLogits(t, "synthetic "+cases[i].name+", F32", m, f32LogitBound)
+	}
 }
