@@ -89,12 +89,15 @@ func Require(tb testing.TB) *Runner {
 // used as given), or, with Score, the teacher-forced probabilities of
 // Tokens[1:] (one perplexity window).
 type Request struct {
-	Prompt   string `json:"prompt,omitempty"`
-	Tokens   []int  `json:"tokens,omitempty"`
-	Generate int    `json:"generate,omitempty"`
+	// Prompt is the text to tokenize, or Tokens the ids to use.
+	Prompt string `json:"prompt,omitempty"`
+	Tokens []int  `json:"tokens,omitempty"`
+	// Generate is the number of greedy tokens to decode (0 with Score).
+	Generate int `json:"generate,omitempty"`
 	// Probs asks for the next-token distribution before each generated
 	// token.
 	Probs bool `json:"probs,omitempty"`
+	// Score asks for TargetProbs over Tokens instead of a decode.
 	Score bool `json:"score,omitempty"`
 	// Special makes llama.cpp parse special-token text in Prompt
 	// ("<|im_start|>") as those tokens, as Hugging Face tokenizers do.
@@ -117,15 +120,22 @@ type Result struct {
 	TargetProbs []float64 `json:"target_probs"`
 }
 
-// ModelInfo is what llama.cpp read from the GGUF's tokenizer metadata.
+// ModelInfo is what llama.cpp read from the GGUF's metadata.
 type ModelInfo struct {
-	BOS          *int   `json:"bos"`
-	EOS          *int   `json:"eos"`
-	AddBOS       bool   `json:"add_bos"`
-	NVocab       int    `json:"n_vocab"`
-	VocabType    string `json:"vocab_type"`
-	TrainContext int    `json:"train_context"`
-	ContextSize  int    `json:"context_size"`
+	// BOS and EOS are the token ids (nil when the file names none).
+	BOS *int `json:"bos"`
+	EOS *int `json:"eos"`
+	// AddBOS is tokenizer.ggml.add_bos_token as llama.cpp applies it.
+	AddBOS bool `json:"add_bos"`
+	// NVocab is the number of tokenizer.ggml.tokens (llama.cpp's n_vocab,
+	// the length of every distribution).
+	NVocab int `json:"n_vocab"`
+	// VocabType is llama.cpp's tokenizer kind ("spm", "bpe", ...).
+	VocabType string `json:"vocab_type"`
+	// TrainContext is <arch>.context_length; ContextSize the KV cache
+	// length in tokens llama.cpp created.
+	TrainContext int `json:"train_context"`
+	ContextSize  int `json:"context_size"`
 }
 
 // Output is one run's result: Results in the order of the requests, and
