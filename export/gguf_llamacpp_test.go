@@ -488,12 +488,13 @@ func TestGGUFLlamaCppGPTQ4(t *testing.T) {
 }
 
 // TestGGUFLlamaCppQ8Perplexity exports lmpack's symmetric 8-bit group-32
-// checkpoints (→ Q8_0 where 32 divides the columns) of stories260K and
-// tiny1m and compares perplexity through llama.cpp and through lmpack on
-// the same windows.
+// checkpoints (→ Q8_0 where 32 divides the columns) of stories260K,
+// tiny1m and qwen3moe-2m (its routed experts quantized too: stacked Q8_0
+// ffn_*_exps) and compares perplexity through llama.cpp and through
+// lmpack on the same windows.
 func TestGGUFLlamaCppQ8Perplexity(t *testing.T) {
 	r := llamacpp.Require(t)
-	names := []string{"stories260K-hf", "tiny1m-hf"}
+	names := []string{"stories260K-hf", "tiny1m-hf", "qwen3moe-2m-hf"}
 	var runs []run
 	for _, name := range names {
 		dir := shared.Path(t, name)
