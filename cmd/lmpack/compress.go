@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/lmpack/lmpack/compress"
 	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/prune"
 	"github.com/spf13/cobra"
 )
 
@@ -141,6 +143,25 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	fmt.Fprintf(&b, "%-16s %-7s %9s\n", "stage", "cached", "seconds")
 	for _, s := range r.Stages {
 		fmt.Fprintf(&b, "%-16s %-7v %9.2f\n", s.Name, s.Cached, s.Seconds)
+	}
+	for _, s := range r.Stages {
+		if s.Name != "prune-layers" {
+			continue
+		}
+		// The depth plan as prune's report gives it: which blocks went,
+		// and the rule that chose them when LoRP's clustering was
+		// degenerate (prune.Report.Fallback).
+		var pr prune.Report
+		if json.Unmarshal(s.Result, &pr) == nil {
+			layers := make([]string, len(pr.Removed))
+			for i, l := range pr.Removed {
+				layers[i] = strconv.Itoa(l.Layer)
+			}
+			fmt.Fprintf(&b, "prune-layers: %s removed layers [%s]\n", pr.Method, strings.Join(layers, " "))
+			if pr.Fallback != "" {
+				fmt.Fprintf(&b, "prune-layers: fallback %s: %s\n", pr.Fallback, pr.FallbackReason)
+			}
+		}
 	}
 	z := r.Sizes
 	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/weight, lz4 saved %d bytes, kv cache %s\n",
