@@ -32,7 +32,8 @@ model and the data by sha256 fingerprints).
 
 The file is tokenized as one string with BOS prepended and split into
 consecutive windows of --ctx tokens, each run from position 0 (as eval does;
-the last window may be shorter). Statistics collected: the OSCAR key and
+--tokens must cover at least one whole window, and the last window may be
+shorter). Statistics collected: the OSCAR key and
 value covariances C_Q and C_S per layer (two passes over the data), which
 "lmpack quantize kv" turns into KV-cache rotations; and the cosine
 similarity of every pair of block inputs (lorp.similarity), which
