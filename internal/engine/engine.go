@@ -334,7 +334,15 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 	if err != nil {
 		return nil, err
 	}
-	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	m := e.Model
+	if km, ok := m.(*kvModel); ok {
+		// An artifact's KV scheme is measured as eval --kv measures it
+		// (kveval: one call per window, every token read as stored).
+		fq := *km
+		fq.fakeQuant = true
+		m = &fq
+	}
+	res, err := eval.Perplexity(ctx, m, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
 	if err != nil {
 		return nil, fmt.Errorf("engine: data file %s: %w", path, err)
 	}

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"context"
 	"math"
 	"testing"
 
@@ -133,6 +134,65 @@ func TestMatchesFakeQuantization(t *testing.T) {
 		t.Logf("%-8s max|Δlogit| vs fake quantization %.2g", c.name, worst)
 		if worst > 2e-3 {
 			t.Errorf("%s: logits differ from the fake-quantization reference by %.3g", c.name, worst)
+		}
+	}
+}
+
+// f32View exposes the fake-quantization reference's float32 storage to
+// attention (runtime.F32KV), so that every token — a call's own included —
+// is read as quantized on Write.
+type f32View struct{ *fakeQuantCache }
+
+func (f f32View) F32(layer int) (k, v []float32) { return f.f.F32(layer) }
+
+// NewFakeQuant reads every token through the cache's storage: a window
+// pushed in one call gives the logits of the independent reference whose
+// float32 rows are quantized on Write and read by attention as stored
+// (own tokens included), and not the float32-KV logits.
+func TestNewFakeQuantOneCall(t *testing.T) {
+	m, d := loadStories(t, 2)
+	const T = 64
+	V := d.VocabSize
+	toks := storyTokens(t, T)
+	layers := LayersOf(d)
+	kv, hds := make([]int, len(layers)), make([]int, len(layers))
+	for i, l := range layers {
+		kv[i], hds[i] = l.NumKVHeads*l.HeadDim, l.HeadDim
+	}
+	fp := make([]float32, T*V)
+	if err := m.Forward(context.Background(), toks, m.NewCache(T), fp, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		bits int
+	}{{"int8", 8}, {"int4", 4}} {
+		ref := make([]float32, T*V)
+		if err := m.Forward(context.Background(), toks, f32View{&fakeQuantCache{runtime.NewF32Cache(kv, hds, T), layers, c.bits, nil}}, ref, true); err != nil {
+			t.Fatal(err)
+		}
+		fq, err := NewFakeQuant(c.name, layers, T, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, T*V)
+		if err := m.Forward(context.Background(), toks, fq, got, true); err != nil {
+			t.Fatal(err)
+		}
+		var worst, fromFP float64
+		for i := range ref {
+			worst = max(worst, math.Abs(float64(ref[i]-got[i])))
+			fromFP = max(fromFP, math.Abs(float64(fp[i]-got[i])))
+		}
+		t.Logf("%s: one-call fake quantization vs reference max|Δlogit| %.2g, vs fp32 KV %.3g", c.name, worst, fromFP)
+		if worst > 2e-3 {
+			t.Errorf("%s: NewFakeQuant logits differ from the reference by %.3g", c.name, worst)
+		}
+		if fromFP < 1e-2 {
+			t.Errorf("%s: NewFakeQuant logits within %.3g of fp32 KV: own tokens were not read quantized", c.name, fromFP)
+		}
+		if b := fq.(Sizer).BitsPerElement(); b <= 0 || b >= 16 {
+			t.Errorf("%s: %g bits/element", c.name, b)
 		}
 	}
 }
