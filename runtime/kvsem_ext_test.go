@@ -22,7 +22,11 @@ import (
 // semModel is a small Llama (GQA 6:2, head_dim 8) with layers layers.
 func semModel(t *testing.T, layers int, seed uint64) (runtime.Model, *arch.Description, map[string][]float64) {
 	t.Helper()
-	cfg := runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", layers)
+	return semModelCfg(t, runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", layers), seed)
+}
+
+func semModelCfg(t *testing.T, cfg map[string]any, seed uint64) (runtime.Model, *arch.Description, map[string][]float64) {
+	t.Helper()
 	dir, d, w := runtime.SynthCheckpoint(t, cfg, seed, safetensors.F32)
 	m, _ := runtime.LoadDir(t, dir, 2)
 	return m, d, w
@@ -247,9 +251,24 @@ func (r *kvRecorder) QKV(layer, pos, n int, q, k, v []float32) {
 // run did), then the chunk's tokens [c0, p]. For the per-token
 // kinds the served rows are also checked element-wise against the
 // windows: with sink S and recent R, position j < c0 is binary16 rounding
-// of its key exactly when j < S or p−R < j, and quantized otherwise.
+// of its key exactly when j < S or p−R < j, and quantized otherwise. The
+// same on a Qwen2 layer with a sliding attention window of 9 tokens.
 func TestChunkedPrefillWindows(t *testing.T) {
-	m, d, _ := semModel(t, 1, 303)
+	t.Run("llama", func(t *testing.T) {
+		m, d, _ := semModel(t, 1, 303)
+		chunkedPrefillWindows(t, m, d)
+	})
+	t.Run("qwen2-sliding", func(t *testing.T) {
+		cfg := runtime.With(runtime.BaseConfig("Qwen2ForCausalLM"), "num_hidden_layers", 1, "use_sliding_window", true, "sliding_window", 9, "max_window_layers", 0)
+		m, d, _ := semModelCfg(t, cfg, 304)
+		if d.Layers[0].SlidingWindow != 9 {
+			t.Fatalf("layer 0 sliding window %d, want 9", d.Layers[0].SlidingWindow)
+		}
+		chunkedPrefillWindows(t, m, d)
+	})
+}
+
+func chunkedPrefillWindows(t *testing.T, m runtime.Model, d *arch.Description) {
 	const T, C, S, R = 40, 7, 3, 5
 	V := d.VocabSize
 	toks := semTokens(T, V)
