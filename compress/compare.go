@@ -53,7 +53,10 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 	}
 	ref := make([]float32, ctxLen*V)
 	got := make([]float32, ctxLen*V)
-	refCache, artCache := src.Model.NewCache(ctxLen), art.Model.NewCache(ctxLen)
+	// EvalModel: the artifact's KV cache read as stored by every position
+	// of a window pushed in one call (kvcache.NewFakeQuant).
+	srcM, artM := src.EvalModel(), art.EvalModel()
+	refCache, artCache := srcM.NewCache(ctxLen), artM.NewCache(ctxLen)
 	logP := make([]float64, V)
 	logQ := make([]float64, V)
 	var srcNLL, artNLL, kl float64
@@ -62,10 +65,10 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 		win := ids[w*ctxLen : (w+1)*ctxLen]
 		refCache.Truncate(0)
 		artCache.Truncate(0)
-		if err := src.Model.Forward(ctx, win, refCache, ref, true); err != nil {
+		if err := srcM.Forward(ctx, win, refCache, ref, true); err != nil {
 			return nil, fmt.Errorf("compress: eval window %d (source): %w", w, err)
 		}
-		if err := art.Model.Forward(ctx, win, artCache, got, true); err != nil {
+		if err := artM.Forward(ctx, win, artCache, got, true); err != nil {
 			return nil, fmt.Errorf("compress: eval window %d (artifact): %w", w, err)
 		}
 		for t := 0; t+1 < ctxLen; t++ {

@@ -353,8 +353,10 @@ type kvWrap struct {
 	opt    kvcache.Options
 }
 
+// NewCache reads the cache as the artifact's eval does (Engine.EvalModel:
+// kvcache.NewFakeQuant).
 func (m *kvWrap) NewCache(capacity int) runtime.KVCache {
-	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
+	c, err := kvcache.NewFakeQuant(m.method, m.layers, capacity, m.opt)
 	if err != nil {
 		panic(err)
 	}
@@ -423,7 +425,8 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	defer art.Close()
 	V := ck.Desc.VocabSize
 	a, b := make([]float32, 256*V), make([]float32, 256*V)
-	if err := art.Model.Forward(t.Context(), ids[:256], art.Model.NewCache(256), a, true); err != nil {
+	am := art.EvalModel() // as kvWrap: every token read as stored
+	if err := am.Forward(t.Context(), ids[:256], am.NewCache(256), a, true); err != nil {
 		t.Fatal(err)
 	}
 	if err := ck.Model.Forward(t.Context(), ids[:256], ck.Model.NewCache(256), b, true); err != nil {

@@ -68,8 +68,11 @@ type Model interface {
 	// Forward runs tokens (ids in [0, vocab)) at positions cache.Len() ..
 	// cache.Len()+len(tokens)-1, appends their keys and values to cache,
 	// and writes logits: when allLogits, logits is [len(tokens), vocab]
-	// row-major float32; otherwise [vocab] for the last token only.
-	// Errors: empty tokens, an id out of range, the cache full, a short
+	// row-major float32; otherwise [vocab] for the last token only. The
+	// call's tokens attend to each other through their fresh float32 keys
+	// and values; tokens of earlier calls are read from the cache in its
+	// storage format (QuantizedKV: windows counted back from each query;
+	// an F32KV cache's rows as stored). Errors: empty tokens, an id out of range, the cache full, a short
 	// logits slice, ctx cancelled.
 	Forward(ctx context.Context, tokens []int, cache KVCache, logits []float32, allLogits bool) error
 	// SetObserver installs calibration hooks (nil removes them). The

@@ -349,7 +349,8 @@ type scratch struct {
 	k, v      []float32 // [T, max kvdim]
 	att       []float32 // [T, max qdim]
 	scores    []float32 // [max heads, min(T, attnBlock)*ctx]
-	kr, vr    []float32 // [max kv heads, ctx*head_dim] for caches without F32KV
+	kr, vr    []float32 // [max kv heads, ctx*head_dim] for caches without F32KV (splitKV)
+	kw, vw    []float32 // [ctx*head_dim] one head's rows before the Write (splitKV)
 	gu        []float32 // [T, 2*max I]
 	h         []float32 // [T, max I] (observer copy)
 	out       []float32 // [T, H]
@@ -545,23 +546,20 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 		}
 		m.obsQKV.QKV(li, pos, T, q, k, v)
 	}
-	cache.Write(li, pos, T, k, v)
-
 	n := pos + T
 	t := &m.attn
 	t.l, t.pos, t.T, t.n = l, pos, T, n
 	t.scale = float32(1 / math.Sqrt(float64(l.hd)))
+	t.ext, t.ra = 0, 0
 	if f, ok := cache.(F32KV); ok {
+		// float32 storage: the stored rows are the fresh ones.
+		cache.Write(li, pos, T, k, v)
 		t.k, t.v = f.F32(li)
 		t.ldkv = l.kvdim
 		t.direct = true
+		t.nk = n
 	} else {
-		for g := 0; g < l.nkv; g++ {
-			cache.Read(li, g, n, s.kr[g*n*l.hd:(g+1)*n*l.hd], s.vr[g*n*l.hd:(g+1)*n*l.hd])
-		}
-		t.k, t.v = s.kr, s.vr
-		t.ldkv = l.hd
-		t.direct = false
+		m.splitKV(li, l, pos, T, cache, k, v)
 	}
 	m.pool.Run(l.nh, t)
 	if m.groupMask != nil || m.obsAttnOut != nil {
@@ -596,6 +594,13 @@ type attnTask struct {
 	k, v      []float32
 	ldkv      int
 	direct    bool
+	// nk is the number of key rows per kv head in k, v: n, or n+ext when
+	// rows [n, n+ext) hold positions [ra, ra+ext) of earlier calls in the
+	// fp16 window they had before this call's Write (splitKV); qend[i] is
+	// where query i stops reading earlier tokens quantized (rows < pos)
+	// and reads them from those rows instead.
+	nk, ra, ext int
+	qend        []int
 }
 
 // attnBlock is the number of queries whose attention scores are held at
@@ -606,7 +611,7 @@ const attnBlock = 64
 func (t *attnTask) Run(lo, hi int) {
 	s := &t.m.s
 	l := t.l
-	T, n, hd := t.T, t.n, l.hd
+	T, n, nk, hd := t.T, t.n, t.nk, l.hd
 	group := l.nh / l.nkv
 	blk := min(T, attnBlock)
 	for h := lo; h < hi; h++ {
@@ -615,12 +620,15 @@ func (t *attnTask) Run(lo, hi int) {
 		if t.direct {
 			K, V = t.k[g*hd:], t.v[g*hd:]
 		} else {
-			K, V = t.k[g*n*hd:(g+1)*n*hd], t.v[g*n*hd:(g+1)*n*hd]
+			K, V = t.k[g*nk*hd:(g+1)*nk*hd], t.v[g*nk*hd:(g+1)*nk*hd]
 		}
 		for i0 := 0; i0 < T; i0 += blk {
 			tb := min(blk, T-i0)
 			nv := t.pos + i0 + tb // keys visible to the block's last query
-			sc := s.scores[h*blk*n : h*blk*n+tb*nv]
+			if t.ext > 0 {
+				nv = nk // and the extension rows
+			}
+			sc := s.scores[h*blk*nk : h*blk*nk+tb*nv]
 			q := s.qkv[i0*l.qkvdim+h*hd:]
 			kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
 			for i := 0; i < tb; i++ {
@@ -630,15 +638,114 @@ func (t *attnTask) Run(lo, hi int) {
 					lo = p - l.window + 1
 				}
 				row := sc[i*nv : (i+1)*nv]
-				clear(row[:lo])
-				clear(row[p+1:])
-				vis := row[lo : p+1]
-				kernels.Scale(t.scale, vis)
-				kernels.Softmax(vis)
+				if t.ext == 0 {
+					clear(row[:lo])
+					clear(row[p+1:])
+					vis := row[lo : p+1]
+					kernels.Scale(t.scale, vis)
+					kernels.Softmax(vis)
+					continue
+				}
+				// Earlier tokens [ra, ra+ext) are read quantized (rows
+				// < pos) below qe and from the fp16 rows n+j−ra from qe on.
+				qe, re := t.qend[i0+i], t.ra+t.ext
+				rs := [4][2]int{
+					{lo, max(lo, qe)},
+					{max(lo, re), max(lo, t.pos)},
+					{max(lo, t.pos), p + 1},
+					{n + max(qe, lo) - t.ra, nk},
+				}
+				softmaxRanges(row, rs[:], t.scale)
 			}
 			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, s.att[i0*l.qdim+h*hd:], l.qdim)
 		}
 	}
+}
+
+// softmaxRanges scales by scale and applies softmax over the union of the
+// ascending, disjoint column ranges rs of row (empty ranges allowed) and
+// zeroes every other column.
+func softmaxRanges(row []float32, rs [][2]int, scale float32) {
+	off := 0
+	for _, r := range rs {
+		if r[1] > r[0] {
+			off += copy(row[off:], row[r[0]:r[1]])
+		}
+	}
+	vis := row[:off]
+	kernels.Scale(scale, vis)
+	kernels.Softmax(vis)
+	end := len(row)
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
+		if r[1] <= r[0] {
+			continue
+		}
+		off -= r[1] - r[0]
+		clear(row[r[1]:end])
+		copy(row[r[0]:r[1]], row[off:off+r[1]-r[0]])
+		end = r[0]
+	}
+	clear(row[:end])
+}
+
+// splitKV writes the call's keys and values k, v ([T, kvdim]) into a cache
+// without float32 storage and lays out m.s.kr, m.s.vr for attnTask, per kv
+// head g rows [g*nk, (g+1)*nk) of head_dim: rows [0, pos) the earlier
+// tokens as Read serves them after the Write, rows [pos, pos+T) the fresh
+// float32 keys and values, and, when the cache is a QuantizedKV whose
+// Write quantizes earlier tokens that some query of the call still sees in
+// its fp16 window, rows [pos+T, nk) those tokens' fp16 rows read before
+// the Write (QuantizedKV's semantics).
+func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v []float32) {
+	s, t := &m.s, &m.attn
+	hd, n := l.hd, pos+T
+	qc, _ := cache.(QuantizedKV)
+	ra, ext := 0, 0
+	if qc != nil && pos > 0 && T > 1 {
+		ra = qc.QuantizedEnd(li, pos+1)
+		ext = max(0, min(pos, qc.QuantizedEnd(li, n))-ra)
+	}
+	nk := n + ext
+	if need := l.nkv * nk * hd; len(s.kr) < need {
+		s.kr, s.vr = grow(s.kr, need), grow(s.vr, need)
+	}
+	if need := l.nh * min(T, attnBlock) * nk; len(s.scores) < need {
+		s.scores = grow(s.scores, need)
+	}
+	if ext > 0 {
+		// Read before the Write: positions [ra, ra+ext) still in fp16.
+		re := ra + ext
+		s.kw, s.vw = grow(s.kw, re*hd), grow(s.vw, re*hd)
+		for g := 0; g < l.nkv; g++ {
+			cache.Read(li, g, re, s.kw[:re*hd], s.vw[:re*hd])
+			base := (g*nk + n) * hd
+			copy(s.kr[base:base+ext*hd], s.kw[ra*hd:re*hd])
+			copy(s.vr[base:base+ext*hd], s.vw[ra*hd:re*hd])
+		}
+		if cap(t.qend) < T {
+			t.qend = make([]int, T)
+		}
+		t.qend = t.qend[:T]
+		for i := range t.qend {
+			t.qend[i] = min(max(qc.QuantizedEnd(li, pos+i+1), ra), ra+ext)
+		}
+	}
+	cache.Write(li, pos, T, k, v)
+	for g := 0; g < l.nkv; g++ {
+		kr, vr := s.kr[g*nk*hd:(g+1)*nk*hd], s.vr[g*nk*hd:(g+1)*nk*hd]
+		if pos > 0 {
+			cache.Read(li, g, pos, kr[:pos*hd], vr[:pos*hd])
+		}
+		for i := 0; i < T; i++ {
+			copy(kr[(pos+i)*hd:(pos+i+1)*hd], k[i*l.kvdim+g*hd:])
+			copy(vr[(pos+i)*hd:(pos+i+1)*hd], v[i*l.kvdim+g*hd:])
+		}
+	}
+	t.k, t.v = s.kr, s.vr
+	t.ldkv = hd
+	t.direct = false
+	t.nk, t.ra, t.ext = nk, ra, ext
 }
 
 // ffn runs the FFN half of block li on x (in place: x += ffn).

@@ -117,3 +117,30 @@ func F32CacheBytes(d *arch.Description, capacity int) int64 {
 	}
 	return 8 * per * int64(capacity)
 }
+
+// QuantizedKV is an optional ability of a KVCache that keeps some tokens
+// in a full-precision window (an fp16 sink and recent window) and moves
+// the others into quantized storage as later tokens are written
+// (runtime/kvcache). Forward uses it to give every query the view that
+// token-by-token decode would give it (docs/METHODS.md §1):
+//
+//   - tokens of the same Forward call attend to each other through their
+//     fresh float32 keys and values (prefill attention on fresh K/V, as
+//     vLLM, SGLang and the KIVI/OSCAR references run it);
+//   - a query at position p reads a token of an earlier call as the cache
+//     serves it once it holds p+1 tokens: quantized (dequantized by Read)
+//     at positions [sink, QuantizedEnd(layer, p+1)), in fp16 otherwise
+//     (the sink, and the recent window counted back from p).
+//
+// Caches without this ability serve earlier tokens as Read returns them
+// after the call's Write.
+type QuantizedKV interface {
+	// QuantizedEnd returns the end q of layer's quantized positions
+	// [sink, q) once the layer holds n tokens, n ≥ its current length,
+	// written from its current state: writing them one call at a time or
+	// in one call gives the same q, and the cache does not change. For a
+	// per-token method with sink S and recent window R, q = max(S, n−R)
+	// (never below the current watermark); block methods step q a block
+	// at a time.
+	QuantizedEnd(layer, n int) int
+}

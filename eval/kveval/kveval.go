@@ -48,7 +48,11 @@ func windowed(name string) bool {
 
 // Run tokenizes the text file as engine.EvalFile does and compares the KV
 // cache methods side by side against the float32 cache in one run
-// (eval.CompareKV). Errors: invalid options (Validate: a *field.Error),
+// (eval.CompareKV), each window pushed through each cache in one call and
+// read through kvcache.NewFakeQuant (KVQuant's fake-quantization
+// protocol: every position reads every token of the window, its own
+// included, as stored, with the fp16 windows counted back from the
+// window's end). Errors: invalid options (Validate: a *field.Error),
 // a rotation file for another model, a bad data file.
 func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval.KVReport, error) {
 	if err := opt.Validate(); err != nil {
@@ -79,8 +83,13 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 		if _, err := kvcache.New(name, layers, 1, o); err != nil {
 			return fmt.Errorf("kveval: --kv %s: %w", name, err)
 		}
+		// Each window goes through the cache in one Forward call; read
+		// through the fake-quantization protocol, so that every position
+		// reads every token (its own included) as stored. The runtime
+		// alone would attend a call's tokens through their fresh float32
+		// K/V and report the fp32-KV logits for every method.
 		methods = append(methods, eval.KVMethod{Name: label, New: func(n int) (runtime.KVCache, error) {
-			return kvcache.New(name, layers, n, o)
+			return kvcache.NewFakeQuant(name, layers, n, o)
 		}})
 		return nil
 	}

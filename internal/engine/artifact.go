@@ -80,6 +80,9 @@ type kvModel struct {
 	method string
 	layers []kvcache.Layer
 	opt    kvcache.Options
+	// fakeQuant: CPU caches read through kvcache.NewFakeQuant (EvalFile,
+	// as eval --kv measures).
+	fakeQuant bool
 }
 
 // NewCache implements runtime.Model. The scheme was built once for a
@@ -96,7 +99,11 @@ func (m *kvModel) NewCache(capacity int) runtime.KVCache {
 		}
 		return c
 	}
-	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
+	newCache := kvcache.New
+	if m.fakeQuant {
+		newCache = kvcache.NewFakeQuant
+	}
+	c, err := newCache(m.method, m.layers, capacity, m.opt)
 	if err != nil {
 		panic(fmt.Sprintf("engine: kv cache %s for %d tokens: %v", m.method, capacity, err))
 	}

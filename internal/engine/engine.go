@@ -327,6 +327,21 @@ type EvalOptions struct {
 	Progress   func(done, total int)
 }
 
+// EvalModel returns the model that eval measures with whole windows in
+// one Forward call: e.Model, except for an artifact with a KV-cache scheme
+// on the CPU, whose caches then read every token — a call's own included
+// — as stored (kvcache.NewFakeQuant), as eval --kv measures a cache; the
+// runtime alone would attend a window's tokens through their fresh
+// float32 K/V and report the float32-KV logits.
+func (e *Engine) EvalModel() runtime.Model {
+	if km, ok := e.Model.(*kvModel); ok {
+		fq := *km
+		fq.fakeQuant = true
+		return &fq
+	}
+	return e.Model
+}
+
 // EvalFile tokenizes the text file as one string with BOS prepended and
 // computes perplexity over non-overlapping windows (eval.Perplexity).
 func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*eval.PerplexityResult, error) {
@@ -334,7 +349,7 @@ func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*e
 	if err != nil {
 		return nil, err
 	}
-	res, err := eval.Perplexity(ctx, e.Model, ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	res, err := eval.Perplexity(ctx, e.EvalModel(), ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
 	if err != nil {
 		return nil, fmt.Errorf("engine: data file %s: %w", path, err)
 	}

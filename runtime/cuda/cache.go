@@ -254,6 +254,17 @@ func (c *DeviceCache) Commit(n int) { c.n += n }
 // Truncate implements runtime.KVCache.
 func (c *DeviceCache) Truncate(n int) { c.n = max(0, min(c.n, n)) }
 
+// quantFloor is the lowest end of the INT2 region that attention may use
+// for a query of the next call (before its append): max(sink, hi − ring),
+// positions whose ring slot a later write overwrote being INT2 only; 0
+// for fp16.
+func (c *DeviceCache) quantFloor() int {
+	if c.method != "oscar2" {
+		return 0
+	}
+	return max(c.sink, c.hi-c.ring)
+}
+
 // windowStart is the first position read from the ring for a cache of n
 // tokens: max(sink, n − Recent, hi − ring) for oscar2 (rows older than
 // hi − ring may have been overwritten), 0 for fp16.

@@ -181,7 +181,7 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 		return err
 	}
 	nTok := pos + T
-	ws := c.windowStart(nTok)
+	ws := c.quantFloor()
 	xrow, xld, rows := s.x, H, R
 	xnrow := s.xn
 	if !allLogits {
@@ -251,10 +251,13 @@ func (m *Model) layersForward(ctx context.Context, k *Kernels, c *DeviceCache, B
 		if err := k.Launch("rope", Dim{R, l.nh + l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
 			return err
 		}
-		if err := c.append(k, li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {
+		// Attention first: the call's own tokens are read fresh from
+		// qkv, the earlier ones from the cache as it was before this
+		// call (its ring still holds all of their window).
+		if err := m.attention(k, l, L, c, R, T, pos, nTok, ws); err != nil {
 			return err
 		}
-		if err := m.attention(k, l, L, c, R, T, pos, nTok, ws); err != nil {
+		if err := c.append(k, li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {
 			return err
 		}
 		if err := m.matmulX(k, s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
@@ -395,7 +398,10 @@ func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, 
 }
 
 // attention runs attn_split and attn_merge for the R = B·T new queries of
-// layer l into m.s.att [R, qdim].
+// layer l into m.s.att [R, qdim]: the call's own tokens through their
+// float32 keys and values in s.qkv, earlier tokens from the cache with
+// the INT2 region of a query at pq ending at min(pos, max(ws, pq+1−Recent))
+// (ws = quantFloor; runtime.QuantizedKV's semantics).
 func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
 	s := &m.s
 	mg, chunks, splitLen, nsplit := m.attnGrid(l, R, nTok)
@@ -406,7 +412,7 @@ func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, 
 		s.partO, s.partML, s.qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
-		rk, l.nh, l.nkv, l.hd, T, pos, ws, l.window, nsplit, splitLen, scale); err != nil {
+		rk, l.nh, l.nkv, l.hd, T, pos, ws, c.recent, l.window, nsplit, splitLen, scale); err != nil {
 		return err
 	}
 	return k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},

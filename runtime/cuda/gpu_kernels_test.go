@@ -250,7 +250,8 @@ func refAttention(q []float32, qld, B, T, pos0, nh, nkv, hd, window int, kv func
 
 // attnCase launches attn_split_g<MG> and attn_merge the way
 // Model.attention does, with an explicit split length, for the R = B·T
-// queries at q (row stride qld) over layer 0 of cache c, and returns the
+// queries at q (qkv rows: q, k and v heads, row stride qld; the call's
+// own tokens are read from them) over layer 0 of cache c, and returns the
 // output [R, nh·hd]. The partial buffers start as NaN, so a (split, head)
 // the kernel does not write shows.
 func attnCase(t *testing.T, d *Device, k *Kernels, c *DeviceCache, q DevPtr, qld, B, T, pos0, wstart, window, nh, MG, splitLen int) []float32 {
@@ -276,7 +277,7 @@ func attnCase(t *testing.T, d *Device, k *Kernels, c *DeviceCache, q DevPtr, qld
 		partO, partML, q, qld,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
-		L.rk, nh, nkv, hd, T, pos0, wstart, window, nsplit, splitLen, scale); err != nil {
+		L.rk, nh, nkv, hd, T, pos0, wstart, c.recent, window, nsplit, splitLen, scale); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Launch("attn_merge", Dim{nh, R, 1}, Dim{roundUp(hd, 32), 1, 1}, out, nh*hd, partO, partML, L.rv, nh, hd, nsplit); err != nil {
@@ -317,7 +318,8 @@ func checkAttn(t *testing.T, what string, got []float32, want []float64, tol flo
 // chunks of 8 heads down to 1, and partial chunks of the group of 3),
 // head_dim 64 and 40, sliding windows 0 and 37,
 // split lengths 64, 128 and 512 (one split), against refAttention over
-// the rounded rows. Tolerance 2e-5·(1+|ref|): the Go port of these
+// the float32 rows (a call's own tokens attend to each other through
+// their fresh keys and values, not the cache's binary16 copies). Tolerance 2e-5·(1+|ref|): the Go port of these
 // kernels (attnSplit, attnMergePort) meets 7.5e-7 on these cases in
 // float32; the GPU adds reduction order and expf's 2 ulp. A wrong mask,
 // split or merge is off by ≥ 1e-2 (one position more or less among
@@ -368,7 +370,17 @@ func TestGPUAttentionFP16(t *testing.T) {
 				}
 			}
 		}
-		kv := func(b, g int) ([]float32, []float32) { return K[b*nkv+g], V[b*nkv+g] }
+		_ = V
+		// The call's own rows, float32 (the cache's copies are checked
+		// above).
+		F := func(b, g, side int) []float32 {
+			out := make([]float32, n*hd)
+			for p := 0; p < n; p++ {
+				copy(out[p*hd:(p+1)*hd], rows[(b*n+p)*ld+qdim+side*kvdim+g*hd:][:hd])
+			}
+			return out
+		}
+		kv := func(b, g int) ([]float32, []float32) { return F(b, g, 0), F(b, g, 1) }
 		for _, window := range []int{0, 37} {
 			want := refAttention(rows, ld, B, n, 0, nh, nkv, hd, window, kv)
 			for _, splitLen := range []int{64, 128, 512} {
@@ -382,52 +394,63 @@ func TestGPUAttentionFP16(t *testing.T) {
 }
 
 // TestGPUAttentionOscar2: attn_split + attn_merge over a device oscar2
-// cache (sink 4, recent 32, random rotations, clipping 0.96/0.92; 300
-// tokens appended by kv_append, so positions 4..267 are INT2) for decode
-// (T = 1) and prefill (T = 5) queries at the end, windows 0, 40 (reaching
-// back into the INT2 region) and 280, split lengths 128 and 512, GQA
-// groups of 8 and 3 (MG 1, 2, 4, 8), head_dim 64 (INT2
-// rows read 4 bytes at a time) and 40 (byte by byte), against
-// refAttention over DeviceCache.Read's keys and values (the codes
-// dequantized and un-rotated on the host). Tolerance 1e-4·(1+|ref|):
-// TestKernelPortOscar2's 2e-5 plus the float32 sums of up to 264
-// weighted INT2 codes less their zero term, and Read's float32
-// un-rotation; a misread code moves a value by ≥ a quantization step.
+// cache (sink 4, recent 32, random rotations, clipping 0.96/0.92) holding
+// n − T earlier tokens (host Write, kv_append), for a call of T = 1
+// (decode), 5 and 60 (a chunk longer than the ring's 32-token slack)
+// queries whose own keys and values are in their qkv rows, windows 0, 40
+// (reaching back into the INT2 region) and 280, split lengths 128 and
+// 512, GQA groups of 8 and 3 (MG 1, 2, 4, 8), head_dim 64 (INT2 rows read
+// 4 bytes at a time) and 40 (byte by byte). Reference: refAttnServed
+// with each query pq reading the earlier tokens as DeviceCache.Read
+// serves them for pq+1 tokens (INT2 below max(sink, pq+1−32), the codes
+// dequantized and un-rotated on the host) and its call's tokens as their
+// float32 rows. Tolerance 1e-4·(1+|ref|): TestKernelPortOscar2's 2e-5
+// plus the float32 sums of up to 264 weighted INT2 codes less their zero
+// term, and Read's float32 un-rotation; a misread code moves a value by
+// ≥ a quantization step.
 func TestGPUAttentionOscar2(t *testing.T) {
 	d, k := gpuOrSkip(t)
 	r := rand.New(rand.NewPCG(99, 100))
-	const n = 300
+	const n, recent = 300, 32
 	for _, sh := range []struct{ nh, nkv, hd int }{{16, 2, 64}, {6, 2, 40}} {
 		nh, nkv, hd := sh.nh, sh.nkv, sh.hd
 		m := attnModel(t, d, k, nh, nkv, hd)
 		rot := randRotations(r, m.d)
-		c, err := m.NewDeviceCache(n+4, CacheOptions{Method: "oscar2", Sink: 4, Recent: 32, Rotations: rot})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Free() })
 		kvdim := nkv * hd
-		c.Write(0, 0, n, randVec(r, n*kvdim, 1), randVec(r, n*kvdim, 1))
-		c.Commit(n)
-		wstart := c.windowStart(n)
-		if wstart != n-32 {
-			t.Fatalf("window start %d, want %d", wstart, n-32)
-		}
-		K, V := make([][]float32, nkv), make([][]float32, nkv)
-		for g := range K {
-			K[g], V[g] = make([]float32, n*hd), make([]float32, n*hd)
-			c.Read(0, g, n, K[g], V[g])
-		}
-		kv := func(_, g int) ([]float32, []float32) { return K[g], V[g] }
-		for _, T := range []int{1, 5} {
-			qld := nh*hd + 4
+		for _, T := range []int{1, 5, 60} {
+			pos0 := n - T
+			c, err := m.NewDeviceCache(n+4, CacheOptions{Method: "oscar2", Sink: 4, Recent: recent, Rotations: rot})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Free() })
+			c.Write(0, 0, pos0, randVec(r, pos0*kvdim, 1), randVec(r, pos0*kvdim, 1))
+			c.Commit(pos0)
+			wstart := c.quantFloor()
+			if wstart != 4 {
+				t.Fatalf("INT2 floor %d, want the sink 4", wstart)
+			}
+			served := map[[2]int][2][]float32{}
+			for pq := pos0; pq < n; pq++ {
+				for g := 0; g < nkv; g++ {
+					// Read serves the view of a cache of pq+1 tokens;
+					// only the rows below pos0 are used.
+					K, V := make([]float32, (pq+1)*hd), make([]float32, (pq+1)*hd)
+					c.Read(0, g, pq+1, K, V)
+					served[[2]int{g, pq}] = [2][]float32{K[:pos0*hd], V[:pos0*hd]}
+				}
+			}
+			qld := nh*hd + 2*kvdim
 			q := randVec(r, T*qld, 1)
 			qp := devBuf(t, d, q)
 			for _, window := range []int{0, 40, 280} {
-				want := refAttention(q, qld, 1, T, n-T, nh, nkv, hd, window, kv)
+				want := refAttnServed(q, qld, T, pos0, nh, nkv, hd, window, func(g, pq int) ([]float32, []float32) {
+					kv := served[[2]int{g, pq}]
+					return kv[0], kv[1]
+				})
 				for _, splitLen := range []int{128, 512} {
 					for _, MG := range []int{1, 2, 4, 8} {
-						got := attnCase(t, d, k, c, qp, qld, 1, T, n-T, wstart, window, nh, MG, splitLen)
+						got := attnCase(t, d, k, c, qp, qld, 1, T, pos0, wstart, window, nh, MG, splitLen)
 						checkAttn(t, fmt.Sprintf("oscar2 nh %d nkv %d hd %d T %d window %d split %d MG %d", nh, nkv, hd, T, window, splitLen, MG), got, want, 1e-4)
 					}
 				}

@@ -20,6 +20,7 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/quantize/weights"
+	lmruntime "github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
@@ -188,8 +189,10 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 	}
 }
 
-// attnSplit ports attn_split_g<MG> for the whole grid.
-func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, pos0, wstart, window, nsplit, splitLen int, scale float32, quantOn bool) {
+// attnSplit ports attn_split_g<MG> for the whole grid. q holds the qkv
+// rows of the call's T tokens per sequence (q heads, then nkv key and nkv
+// value heads, qld floats apart): positions ≥ pos0 are read from them.
+func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, pos0, wstart, recent, window, nsplit, splitLen int, scale float32, quantOn bool) {
 	const AT = 128
 	hd, nkv := c.hd, c.nkv
 	group := nh / nkv
@@ -209,6 +212,11 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 				}
 				s0, s1 := max(lo, s*splitLen), min(pq+1, (s+1)*splitLen)
 				hb := hd / 4
+				wq := 0
+				if quantOn {
+					wq = min(pos0, max(wstart, pq+1-recent))
+				}
+				own := q[(bt-t)*qld+nh*hd:] // row p−pos0 at (p−pos0)·qld
 				qf := make([]float32, MG*hd)
 				qr := make([]float32, MG*hd)
 				qsum := make([]float32, MG)
@@ -220,7 +228,7 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 				for i := range ms {
 					ms[i] = neg
 				}
-				quant := quantOn && wstart > c.sink
+				quant := quantOn && wq > c.sink
 				if quant {
 					for e := 0; e < G*hd; e++ {
 						gg, j := e/hd, e%hd
@@ -256,7 +264,7 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 						}
 						if p < s1 {
 							clear(sc) // phase 1a (INT2) and 1b (fp16, a warp per position in the kernel)
-							if p >= c.sink && p < wstart {
+							if p >= c.sink && p < wq {
 								qi := head*c.capQ + (p - c.sink)
 								cr := c.codesK[qi*hb:]
 								ks, kz := kvq.F16ToFloat32(c.parK[qi*2]), kvq.F16ToFloat32(c.parK[qi*2+1])
@@ -270,6 +278,13 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 								}
 								for gg := 0; gg < G; gg++ {
 									sc[gg] = ks * (sc[gg] - kz*qsum[gg])
+								}
+							} else if p >= pos0 {
+								kf := own[(p-pos0)*qld+g*hd:]
+								for j := 0; j < hd; j++ {
+									for gg := 0; gg < G; gg++ {
+										sc[gg] += qf[gg*hd+j] * kf[j]
+									}
 								}
 							} else {
 								var kr []uint16
@@ -306,7 +321,7 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							}
 							pg[i] = e
 							sum += e
-							if pp := p0 + i; i < nvis && pp >= c.sink && pp < wstart {
+							if pp := p0 + i; i < nvis && pp >= c.sink && pp < wq {
 								qi := head*c.capQ + (pp - c.sink)
 								es := e * kvq.F16ToFloat32(c.parV[qi*2])
 								ws[gg*AT+i] = es
@@ -334,12 +349,14 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 						for i := tl; i < pe; i += TS {
 							pp := p0 + i
 							var v4 [4]float32
-							isq := pp >= c.sink && pp < wstart
+							isq := pp >= c.sink && pp < wq
 							if isq {
 								by := c.codesV[(head*c.capQ+(pp-c.sink))*hb+cg]
 								for k := range v4 {
 									v4[k] = float32(by >> (2 * k) & 3)
 								}
+							} else if pp >= pos0 {
+								copy(v4[:], own[(pp-pos0)*qld+(nkv+g)*hd+cg*4:])
 							} else {
 								var vr []uint16
 								if pp < c.sink {
@@ -440,77 +457,169 @@ func attnMergePort(out []float32, outLd int, partO, partML, RV []float32, nh, hd
 	}
 }
 
-// TestKernelPortOscar2: tokens appended one at a time by the kv_append
-// port read back like kvcache's oscar2 cache, and the attention port over
-// them (several splits, GQA, a sliding window, prefill queries) equals a
-// plain softmax attention over kvcache.Read's keys and values, to 2e-5.
+// refAttnServed is the float64 attention of the call's T queries of one
+// sequence at positions [pos0, pos0+T) (q heads, then key and value
+// heads, in the qkv rows qkv, qld floats apart): earlier positions
+// [0, pos0) come from served(g, pq), the keys and values a query at pq
+// reads ([pos0, head_dim] each), the call's own positions from the
+// float32 rows. It returns [T, nh·hd].
+func refAttnServed(qkv []float32, qld, T, pos0, nh, nkv, hd, window int, served func(g, pq int) (K, V []float32)) []float64 {
+	out := make([]float64, T*nh*hd)
+	for qt := 0; qt < T; qt++ {
+		pq := pos0 + qt
+		lo := 0
+		if window > 0 {
+			lo = max(0, pq-window+1)
+		}
+		for g := 0; g < nkv; g++ {
+			K, V := served(g, pq)
+			key := func(p int) []float32 {
+				if p < pos0 {
+					return K[p*hd : (p+1)*hd]
+				}
+				return qkv[(p-pos0)*qld+(nh+g)*hd:][:hd]
+			}
+			val := func(p int) []float32 {
+				if p < pos0 {
+					return V[p*hd : (p+1)*hd]
+				}
+				return qkv[(p-pos0)*qld+(nh+nkv+g)*hd:][:hd]
+			}
+			for h := g * (nh / nkv); h < (g+1)*(nh/nkv); h++ {
+				qr := qkv[qt*qld+h*hd:][:hd]
+				sc := make([]float64, pq+1)
+				m := math.Inf(-1)
+				for p := lo; p <= pq; p++ {
+					var d float64
+					for j, kx := range key(p) {
+						d += float64(qr[j]) * float64(kx)
+					}
+					sc[p] = d / math.Sqrt(float64(hd))
+					m = math.Max(m, sc[p])
+				}
+				var l float64
+				o := out[(qt*nh+h)*hd:][:hd]
+				for p := lo; p <= pq; p++ {
+					e := math.Exp(sc[p] - m)
+					l += e
+					for j, vx := range val(p) {
+						o[j] += e * float64(vx)
+					}
+				}
+				for j := range o {
+					o[j] /= l
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestKernelPortOscar2: earlier tokens appended one at a time by the
+// kv_append port read back like kvcache's oscar2 cache, and the attention
+// port for a call of T new queries (several splits, GQA, a sliding
+// window, prefill chunks shorter and longer than the ring's 32-token
+// slack) reads the call's own tokens as their float32 rows and each
+// earlier token as the CPU cache serves it to that query (kvcache
+// written token by token through the query: sink and the recent window
+// counted back from the query in fp16, the rest INT2): it equals the
+// float64 attention over those rows to 2e-5.
 func TestKernelPortOscar2(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const nh, nkv, hd, sink, recent, n = 6, 2, 16, 3, 10, 75
 	ring := recent + 32
 	rot := &kvcache.Rotations{K: [][]float32{randOrthogonal(r, hd)}, V: [][]float32{randOrthogonal(r, hd)}, ClipK: []float64{0.9}, ClipV: []float64{0.8}}
-	cc, err := kvcache.New("oscar2", []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := newPortCache(1, nkv, hd, sink, ring, n-sink)
-	pc.rk, pc.rv = rot.K[0], rot.V[0]
-	pc.clipK, pc.clipV = clipIndex(0.9, hd), clipIndex(0.8, hd)
 	kvDim := nkv * hd
-	for p := 0; p < n; p++ {
-		k, v := randVec(r, kvDim, 1), randVec(r, kvDim, 1)
-		cc.Write(0, p, 1, k, v)
-		cc.Commit(1)
-		row := append(append([]float32{}, k...), v...)
-		pc.kvAppend(row, 2*kvDim, 0, kvDim, 1, p, true)
-	}
-	wstart := max(sink, n-recent)
+	qld := nh*hd + 2*kvDim
 	for _, tc := range []struct {
 		T, window, splitLen int
-	}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}} {
+	}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}, {40, 0, 16}, {40, 50, 32}} {
 		T := tc.T
 		pos0 := n - T
-		q := randVec(r, T*nh*hd, 1)
+		// Token rows [n, qld]: q (used for the call's tokens), k, v.
+		rows := randVec(r, n*qld, 1)
+		pc := newPortCache(1, nkv, hd, sink, ring, n-sink)
+		pc.rk, pc.rv = rot.K[0], rot.V[0]
+		pc.clipK, pc.clipV = clipIndex(0.9, hd), clipIndex(0.8, hd)
+		for p := 0; p < pos0; p++ {
+			pc.kvAppend(rows[p*qld:(p+1)*qld], qld, nh*hd, nh*hd+kvDim, 1, p, true)
+		}
+		// The CPU cache, written token by token up to each query, says
+		// which earlier positions that query reads INT2
+		// (QuantizedEnd); the reference reads them from the port's
+		// codes (un-rotated in float64), the others from its binary16
+		// sink and ring, and checks the INT2 rows against the CPU
+		// cache's (one binary16 scale ulp apart at most, ~1e-3: the port
+		// rotates with a loop, kvcache with MatMulNT).
+		cc, err := kvcache.New("oscar2", []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := map[[2]int][2][]float32{}
+		for p := 0; p < n; p++ {
+			cc.Write(0, p, 1, rows[p*qld+nh*hd:], rows[p*qld+nh*hd+kvDim:])
+			cc.Commit(1)
+			if p < pos0 {
+				continue
+			}
+			qe := cc.(lmruntime.QuantizedKV).QuantizedEnd(0, p+1)
+			if want := max(sink, p+1-recent); qe != want {
+				t.Fatalf("kvcache oscar2 watermark %d at %d tokens, want %d", qe, p+1, want)
+			}
+			for g := 0; g < nkv; g++ {
+				K, V := make([]float32, pos0*hd), make([]float32, pos0*hd)
+				cc.Read(0, g, pos0, K, V)
+				for side, X := range [][]float32{K, V} {
+					sinkR, ringR, codes, par, R := pc.sinkK, pc.ringK, pc.codesK, pc.parK, pc.rk
+					if side == 1 {
+						sinkR, ringR, codes, par, R = pc.sinkV, pc.ringV, pc.codesV, pc.parV, pc.rv
+					}
+					for q := 0; q < pos0; q++ {
+						dst := X[q*hd : (q+1)*hd]
+						switch {
+						case q < sink:
+							kvq.DecodeF16(dst, sinkR[(g*sink+q)*hd:(g*sink+q+1)*hd])
+						case q < qe:
+							qi := g*pc.capQ + q - sink
+							sc, z := kvq.F16ToFloat32(par[qi*2]), kvq.F16ToFloat32(par[qi*2+1])
+							y := make([]float64, hd)
+							for j := range y {
+								y[j] = (float64(codes[qi*hd/4+j/4]>>(2*(j%4))&3) - float64(z)) * float64(sc)
+							}
+							for i := 0; i < hd; i++ {
+								var a float64
+								for j := 0; j < hd; j++ {
+									a += y[j] * float64(R[i*hd+j])
+								}
+								if math.Abs(a-float64(dst[i])) > 1e-2 {
+									t.Fatalf("T=%d: INT2 row %d (side %d head %d) column %d: port %.5g, kvcache %.5g", T, q, side, g, i, a, dst[i])
+								}
+								dst[i] = float32(a)
+							}
+						default:
+							kvq.DecodeF16(dst, ringR[(g*ring+q%ring)*hd:(g*ring+q%ring+1)*hd])
+						}
+					}
+				}
+				served[[2]int{g, p}] = [2][]float32{K, V}
+			}
+		}
+		own := rows[pos0*qld:]
+		want := refAttnServed(own, qld, T, pos0, nh, nkv, hd, tc.window, func(g, pq int) ([]float32, []float32) {
+			kv := served[[2]int{g, pq}]
+			return kv[0], kv[1]
+		})
+		wstart := max(sink, pos0-ring) // hi = pos0
 		nsplit := (n + tc.splitLen - 1) / tc.splitLen
 		for _, MG := range []int{1, 2, 4, 8} {
 			partO := make([]float32, T*nh*nsplit*2*hd)
 			partML := make([]float32, T*nh*nsplit*2)
-			pc.attnSplit(MG, partO, partML, q, nh*hd, nh, T, pos0, wstart, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
+			pc.attnSplit(MG, partO, partML, own, qld, nh, T, pos0, wstart, recent, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
 			out := make([]float32, T*nh*hd)
 			attnMergePort(out, nh*hd, partO, partML, rot.V[0], nh, hd, nsplit, T)
 			worst := 0.0
-			for h := 0; h < nh; h++ {
-				K, V := make([]float32, n*hd), make([]float32, n*hd)
-				cc.Read(0, h/(nh/nkv), n, K, V)
-				for qt := 0; qt < T; qt++ {
-					pq := pos0 + qt
-					lo := 0
-					if tc.window > 0 {
-						lo = max(0, pq-tc.window+1)
-					}
-					var m float64 = math.Inf(-1)
-					sc := make([]float64, pq+1)
-					for p := lo; p <= pq; p++ {
-						var d float64
-						for j := 0; j < hd; j++ {
-							d += float64(q[(qt*nh+h)*hd+j]) * float64(K[p*hd+j])
-						}
-						sc[p] = d / math.Sqrt(hd)
-						m = math.Max(m, sc[p])
-					}
-					var l float64
-					o := make([]float64, hd)
-					for p := lo; p <= pq; p++ {
-						e := math.Exp(sc[p] - m)
-						l += e
-						for j := range o {
-							o[j] += e * float64(V[p*hd+j])
-						}
-					}
-					for j := range o {
-						worst = max(worst, math.Abs(o[j]/l-float64(out[(qt*nh+h)*hd+j])))
-					}
-				}
+			for i, w := range want {
+				worst = max(worst, math.Abs(w-float64(out[i])))
 			}
 			if worst > 2e-5 {
 				t.Errorf("T=%d window=%d split=%d MG=%d: worst |Δ| %.3g, want ≤ 2e-5", T, tc.window, tc.splitLen, MG, worst)
@@ -520,54 +629,41 @@ func TestKernelPortOscar2(t *testing.T) {
 }
 
 // TestKernelPortFP16: the fp16 cache layout (no sink, ring = capacity,
-// no codes) through the kv_append and attention ports, appended as one
-// prefill of T = n tokens for 2 sequences, against a plain softmax
-// attention over the binary16-rounded keys and values, to 2e-5.
+// no codes) through the kv_append and attention ports for 2 sequences: a
+// first call appends P tokens, a second call of T tokens attends to them
+// as their binary16 rounding and to its own tokens as their float32 rows;
+// against a float64 softmax attention over those rows, to 2e-5.
 func TestKernelPortFP16(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	const B, nh, nkv, hd, n = 2, 4, 4, 8, 40
+	const B, nh, nkv, hd, P, T = 2, 4, 4, 8, 15, 25
+	const n = P + T
 	pc := newPortCache(B, nkv, hd, 0, n, 0)
 	kvDim := nkv * hd
 	ld := nh*hd + 2*kvDim
-	rows := randVec(r, B*n*ld, 1) // qkv rows: q, k, v per (sequence, token)
-	pc.kvAppend(rows, ld, nh*hd, nh*hd+kvDim, n, 0, false)
+	first := randVec(r, B*P*ld, 1) // qkv rows of the first call per (sequence, token)
+	pc.kvAppend(first, ld, nh*hd, nh*hd+kvDim, P, 0, false)
+	rows := randVec(r, B*T*ld, 1) // the second call's
 	const splitLen = 16
 	nsplit := (n + splitLen - 1) / splitLen
-	partO := make([]float32, B*n*nh*nsplit*2*hd)
-	partML := make([]float32, B*n*nh*nsplit*2)
-	pc.attnSplit(1, partO, partML, rows, ld, nh, n, 0, 0, 0, nsplit, splitLen, float32(1/math.Sqrt(hd)), false)
-	out := make([]float32, B*n*nh*hd)
-	attnMergePort(out, nh*hd, partO, partML, nil, nh, hd, nsplit, B*n)
+	partO := make([]float32, B*T*nh*nsplit*2*hd)
+	partML := make([]float32, B*T*nh*nsplit*2)
+	pc.attnSplit(1, partO, partML, rows, ld, nh, T, P, 0, 0, 0, nsplit, splitLen, float32(1/math.Sqrt(hd)), false)
+	out := make([]float32, B*T*nh*hd)
+	attnMergePort(out, nh*hd, partO, partML, nil, nh, hd, nsplit, B*T)
 	worst := 0.0
 	for b := 0; b < B; b++ {
-		for qt := 0; qt < n; qt++ {
-			for h := 0; h < nh; h++ {
-				qrow := rows[(b*n+qt)*ld+h*hd:]
-				sc := make([]float64, qt+1)
-				m := math.Inf(-1)
-				for p := 0; p <= qt; p++ {
-					krow := rows[(b*n+p)*ld+nh*hd+h*hd:]
-					var d float64
-					for j := 0; j < hd; j++ {
-						d += float64(qrow[j]) * float64(round16(krow[j]))
-					}
-					sc[p] = d / math.Sqrt(hd)
-					m = math.Max(m, sc[p])
-				}
-				var l float64
-				o := make([]float64, hd)
-				for p := 0; p <= qt; p++ {
-					e := math.Exp(sc[p] - m)
-					l += e
-					vrow := rows[(b*n+p)*ld+nh*hd+kvDim+h*hd:]
-					for j := range o {
-						o[j] += e * float64(round16(vrow[j]))
-					}
-				}
-				for j := range o {
-					worst = max(worst, math.Abs(o[j]/l-float64(out[((b*n+qt)*nh+h)*hd+j])))
+		want := refAttnServed(rows[b*T*ld:], ld, T, P, nh, nkv, hd, 0, func(g, _ int) ([]float32, []float32) {
+			K, V := make([]float32, P*hd), make([]float32, P*hd)
+			for p := 0; p < P; p++ {
+				for j := 0; j < hd; j++ {
+					K[p*hd+j] = round16(first[(b*P+p)*ld+nh*hd+g*hd+j])
+					V[p*hd+j] = round16(first[(b*P+p)*ld+nh*hd+kvDim+g*hd+j])
 				}
 			}
+			return K, V
+		})
+		for i, w := range want {
+			worst = max(worst, math.Abs(w-float64(out[b*T*nh*hd+i])))
 		}
 	}
 	if worst > 2e-5 {

@@ -61,8 +61,9 @@ type cache struct {
 }
 
 var (
-	_ runtime.KVCache = (*cache)(nil)
-	_ Sizer           = (*cache)(nil)
+	_ runtime.KVCache     = (*cache)(nil)
+	_ Sizer               = (*cache)(nil)
+	_ runtime.QuantizedKV = (*cache)(nil)
 )
 
 func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error) {
@@ -441,3 +442,14 @@ func (c *cache) Bytes() int64 {
 
 // BitsPerElement implements Sizer.
 func (c *cache) BitsPerElement() float64 { return bitsPerElement(c.Bytes(), c.n, c.kvDim) }
+
+// QuantizedEnd implements runtime.QuantizedKV: the quantized watermark
+// of layer once it holds n tokens (n ≥ its length; a smaller n gives the
+// current watermark).
+func (c *cache) QuantizedEnd(layer, n int) int {
+	L := &c.layers[layer]
+	if n <= L.len {
+		return L.q
+	}
+	return c.idealQ(L.q, n)
+}

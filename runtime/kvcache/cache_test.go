@@ -597,3 +597,62 @@ func TestCancelledForwardIsExact(t *testing.T) {
 		}
 	}
 }
+
+// QuantizedEnd (runtime.QuantizedKV) predicts the quantized watermark
+// that later writes give, without changing the cache: asked before any
+// write for every n, it equals the watermark after writing n tokens one
+// at a time and after writing them in chunks of 7; for per-token methods
+// it is max(Sink, n−Recent), for block methods a multiple of 32 tokens
+// past the sink.
+func TestQuantizedEnd(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	const n = 100
+	k, v := tokens(rng, testLayers, n, nil), tokens(rng, testLayers, n, nil)
+	cases := []struct {
+		name         string
+		opt          Options
+		perToken     bool
+		sink, recent int
+	}{
+		{"int4", Options{Sink: 3, Recent: 10}, true, 3, 10},
+		{"oscar2", Options{Sink: 2, Recent: 5, Rotations: randRotations(rng, testLayers, 0.96, 0.92)}, true, 2, 5},
+		{"int2-naive", Options{}, true, 0, 0},
+		{"kivi2", Options{Sink: 4, Recent: 20}, false, 4, 20},
+		{"oscars2", Options{}, false, 0, 128},
+	}
+	for _, c := range cases {
+		for _, chunk := range []int{1, 7} {
+			cc := mustNew(t, c.name, testLayers, n, c.opt)
+			qk := cc.(runtime.QuantizedKV)
+			pred := make([]int, n+1)
+			for m := 0; m <= n; m++ {
+				pred[m] = qk.QuantizedEnd(1, m)
+			}
+			if cc.Len() != 0 || qk.QuantizedEnd(1, 0) != pred[0] {
+				t.Fatalf("%s: QuantizedEnd changed the cache", c.name)
+			}
+			for a := 0; a < n; a += chunk {
+				b := min(n, a+chunk)
+				for i := range testLayers {
+					d := testLayers[i].NumKVHeads * testLayers[i].HeadDim
+					cc.Write(i, a, b-a, k[i][a*d:b*d], v[i][a*d:b*d])
+				}
+				cc.Commit(b - a)
+				got := cc.(*cache).layers[1].q
+				if got != pred[b] {
+					t.Fatalf("%s chunk %d: watermark %d after %d tokens, QuantizedEnd predicted %d", c.name, chunk, got, b, pred[b])
+				}
+				if got != qk.QuantizedEnd(1, b) {
+					t.Fatalf("%s: QuantizedEnd(len) %d, watermark %d", c.name, qk.QuantizedEnd(1, b), got)
+				}
+				want := max(c.sink, b-c.recent)
+				if c.perToken && got != want {
+					t.Fatalf("%s: watermark %d after %d tokens, want max(sink %d, n−recent %d) = %d", c.name, got, b, c.sink, c.recent, want)
+				}
+				if !c.perToken && (got-c.sink)%32 != 0 {
+					t.Fatalf("%s: watermark %d is not a 32-token block past sink %d", c.name, got, c.sink)
+				}
+			}
+		}
+	}
+}

@@ -26,10 +26,21 @@
 //
 // Behaviour shared by every method but fp32:
 //
-//   - Write quantizes at once: the Forward that writes tokens already reads
-//     them dequantized (so a prefill perplexity measures the cache error;
-//     published systems often attend over the unquantized prefill and read
-//     the quantized cache only when decoding).
+//   - Write quantizes at once, but the Forward that writes tokens does not
+//     read them back: runtime's Forward attends a call's own tokens through
+//     their fresh float32 keys and values and reads the tokens of earlier
+//     calls as the cache serves them to each query (runtime.QuantizedKV:
+//     a query at p reads position j quantized when Sink ≤ j <
+//     QuantizedEnd(layer, p+1), i.e. j ≤ p−Recent for per-token methods,
+//     in fp16 otherwise), as vLLM, SGLang and the KIVI/OSCAR references
+//     run prefill. A prompt prefilled in one call so gives the fp32-KV
+//     logits; decode and chunked prefill read the earlier tokens
+//     quantized. NewFakeQuant gives the other protocol (KVQuant's: every
+//     token, a call's own included, read as stored).
+//   - A token that leaves the fp16 window within its own Write is quantized
+//     from its float32 row, one that leaves it in a later Write from its
+//     binary16 row, so chunked and token-by-token writes can differ by that
+//     rounding.
 //   - The first Sink tokens stay fp16; of the rest, tokens are quantized
 //     oldest first while more than Recent are pending (a 32-token block at a
 //     time for per-channel keys), so the newest ones wait in an fp16 window.

@@ -4,10 +4,20 @@
 //
 // Sequence b's query t sits at position pq = pos0 + t and attends to the
 // positions [lo, pq], lo = max(0, pq − window + 1) when window > 0, else 0.
-// Position p is read from
+// The call's own tokens attend to each other through their fresh float32
+// keys and values; earlier tokens are read as the cache serves them to a
+// query at pq (runtime.QuantizedKV, the CPU runtime's semantics): with
+// wq = min(pos0, max(wstart, pq + 1 − recent)) for oscar2 (codes
+// non-null) and wq = 0 for fp16, position p is read from
+//   the qkv activation  when p ≥ pos0 (row b·T + p − pos0 of q, keys at
+//                       column (nh + g)·hd, values at (nh + nkv + g)·hd),
 //   the sink            when p < sink,
-//   the INT2 codes      when sink ≤ p < wstart (index p − sink),
+//   the INT2 codes      when sink ≤ p < wq (index p − sink),
 //   the fp16 ring       otherwise (slot p % ring).
+// wstart is the call's floor max(sink, hi − ring): positions whose ring
+// slot was overwritten (hi = highest position + 1 ever written) stay INT2.
+// The launch runs before this call's kv_append, so the ring still holds
+// every earlier token of the window.
 // Keys and values of the INT2 region are stored rotated (x·R). Scores use
 // q·k = (q·R_K)·k_rot, so q is rotated once; the weighted INT2 values are
 // summed in the rotated space and un-rotated once in attn_merge
@@ -24,7 +34,9 @@
 // Grid (nsplit, nkv·chunks, B·T) with chunks = ⌈(nh/nkv)/MG⌉, block 128,
 // dynamic shared memory 4·MG·(4·hd + 256) bytes.
 // q: sequence b's query t, head h at q + (b·T + t)·q_ld + h·hd (unscaled;
-// scale = 1/√hd is applied here). hd a multiple of 4, at most 256.
+// scale = 1/√hd is applied here), followed by the row's nkv key and nkv
+// value heads (the qkv activation, post-RoPE). hd a multiple of 4, at
+// most 256.
 #define AT 128
 #define MAXHD 256
 
@@ -37,7 +49,7 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
                                 const u16* ringK, const u16* ringV, int ring,
                                 const u8* codesK, const u8* codesV, const u16* parK, const u16* parV, int capQ,
                                 const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart,
-                                int window, int nsplit, int split_len, float scale) {
+                                int recent, int window, int nsplit, int split_len, float scale) {
   extern __shared__ float smem[];
   float* qf = smem;             // [MG][hd] q·scale
   float* qr = qf + MG * hd;     // [MG][hd] (q·scale)·R_K
@@ -59,6 +71,9 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   int lo = window > 0 ? max(0, pq - window + 1) : 0;
   int s0 = max(lo, s * split_len), s1 = min(pq + 1, (s + 1) * split_len);  // visible part of the split
   int hb = hd / 4;                                                        // bytes per INT2 row
+  int wq = codesK != 0 ? min(pos0, max(wstart, pq + 1 - recent)) : 0;      // INT2 positions [sink, wq)
+  // The call's own rows: token p ≥ pos0 at own + (p − pos0)·q_ld.
+  const float* ownK = q + (i64)(bt - t) * q_ld + (i64)nh * hd;
 
   // Load q heads (scaled) and rotate them.
   for (int e = tid; e < G * hd; e += AT) {
@@ -71,7 +86,7 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
     u_s[tid] = 0.f;
   }
   __syncthreads();
-  bool quant = codesK != 0 && wstart > sink;
+  bool quant = codesK != 0 && wq > sink;
   if (quant) {
     for (int e = tid; e < G * hd; e += AT) {
       int gg = e / hd, j = e % hd;
@@ -111,7 +126,7 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
 #pragma unroll
     for (int gg = 0; gg < MG; ++gg) sc[gg] = NEG_INF;
     if (p < s1) {
-      if (p >= sink && p < wstart) {
+      if (p >= sink && p < wq) {
 #pragma unroll
         for (int gg = 0; gg < MG; ++gg) sc[gg] = 0.f;
         const u8* cr = codesK + (head * capQ + (p - sink)) * hb;
@@ -156,14 +171,28 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
     int nvis = min(AT, s1 - p0);
     for (int i = warp; i < nvis; i += AT / 32) {
       int pp = p0 + i;
-      if (pp >= sink && pp < wstart) continue;  // INT2: done in phase 1a
+      if (pp >= sink && pp < wq) continue;  // INT2: done in phase 1a
+      bool own = pp >= pos0;
       const u16* kr = pp < sink ? sinkK + (head * sink + pp) * hd : ringK + (head * ring + pp % ring) * hd;
+      const float* kf = ownK + (i64)(pp - pos0) * q_ld + (i64)g * hd;
       float a[MG];
 #pragma unroll
       for (int gg = 0; gg < MG; ++gg) a[gg] = 0.f;
       for (int j = lane * 4; j < hd; j += 128) {
-        uint2 v = *(const uint2*)(kr + j);
-        float k4[4] = {h2f((u16)(v.x & 0xffff)), h2f((u16)(v.x >> 16)), h2f((u16)(v.y & 0xffff)), h2f((u16)(v.y >> 16))};
+        float k4[4];
+        if (own) {
+          float4 f = *(const float4*)(kf + j);
+          k4[0] = f.x;
+          k4[1] = f.y;
+          k4[2] = f.z;
+          k4[3] = f.w;
+        } else {
+          uint2 v = *(const uint2*)(kr + j);
+          k4[0] = h2f((u16)(v.x & 0xffff));
+          k4[1] = h2f((u16)(v.x >> 16));
+          k4[2] = h2f((u16)(v.y & 0xffff));
+          k4[3] = h2f((u16)(v.y >> 16));
+        }
 #pragma unroll
         for (int k = 0; k < 4; ++k)
 #pragma unroll
@@ -194,7 +223,7 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
         // INT2 values are summed in code space: Σ e·(c − z)·s =
         // Σ (e·s)·c − Σ e·s·z, so phase 2 does one multiply-add per code.
         int pp = p0 + i;
-        if (i < nvis && pp >= sink && pp < wstart) {
+        if (i < nvis && pp >= sink && pp < wq) {
           i64 qi = head * capQ + (pp - sink);
           float es = e * h2f(parV[qi * 2]);
           ws[gg * AT + i] = es;
@@ -228,12 +257,18 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
     for (int i = tl; i < pe; i += TS) {
       int pp = p0 + i;
       float v4[4];
-      bool isq = pp >= sink && pp < wstart;
+      bool isq = pp >= sink && pp < wq;
       if (isq) {
         // Codes only: scale and zero are in ws and u_s.
         u32 byte = codesV[(head * capQ + (pp - sink)) * hb + cg];
 #pragma unroll
         for (int k = 0; k < 4; ++k) v4[k] = (float)((byte >> (2 * k)) & 3u);
+      } else if (pp >= pos0) {
+        float4 f = *(const float4*)(ownK + (i64)(pp - pos0) * q_ld + (i64)(nkv + g) * hd + cg * 4);
+        v4[0] = f.x;
+        v4[1] = f.y;
+        v4[2] = f.z;
+        v4[3] = f.w;
       } else {
         const u16* vr = pp < sink ? sinkV + (head * sink + pp) * hd : ringV + (head * ring + pp % ring) * hd;
         uint2 v = *(const uint2*)(vr + cg * 4);
@@ -295,10 +330,10 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   extern "C" __global__ void attn_split_g##MG(                                                                      \
       float* part_o, float* part_ml, const float* q, int q_ld, const u16* sinkK, const u16* sinkV, int sink,        \
       const u16* ringK, const u16* ringV, int ring, const u8* codesK, const u8* codesV, const u16* parK,            \
-      const u16* parV, int capQ, const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart, int window, \
-      int nsplit, int split_len, float scale) {                                                                     \
+      const u16* parV, int capQ, const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart, int recent, \
+      int window, int nsplit, int split_len, float scale) {                                                         \
     attn_split_body<MG>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV, parK,    \
-                        parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, window, nsplit, split_len, scale);           \
+                        parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, recent, window, nsplit, split_len, scale);   \
   }
 ATTN_SPLIT(1)
 ATTN_SPLIT(2)
