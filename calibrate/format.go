@@ -268,8 +268,8 @@ func Read(path string, want model.Expect) (*Calibration, error) {
 		return nil, fmt.Errorf("calibrate: %s: format_version %d, this lmpack reads %d: %w", path, h.FormatVersion, FormatVersion, ErrVersion)
 	}
 	if want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint && model.OlderFingerprint(h.ModelFingerprint) {
-		return nil, fmt.Errorf("calibrate: %s: made by an older lmpack: its model_fingerprint %s does not cover the weights' values, so it cannot be checked against the model (fingerprint %s); re-run lmpack calibrate: %w",
-			path, h.ModelFingerprint, want.ModelFingerprint, calibrationOutdated{})
+		return nil, fmt.Errorf("calibrate: %s: %w: its model_fingerprint %s does not cover the weights' values, so it cannot be checked against this model (fingerprint %s); re-run lmpack calibrate",
+			path, calibrationOutdated{}, h.ModelFingerprint, want.ModelFingerprint)
 	}
 	if want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint {
 		return nil, fmt.Errorf("calibrate: %s: model_fingerprint %s, but the model's fingerprint is %s (calibrate this model again): %w",

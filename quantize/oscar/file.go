@@ -142,8 +142,8 @@ func ReadFile(path string, want model.Expect) (*Rotations, *RotationHeader, erro
 	case h.Method != Method:
 		return nil, nil, fmt.Errorf("oscar: %s: method %q, want %q: %w", path, h.Method, Method, ErrNotRotation)
 	case want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint && model.OlderFingerprint(h.ModelFingerprint):
-		return nil, nil, fmt.Errorf("oscar: %s: made by an older lmpack: its model_fingerprint %s does not cover the weights' values, so it cannot be checked against the model (fingerprint %s); re-run lmpack calibrate and lmpack quantize kv: %w",
-			path, h.ModelFingerprint, want.ModelFingerprint, rotationOutdated{})
+		return nil, nil, fmt.Errorf("oscar: %s: %w: its model_fingerprint %s does not cover the weights' values, so it cannot be checked against this model (fingerprint %s); re-run lmpack calibrate and lmpack quantize kv",
+			path, rotationOutdated{}, h.ModelFingerprint, want.ModelFingerprint)
 	case want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint:
 		return nil, nil, fmt.Errorf("oscar: %s: model_fingerprint %s, but the model's fingerprint is %s (compute rotations for this model): %w",
 			path, h.ModelFingerprint, want.ModelFingerprint, ErrRotationModelMismatch)
