@@ -163,9 +163,14 @@ func TestReadBad(t *testing.T) {
 		}, ErrNotCalibration, []string{"tokens 0"}},
 		{"other model", func(p string) {
 			h := validHeader()
-			h.ModelFingerprint = strings.Repeat("f", 64)
+			h.ModelFingerprint = model.FingerprintTag + strings.Repeat("f", 64)
 			writeRaw(t, p, rawTensors(c), h)
-		}, model.ErrModelMismatch, []string{strings.Repeat("f", 64), testFP}},
+		}, model.ErrModelMismatch, []string{strings.Repeat("f", 64), testFP, "calibration file is from another model"}},
+		{"older lmpack's fingerprint", func(p string) {
+			h := validHeader()
+			h.ModelFingerprint = strings.Repeat("e", 64)
+			writeRaw(t, p, rawTensors(c), h)
+		}, model.ErrModelMismatch, []string{strings.Repeat("e", 64), testFP, "made by an older lmpack", "re-run lmpack calibrate"}},
 		{"token outside the vocabulary", func(p string) {
 			h := validHeader()
 			h.Statistics = append(h.Statistics, StatTokens)

@@ -221,6 +221,14 @@ type calibrationMismatch struct{}
 func (calibrationMismatch) Error() string { return "calibration file is from another model" }
 func (calibrationMismatch) Unwrap() error { return model.ErrModelMismatch }
 
+// calibrationOutdated is what Read wraps for a calibration file whose
+// model_fingerprint an older lmpack made (model.OlderFingerprint); it
+// unwraps to calibrationMismatch and so to model.ErrModelMismatch.
+type calibrationOutdated struct{}
+
+func (calibrationOutdated) Error() string { return "calibration file made by an older lmpack" }
+func (calibrationOutdated) Unwrap() error { return calibrationMismatch{} }
+
 // Read reads and validates the calibration file at path: a safetensors
 // file (safetensors.Open's checks, which catch truncation) whose metadata
 // holds a Header of Kind and FormatVersion; model_fingerprint equal to
@@ -236,7 +244,9 @@ func (calibrationMismatch) Unwrap() error { return model.ErrModelMismatch }
 //
 // Errors (wrapped, naming path and the field or tensor): safetensors
 // errors; ErrNotCalibration; ErrVersion; model.ErrModelMismatch naming both
-// fingerprints; ErrBadStatistic.
+// fingerprints (saying "made by an older lmpack ... re-run lmpack
+// calibrate" when the file's is an older lmpack's fingerprint,
+// model.OlderFingerprint); ErrBadStatistic.
 func Read(path string, want model.Expect) (*Calibration, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
@@ -256,6 +266,10 @@ func Read(path string, want model.Expect) (*Calibration, error) {
 	}
 	if h.FormatVersion != FormatVersion {
 		return nil, fmt.Errorf("calibrate: %s: format_version %d, this lmpack reads %d: %w", path, h.FormatVersion, FormatVersion, ErrVersion)
+	}
+	if want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint && model.OlderFingerprint(h.ModelFingerprint) {
+		return nil, fmt.Errorf("calibrate: %s: %w: its model_fingerprint %s does not cover the weights' values, so it cannot be checked against this model (fingerprint %s); re-run lmpack calibrate",
+			path, calibrationOutdated{}, h.ModelFingerprint, want.ModelFingerprint)
 	}
 	if want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint {
 		return nil, fmt.Errorf("calibrate: %s: model_fingerprint %s, but the model's fingerprint is %s (calibrate this model again): %w",

@@ -24,9 +24,15 @@
 // model.Check, calibration and rotation files open); one that
 // fails is logged, recomputed, and every later stage with it.
 //
+// The work directory holds only the stage directories, their
+// temporaries, a lock file (one compress at a time) and the marker file
+// lmpack-work-dir; a run removes the temporaries of stages that a killed
+// run left, and nothing else. A non-empty directory without the marker
+// that holds anything else is refused as work directory.
+//
 // The stages call the packages that do the work (calibrate, prune,
 // quantize/wquant, quantize/oscar, pack, eval); this package only plans, caches and
 // reports. Adding a stage means one recipe section, one entry in
-// Pipeline.stages and its run function. It is not a scheduler: stages run
-// one after the other in this process.
+// Pipeline.stages and in stageNames, and its run function. It is not a
+// scheduler: stages run one after the other in this process.
 package compress

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -26,7 +25,9 @@ type Options struct {
 	// Out is the artifact to write (.lmpk), atomically, when every stage
 	// and the eval gate passed.
 	Out string
-	// WorkDir holds the stage cache; empty means Out + ".work".
+	// WorkDir holds the stage cache; empty means Out + ".work". It is
+	// created when missing; an existing directory must be empty or an
+	// lmpack work directory (see the package doc).
 	WorkDir string
 	// Data and EvalData override the recipe's calibrate.data and
 	// eval.data paths when set.
@@ -150,7 +151,8 @@ const keyVersion = "lmpack-compress/1"
 // the report. The source model and data files are never modified.
 //
 // Errors: ErrRecipe for data files the recipe needs and lacks; the work
-// directory in use by another compress (it is locked); stage errors
+// directory in use by another compress (it is locked), or a non-empty
+// directory that is not a work directory (naming it and an entry); stage errors
 // (wrapped with the stage name); ErrGate (with the report) when ΔPPL or
 // KL exceeds the recipe's bounds; ctx cancelled (the stage in progress
 // is recomputed by the next run).
@@ -172,8 +174,8 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if err := p.checkPaths(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(p.opt.WorkDir, 0o755); err != nil {
-		return nil, fmt.Errorf("compress: work dir: %w", err)
+	if err := prepareWorkDir(p.opt.WorkDir); err != nil {
+		return nil, err
 	}
 	p.work = p.opt.WorkDir
 	unlock, err := lockDir(p.work)
@@ -181,6 +183,9 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, err
 	}
 	defer unlock()
+	if err := markWorkDir(p.work); err != nil {
+		return nil, err
+	}
 	if err := removeStale(p.work); err != nil {
 		return nil, err
 	}

@@ -3,10 +3,14 @@ package compress
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -129,6 +133,9 @@ func (s *state) apply(dir string, o outputs) {
 // into place after done.json is written.
 func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageReport, error) {
 	t0 := time.Now()
+	if !slices.Contains(stageNames, s.name) {
+		return nil, fmt.Errorf("compress: stage %q is missing from stageNames (removeStale would not clean its temporaries)", s.name)
+	}
 	final := filepath.Join(p.work, s.name+"-"+key[:24])
 	log := p.opt.Logger
 	rec, err := readRecord(final)
@@ -209,7 +216,7 @@ func writeRecord(dir string, r *record) error {
 // lockDir takes an exclusive flock on dir/lock, so that two compress runs
 // cannot share a work directory. Errors: the lock is held (naming dir).
 func lockDir(dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("compress: work dir: %w", err)
 	}
@@ -223,15 +230,98 @@ func lockDir(dir string) (func(), error) {
 	}, nil
 }
 
-// removeStale deletes temporary stage directories (fsx.WriteDir's) left
-// by killed runs.
+// stageNames are the names of all stages (stage.name): a work directory
+// holds "<name>-<24 hex digits>" stage directories (stageDir), their
+// temporaries while a stage runs (fsx.WriteDir), lockFile and workMarker.
+var stageNames = []string{"calibrate", "prune-layers", "prune-width", "quantize-weights", "quantize-kv", "pack", "eval"}
+
+// workMarker is the file that marks a directory as an lmpack compress
+// work directory; prepareWorkDir refuses a non-empty directory without it
+// (unless it holds only what a work directory holds), and Run writes it.
+const workMarker = "lmpack-work-dir"
+
+// workMarkerText is workMarker's content, for a person who finds it.
+const workMarkerText = "This directory is the stage cache of lmpack compress (one directory per finished stage).\n" +
+	"lmpack removes its own temporaries here; delete the whole directory when no lmpack compress uses it.\n"
+
+// lockFile is the file lockDir locks.
+const lockFile = "lock"
+
+// stageDir reports whether name is a stage directory's name: a stage
+// name, "-" and 24 lowercase hex digits (runStage).
+func stageDir(name string) bool {
+	for _, s := range stageNames {
+		if rest, ok := strings.CutPrefix(name, s+"-"); ok && len(rest) == 24 && strings.Trim(rest, "0123456789abcdef") == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// prepareWorkDir makes sure dir can serve as the work directory: it
+// creates it (and its parents) when missing; an existing directory must
+// be empty, hold workMarker, or hold only what a work directory of an
+// lmpack before the marker held (lockFile, stage directories and their
+// temporaries), so that compress never sweeps or fills a directory of
+// other files. Errors: dir is not a directory; dir holds other entries
+// (naming dir and the first one); os errors.
+func prepareWorkDir(dir string) error {
+	es, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("compress: work dir: %w", err)
+		}
+		return nil
+	}
+	if err != nil {
+		if st, serr := os.Stat(dir); serr == nil && !st.IsDir() {
+			return fmt.Errorf("compress: work dir %s is a file, not a directory; choose another --work-dir", dir)
+		}
+		return fmt.Errorf("compress: work dir: %w", err)
+	}
+	for _, e := range es {
+		if e.Name() == workMarker {
+			return nil
+		}
+	}
+	for _, e := range es {
+		n := e.Name()
+		if n == lockFile || e.IsDir() && stageDir(n) {
+			continue
+		}
+		if b, ok := fsx.TempOf(n); ok && stageDir(b) {
+			continue
+		}
+		return fmt.Errorf("compress: work dir %s is not empty and is not an lmpack work directory (it has no %s file and holds %q); choose a new or empty --work-dir, or the work directory of an earlier lmpack compress",
+			dir, workMarker, n)
+	}
+	return nil
+}
+
+// markWorkDir writes dir/workMarker when it is missing (atomically,
+// fsx.WriteBytes). Errors: os errors, naming the file.
+func markWorkDir(dir string) error {
+	p := filepath.Join(dir, workMarker)
+	if _, err := os.Lstat(p); err == nil {
+		return nil
+	}
+	if err := fsx.WriteBytes(p, []byte(workMarkerText), 0o644); err != nil {
+		return fmt.Errorf("compress: work dir: %w", err)
+	}
+	return nil
+}
+
+// removeStale deletes the temporary stage directories (fsx.WriteDir's,
+// named after a stage directory: fsx.TempOf, stageDir) that killed runs
+// left in the work directory dir, which Run has locked. Nothing else is
+// touched.
 func removeStale(dir string) error {
 	es, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("compress: work dir: %w", err)
 	}
 	for _, e := range es {
-		if fsx.IsTemp(e.Name()) {
+		if b, ok := fsx.TempOf(e.Name()); ok && stageDir(b) {
 			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return fmt.Errorf("compress: work dir: %w", err)
 			}

@@ -22,9 +22,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -198,36 +201,116 @@ func CheckUnused(dir string, d *arch.Description, ck *safetensors.Checkpoint) er
 	return nil
 }
 
-// Fingerprint identifies a model by its configuration and the layout of
-// its weights, not their values (reading every weight would cost as much
-// as loading the model): the lowercase hex sha256 of
+// FingerprintTag starts every fingerprint Fingerprint returns; it names
+// the fingerprint's version. Fingerprints made by older lmpack versions
+// (64 hex digits without a tag, computed from config.json and the tensor
+// layout only) never equal a tagged one; see OlderFingerprint.
+const FingerprintTag = "v2:"
+
+// fingerprintPrefix starts the hashed byte string of a v2 fingerprint.
+const fingerprintPrefix = "lmpack-model-fingerprint-v2\n"
+
+// Fingerprint identifies a model by its configuration and every byte of
+// its weights: FingerprintTag followed by the lowercase hex sha256 of
 //
-//	"lmpack-model-fingerprint-v1\n"
+//	"lmpack-model-fingerprint-v2\n"
 //	uint64 little-endian len(config.json) ‖ config.json bytes
-//	for each tensor, in name order: strconv.Quote(name) " " dtype " " shape "\n"
+//	for each tensor, in name order:
+//	    strconv.Quote(name) " " dtype " " shape " " hex(sha256(data)) "\n"
 //
-// where shape is formatted like [64 172]. dir holds config.json; ck is the
-// opened checkpoint. Two checkpoints with the same config.json bytes and
-// tensor names, dtypes and shapes share a fingerprint. Files derived from
-// a model record it as model_fingerprint (Expect). Errors: reading
-// config.json (wrapped, naming the file); a tensor header ck cannot read.
+// where shape is formatted like [64 172] and data are the tensor's raw
+// little-endian bytes as stored in the safetensors file. dir holds
+// config.json; ck is the opened checkpoint. The fingerprint does not
+// depend on where the files lie or how the tensors are split into shards
+// (tensors are taken in name order, each hashed on its own); two
+// checkpoints share it only when config.json's bytes and every tensor's
+// name, dtype, shape and bytes are equal, so two checkpoints of one
+// training run (same layout, other values) differ. Files derived from a
+// model record it as model_fingerprint (Expect).
+//
+// Cost: every byte is hashed, by choice: a sample of each tensor (say its
+// first, middle and last 4 KiB) would miss a checkpoint that differs
+// elsewhere (a few edited rows, tokens added to an embedding), and a wrong
+// match reuses another model's calibration or cached compress stages
+// silently. The price is one read of every weight byte per call (through
+// the mapping, so from disk when the files are not in the page cache;
+// calibrate, prune, quantize and pack read every weight anyway, a fully
+// cached compress rerun does not) and sha256 of it, computed per tensor on
+// runtime.GOMAXPROCS(0) goroutines. BenchmarkFingerprint measured 550 MB/s
+// on one core and 826 MB/s on two (a shared 2-core Xeon VM with SHA
+// extensions), so a 70B-parameter BF16 checkpoint (140 GB) costs about 4
+// minutes of CPU time, divided among the cores (under 20 s on 16 cores),
+// usually less than reading it from disk.
+//
+// Errors: reading config.json (wrapped, naming the file); a tensor ck
+// cannot read (naming it).
 func Fingerprint(dir string, ck *safetensors.Checkpoint) (string, error) {
 	cfg, err := fsx.ReadFile(filepath.Join(dir, ConfigFile))
 	if err != nil {
 		return "", fmt.Errorf("model: fingerprint: %w", err)
 	}
+	names := ck.Names()
+	ts := make([]*safetensors.Tensor, len(names))
+	for i, name := range names {
+		if ts[i], err = ck.Tensor(name); err != nil {
+			return "", fmt.Errorf("model: fingerprint: %w", err)
+		}
+	}
+	sums := hashTensors(ts)
 	h := sha256.New()
-	h.Write([]byte("lmpack-model-fingerprint-v1\n"))
+	h.Write([]byte(fingerprintPrefix))
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(cfg)))
 	h.Write(n[:])
 	h.Write(cfg)
-	for _, name := range ck.Names() {
-		ti, _, err := ck.Info(name)
-		if err != nil {
-			return "", fmt.Errorf("model: fingerprint: %w", err)
-		}
-		fmt.Fprintf(h, "%s %s %v\n", strconv.Quote(name), ti.DType, ti.Shape)
+	for i, t := range ts {
+		fmt.Fprintf(h, "%s %s %v %x\n", strconv.Quote(t.Name), t.DType, t.Shape, sums[i])
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return FingerprintTag + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// hashTensors returns the sha256 of each tensor's Data, computed on up to
+// GOMAXPROCS goroutines, largest tensors first so that the work evens
+// out.
+func hashTensors(ts []*safetensors.Tensor) [][sha256.Size]byte {
+	sums := make([][sha256.Size]byte, len(ts))
+	order := make([]int, len(ts))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return len(ts[b].Data) - len(ts[a].Data) })
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(ts)) {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1)) - 1
+				if k >= len(order) {
+					return
+				}
+				i := order[k]
+				sums[i] = sha256.Sum256(ts[i].Data)
+			}
+		})
+	}
+	wg.Wait()
+	return sums
+}
+
+// OlderFingerprint reports whether fp, a model_fingerprint read from a
+// file, has the form of the fingerprints older lmpack versions made (64
+// lowercase hex digits without FingerprintTag, computed from config.json
+// and the tensor layout only): such a file cannot be matched against a
+// model any more and must be made again. Readers use it to say so instead
+// of "from another model".
+func OlderFingerprint(fp string) bool {
+	if len(fp) != 2*sha256.Size {
+		return false
+	}
+	for _, c := range fp {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

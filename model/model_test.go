@@ -155,32 +155,21 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-// TestFingerprint: the fingerprint is the sha256 of the documented byte
-// string (prefix, config.json length and bytes, each tensor's quoted name,
-// dtype and shape in name order), written out here independently; another
-// model (stories260K-moe) gets another one, and so does a config.json
-// whose bytes differ.
+// TestFingerprint: the fingerprint is FingerprintTag and the sha256 of
+// the documented byte string (prefix, config.json length and bytes, each
+// tensor's quoted name, dtype, shape and the sha256 of its bytes in name
+// order), written out here independently; another model
+// (stories260K-moe) gets another one, and so does a config.json whose
+// bytes differ.
 func TestFingerprint(t *testing.T) {
-	fp := func(dir string) (string, *safetensors.Checkpoint) {
-		_, ck, err := OpenDir(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ck.Close() })
-		s, err := Fingerprint(dir, ck)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s, ck
-	}
 	dir := shared.Path(t, "stories260K-hf")
-	got, ck := fp(dir)
+	got, ck := fingerprint(t, dir)
 	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	b.WriteString("lmpack-model-fingerprint-v1\n")
+	b.WriteString("lmpack-model-fingerprint-v2\n")
 	n := len(cfg)
 	for i := 0; i < 8; i++ {
 		b.WriteByte(byte(n >> (8 * i)))
@@ -191,27 +180,168 @@ func TestFingerprint(t *testing.T) {
 		t.Fatalf("checkpoint names not sorted or empty")
 	}
 	for _, name := range names {
-		ti, _, _ := ck.Info(name)
+		ti, _ := ck.Tensor(name)
 		dims := make([]string, len(ti.Shape))
 		for i, x := range ti.Shape {
 			dims[i] = fmt.Sprint(x)
 		}
-		fmt.Fprintf(&b, "%q %s [%s]\n", name, ti.DType, strings.Join(dims, " "))
+		sum := sha256.Sum256(ti.Data)
+		fmt.Fprintf(&b, "%q %s [%s] %s\n", name, ti.DType, strings.Join(dims, " "), hex.EncodeToString(sum[:]))
 	}
 	want := sha256.Sum256([]byte(b.String()))
-	if got != hex.EncodeToString(want[:]) {
-		t.Errorf("fingerprint %s, want %s", got, hex.EncodeToString(want[:]))
+	if got != "v2:"+hex.EncodeToString(want[:]) {
+		t.Errorf("fingerprint %s, want v2:%s", got, hex.EncodeToString(want[:]))
 	}
-	other, _ := fp(shared.Path(t, "stories260K-moe-hf"))
-	if other == got || len(got) != 64 {
-		t.Errorf("fingerprints %s and %s: want two different 64-digit hex strings", got, other)
+	if OlderFingerprint(got) {
+		t.Errorf("OlderFingerprint(%s) = true for this lmpack's fingerprint", got)
 	}
-	if same, _ := fp(linkModel(t, nil)); same != got {
+	if old := hex.EncodeToString(want[:]); !OlderFingerprint(old) || OlderFingerprint("00") || OlderFingerprint(strings.ToUpper(old)) {
+		t.Errorf("OlderFingerprint: want true only for 64 lowercase hex digits without a tag (%s)", old)
+	}
+	other, _ := fingerprint(t, shared.Path(t, "stories260K-moe-hf"))
+	if other == got || len(got) != 67 {
+		t.Errorf("fingerprints %s and %s: want two different tagged 64-digit hex strings", got, other)
+	}
+	if same, _ := fingerprint(t, linkModel(t, nil)); same != got {
 		t.Errorf("the same files linked elsewhere: fingerprint %s, want %s", same, got)
 	}
-	if edited, _ := fp(linkModel(t, func(c map[string]any) { c["rms_norm_eps"] = 1e-6 })); edited == got {
+	if edited, _ := fingerprint(t, linkModel(t, func(c map[string]any) { c["rms_norm_eps"] = 1e-6 })); edited == got {
 		t.Errorf("config.json changed, fingerprint unchanged %s", got)
 	}
+}
+
+// TestFingerprintWeights: the fingerprint follows the weights' values, not
+// only their layout, and not their sharding. stories260K's tensors
+// rewritten into two shards with an index give the source's fingerprint;
+// the same with one value of one tensor changed (a checkpoint of the same
+// training run: same config.json, names, dtypes and shapes) gives another,
+// and so does a change of the last byte of another tensor.
+func TestFingerprintWeights(t *testing.T) {
+	src := shared.Path(t, "stories260K-hf")
+	want, ck := fingerprint(t, src)
+	names := ck.Names()
+	reshard := func(edit func(name string, data []byte)) string {
+		dir := t.TempDir()
+		cfg, err := os.ReadFile(filepath.Join(src, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		shards := [2][]safetensors.WriteTensor{}
+		wm := map[string]string{}
+		var total int64
+		for i, name := range names {
+			ti, err := ck.Tensor(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := slices.Clone(ti.Data)
+			if edit != nil {
+				edit(name, data)
+			}
+			shards[i%2] = append(shards[i%2], safetensors.WriteTensor{Name: name, DType: ti.DType, Shape: ti.Shape, Data: data})
+			wm[name] = fmt.Sprintf("model-%05d-of-00002.safetensors", i%2+1)
+			total += int64(len(data))
+		}
+		for k, ts := range shards {
+			if err := safetensors.WriteFile(filepath.Join(dir, fmt.Sprintf("model-%05d-of-00002.safetensors", k+1)), ts, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := safetensors.WriteIndex(filepath.Join(dir, safetensors.IndexFileName), total, wm); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	if got, rck := fingerprint(t, reshard(nil)); got != want || len(rck.Files()) != 2 {
+		t.Errorf("resharded into %d files: fingerprint %s, want the source's %s", len(rck.Files()), got, want)
+	}
+	// Scale the first value of one weight matrix by 1.01 (its dtype as
+	// stored: F32 in stories260K).
+	target := names[len(names)/2]
+	info, _, _ := ck.Info(target)
+	if info.DType != safetensors.F32 {
+		t.Fatalf("%s is %s; the test edits F32 values", target, info.DType)
+	}
+	scaled := reshard(func(name string, data []byte) {
+		if name == target {
+			v := math.Float32frombits(uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16 | uint32(data[3])<<24)
+			u := math.Float32bits(v*1.01 + 1e-3)
+			data[0], data[1], data[2], data[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		}
+	})
+	if got, _ := fingerprint(t, scaled); got == want {
+		t.Errorf("one value of %s changed, fingerprint unchanged %s", target, got)
+	}
+	last := names[len(names)-1]
+	flipped := reshard(func(name string, data []byte) {
+		if name == last {
+			data[len(data)-1] ^= 1
+		}
+	})
+	if got, _ := fingerprint(t, flipped); got == want {
+		t.Errorf("the last byte of %s changed, fingerprint unchanged %s", last, got)
+	}
+}
+
+// fingerprint opens the model directory dir and returns its Fingerprint
+// and checkpoint (closed at the end of the test).
+func fingerprint(t testing.TB, dir string) (string, *safetensors.Checkpoint) {
+	t.Helper()
+	_, ck, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	s, err := Fingerprint(dir, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ck
+}
+
+// BenchmarkFingerprint: the rate (MB/s of tensor bytes) at which
+// Fingerprint hashes a synthetic 64 MiB checkpoint (16 F32 tensors of
+// 4 MiB, in the page cache after the first iteration) on GOMAXPROCS
+// goroutines.
+func BenchmarkFingerprint(b *testing.B) {
+	dir := b.TempDir()
+	src := shared.Path(b, "stories260K-hf")
+	cfg, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	var ts []safetensors.WriteTensor
+	var total int64
+	for i := range 16 {
+		v := make([]float32, 1<<20)
+		for j := range v {
+			v[j] = float32((i*7919+j*104729)%65521) / 65521
+		}
+		ts = append(ts, safetensors.FromFloat32(fmt.Sprintf("w.%02d", i), []int{1024, 1024}, v))
+		total += 4 << 20
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		b.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ck.Close()
+	n := 0
+	for b.Loop() {
+		if _, err := Fingerprint(dir, ck); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(total)*float64(n)/b.Elapsed().Seconds()/1e6, "MB/s")
 }
 
 // TestLoad: stories260K loads with its tokenizer on the CPU and gives

@@ -22,6 +22,41 @@ func IsTemp(name string) bool {
 	return strings.HasPrefix(name, ".") && strings.Contains(name, tmpInfix)
 }
 
+// TempOf returns the base name of the target whose temporary the file
+// name (not a path) is, when it has the exact form WriteAtomic and
+// WriteDir give theirs: "." + base + ".tmp-" + decimal digits (the last
+// ".tmp-" counts, so ".a.tmp-1.tmp-42" belongs to "a.tmp-1"). ok is false
+// for any other name.
+func TempOf(name string) (base string, ok bool) {
+	i := strings.LastIndex(name, tmpInfix)
+	if i < 2 || name[0] != '.' {
+		return "", false
+	}
+	digits := name[i+len(tmpInfix):]
+	if digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return "", false
+	}
+	return name[1:i], true
+}
+
+// removeStaleTemps removes the temporaries of the target base in dir
+// (TempOf) that earlier writers left, a process killed mid-write
+// (SIGKILL, a crash, a power cut), so that a rerun does not keep them
+// beside its output. A temporary whose writer is still running is kept:
+// the writer holds a lock on it (holdTemp, flock(2) on Unix) until its
+// rename. Errors are ignored (the write itself reports real trouble).
+func removeStaleTemps(dir, base string) {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range es {
+		if b, ok := TempOf(e.Name()); ok && b == base {
+			removeIfStale(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
 // WriteAtomic creates or replaces the file path with the bytes write
 // writes: it creates a temporary file beside path (same directory, name
 // "."+base+".tmp-*", so the rename cannot cross file systems), calls
@@ -32,7 +67,12 @@ func IsTemp(name string) bool {
 //
 // On any error (write's included) and on a panic in write the temporary
 // file is removed and path is left as it was. A process killed mid-write
-// leaves the temporary (IsTemp names it) and an intact path.
+// leaves the temporary (IsTemp names it) and an intact path; the next
+// WriteAtomic of path removes it first (and any other temporary of path
+// whose writer has died). Two processes writing one path at the same time
+// both succeed and the later rename wins: on Unix each holds a flock(2)
+// on its temporary until the rename, so neither removes the other's; on
+// Windows a temporary file that is open cannot be removed.
 //
 // Errors: write's error unchanged; os errors from the other steps (they
 // name the temporary file or path).
@@ -41,11 +81,13 @@ func WriteAtomic(path string, perm fs.FileMode, write func(f *os.File) error) (e
 	if dir == "" {
 		dir = "."
 	}
+	removeStaleTemps(dir, base)
 	f, err := os.CreateTemp(dir, "."+base+tmpInfix+"*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
+	defer holdTemp(tmp)()
 	committed := false
 	defer func() {
 		if !committed {
@@ -89,7 +131,14 @@ func WriteBytes(path string, b []byte, perm fs.FileMode) error {
 // complete or not at all.
 //
 // On any error (build's included) and on a panic in build the temporary
-// directory is removed with everything in it.
+// directory is removed with everything in it. A process killed mid-build
+// leaves the temporary directory; the next WriteDir of path removes it
+// first, with every other temporary of path whose writer has died (on
+// Unix a live writer holds a flock(2) on its directory until the rename,
+// so two concurrent builds of one path do not remove each other's; the
+// second rename then fails because path exists). On Windows two
+// concurrent WriteDir of one path are not supported: the second may
+// remove parts of the first's temporary directory, which then fails.
 //
 // Errors: path already exists (checked before build runs; the rename
 // also fails when path appears meanwhile and is not an empty directory);
@@ -101,10 +150,12 @@ func WriteDir(path string, build func(tmp string) error) (err error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
+	removeStaleTemps(filepath.Dir(path), filepath.Base(path))
 	tmp, err := os.MkdirTemp(filepath.Dir(path), "."+filepath.Base(path)+tmpInfix+"*")
 	if err != nil {
 		return err
 	}
+	defer holdTemp(tmp)()
 	committed := false
 	defer func() {
 		if !committed {

@@ -162,7 +162,128 @@ func TestWriteAtomicKilled(t *testing.T) {
 	}
 	got := entries(t, dir)
 	if len(got) != 2 || got[1] != "out.bin" || !IsTemp(got[0]) {
-		t.Errorf("directory after the kill: %v, want out.bin and one IsTemp temporary", got)
+		t.Fatalf("directory after the kill: %v, want out.bin and one IsTemp temporary", got)
+	}
+	stale := got[0]
+	// The rerun removes the killed writer's temporary; temporaries of
+	// other targets and files that only look alike stay.
+	others := []string{".out.bin2.tmp-5", ".other.tmp-77", "out.bin.tmp-6", ".out.bin.tmp-x1", ".out.bin.tmp-1.tmp-9"}
+	for _, o := range others {
+		if err := os.WriteFile(filepath.Join(dir, o), []byte("keep"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := WriteBytes(p, []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := append(slices.Clone(others), "out.bin")
+	slices.Sort(want)
+	if got := entries(t, dir); !slices.Equal(got, want) || readString(t, p) != "new" {
+		t.Errorf("directory after the rerun: %v (out.bin %q), want %v and out.bin = new (the killed writer's %s removed)", got, readString(t, p), want, stale)
+	}
+}
+
+// TestWriteDirKilled: a process that dies in the middle of WriteDir
+// (os.Exit, as a SIGKILL: no cleanup runs) leaves its temporary directory
+// with a partial file; a rerun of WriteDir on the same path removes it,
+// and the path appears with the rerun's files only.
+func TestWriteDirKilled(t *testing.T) {
+	if p := os.Getenv("FSX_KILLED_DIR_CHILD"); p != "" {
+		WriteDir(p, func(tmp string) error {
+			os.WriteFile(filepath.Join(tmp, "model.safetensors"), []byte("half of the weig"), 0o644)
+			os.Exit(7)
+			return nil
+		})
+		os.Exit(0)
+	}
+	parent := t.TempDir()
+	p := filepath.Join(parent, "qq")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestWriteDirKilled$")
+	cmd.Env = append(os.Environ(), "FSX_KILLED_DIR_CHILD="+p)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("child: %v, want exit 7 in the middle of the build:\n%s", err, out)
+	}
+	got := entries(t, parent)
+	if len(got) != 1 || !strings.HasPrefix(got[0], ".qq.tmp-") {
+		t.Fatalf("parent after the kill: %v, want one .qq.tmp-* temporary", got)
+	}
+	stale := got[0]
+	if err := WriteDir(p, func(tmp string) error {
+		return os.WriteFile(filepath.Join(tmp, "config.json"), []byte("{}"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, parent); !slices.Equal(got, []string{"qq"}) {
+		t.Errorf("parent after the rerun: %v, want only qq (the killed build's %s kept)", got, stale)
+	}
+	if got := entries(t, p); !slices.Equal(got, []string{"config.json"}) {
+		t.Errorf("qq holds %v, want only the rerun's config.json", got)
+	}
+}
+
+// TestLiveTempKept: a temporary whose writer is still running (it holds
+// the lock holdTemp takes) is not removed by another WriteAtomic or
+// WriteDir of the same path; once the writer is gone it is.
+func TestLiveTempKept(t *testing.T) {
+	if goruntime.GOOS == "windows" || goruntime.GOOS == "wasip1" || goruntime.GOOS == "js" {
+		t.Skip("temporaries are marked live by flock(2) on Unix only")
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "out.bin")
+	tmpFile := filepath.Join(dir, ".out.bin.tmp-4242")
+	if err := os.WriteFile(tmpFile, []byte("in progress"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	release := holdTemp(tmpFile)
+	if err := WriteBytes(p, []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, dir); !slices.Equal(got, []string{".out.bin.tmp-4242", "out.bin"}) {
+		t.Errorf("with a live writer: %v, want its temporary kept", got)
+	}
+	d := filepath.Join(dir, "m")
+	tmpDir := filepath.Join(dir, ".m.tmp-17")
+	if err := os.Mkdir(tmpDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	releaseDir := holdTemp(tmpDir)
+	if err := WriteDir(d, func(string) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmpDir); err != nil {
+		t.Errorf("live writer's temporary directory removed: %v", err)
+	}
+	release()
+	releaseDir()
+	if err := WriteBytes(p, []byte("b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(d)
+	if err := WriteDir(d, func(string) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, dir); !slices.Equal(got, []string{"m", "out.bin"}) {
+		t.Errorf("after the writers ended: %v, want their temporaries removed", got)
+	}
+}
+
+// TestTempOf: the target of the names WriteAtomic and WriteDir make, and
+// nothing else.
+func TestTempOf(t *testing.T) {
+	for name, want := range map[string]string{
+		".out.lmpk.tmp-123": "out.lmpk", ".a.tmp-1.tmp-42": "a.tmp-1", ".quantize-weights-0a1b.tmp-9": "quantize-weights-0a1b",
+		".out.lmpk.tmp-": "", ".out.lmpk.tmp-12x": "", "out.lmpk.tmp-1": "", "..tmp-1": "", ".hidden": "", "": "",
+	} {
+		got, ok := TempOf(name)
+		if got != want || ok != (want != "") {
+			t.Errorf("TempOf(%q) = %q, %v; want %q, %v", name, got, ok, want, want != "")
+		}
 	}
 }
 

@@ -29,3 +29,12 @@ func Unlock(f *os.File) error {
 	var ol windows.Overlapped
 	return windows.UnlockFileEx(windows.Handle(f.Fd()), 0, math.MaxUint32, math.MaxUint32, &ol)
 }
+
+// holdTemp does nothing on Windows: a temporary file that a writer holds
+// open cannot be removed there (see removeIfStale).
+func holdTemp(p string) func() { return func() {} }
+
+// removeIfStale removes the temporary p (file or directory, recursively);
+// on Windows an open file refuses removal, so a live WriteAtomic's
+// temporary survives.
+func removeIfStale(p string) { os.RemoveAll(p) }

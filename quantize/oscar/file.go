@@ -118,7 +118,8 @@ func WriteFile(path string, h RotationHeader, layers []Layer) error {
 //
 // Errors (wrapped, naming path and the tensor or field): safetensors
 // errors (a truncated file); ErrNotRotation; ErrVersion;
-// ErrRotationModelMismatch (which wraps model.ErrModelMismatch) naming both fingerprints; ErrBadRotation.
+// ErrRotationModelMismatch (which wraps model.ErrModelMismatch) naming both fingerprints, saying "made by an older lmpack" for a
+// fingerprint of an older lmpack (model.OlderFingerprint); ErrBadRotation.
 func ReadFile(path string, want model.Expect) (*Rotations, *RotationHeader, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
@@ -140,6 +141,9 @@ func ReadFile(path string, want model.Expect) (*Rotations, *RotationHeader, erro
 		return nil, nil, fmt.Errorf("oscar: %s: format_version %d, this lmpack reads %d: %w", path, h.FormatVersion, FormatVersion, ErrVersion)
 	case h.Method != Method:
 		return nil, nil, fmt.Errorf("oscar: %s: method %q, want %q: %w", path, h.Method, Method, ErrNotRotation)
+	case want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint && model.OlderFingerprint(h.ModelFingerprint):
+		return nil, nil, fmt.Errorf("oscar: %s: %w: its model_fingerprint %s does not cover the weights' values, so it cannot be checked against this model (fingerprint %s); re-run lmpack calibrate and lmpack quantize kv",
+			path, rotationOutdated{}, h.ModelFingerprint, want.ModelFingerprint)
 	case want.ModelFingerprint != "" && h.ModelFingerprint != want.ModelFingerprint:
 		return nil, nil, fmt.Errorf("oscar: %s: model_fingerprint %s, but the model's fingerprint is %s (compute rotations for this model): %w",
 			path, h.ModelFingerprint, want.ModelFingerprint, ErrRotationModelMismatch)
@@ -234,3 +238,11 @@ type rotationMismatch struct{}
 
 func (rotationMismatch) Error() string { return "rotation file is from another model" }
 func (rotationMismatch) Unwrap() error { return model.ErrModelMismatch }
+
+// rotationOutdated is what ReadFile wraps for a rotation file whose
+// model_fingerprint an older lmpack made (model.OlderFingerprint); it
+// unwraps to ErrRotationModelMismatch.
+type rotationOutdated struct{}
+
+func (rotationOutdated) Error() string { return "rotation file made by an older lmpack" }
+func (rotationOutdated) Unwrap() error { return ErrRotationModelMismatch }

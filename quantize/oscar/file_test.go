@@ -276,6 +276,11 @@ func TestReadFileBad(t *testing.T) {
 			h.FormatVersion = 7
 			write(p, tensors(), h)
 		}, ErrVersion, []string{"format_version 7"}},
+		{"older lmpack's fingerprint", func(p string) {
+			h := hdr
+			h.ModelFingerprint = strings.Repeat("0a", 32)
+			write(p, tensors(), h)
+		}, ErrRotationModelMismatch, []string{strings.Repeat("0a", 32), fp, "made by an older lmpack", "re-run lmpack calibrate and lmpack quantize kv"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := filepath.Join(tmp, strings.ReplaceAll(c.name, " ", "_"))
