@@ -284,7 +284,9 @@ type VerifyReport struct {
 // builds with its rotations and clip ratios and its windows fit
 // max_position_embeddings, the weights method is rtn or gptq, and every
 // quantized weight's scales, zero-points and permutation are valid
-// (runtime.ReadQuantized), and that no float tensor holds NaN or ±Inf
+// (runtime.ReadQuantized), every plain tensor the model reads is a float
+// dtype, the embedded tokenizer.json (with tokenizer_config.json) loads as
+// run and eval load it (Reader.Tokenizer), and that no float tensor holds NaN or ±Inf
 // (each one reported with the tensor and the element's row-major index,
 // ErrFormat). It
 // returns a report listing every problem and, when there is one, an error
@@ -314,9 +316,9 @@ func Verify(path string) (*VerifyReport, error) {
 	for _, e := range errs {
 		add("", e)
 	}
-	storageSec := map[string]bool{}
+	keep := map[string]bool{} // sections semantics reads: storage tensors, embedded files
 	for _, s := range r.storage {
-		storageSec[s.section] = true
+		keep[s.section] = true
 	}
 	plain := map[string]*TensorEntry{} // section -> its plain (not quantized) tensor
 	for i := range r.manifest.Tensors {
@@ -324,7 +326,10 @@ func Verify(path string) (*VerifyReport, error) {
 			plain[t.Section] = t
 		}
 	}
-	decoded := map[string][]byte{} // quantized weights' storage sections that passed
+	for _, f := range r.manifest.Files {
+		keep[f.Section] = true // read by checkTokenizer
+	}
+	decoded := map[string][]byte{} // quantized weights' storage sections and embedded files that passed
 	for _, e := range r.l.entries {
 		if got := crc(mem[e.Offset : e.Offset+e.Stored]); got != e.CRC {
 			add(e.Name, fmt.Errorf("pack: %s: section %q: CRC-32C %08x, stored %08x: %w", path, e.Name, got, e.CRC, ErrChecksum))
@@ -340,7 +345,7 @@ func Verify(path string) (*VerifyReport, error) {
 				add(e.Name, fmt.Errorf("pack: %s: %w", path, err))
 			}
 		}
-		if storageSec[e.Name] {
+		if keep[e.Name] {
 			decoded[e.Name] = b
 		}
 	}
