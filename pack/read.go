@@ -93,7 +93,8 @@ func parse(path string, mem []byte) (*Reader, []error) {
 }
 
 // agreement lists every disagreement between manifest and sections: a
-// referenced section missing, a tensor whose raw size is not dtype×shape
+// referenced section missing, a tensor of an unknown dtype (ErrFormat) or
+// whose raw size is not dtype×shape
 // (for a quantized tensor: each storage section's size, see storage), an
 // invalid quantized entry, a section two tensors claim, a section nothing
 // refers to.
@@ -118,6 +119,10 @@ func agreement(m *Manifest, l *layout) []error {
 		owner[sec] = name
 		e, ok := need(fmt.Sprintf("tensor %q", name), sec)
 		if !ok {
+			return
+		}
+		if !dtype.Valid() {
+			errs = append(errs, fmt.Errorf("tensor %q: unknown dtype %q (want a safetensors dtype: F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U64, U32, U16, U8 or BOOL): %w", name, string(dtype), ErrFormat))
 			return
 		}
 		n, good := numelU(shape)
@@ -291,9 +296,12 @@ type VerifyReport struct {
 // ErrFormat). It
 // returns a report listing every problem and, when there is one, an error
 // naming the first (wrapping ErrChecksum, ErrMismatch or ErrFormat). A
-// file whose header, table or manifest cannot be parsed gives a nil
-// report and the error.
+// file whose header, table or manifest cannot be parsed, and a directory
+// (verify takes a file), give a nil report and the error.
 func Verify(path string) (*VerifyReport, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("pack: %s is a directory; verify takes an .lmpk artifact file (lmpack pack writes one from a checkpoint directory; lmpack inspect describes a directory)", path)
+	}
 	mem, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)

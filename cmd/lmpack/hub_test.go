@@ -371,4 +371,14 @@ func TestHubOutputInsideSnapshot(t *testing.T) {
 			t.Errorf("%s: %s was written into the cache snapshot (%v)", c.args[0], c.out, err)
 		}
 	}
+	// pack resolves a hub id like the other commands, and refuses -o in
+	// the snapshot.
+	inSnap := filepath.Join(snap, "x.lmpk")
+	wantError(t, lmpack(t, env, "pack", id, "-o", inSnap), inSnap, "inside the model directory", snap)
+	if _, err := os.Lstat(inSnap); !os.IsNotExist(err) {
+		t.Errorf("pack: %s was written into the cache snapshot (%v)", inSnap, err)
+	}
+	art := filepath.Join(t.TempDir(), "s.lmpk")
+	wantOK(t, lmpack(t, env, "pack", id, "-o", art))
+	wantOK(t, lmpack(t, env, "verify", art))
 }
