@@ -122,8 +122,10 @@ func newVerifyCmd(g *globalFlags) *cobra.Command {
 section's CRC-32C and lz4 decoding, the header's content sha256, that every
 manifest entry has its section and every section is named by the manifest,
 and what a loader checks of the manifest (model description, tensor set,
-KV scheme and windows, quantized values) and that no float tensor holds
-NaN or Inf. It prints the file's sha256 (as sha256sum does; content_sha256
+float dtypes of the plain weights, KV scheme and windows, quantized
+values, the embedded tokenizer.json and tokenizer_config.json) and that no
+float tensor holds NaN or Inf: an artifact that verifies is one run and
+eval load. It prints the file's sha256 (as sha256sum does; content_sha256
 in --json is the header's hash) and exits non-zero on any problem, listing
 every problem found (on stderr, or under "problems" with --json), each
 naming its section or tensor.`,
