@@ -106,9 +106,10 @@ type Summary struct {
 //
 // Errors: invalid options (Validate, ValidateModel: a *field.Error); an MoE layer needing more than
 // opt.MaxExpertBytes (ExpertPasses, naming the bytes needed); the output
-// directory missing; the data file
-// unreadable, empty, not UTF-8 or shorter than opt.Tokens tokens; model
-// errors from model.Load; collection and write errors.
+// directory missing; the data file unreadable, empty, not UTF-8 or
+// shorter than opt.Tokens tokens; an output inside the model directory
+// (fsx.CheckOutside, also the cache snapshot of a hub id); model errors
+// from model.Resolve and model.Load; collection and write errors.
 func Run(ctx context.Context, opt Options) (*Summary, error) {
 	if err := opt.Validate(); err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
@@ -131,7 +132,16 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	// The windows are prefill only: converting one block's weights at a
 	// time costs little beside the matmuls and keeps memory at the mapped
 	// checkpoint plus one block in float32.
-	e, err := model.Load(ctx, opt.Model, model.LoadOptions{Threads: opt.Threads, Logger: opt.Logger, ConvertPerBlock: true})
+	// A hub id resolves to a snapshot in the Hugging Face cache: the
+	// output must not land there either (inputs are never modified).
+	dir, err := model.Resolve(ctx, opt.Model, model.HubOptions(opt.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("calibrate: %w", err)
+	}
+	if err := fsx.CheckOutside(dir, opt.Out, "the calibration file"); err != nil {
+		return nil, fmt.Errorf("calibrate: output: %w", err)
+	}
+	e, err := model.Load(ctx, dir, model.LoadOptions{Threads: opt.Threads, Logger: opt.Logger, ConvertPerBlock: true})
 	if err != nil {
 		return nil, fmt.Errorf("calibrate: %w", err)
 	}

@@ -1,6 +1,7 @@
 package calibrate
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -34,7 +35,7 @@ func (opt *Options) Validate() error {
 	case opt.MaxExpertBytes < 0:
 		return field.New("MaxExpertBytes", opt.MaxExpertBytes, "bytes >= 0 (0: no limit)")
 	case opt.MinExpertTokens < 0:
-		return field.New("MinExpertTokens", opt.MinExpertTokens, ">= 0 (0: DefaultMinExpertTokens)")
+		return field.New("MinExpertTokens", opt.MinExpertTokens, fmt.Sprintf(">= 0 tokens (0: the default, %d)", DefaultMinExpertTokens))
 	}
 	return nil
 }

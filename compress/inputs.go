@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/formats/arch"
-	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/internal/fsx"
@@ -24,7 +23,9 @@ func (p *pipeline) inputs(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}
-	ck, err := safetensors.OpenDir(dir)
+	// model.OpenDir: a directory without config.json is "not a model
+	// directory", as for the other commands.
+	_, ck, err := model.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("compress: %w", err)
 	}

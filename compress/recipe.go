@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -328,6 +329,11 @@ func ParseRecipe(name string, b []byte) (*Recipe, error) {
 	if len(b) > maxRecipeBytes {
 		return nil, fmt.Errorf("%w: %s: %d bytes, want at most %d", ErrRecipe, name, len(b), maxRecipeBytes)
 	}
+	// yaml.v3 reads some invalid UTF-8 (a UTF-16 byte-order mark) as an
+	// empty document; a recipe is UTF-8 YAML.
+	if off := fsx.FirstInvalidUTF8(b); off >= 0 {
+		return nil, fmt.Errorf("%w: %s: not valid UTF-8 (first bad byte at offset %d); a recipe is a UTF-8 YAML file", ErrRecipe, name, off)
+	}
 	// Before decoding, the value kinds: yaml.v3 truncates a float given
 	// for an int field (bits: 4.5 → 4), reads yes/no as booleans, and
 	// words a list given for a scalar without its key (checkInts).
@@ -408,7 +414,7 @@ func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
 			case ft.Kind() == reflect.Struct && v.Kind == yaml.ScalarNode && (v.Tag == "!!null" || v.Value == ""):
 				return fmt.Errorf("line %d: %s is empty: give its keys or remove it", k.Line, key)
 			case ft.Kind() == reflect.Struct && v.Kind != yaml.MappingNode:
-				return fmt.Errorf("line %d: %s: want a section of keys, not %q", v.Line, key, v.Value)
+				return fmt.Errorf("line %d: %s: want a section of keys, not %s", v.Line, key, nodeText(v))
 			case ft.Kind() != reflect.Struct && ft.Kind() != reflect.Slice && ft.Kind() != reflect.Map && v.Kind != yaml.ScalarNode:
 				return fmt.Errorf("line %d: %s: want a single value, not a %s", v.Line, key, map[yaml.Kind]string{yaml.SequenceNode: "list", yaml.MappingNode: "section"}[v.Kind])
 			case zeroMeansUnset[key] && v.Kind == yaml.ScalarNode && (v.Value == "0" || v.Value == "0.0"):
@@ -420,6 +426,22 @@ func checkInts(n *yaml.Node, t reflect.Type, prefix string) error {
 		}
 	}
 	return nil
+}
+
+// nodeText words a YAML value for a message: a scalar quoted, a list or a
+// section as it appears in the file in flow style (`the list [1, 2]`).
+func nodeText(v *yaml.Node) string {
+	if v.Kind == yaml.ScalarNode {
+		return strconv.Quote(v.Value)
+	}
+	what := map[yaml.Kind]string{yaml.SequenceNode: "the list", yaml.MappingNode: "the section", yaml.AliasNode: "the alias"}[v.Kind]
+	c := *v
+	c.Style = yaml.FlowStyle
+	b, err := yaml.Marshal(&c)
+	if err != nil {
+		return what
+	}
+	return what + " " + strings.TrimSpace(string(b))
 }
 
 // zeroMeansUnset lists the keys whose zero value means "not given": an
@@ -520,8 +542,10 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 		switch {
 		case e.MaxDeltaPPL != 0:
 			return bad("eval.max_delta_ppl %v: removed, gates are relative to the source model now: give max_delta_ppl_pct, the allowed ΔPPL in percent of the source model's perplexity (an absolute bound D on a source perplexity P is max_delta_ppl_pct 100·D/P; the report's eval.source_perplexity gives P)", e.MaxDeltaPPL)
-		case !(e.MaxDeltaPPLPct >= 0) || !(e.MaxKL >= 0):
-			return bad("eval max_delta_ppl_pct %v, max_kl %v: want >= 0 (0: no bound)", e.MaxDeltaPPLPct, e.MaxKL)
+		case !(e.MaxDeltaPPLPct >= 0) || math.IsInf(e.MaxDeltaPPLPct, 0):
+			return bad("eval.max_delta_ppl_pct %v: want a finite percentage >= 0 (0: no bound)", e.MaxDeltaPPLPct)
+		case !(e.MaxKL >= 0) || math.IsInf(e.MaxKL, 0):
+			return bad("eval.max_kl %v: want a finite KL >= 0 in nats per token (0: no bound)", e.MaxKL)
 		}
 	}
 	return nil

@@ -56,7 +56,12 @@ type FromOptions struct {
 // It refuses a checkpoint the runtime would refuse to load: config.json
 // and tensors that disagree (model.Check), a quantization
 // method other than QuantMethods (ErrFormat), invalid quantized values
-// (runtime.ReadQuantized, runtime.ErrBadWeights).
+// (runtime.ReadQuantized, runtime.ErrBadWeights), a plain tensor that is
+// not a float dtype or holds NaN or ±Inf (ErrFormat, naming the source
+// file, the tensor and the element), no tokenizer.json, and a
+// tokenizer.json or tokenizer_config.json that run and eval could not
+// load (Reader.Tokenizer: tokenizer.ErrMalformed, tokenizer.ErrUnsupported,
+// more tokens than vocab_size).
 //
 // Errors: invalid options (Validate, ValidateModel: a *field.Error);
 // model (model.OpenDir, model.Check), runtime and oscar errors
@@ -110,6 +115,7 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		}
 		m.Provenance.Recipe = b.Bytes()
 	}
+	embedded := map[string][]byte{}
 	for _, name := range EmbeddedFiles {
 		b, err := os.ReadFile(filepath.Join(modelDir, name))
 		if os.IsNotExist(err) && name != "config.json" {
@@ -118,12 +124,21 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pack: %w", err)
 		}
+		embedded[name] = b
 		sec := "file/" + name
 		m.Files = append(m.Files, FileEntry{Name: name, Section: sec})
 		a.Sections = append(a.Sections, Section{Name: sec, Data: b})
 		if name == "tokenizer.json" {
 			m.Tokenizer = sec
 		}
+	}
+	// run and eval build the tokenizer from the embedded files
+	// (Reader.Tokenizer): refuse files they would refuse.
+	if _, ok := embedded["tokenizer.json"]; !ok {
+		return nil, fmt.Errorf("pack: %s: no tokenizer.json: run and eval read the tokenizer the artifact embeds, so it would not load (a Hugging Face checkpoint directory holds config.json, the *.safetensors weights and tokenizer.json)", modelDir)
+	}
+	if _, err := parseTokenizer(embedded["tokenizer.json"], embedded["tokenizer_config.json"], desc.VocabSize); err != nil {
+		return nil, fmt.Errorf("pack: %s: %w; run and eval would refuse the artifact", modelDir, err)
 	}
 	quantized, err := quantEntries(desc, ck)
 	if err != nil {
@@ -151,6 +166,18 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		t, err := ck.Tensor(name)
 		if err != nil {
 			return nil, fmt.Errorf("pack: %w", err)
+		}
+		// The runtime reads every plain tensor the model uses as a float
+		// weight and refuses NaN and ±Inf; report both against the source
+		// file (RoPE inv_freq buffers are never read).
+		if !strings.HasSuffix(name, "rotary_emb.inv_freq") {
+			if !t.DType.IsFloat() {
+				return nil, fmt.Errorf("pack: %s: tensor %q: dtype %s, want a float dtype (F32, F16, BF16, F64, F8_E4M3, F8_E5M2; integer tensors only serve as quantized weights' storage, declared in config.json lmpack_quantization): %w",
+					t.File, name, t.DType, ErrFormat)
+			}
+			if err := checkFinite(name, t.DType, t.Data); err != nil {
+				return nil, fmt.Errorf("pack: %s: %w", t.File, err)
+			}
 		}
 		m.Tensors = append(m.Tensors, TensorEntry{Name: name, Section: name, DType: string(t.DType), Shape: append([]int{}, t.Shape...)})
 		a.Sections = append(a.Sections, Section{Name: name, ElemSize: t.DType.Size(), Data: t.Data})

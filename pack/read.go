@@ -93,7 +93,8 @@ func parse(path string, mem []byte) (*Reader, []error) {
 }
 
 // agreement lists every disagreement between manifest and sections: a
-// referenced section missing, a tensor whose raw size is not dtype×shape
+// referenced section missing, a tensor of an unknown dtype (ErrFormat) or
+// whose raw size is not dtype×shape
 // (for a quantized tensor: each storage section's size, see storage), an
 // invalid quantized entry, a section two tensors claim, a section nothing
 // refers to.
@@ -118,6 +119,10 @@ func agreement(m *Manifest, l *layout) []error {
 		owner[sec] = name
 		e, ok := need(fmt.Sprintf("tensor %q", name), sec)
 		if !ok {
+			return
+		}
+		if !dtype.Valid() {
+			errs = append(errs, fmt.Errorf("tensor %q: unknown dtype %q (want a safetensors dtype: F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U64, U32, U16, U8 or BOOL): %w", name, string(dtype), ErrFormat))
 			return
 		}
 		n, good := numelU(shape)
@@ -284,14 +289,19 @@ type VerifyReport struct {
 // builds with its rotations and clip ratios and its windows fit
 // max_position_embeddings, the weights method is rtn or gptq, and every
 // quantized weight's scales, zero-points and permutation are valid
-// (runtime.ReadQuantized), and that no float tensor holds NaN or ±Inf
+// (runtime.ReadQuantized), every plain tensor the model reads is a float
+// dtype, the embedded tokenizer.json (with tokenizer_config.json) loads as
+// run and eval load it (Reader.Tokenizer), and that no float tensor holds NaN or ±Inf
 // (each one reported with the tensor and the element's row-major index,
 // ErrFormat). It
 // returns a report listing every problem and, when there is one, an error
 // naming the first (wrapping ErrChecksum, ErrMismatch or ErrFormat). A
-// file whose header, table or manifest cannot be parsed gives a nil
-// report and the error.
+// file whose header, table or manifest cannot be parsed, and a directory
+// (verify takes a file), give a nil report and the error.
 func Verify(path string) (*VerifyReport, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return nil, fmt.Errorf("pack: %s is a directory; verify takes an .lmpk artifact file (lmpack pack writes one from a checkpoint directory; lmpack inspect describes a directory)", path)
+	}
 	mem, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
@@ -314,9 +324,9 @@ func Verify(path string) (*VerifyReport, error) {
 	for _, e := range errs {
 		add("", e)
 	}
-	storageSec := map[string]bool{}
+	keep := map[string]bool{} // sections semantics reads: storage tensors, embedded files
 	for _, s := range r.storage {
-		storageSec[s.section] = true
+		keep[s.section] = true
 	}
 	plain := map[string]*TensorEntry{} // section -> its plain (not quantized) tensor
 	for i := range r.manifest.Tensors {
@@ -324,7 +334,10 @@ func Verify(path string) (*VerifyReport, error) {
 			plain[t.Section] = t
 		}
 	}
-	decoded := map[string][]byte{} // quantized weights' storage sections that passed
+	for _, f := range r.manifest.Files {
+		keep[f.Section] = true // read by checkTokenizer
+	}
+	decoded := map[string][]byte{} // quantized weights' storage sections and embedded files that passed
 	for _, e := range r.l.entries {
 		if got := crc(mem[e.Offset : e.Offset+e.Stored]); got != e.CRC {
 			add(e.Name, fmt.Errorf("pack: %s: section %q: CRC-32C %08x, stored %08x: %w", path, e.Name, got, e.CRC, ErrChecksum))
@@ -340,7 +353,7 @@ func Verify(path string) (*VerifyReport, error) {
 				add(e.Name, fmt.Errorf("pack: %s: %w", path, err))
 			}
 		}
-		if storageSec[e.Name] {
+		if keep[e.Name] {
 			decoded[e.Name] = b
 		}
 	}

@@ -66,10 +66,12 @@ func checkQuantValues(d *arch.Description, src runtime.TensorSource) error {
 // tensors are exactly those the model reads with the shapes it expects
 // (a tied lm_head and RoPE inv_freq buffers excepted), the KV scheme
 // builds with its rotations and clip ratios (kvcache.New) and its windows
-// fit max_position_embeddings, the weights method is known, and every
-// quantized weight's values are valid (checkQuantValues, reading storage
-// through get, which returns raw section bytes or false when that section
-// failed its own check).
+// fit max_position_embeddings, the weights method is known, every plain
+// tensor the model reads is a float dtype, the embedded tokenizer loads
+// (checkTokenizer), and every quantized weight's values are valid
+// (checkQuantValues). Storage and embedded files are read through get,
+// which returns raw section bytes or false when that section failed its
+// own check.
 func (r *Reader) semantics(get func(section string) ([]byte, bool)) []error {
 	d, err := r.Description()
 	if err != nil {
@@ -98,6 +100,8 @@ func (r *Reader) semantics(get func(section string) ([]byte, bool)) []error {
 			bad("the manifest lists tensor %q, which the model does not use: %w", t.Name, ErrMismatch)
 		case ok && !slices.Equal(w, t.Shape):
 			bad("tensor %q has shape %v, the manifest model implies %v: %w", t.Name, t.Shape, w, ErrMismatch)
+		case ok && !isStorage(r.storage, t.Name) && !t.DType.IsFloat():
+			bad("tensor %q: dtype %s, want a float dtype (F32, F16, BF16, F64, F8_E4M3, F8_E5M2): the runtime loads it as a float weight: %w", t.Name, t.DType, ErrFormat)
 		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(want)) {
@@ -115,6 +119,9 @@ func (r *Reader) semantics(get func(section string) ([]byte, bool)) []error {
 		} else if _, err := kvcache.New(method, kvcache.LayersOf(d), 1, opt); err != nil {
 			bad("manifest kv cache %s: %w", method, err)
 		}
+	}
+	if err := r.checkTokenizer(d, get); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return errs
@@ -138,6 +145,51 @@ func (r *Reader) semantics(get func(section string) ([]byte, bool)) []error {
 		}
 	}
 	return errs
+}
+
+// isStorage reports whether name is a storage tensor of a quantized weight
+// (NAME.qweight, NAME.scales, ...).
+func isStorage(storage map[string]storageRef, name string) bool {
+	_, ok := storage[name]
+	return ok
+}
+
+// checkTokenizer checks that the artifact embeds the tokenizer a loader
+// builds (Reader.Tokenizer: tokenizer.json and, when embedded,
+// tokenizer_config.json, parsed together, at most vocab_size tokens),
+// reading the files through get (a file whose section failed its own
+// check is skipped: already reported). Errors name the artifact and the
+// file; a missing tokenizer.json wraps ErrFormat.
+func (r *Reader) checkTokenizer(d *arch.Description, get func(section string) ([]byte, bool)) error {
+	section := func(name string) (string, bool) {
+		for _, f := range r.manifest.Files {
+			if f.Name == name {
+				return f.Section, true
+			}
+		}
+		return "", false
+	}
+	sec, ok := section("tokenizer.json")
+	if !ok {
+		return fmt.Errorf("pack: %s: the artifact embeds no tokenizer.json; run and eval need it: %w", r.path, ErrFormat)
+	}
+	tj, ok := get(sec)
+	if !ok {
+		return nil
+	}
+	var cfg []byte
+	if sec, ok := section("tokenizer_config.json"); ok {
+		if cfg, ok = get(sec); !ok {
+			return nil
+		}
+		if cfg == nil {
+			cfg = []byte{}
+		}
+	}
+	if _, err := parseTokenizer(tj, cfg, d.VocabSize); err != nil {
+		return fmt.Errorf("pack: %s: embedded %w; run and eval would refuse the artifact", r.path, err)
+	}
+	return nil
 }
 
 // errSkip: a storage section already reported as corrupt.

@@ -175,7 +175,19 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	}
 	if g := r.Gate; g != nil {
 		if g.Passed {
-			fmt.Fprintf(&b, "gate passed (ΔPPL %+.2f%% of the source perplexity, max_delta_ppl_pct %g; max_kl %g)\n", g.DeltaPPLPct, g.MaxDeltaPPLPct, g.MaxKL)
+			// Only the bounds the recipe sets (0: no bound; "max_kl 0"
+			// would read as a bound).
+			var bounds []string
+			if g.MaxDeltaPPLPct > 0 {
+				bounds = append(bounds, fmt.Sprintf("max_delta_ppl_pct %g", g.MaxDeltaPPLPct))
+			}
+			if g.MaxKL > 0 {
+				bounds = append(bounds, fmt.Sprintf("max_kl %g", g.MaxKL))
+			}
+			if len(bounds) == 0 {
+				bounds = append(bounds, "no bound set: eval.max_delta_ppl_pct and eval.max_kl are unset")
+			}
+			fmt.Fprintf(&b, "gate passed (ΔPPL %+.2f%% of the source perplexity; %s)\n", g.DeltaPPLPct, strings.Join(bounds, ", "))
 		} else {
 			fmt.Fprintf(&b, "gate FAILED: %s\n", strings.Join(g.Failures, "; "))
 		}

@@ -103,6 +103,13 @@ func TestCompressCLI(t *testing.T) {
 			}
 		}
 	}
+	// The text report's gate line names only the bounds that are set
+	// (max_kl 0 is no bound, not "max_kl 0").
+	r = lmpack(t, nil, "compress", modelDir(t), "--recipe", writeRecipe(t, 1024, "100000", "0"), "-o", out)
+	wantOK(t, r)
+	if !strings.Contains(r.stdout, "gate passed (ΔPPL ") || !strings.Contains(r.stdout, "of the source perplexity; max_delta_ppl_pct 100000)\n") || strings.Contains(r.stdout, "max_kl") {
+		t.Errorf("gate line with max_kl unset: want only max_delta_ppl_pct named:\n%s", r.stdout)
+	}
 	wantOK(t, lmpack(t, nil, "verify", out))
 	wantOK(t, lmpack(t, nil, "eval", out, "--data", valText(t), "--ctx", "256", "--max-windows", "1"))
 }

@@ -315,3 +315,70 @@ func TestHubLogFormatJSON(t *testing.T) {
 		}
 	}
 }
+
+// offlineHubCache builds, in a fresh cache directory, the layout
+// huggingface-cli leaves for the repository id holding stories260K-hf's
+// files (refs/main, blobs, snapshot symlinks) and returns the cache and
+// the snapshot directory.
+func offlineHubCache(t *testing.T, id string) (cache, snap string) {
+	t.Helper()
+	cache = t.TempDir()
+	sum := sha1.Sum([]byte("commit of " + id))
+	commit := hex.EncodeToString(sum[:])
+	repo := filepath.Join(cache, "models--"+strings.ReplaceAll(id, "/", "--"))
+	snap = filepath.Join(repo, "snapshots", commit)
+	for _, d := range []string{filepath.Join(repo, "blobs"), filepath.Join(repo, "refs"), snap} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, b := range hubFiles(t) {
+		blob := gitBlobSHA1(b)
+		if err := os.WriteFile(filepath.Join(repo, "blobs", blob), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("../../blobs/"+blob, filepath.Join(snap, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(commit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cache, snap
+}
+
+// TestHubOutputInsideSnapshot: calibrate and quantize kv given a hub id
+// refuse an -o inside the cache snapshot the id resolves to (the input),
+// as they do for the local directory, and write nothing there.
+func TestHubOutputInsideSnapshot(t *testing.T) {
+	t.Parallel()
+	const id = "tiny/stories260K"
+	cache, snap := offlineHubCache(t, id)
+	env := hubEnv(t, "http://127.0.0.1:1", cache, true)
+	// Outside the snapshot both work from the id.
+	calib := filepath.Join(t.TempDir(), "s.calib")
+	wantOK(t, lmpack(t, env, "calibrate", id, "--data", valText(t), "--tokens", "64", "--ctx", "32", "-o", calib))
+	for _, c := range []struct {
+		args []string
+		out  string
+	}{
+		{[]string{"calibrate", id, "--data", valText(t), "--tokens", "64", "--ctx", "32"}, filepath.Join(snap, "x.calib")},
+		{[]string{"quantize", "kv", id, "--calib", calib}, filepath.Join(snap, "x.rot")},
+	} {
+		r := lmpack(t, env, append(c.args, "-o", c.out)...)
+		wantError(t, r, c.out, "is the model directory", snap, "inside it")
+		if _, err := os.Lstat(c.out); !os.IsNotExist(err) {
+			t.Errorf("%s: %s was written into the cache snapshot (%v)", c.args[0], c.out, err)
+		}
+	}
+	// pack resolves a hub id like the other commands, and refuses -o in
+	// the snapshot.
+	inSnap := filepath.Join(snap, "x.lmpk")
+	wantError(t, lmpack(t, env, "pack", id, "-o", inSnap), inSnap, "inside the model directory", snap)
+	if _, err := os.Lstat(inSnap); !os.IsNotExist(err) {
+		t.Errorf("pack: %s was written into the cache snapshot (%v)", inSnap, err)
+	}
+	art := filepath.Join(t.TempDir(), "s.lmpk")
+	wantOK(t, lmpack(t, env, "pack", id, "-o", art))
+	wantOK(t, lmpack(t, env, "verify", art))
+}

@@ -27,7 +27,8 @@ func newPackCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pack INPUT -o FILE.lmpk [--kv-rotations ROT] [--kv-cache METHOD] [--kv-window SINK,RECENT] [--no-compress]",
 		Short: "Pack a checkpoint directory into one verified .lmpk artifact",
-		Long: `pack writes INPUT (a local checkpoint directory) as one .lmpk artifact
+		Long: `pack writes INPUT (a checkpoint directory, or a Hugging Face hub id
+resolved as for the other commands) as one .lmpk artifact
 (docs/FORMAT.md): every tensor in a 64-byte aligned section (the quantized
 weights of a checkpoint from "lmpack quantize weights" as packed codes,
 scales, zero-points and permutations, with their format per tensor in the
@@ -52,7 +53,13 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 				}
 				return fmt.Errorf("INPUT %s is a file; pack needs a checkpoint directory (config.json and *.safetensors)%s", args[0], hint)
 			}
-			if err := checkOutput("-o", out, args[0], rot); err != nil {
+			// A hub id resolves to its Hugging Face cache snapshot, as for
+			// the other commands; -o must not land in it.
+			dir, err := model.Resolve(cmd.Context(), args[0], model.HubOptions(g.logger))
+			if err != nil {
+				return err
+			}
+			if err := checkOutput("-o", out, dir, rot); err != nil {
 				return err
 			}
 			// Replacing an earlier artifact (a rerun) is fine; replacing any
@@ -73,7 +80,7 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 			if err := fo.Validate(); err != nil {
 				return field.Rename(err, packFlags)
 			}
-			a, err := pack.FromCheckpoint(args[0], fo)
+			a, err := pack.FromCheckpoint(dir, fo)
 			if err != nil {
 				return field.Rename(err, packFlags)
 			}
@@ -115,8 +122,10 @@ func newVerifyCmd(g *globalFlags) *cobra.Command {
 section's CRC-32C and lz4 decoding, the header's content sha256, that every
 manifest entry has its section and every section is named by the manifest,
 and what a loader checks of the manifest (model description, tensor set,
-KV scheme and windows, quantized values) and that no float tensor holds
-NaN or Inf. It prints the file's sha256 (as sha256sum does; content_sha256
+float dtypes of the plain weights, KV scheme and windows, quantized
+values, the embedded tokenizer.json and tokenizer_config.json) and that no
+float tensor holds NaN or Inf: an artifact that verifies is one run and
+eval load. It prints the file's sha256 (as sha256sum does; content_sha256
 in --json is the header's hash) and exits non-zero on any problem, listing
 every problem found (on stderr, or under "problems" with --json), each
 naming its section or tensor.`,

@@ -41,5 +41,16 @@ func (d DType) Size() int { return dtypeSizes[d] }
 // Valid reports whether d is one of the dtypes this package supports.
 func (d DType) Valid() bool { return dtypeSizes[d] != 0 }
 
+// IsFloat reports whether d is a floating-point dtype (F64, F32, F16,
+// BF16, F8_E4M3, F8_E5M2): the dtypes the runtime loads as weights
+// (integer tensors only serve as quantized weights' storage).
+func (d DType) IsFloat() bool {
+	switch d {
+	case F64, F32, F16, BF16, F8E4M3, F8E5M2:
+		return true
+	}
+	return false
+}
+
 // String returns the header spelling of d.
 func (d DType) String() string { return string(d) }

@@ -89,10 +89,12 @@ func FromBytes(name string, b []byte) (*File, error) {
 	return parseFile(name, b)
 }
 
-// checkHeaderLen validates the declared header length n against the file size.
+// checkHeaderLen validates the declared header length n against the file
+// size. A length beyond MaxHeaderSize is no safetensors file's (a text or
+// other file read as one), and the message says so.
 func checkHeaderLen(path string, n uint64, size int64) error {
 	if n > MaxHeaderSize {
-		return formatErr(path, "", "header length %d exceeds the limit of %d bytes", n, MaxHeaderSize)
+		return formatErr(path, "", "not a safetensors file: header length %d exceeds the limit of %d bytes (a safetensors file starts with its JSON header's length as a little-endian uint64; the first 8 bytes here are not one)", n, MaxHeaderSize)
 	}
 	if int64(n) > size-8 {
 		return formatErr(path, "", "header length %d runs past the end of the file (%d bytes after the length field)", n, size-8)

@@ -134,6 +134,28 @@ func Parse(data []byte) (*Tokenizer, error) {
 	return parse("tokenizer.json", data)
 }
 
+// ParseConfig builds a tokenizer from the contents of a tokenizer.json
+// (plain or gzip-compressed, as Parse) and, when config is not nil, of the
+// tokenizer_config.json beside it, applied exactly as Load applies the one
+// it finds in the directory (bos_token / eos_token, add_bos_token /
+// add_eos_token). It lets a caller holding both files in memory (an lmpack
+// artifact embeds them) get the tokenizer Load would give for a directory
+// holding them. Errors: Parse's; a tokenizer_config.json that is not a JSON
+// object or names a token the tokenizer lacks (ErrMalformed, naming the
+// file and the key).
+func ParseConfig(data, config []byte) (*Tokenizer, error) {
+	t, err := parse("tokenizer.json", data)
+	if err != nil {
+		return nil, err
+	}
+	if config != nil {
+		if err := t.applyConfig("tokenizer_config.json", config); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
 // maxUnzipped bounds the size of a decompressed tokenizer.json (1 GiB).
 const maxUnzipped = 1 << 30
 

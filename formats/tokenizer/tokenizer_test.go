@@ -1,6 +1,9 @@
 package tokenizer
 
 import (
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -109,5 +112,32 @@ func TestQwen3Specials(t *testing.T) {
 	}
 	if id, ok := tk.TokenID("<think>"); !ok || id != 151667 || tk.Token(id) != "<think>" {
 		t.Errorf("TokenID(<think>) = %d,%v", id, ok)
+	}
+}
+
+// TestParseConfigMatchesLoad: ParseConfig of stories260K's tokenizer.json
+// and tokenizer_config.json encodes as Load of the directory (BOS added,
+// from add_bos_token); with add_bos_token false in the config it adds no
+// BOS; a config that is not a JSON object is refused naming the file.
+func TestParseConfigMatchesLoad(t *testing.T) {
+	tj := readShared(t, "stories260K-hf", "tokenizer.json")
+	cfg := readShared(t, "stories260K-hf", "tokenizer_config.json")
+	want := storiesTokenizer(t).Encode("Once upon a time", true)
+	got, err := ParseConfig(tj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := got.Encode("Once upon a time", true); !slices.Equal(ids, want) || len(ids) == 0 || ids[0] != 1 {
+		t.Errorf("ParseConfig encodes %v, Load %v (want BOS 1 first)", ids, want)
+	}
+	noBOS, err := ParseConfig(tj, []byte(`{"tokenizer_class": "LlamaTokenizer", "add_bos_token": false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := noBOS.Encode("Once upon a time", true); !slices.Equal(ids, want[1:]) {
+		t.Errorf("add_bos_token false: %v, want %v", ids, want[1:])
+	}
+	if _, err := ParseConfig(tj, []byte("{bad")); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") || !errors.Is(err, ErrMalformed) {
+		t.Errorf("config {bad: %v, want ErrMalformed naming tokenizer_config.json", err)
 	}
 }

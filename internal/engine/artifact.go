@@ -3,17 +3,12 @@ package engine
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
-	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/internal/hub"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
@@ -34,42 +29,6 @@ func openArtifact(path string) (*pack.Reader, *arch.Description, error) {
 		return nil, nil, err
 	}
 	return a, d, nil
-}
-
-// artifactTokenizer builds the tokenizer from the artifact's embedded
-// tokenizer.json and, when present, tokenizer_config.json (which sets
-// add_bos_token and the special tokens): tokenizer.Load reads both from a
-// directory, so they are written to a private temporary one.
-func artifactTokenizer(a *pack.Reader) (*tokenizer.Tokenizer, error) {
-	tj, err := a.File("tokenizer.json")
-	if err != nil {
-		return nil, fmt.Errorf("engine: %s: the artifact embeds no usable tokenizer.json: %w", a.Path(), err)
-	}
-	// Only a file the artifact does not embed is absent; one whose section
-	// fails its checksum is an error (treating it as absent would silently
-	// change BOS handling and the special tokens).
-	cfg, cfgErr := a.File("tokenizer_config.json")
-	if cfgErr != nil && !errors.Is(cfgErr, fs.ErrNotExist) {
-		return nil, fmt.Errorf("engine: %s: embedded tokenizer_config.json: %w", a.Path(), cfgErr)
-	}
-	tmp, err := os.MkdirTemp("", "lmpack-tokenizer-")
-	if err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	if err := os.WriteFile(filepath.Join(tmp, "tokenizer.json"), tj, 0o600); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
-	if cfgErr == nil {
-		if err := os.WriteFile(filepath.Join(tmp, "tokenizer_config.json"), cfg, 0o600); err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
-		}
-	}
-	tok, err := tokenizer.Load(tmp)
-	if err != nil {
-		return nil, fmt.Errorf("engine: %s: embedded %w", a.Path(), err)
-	}
-	return tok, nil
 }
 
 // kvModel is a loaded model whose NewCache builds the artifact's KV-cache
@@ -156,12 +115,9 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 			return nil, fmt.Errorf("engine: %s: manifest kv cache %s: %w", path, kvMethod, err)
 		}
 	}
-	tok, err := artifactTokenizer(a)
+	tok, err := a.Tokenizer(d)
 	if err != nil {
 		return nil, err
-	}
-	if tok.VocabSize() > d.VocabSize {
-		return nil, fmt.Errorf("engine: %s: tokenizer has %d tokens but vocab_size is %d", path, tok.VocabSize(), d.VocabSize)
 	}
 	t0 := time.Now()
 	_, blocker := deviceKV(kvMethod, kvOpt)

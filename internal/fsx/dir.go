@@ -40,6 +40,30 @@ func CheckNewDir(modelDir, out, what string) error {
 	if out == "" {
 		return fmt.Errorf("no output directory")
 	}
+	if err := CheckOutside(modelDir, out, what); err != nil {
+		return err
+	}
+	od, err := RealAbs(out)
+	if err != nil {
+		return fmt.Errorf("output %s: %w", out, err)
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return fmt.Errorf("%s already exists; remove it or choose another path", out)
+	}
+	if st, err := os.Stat(filepath.Dir(od)); err != nil || !st.IsDir() {
+		return fmt.Errorf("%s: parent directory %s does not exist", out, filepath.Dir(od))
+	}
+	return nil
+}
+
+// CheckOutside checks that the output path out (a file or a directory) is
+// not the model directory modelDir and does not lie inside it, comparing
+// the paths with symlinks resolved (RealAbs), so that an output is never
+// written into a model's directory — a local checkpoint or the Hugging
+// Face cache snapshot a hub id resolved to (inputs are never modified).
+// what names the output in the message ("the calibration file"). Errors:
+// plain errors naming out and modelDir (callers wrap them).
+func CheckOutside(modelDir, out, what string) error {
 	md, err := RealAbs(modelDir)
 	if err != nil {
 		return fmt.Errorf("model %s: %w", modelDir, err)
@@ -48,14 +72,8 @@ func CheckNewDir(modelDir, out, what string) error {
 	if err != nil {
 		return fmt.Errorf("output %s: %w", out, err)
 	}
-	if rel, err := filepath.Rel(md, od); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
+	if rel, err := filepath.Rel(md, od); err == nil && (rel == "." || rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))) {
 		return fmt.Errorf("%s is the model directory %s or inside it; write %s elsewhere (the input is never modified)", out, modelDir, what)
-	}
-	if _, err := os.Lstat(out); err == nil {
-		return fmt.Errorf("%s already exists; remove it or choose another path", out)
-	}
-	if st, err := os.Stat(filepath.Dir(od)); err != nil || !st.IsDir() {
-		return fmt.Errorf("%s: parent directory %s does not exist", out, filepath.Dir(od))
 	}
 	return nil
 }

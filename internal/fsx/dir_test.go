@@ -43,6 +43,34 @@ func TestCheckNewDir(t *testing.T) {
 	}
 }
 
+// TestCheckOutside: a file path in the model directory (also through a
+// symlink to the directory, and a name starting with "..") is refused; a
+// path beside the directory is accepted.
+func TestCheckOutside(t *testing.T) {
+	root := t.TempDir()
+	model := filepath.Join(root, "model")
+	if err := os.Mkdir(model, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(model, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{model, filepath.Join(model, "x.calib"), filepath.Join(link, "x.calib"), filepath.Join(model, "..x")} {
+		if err := CheckOutside(model, out, "the file"); err == nil || !strings.Contains(err.Error(), "or inside it") {
+			t.Errorf("CheckOutside(%q): %v, want a refusal", out, err)
+		}
+	}
+	if err := CheckOutside(link, filepath.Join(model, "x.calib"), "the file"); err == nil {
+		t.Errorf("CheckOutside through the symlinked model: accepted")
+	}
+	for _, out := range []string{filepath.Join(root, "x.calib"), filepath.Join(root, "..x"), filepath.Join(model, "..", "model2")} {
+		if err := CheckOutside(model, out, "the file"); err != nil {
+			t.Errorf("CheckOutside(%q) refused: %v", out, err)
+		}
+	}
+}
+
 // TestCopySideFiles: tokenizer-like files are copied (a symlinked one
 // too, as in the hub cache); weights, indexes, config.json, dotfiles and
 // .md files are not.

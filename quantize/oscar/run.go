@@ -53,7 +53,8 @@ type KVSummary struct {
 // the clip ratios and both fingerprints.
 //
 // Errors: invalid options (Validate: a *field.Error); the output
-// directory missing; model errors; calibration errors (another model:
+// directory missing; an output inside the model directory
+// (fsx.CheckOutside, also the cache snapshot of a hub id); model errors; calibration errors (another model:
 // model.ErrModelMismatch; no "oscar" statistics); a head_dim that is not
 // a power of two (ErrBadCovariance); write errors.
 func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
@@ -71,6 +72,12 @@ func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 	dir, desc, ck, err := model.Open(ctx, opt.Model, model.HubOptions(opt.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("oscar: %w", err)
+	}
+	// A hub id resolves to a snapshot in the Hugging Face cache: the
+	// output must not land there either (inputs are never modified).
+	if err := fsx.CheckOutside(dir, opt.Out, "the rotation file"); err != nil {
+		ck.Close()
+		return nil, fmt.Errorf("oscar: output: %w", err)
 	}
 	fp, err := model.Fingerprint(dir, ck)
 	ck.Close()

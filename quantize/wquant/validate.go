@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/quantize/gemq"
@@ -75,11 +76,11 @@ func (opt *Options) Validate() error {
 	case !slices.Contains([]gemq.Solver{"", gemq.SolverDP, gemq.SolverLagrangian}, opt.MoESolver):
 		return field.New("MoESolver", string(opt.MoESolver), "dp or lagrangian")
 	case opt.MoEMinTokens < 0:
-		return field.New("MoEMinTokens", opt.MoEMinTokens, ">= 0 (0: calibrate.DefaultMinExpertTokens)")
+		return field.New("MoEMinTokens", opt.MoEMinTokens, fmt.Sprintf(">= 0 tokens (0: the default, %d)", calibrate.DefaultMinExpertTokens))
 	case opt.Damp < 0 || !finite(opt.Damp):
 		return field.New("Damp", opt.Damp, ">= 0 (0: 0.01)")
 	case opt.MeasureTokens < 0:
-		return field.New("MeasureTokens", opt.MeasureTokens, ">= 0 (0: DefaultMeasureTokens)")
+		return field.New("MeasureTokens", opt.MeasureTokens, fmt.Sprintf(">= 0 tokens (0: the default, %d)", DefaultMeasureTokens))
 	}
 	for _, c := range opt.Choices {
 		if !slices.Contains([]int{2, 3, 4, 8}, c.Bits) || !slices.Contains(groups, c.GroupSize) {
