@@ -97,6 +97,11 @@ type ctSource struct {
 
 func openCTSource(ctx context.Context, name string) (*ctSource, error) {
 	if model.IsArtifact(name) {
+		// Checksums, sha256 and the loader's checks before anything is
+		// read (as openSource does for GGUF).
+		if _, err := pack.Verify(name); err != nil {
+			return nil, fmt.Errorf("export: %s does not verify (run lmpack verify): %w", name, err)
+		}
 		r, err := pack.Open(name)
 		if err != nil {
 			return nil, err
@@ -393,6 +398,9 @@ func CompressedTensors(ctx context.Context, modelPath string, opt CTOptions) (*R
 			t, err := s.src.Tensor(name)
 			if err != nil {
 				return err
+			}
+			if i, what := safetensors.FirstNonFinite(t.DType, t.Data); i >= 0 {
+				return fmt.Errorf("export: %s: tensor %q (%s): element %d (row-major) is %s; lmpack's runtime refuses non-finite weights and vLLM would run them silently", modelPath, name, t.DType, i, what)
 			}
 			_, err = w.Write(t.Data)
 			return err

@@ -42,6 +42,13 @@ type source struct {
 // checkpoint directory through model.Open).
 func openSource(ctx context.Context, path string) (*source, error) {
 	if model.IsArtifact(path) {
+		// Every section's CRC-32C, the file's sha256 and the loader's
+		// checks first: export reads only some sections (the manifest's
+		// description, not the embedded config.json), and a corrupt
+		// artifact must not become a file another runtime loads.
+		if _, err := pack.Verify(path); err != nil {
+			return nil, fmt.Errorf("export: %s does not verify (run lmpack verify): %w", path, err)
+		}
 		r, err := pack.Open(path)
 		if err != nil {
 			return nil, err
@@ -58,6 +65,13 @@ func openSource(ctx context.Context, path string) (*source, error) {
 	}
 	dir, d, ck, err := model.Open(ctx, path, nil)
 	if err != nil {
+		return nil, err
+	}
+	// The loader's checks (as run, pack and compressed-tensors): every
+	// tensor config.json describes, at its shape and dtype, and none it
+	// does not (a dropped qzeros or bias would change the model silently).
+	if err := model.Check(dir, d, ck); err != nil {
+		ck.Close()
 		return nil, err
 	}
 	name := filepath.Base(filepath.Clean(dir))
@@ -182,6 +196,9 @@ func (s *source) load(name string) (*weight, error) {
 	}
 	if len(t.Data) != t.NumElements()*t.DType.Size() {
 		return nil, fmt.Errorf("export: %s: tensor %q: %d bytes for shape %v %s", s.path, name, len(t.Data), t.Shape, t.DType)
+	}
+	if i, what := safetensors.FirstNonFinite(t.DType, t.Data); i >= 0 {
+		return nil, fmt.Errorf("export: %s: tensor %q (%s): element %d (row-major) is %s; lmpack's runtime refuses non-finite weights and another runtime would run them silently", s.path, name, t.DType, i, what)
 	}
 	return &weight{name: name, shape: t.Shape, t: t}, nil
 }

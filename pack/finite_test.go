@@ -33,7 +33,7 @@ func TestFirstNonFinite(t *testing.T) {
 		{safetensors.F32, f32[:8], -1, ""}, {safetensors.F16, []byte{0xff, 0x7b}, -1, ""}, // 65504 is finite
 		{safetensors.I32, []byte{0, 0, 0x80, 0x7f}, -1, ""},
 	} {
-		if i, what := firstNonFinite(c.dt, c.b); i != c.i || what != c.what {
+		if i, what := safetensors.FirstNonFinite(c.dt, c.b); i != c.i || what != c.what {
 			t.Errorf("%s % x: %d %q, want %d %q", c.dt, c.b, i, what, c.i, c.what)
 		}
 	}
