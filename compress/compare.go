@@ -44,6 +44,9 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 	if art.Desc.VocabSize != V {
 		return nil, fmt.Errorf("compress: eval: the artifact's vocabulary has %d tokens, the source's %d", art.Desc.VocabSize, V)
 	}
+	if ctxLen < 2 {
+		return nil, fmt.Errorf("compress: eval: ctx %d: want >= 2 (the recipe's eval.ctx, or the model's default)", ctxLen)
+	}
 	n := len(ids) / ctxLen
 	if maxWindows > 0 && n > maxWindows {
 		n = maxWindows

@@ -524,11 +524,11 @@ func TestCompressMoEMixed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	ids, err := src.EvalIDs(o.EvalData, r.Eval.Ctx)
+	ids, err := src.EvalIDs(o.EvalData, rep.Eval.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := compareModels(t.Context(), src, ck, ids, r.Eval.Ctx, r.Eval.MaxWindows, nil)
+	want, err := compareModels(t.Context(), src, ck, ids, rep.Eval.Ctx, r.Eval.MaxWindows, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
