@@ -1,3 +1,8 @@
+//go:build linux
+
+// The comparison against llama.cpp's libggml-base.so loads it with purego
+// (dlopen), as the node-llama-cpp prebuilt binary exists for Linux here.
+
 package gguf
 
 import (
