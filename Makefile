@@ -10,7 +10,7 @@ build:
 
 # Unit, integration and acceptance tests (reads ../shared/data).
 test: build
-	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -timeout 40m ./...
 
 # Benchmarks: decode/prefill tokens/s, matmul GFLOP/s, tokenizer MB/s.
 bench:
