@@ -159,6 +159,12 @@ func TestGGUFMixedExperts(t *testing.T) {
 	}
 	if rep == nil || rep.Counts()[ModeRefused] != 10 { // gate and up of 5 layers
 		t.Errorf("report %+v, want 10 refused rows", rep)
+	} else {
+		var b strings.Builder
+		rep.WriteText(&b)
+		if !strings.Contains(b.String(), out+" not written: 10 of") || strings.Contains(b.String(), "0 bytes") {
+			t.Errorf("text report of a refused export does not say it was not written:\n%s", b.String())
+		}
 	}
 	if es, _ := os.ReadDir(outDir); len(es) != 0 {
 		t.Errorf("refused export left %v behind", es)

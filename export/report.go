@@ -117,8 +117,14 @@ func (r *Report) WriteText(w io.Writer) error {
 		b.WriteByte('\n')
 	}
 	c := r.Counts()
-	fmt.Fprintf(&b, "%s: %s, %d bytes, %d tensors (%d exact, %d requantized, %d kept), %.3f bits per weight\n",
-		r.Format, r.Out, r.Bytes, len(r.Tensors), c[ModeExact], c[ModeRequantized], c[ModeKept], r.BitsPerWeight)
+	if c[ModeRefused] > 0 {
+		// Nothing was written: say so rather than a size of 0 bytes.
+		fmt.Fprintf(&b, "%s: %s not written: %d of %d tensors refused (%d exact, %d requantized, %d kept)\n",
+			r.Format, r.Out, c[ModeRefused], len(r.Tensors), c[ModeExact], c[ModeRequantized], c[ModeKept])
+	} else {
+		fmt.Fprintf(&b, "%s: %s, %d bytes, %d tensors (%d exact, %d requantized, %d kept), %.3f bits per weight\n",
+			r.Format, r.Out, r.Bytes, len(r.Tensors), c[ModeExact], c[ModeRequantized], c[ModeKept], r.BitsPerWeight)
+	}
 	for _, w := range r.Warnings {
 		fmt.Fprintf(&b, "warning: %s\n", w)
 	}
