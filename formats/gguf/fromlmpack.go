@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
@@ -118,7 +119,7 @@ func FromQuantizedAs(q *weights.Quantized, t Type) ([]byte, Conversion, error) {
 	zeros := make([]uint16, nb)
 	rb := weights.RowBytes(cols, q.Bits)
 	row := make([]uint8, cols)
-	zsym := HalfFromFloat32(float32(int(1) << uint(q.Bits-1)))
+	zsym := safetensors.F16FromFloat32(float32(int(1) << uint(q.Bits-1)))
 	for r := 0; r < q.Rows; r++ {
 		weights.UnpackRow(row, q.Codes[r*rb:(r+1)*rb], q.Bits)
 		for c := 0; c < cols; c++ {
@@ -146,7 +147,7 @@ func FromQuantizedAs(q *weights.Quantized, t Type) ([]byte, Conversion, error) {
 		sc := make([]int8, len(codes))
 		nib := make([]uint8, len(codes))
 		for i, c := range codes {
-			zf := HalfToFloat32(zeros[i/qk])
+			zf := safetensors.F16ToFloat32(zeros[i/qk])
 			z := int(zf)
 			if float32(z) != zf {
 				return nil, Conversion{}, fmt.Errorf("%w: %s: zero-point %g of block %d is not an integer; %v needs d·(c − z) with integer c − z", ErrNotExact, desc, zf, i/qk, t)
@@ -178,7 +179,7 @@ func FromQuantizedAs(q *weights.Quantized, t Type) ([]byte, Conversion, error) {
 					codes[j] -= lo
 				}
 				// ŵ = s·(c − z) = s·((c − lo) − (z − lo))
-				zeros[b] = HalfFromFloat32(HalfToFloat32(zeros[b]) - float32(lo))
+				zeros[b] = safetensors.F16FromFloat32(safetensors.F16ToFloat32(zeros[b]) - float32(lo))
 			}
 		}
 		out, _, err = Q4_1FromZeros(codes, scales, zeros)

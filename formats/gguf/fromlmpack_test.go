@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
@@ -127,8 +128,8 @@ func TestFromQuantizedAsymmetric4(t *testing.T) {
 	q.Dequantize(want)
 	exactBlocks, maxErr := 0, 0.0
 	for b := 0; b < len(got)/32; b++ {
-		s := float64(HalfToFloat32(q.Scales[b]))
-		z := float64(HalfToFloat32(q.Zeros[b]))
+		s := float64(safetensors.F16ToFloat32(q.Scales[b]))
+		z := float64(safetensors.F16ToFloat32(q.Zeros[b]))
 		bound := 0x1p-11 * s * z
 		exact := true
 		for i := 32 * b; i < 32*b+32; i++ {
@@ -145,7 +146,7 @@ func TestFromQuantizedAsymmetric4(t *testing.T) {
 			exactBlocks++
 		}
 	}
-	t.Logf("asymmetric 4-bit group 32 → Q4_1: %d of %d blocks exact, max |err| %.3g (max scale·2^−11·15 = %.3g)", exactBlocks, len(got)/32, maxErr, 15*0x1p-11*float64(HalfToFloat32(maxHalf(q.Scales))))
+	t.Logf("asymmetric 4-bit group 32 → Q4_1: %d of %d blocks exact, max |err| %.3g (max scale·2^−11·15 = %.3g)", exactBlocks, len(got)/32, maxErr, 15*0x1p-11*float64(safetensors.F16ToFloat32(maxHalf(q.Scales))))
 	if conv.MaxAbsErr != maxErr || conv.Exact != (maxErr == 0) {
 		t.Errorf("Conversion %+v, measured max |err| %g", conv, maxErr)
 	}
@@ -157,7 +158,7 @@ func TestFromQuantizedAsymmetric4(t *testing.T) {
 func maxHalf(h []uint16) uint16 {
 	var m uint16
 	for _, v := range h {
-		if HalfToFloat32(v) > HalfToFloat32(m) {
+		if safetensors.F16ToFloat32(v) > safetensors.F16ToFloat32(m) {
 			m = v
 		}
 	}
@@ -168,23 +169,23 @@ func maxHalf(h []uint16) uint16 {
 // for a shifted nibble range that makes it so; otherwise the reported
 // error is the true one and within half an fp16 ulp.
 func TestQ4_1FromZeros(t *testing.T) {
-	s := HalfFromFloat32(0.0123) // 11 significant bits
+	s := safetensors.F16FromFloat32(0.0123) // 11 significant bits
 	codes := make([]uint8, 64)
 	for i := range codes {
 		codes[i] = uint8(i % 16) // both blocks use all 16 codes: no shift possible
 	}
 	for _, z := range []float32{0, 1, 2, 4, 8} {
-		_, errs, err := Q4_1FromZeros(codes[:32], []uint16{s}, []uint16{HalfFromFloat32(z)})
+		_, errs, err := Q4_1FromZeros(codes[:32], []uint16{s}, []uint16{safetensors.F16FromFloat32(z)})
 		if err != nil || errs[0] != 0 {
 			t.Errorf("z = %g: err %v, offset error %g; want exact", z, err, errs[0])
 		}
 	}
-	blk, errs, err := Q4_1FromZeros(codes[:32], []uint16{s}, []uint16{HalfFromFloat32(7)})
+	blk, errs, err := Q4_1FromZeros(codes[:32], []uint16{s}, []uint16{safetensors.F16FromFloat32(7)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sv := float64(HalfToFloat32(s))
-	m := float64(HalfToFloat32(uint16(blk[2]) | uint16(blk[3])<<8))
+	sv := float64(safetensors.F16ToFloat32(s))
+	m := float64(safetensors.F16ToFloat32(uint16(blk[2]) | uint16(blk[3])<<8))
 	if e := m + 7*sv; e != errs[0] || e == 0 || math.Abs(e) > 0x1p-11*7*sv {
 		t.Errorf("z = 7: m %g, −s·z %g, error %g reported %g", m, -7*sv, e, errs[0])
 	}
@@ -194,7 +195,7 @@ func TestQ4_1FromZeros(t *testing.T) {
 	for i := range short {
 		short[i] = uint8(3 + i%8)
 	}
-	blk, errs, err = Q4_1FromZeros(short, []uint16{s}, []uint16{HalfFromFloat32(7)})
+	blk, errs, err = Q4_1FromZeros(short, []uint16{s}, []uint16{safetensors.F16FromFloat32(7)})
 	if err != nil || errs[0] != 0 {
 		t.Fatalf("shifted: err %v, offset error %g; want exact", err, errs[0])
 	}
@@ -220,7 +221,7 @@ func TestFromQuantizedOneBit(t *testing.T) {
 	}
 	var maxS float64
 	for _, h := range q.Scales {
-		maxS = math.Max(maxS, float64(HalfToFloat32(h)))
+		maxS = math.Max(maxS, float64(safetensors.F16ToFloat32(h)))
 	}
 	if e > maxS*0x1p-10 {
 		t.Errorf("1-bit: max |err| %g > 2^−10·max scale %g", e, maxS)

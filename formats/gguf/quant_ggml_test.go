@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
@@ -162,17 +163,17 @@ func TestAgainstGGML(t *testing.T) {
 		}
 	}
 	for h := uint16(0); h < 0x7bff; h++ {
-		xs = append(xs, float32((float64(HalfToFloat32(h))+float64(HalfToFloat32(h+1)))/2))
+		xs = append(xs, float32((float64(safetensors.F16ToFloat32(h))+float64(safetensors.F16ToFloat32(h+1)))/2))
 	}
 	hs, bs := make([]uint16, len(xs)), make([]uint16, len(xs))
 	g.toHalf(unsafe.SliceData(xs), unsafe.SliceData(hs), int64(len(xs)))
 	g.toBF16(unsafe.SliceData(xs), unsafe.SliceData(bs), int64(len(xs)))
 	for i, v := range xs {
-		if HalfFromFloat32(v) != hs[i] {
-			t.Fatalf("HalfFromFloat32(%g) = %#04x, ggml %#04x", v, HalfFromFloat32(v), hs[i])
+		if safetensors.F16FromFloat32(v) != hs[i] {
+			t.Fatalf("safetensors.F16FromFloat32(%g) = %#04x, ggml %#04x", v, safetensors.F16FromFloat32(v), hs[i])
 		}
-		if BF16FromFloat32(v) != bs[i] {
-			t.Fatalf("BF16FromFloat32(%g) = %#04x, ggml %#04x", v, BF16FromFloat32(v), bs[i])
+		if safetensors.BF16FromFloat32(v) != bs[i] {
+			t.Fatalf("safetensors.BF16FromFloat32(%g) = %#04x, ggml %#04x", v, safetensors.BF16FromFloat32(v), bs[i])
 		}
 	}
 	// The exact builders decode in ggml as lmpack decodes them.

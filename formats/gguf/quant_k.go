@@ -2,6 +2,8 @@ package gguf
 
 import (
 	"math"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
 )
 
 // The k-quants Q4_K and Q6_K: 256-element super-blocks (ggml-common.h
@@ -169,7 +171,7 @@ func quantizeQ4K(dst []byte, x []float32) error {
 	}
 	putHalf(dst, hd)
 	putHalf(dst[2:], hm)
-	d0, m0 := HalfToFloat32(hd), HalfToFloat32(hm)
+	d0, m0 := safetensors.F16ToFloat32(hd), safetensors.F16ToFloat32(hm)
 	for j := 0; j < 8; j++ {
 		sc, m := scaleMinK4(j, dst[4:16])
 		d := d0 * float32(sc)
@@ -296,7 +298,7 @@ func quantizeQ6K(dst []byte, x []float32) error {
 	for ib := 0; ib < 16; ib++ {
 		sc[ib] = byte(int8(min(127, max(-128, nearestInt(iscale*scales[ib])))))
 	}
-	d0 := HalfToFloat32(hd)
+	d0 := safetensors.F16ToFloat32(hd)
 	for j := 0; j < 16; j++ {
 		d := d0 * float32(int8(sc[j]))
 		if d == 0 {

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
 )
 
 // The 32-element block types Q8_0, Q4_0 and Q4_1 (ggml-common.h block_q8_0,
@@ -17,11 +19,11 @@ import (
 const qk = 32
 
 func putHalf(b []byte, h uint16) { binary.LittleEndian.PutUint16(b, h) }
-func half(b []byte) float32      { return HalfToFloat32(binary.LittleEndian.Uint16(b)) }
+func half(b []byte) float32      { return safetensors.F16ToFloat32(binary.LittleEndian.Uint16(b)) }
 
 // scaleHalf rounds a block scale to fp16 and refuses one beyond its range.
 func scaleHalf(what string, v float32) (uint16, error) {
-	h := HalfFromFloat32(v)
+	h := safetensors.F16FromFloat32(v)
 	if !halfFinite(h) {
 		return 0, fmt.Errorf("%w: %s %g does not fit in fp16 (max 65504)", ErrValue, what, v)
 	}
@@ -274,12 +276,12 @@ func Q4_1FromZeros(codes []uint8, scales, zeros []uint16) (blocks []byte, errs [
 		if hi > 15 {
 			return nil, nil, fmt.Errorf("%w: a code of block %d is %d, want 0..15", ErrValue, b, hi)
 		}
-		s := float64(HalfToFloat32(scales[b]))
-		z := float64(HalfToFloat32(zeros[b]))
+		s := float64(safetensors.F16ToFloat32(scales[b]))
+		z := float64(safetensors.F16ToFloat32(zeros[b]))
 		best, bestK, bestErr := uint16(0), 0, math.Inf(1)
 		try := func(k int) {
 			want := -s * (z + float64(k)) // exact in float64: 11 × 16 significant bits
-			h := HalfFromFloat32(float32(want))
+			h := safetensors.F16FromFloat32(float32(want))
 			if float64(float32(want)) != want {
 				// float32 rounding first could double-round; fp16 of the
 				// exact value via the neighbours of the float32 result.
@@ -288,7 +290,7 @@ func Q4_1FromZeros(codes []uint8, scales, zeros []uint16) (blocks []byte, errs [
 			if !halfFinite(h) {
 				return
 			}
-			e := float64(HalfToFloat32(h)) - want
+			e := float64(safetensors.F16ToFloat32(h)) - want
 			if math.Abs(e) < math.Abs(bestErr) {
 				best, bestK, bestErr = h, k, e
 			}
@@ -314,13 +316,13 @@ func Q4_1FromZeros(codes []uint8, scales, zeros []uint16) (blocks []byte, errs [
 // nearestHalf returns the fp16 nearest to x (ties to even) without an
 // intermediate float32 rounding.
 func nearestHalf(x float64) uint16 {
-	h := HalfFromFloat32(float32(x))
-	best, bestD := h, math.Abs(float64(HalfToFloat32(h))-x)
+	h := safetensors.F16FromFloat32(float32(x))
+	best, bestD := h, math.Abs(float64(safetensors.F16ToFloat32(h))-x)
 	for _, c := range []uint16{h - 1, h + 1} {
 		if !halfFinite(c) || (c^h)&0x8000 != 0 {
 			continue
 		}
-		d := math.Abs(float64(HalfToFloat32(c)) - x)
+		d := math.Abs(float64(safetensors.F16ToFloat32(c)) - x)
 		if d < bestD || (d == bestD && c&1 == 0) {
 			best, bestD = c, d
 		}

@@ -14,6 +14,8 @@ import (
 	goruntime "runtime"
 	"strings"
 	"sync"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
 )
 
 // Type is a ggml tensor type: the values of ggml.h's enum ggml_type, as
@@ -177,7 +179,7 @@ func Quantize(t Type, src []float32, n int) ([]byte, error) {
 		return dst, nil
 	case TypeF16:
 		for i, v := range src {
-			h := HalfFromFloat32(v)
+			h := safetensors.F16FromFloat32(v)
 			if h&0x7c00 == 0x7c00 {
 				return nil, fmt.Errorf("%w: element [%d, %d] = %g is beyond fp16's range (±65504)", ErrValue, i/n, i%n, v)
 			}
@@ -186,7 +188,7 @@ func Quantize(t Type, src []float32, n int) ([]byte, error) {
 		return dst, nil
 	case TypeBF16:
 		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], BF16FromFloat32(v))
+			binary.LittleEndian.PutUint16(dst[2*i:], safetensors.BF16FromFloat32(v))
 		}
 		return dst, nil
 	case TypeQ8_0:
@@ -256,7 +258,7 @@ func Dequantize(t Type, data []byte, n int) ([]float32, error) {
 		return dst, nil
 	case TypeF16:
 		for i := range dst {
-			dst[i] = HalfToFloat32(binary.LittleEndian.Uint16(data[2*i:]))
+			dst[i] = safetensors.F16ToFloat32(binary.LittleEndian.Uint16(data[2*i:]))
 		}
 		return dst, nil
 	case TypeBF16:
@@ -280,78 +282,6 @@ func Dequantize(t Type, data []byte, n int) ([]float32, error) {
 		dec(dst[b*bs:(b+1)*bs], data[b*bb:(b+1)*bb])
 	}
 	return dst, nil
-}
-
-// HalfFromFloat32 rounds x to the nearest fp16 (IEEE binary16, ties to
-// even, as ggml's GGML_FP32_TO_FP16) and returns its bits; magnitudes at or
-// above 65520 become ±Inf, NaN stays NaN.
-func HalfFromFloat32(x float32) uint16 {
-	b := math.Float32bits(x)
-	sign := uint16(b>>16) & 0x8000
-	exp := int(b>>23) & 0xff
-	mant := b & 0x7fffff
-	if exp == 0xff {
-		if mant != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	}
-	e := exp - 127 + 15
-	if e >= 31 {
-		return sign | 0x7c00
-	}
-	if e <= 0 {
-		// subnormal (or zero): value = m·2^-24 with m = round(x·2^24)
-		if e < -10 {
-			return sign
-		}
-		// x = m·2^(exp−150) with the 24-bit significand m; in units of
-		// 2^−24 (fp16's subnormal step) that is m·2^(exp−126).
-		m := mant | 0x800000
-		shift := uint(126 - exp) // 14..24
-		q := m >> shift
-		rem := m & (1<<shift - 1)
-		half := uint32(1) << (shift - 1)
-		if rem > half || (rem == half && q&1 == 1) {
-			q++
-		}
-		return sign | uint16(q)
-	}
-	q := uint32(e)<<10 | mant>>13
-	rem := mant & 0x1fff
-	if rem > 0x1000 || (rem == 0x1000 && q&1 == 1) {
-		q++ // a carry into the exponent is still correct (up to Inf)
-	}
-	return sign | uint16(q)
-}
-
-// HalfToFloat32 returns the value of fp16 bits h (exact).
-func HalfToFloat32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
-	switch exp {
-	case 0:
-		v := float32(mant) * (1.0 / (1 << 24))
-		if sign != 0 {
-			v = -v
-		}
-		return v
-	case 31:
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	}
-	return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
-}
-
-// BF16FromFloat32 rounds x to the nearest bfloat16 (ties to even, as
-// ggml's ggml_compute_fp32_to_bf16) and returns its bits; NaN becomes a
-// quiet NaN.
-func BF16FromFloat32(x float32) uint16 {
-	b := math.Float32bits(x)
-	if b&0x7fffffff > 0x7f800000 {
-		return uint16(b>>16) | 0x40
-	}
-	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
 // halfFinite reports whether fp16 bits h are a finite value.

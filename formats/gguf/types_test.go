@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
 )
 
 func TestParseTypeAndString(t *testing.T) {
@@ -81,27 +83,27 @@ func TestRowBytes(t *testing.T) {
 func TestHalfRounding(t *testing.T) {
 	for h := uint16(0); h < 0x7c00; h++ {
 		for _, sign := range []uint16{0, 0x8000} {
-			v := HalfToFloat32(h | sign)
-			if got := HalfFromFloat32(v); got != h|sign {
+			v := safetensors.F16ToFloat32(h | sign)
+			if got := safetensors.F16FromFloat32(v); got != h|sign {
 				t.Fatalf("fp16 %#04x = %g round-trips to %#04x", h|sign, v, got)
 			}
 		}
 		if h == 0x7bff {
 			break
 		}
-		lo, hi := float64(HalfToFloat32(h)), float64(HalfToFloat32(h+1))
+		lo, hi := float64(safetensors.F16ToFloat32(h)), float64(safetensors.F16ToFloat32(h+1))
 		mid := float32((lo + hi) / 2) // exact: 12 significant bits
 		even := h
 		if h&1 == 1 {
 			even = h + 1
 		}
-		if got := HalfFromFloat32(mid); got != even {
+		if got := safetensors.F16FromFloat32(mid); got != even {
 			t.Fatalf("midpoint %g of %#04x,%#04x rounds to %#04x, want %#04x", mid, h, h+1, got, even)
 		}
-		if got := HalfFromFloat32(math.Nextafter32(mid, 1e9)); got != h+1 {
+		if got := safetensors.F16FromFloat32(math.Nextafter32(mid, 1e9)); got != h+1 {
 			t.Fatalf("above midpoint %g rounds to %#04x, want %#04x", mid, got, h+1)
 		}
-		if got := HalfFromFloat32(math.Nextafter32(mid, -1)); got != h {
+		if got := safetensors.F16FromFloat32(math.Nextafter32(mid, -1)); got != h {
 			t.Fatalf("below midpoint %g rounds to %#04x, want %#04x", mid, got, h)
 		}
 	}
@@ -109,11 +111,11 @@ func TestHalfRounding(t *testing.T) {
 	known := map[float32]uint16{1: 0x3c00, -2: 0xc000, 0.5: 0x3800, 65504: 0x7bff, 65520: 0x7c00,
 		0x1p-24: 0x0001, 0x1p-25: 0x0000, 0x1.8p-25: 0x0001, 0x1p-14: 0x0400, 1e9: 0x7c00}
 	for v, want := range known {
-		if got := HalfFromFloat32(v); got != want {
-			t.Errorf("HalfFromFloat32(%g) = %#04x, want %#04x", v, got, want)
+		if got := safetensors.F16FromFloat32(v); got != want {
+			t.Errorf("safetensors.F16FromFloat32(%g) = %#04x, want %#04x", v, got, want)
 		}
 	}
-	if h := HalfFromFloat32(float32(math.NaN())); h&0x7c00 != 0x7c00 || h&0x3ff == 0 {
+	if h := safetensors.F16FromFloat32(float32(math.NaN())); h&0x7c00 != 0x7c00 || h&0x3ff == 0 {
 		t.Errorf("NaN → %#04x, want a NaN", h)
 	}
 }
@@ -128,11 +130,11 @@ func TestBF16Rounding(t *testing.T) {
 		0xc0490fdb: 0xc049, // −π
 	}
 	for in, want := range cases {
-		if got := BF16FromFloat32(math.Float32frombits(in)); got != want {
-			t.Errorf("BF16FromFloat32(%#08x) = %#04x, want %#04x", in, got, want)
+		if got := safetensors.BF16FromFloat32(math.Float32frombits(in)); got != want {
+			t.Errorf("safetensors.BF16FromFloat32(%#08x) = %#04x, want %#04x", in, got, want)
 		}
 	}
-	if h := BF16FromFloat32(math.Float32frombits(0x7f800001)); h&0x7f80 != 0x7f80 || h&0x7f == 0 {
+	if h := safetensors.BF16FromFloat32(math.Float32frombits(0x7f800001)); h&0x7f80 != 0x7f80 || h&0x7f == 0 {
 		t.Errorf("signalling NaN → %#04x, want a NaN", h)
 	}
 }
