@@ -76,7 +76,7 @@ func TestRowBytes(t *testing.T) {
 	}
 }
 
-// TestHalfRounding checks HalfFromFloat32 against the definition over all
+// TestHalfRounding checks safetensors.F16FromFloat32 (the fp16 rounding GGUF blocks use) against the definition over all
 // finite fp16 values: each value maps to itself, the midpoint between two
 // neighbours rounds to the one with the even mantissa, and a float32 just
 // beside the midpoint rounds to the nearer neighbour.
