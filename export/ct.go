@@ -97,18 +97,8 @@ type ctSource struct {
 
 func openCTSource(ctx context.Context, name string) (*ctSource, error) {
 	if model.IsArtifact(name) {
-		// Checksums, sha256 and the loader's checks before anything is
-		// read (as openSource does for GGUF).
-		if _, err := pack.Verify(name); err != nil {
-			return nil, fmt.Errorf("export: %s does not verify (run lmpack verify): %w", name, err)
-		}
-		r, err := pack.Open(name)
+		r, d, err := openArtifact(name)
 		if err != nil {
-			return nil, err
-		}
-		d, err := r.Description()
-		if err != nil {
-			r.Close()
 			return nil, err
 		}
 		cfg, err := r.File(model.ConfigFile)
@@ -152,12 +142,8 @@ func openCTSource(ctx context.Context, name string) (*ctSource, error) {
 		}
 		return s, nil
 	}
-	dir, d, ck, err := model.Open(ctx, name, nil)
+	dir, d, ck, err := openCheckpoint(ctx, name)
 	if err != nil {
-		return nil, err
-	}
-	if err := model.Check(dir, d, ck); err != nil {
-		ck.Close()
 		return nil, err
 	}
 	cfg, err := fsx.ReadFile(filepath.Join(dir, model.ConfigFile))

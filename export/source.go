@@ -42,20 +42,8 @@ type source struct {
 // checkpoint directory through model.Open).
 func openSource(ctx context.Context, path string) (*source, error) {
 	if model.IsArtifact(path) {
-		// Every section's CRC-32C, the file's sha256 and the loader's
-		// checks first: export reads only some sections (the manifest's
-		// description, not the embedded config.json), and a corrupt
-		// artifact must not become a file another runtime loads.
-		if _, err := pack.Verify(path); err != nil {
-			return nil, fmt.Errorf("export: %s does not verify (run lmpack verify): %w", path, err)
-		}
-		r, err := pack.Open(path)
+		r, d, err := openArtifact(path)
 		if err != nil {
-			return nil, err
-		}
-		d, err := r.Description()
-		if err != nil {
-			r.Close()
 			return nil, err
 		}
 		return &source{
@@ -63,15 +51,8 @@ func openSource(ctx context.Context, path string) (*source, error) {
 			desc: d, tensors: r, file: r.File, kv: r.Manifest().KV, close: r.Close, infos: infoMap(r.TensorInfos()),
 		}, nil
 	}
-	dir, d, ck, err := model.Open(ctx, path, nil)
+	dir, d, ck, err := openCheckpoint(ctx, path)
 	if err != nil {
-		return nil, err
-	}
-	// The loader's checks (as run, pack and compressed-tensors): every
-	// tensor config.json describes, at its shape and dtype, and none it
-	// does not (a dropped qzeros or bias would change the model silently).
-	if err := model.Check(dir, d, ck); err != nil {
-		ck.Close()
 		return nil, err
 	}
 	name := filepath.Base(filepath.Clean(dir))
@@ -96,6 +77,44 @@ func openSource(ctx context.Context, path string) (*source, error) {
 		},
 		close: ck.Close,
 	}, nil
+}
+
+// openArtifact verifies the artifact at path (every section's CRC-32C, the
+// file's sha256 and the loader's checks: export reads only some sections,
+// and a corrupt artifact must not become a file another runtime loads),
+// then opens it and reads its description. Errors: pack.Verify's (wrapped,
+// saying to run lmpack verify), pack.Open's and Description's.
+func openArtifact(path string) (*pack.Reader, *arch.Description, error) {
+	if _, err := pack.Verify(path); err != nil {
+		return nil, nil, fmt.Errorf("export: %s does not verify (run lmpack verify): %w", path, err)
+	}
+	r, err := pack.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := r.Description()
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return r, d, nil
+}
+
+// openCheckpoint opens a checkpoint directory or hub id (model.Open) and
+// runs the loader's checks on it (model.Check: every tensor config.json
+// describes, at its shape and dtype, and none it does not; a dropped
+// qzeros or bias would change the model silently). Errors: those of
+// model.Open and model.Check.
+func openCheckpoint(ctx context.Context, path string) (string, *arch.Description, *safetensors.Checkpoint, error) {
+	dir, d, ck, err := model.Open(ctx, path, nil)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if err := model.Check(dir, d, ck); err != nil {
+		ck.Close()
+		return "", nil, nil, err
+	}
+	return dir, d, ck, nil
 }
 
 func infoMap(ts []safetensors.TensorInfo) map[string]safetensors.TensorInfo {
