@@ -473,7 +473,7 @@ func (c *cache) decode(L *layerState, sd *side, h, i0, i1 int, dst []float32) {
 		sd.st.get(h, a, b, x)
 		if sd.norm {
 			for r := 0; r < t; r++ {
-				kernels.Scale(c.pg.get(a+r).f32[sd.norms.at(&c.pg, 0, a+r)], x[r*hd:(r+1)*hd])
+				kernels.Scale(c.pg.get(a + r).f32[sd.norms.at(&c.pg, 0, a+r)], x[r*hd:(r+1)*hd])
 			}
 		}
 		switch sd.rot {
