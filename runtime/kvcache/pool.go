@@ -37,8 +37,8 @@ type PoolStats struct {
 // Pool is KV memory as a budget: caches of one method and model shape
 // whose storage is handed out in blocks of blockTokens tokens, so that
 // caches of different lengths share the budget without fragmentation
-// (paged KV memory, as vLLM's PagedAttention block manager hands out
-// blocks).
+// (paged KV memory: a cache's tokens need not be contiguous, only its
+// blocks' table is per cache).
 //
 // A block holds blockTokens tokens of every layer, K and V, of the
 // method's quantized storage: codes, binary16 scales and zero points and
@@ -157,8 +157,9 @@ func (p *Pool) shape(capacity int) (sink, ring, blocks int) {
 // its fixed bytes, the fp16 sink and ring, (sink + ring)·4·Σ kvDim (K and
 // V, 2 bytes an element), plus ⌈(capacity − sink)/BlockTokens⌉ blocks of
 // BlockBytes (with sink = min(Sink, capacity), ring = min(max(Recent,
-// block−1), capacity); fp16 and fp32 have no windows, and per-token
-// methods without a recent window no ring). 0 for capacity < 1.
+// block−1), capacity), Recent as New resolves it (0 is 128 for kivi2 and
+// oscars2); fp16 and fp32 have no windows, and per-token methods without
+// a recent window no ring). 0 for capacity < 1.
 func (p *Pool) BytesFor(capacity int) int64 {
 	if capacity < 1 {
 		return 0
