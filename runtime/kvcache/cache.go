@@ -91,6 +91,11 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 			return nil, fmt.Errorf("%w: method %q: layer %d: head_dim %d is not a power of two (Hadamard rotation)", ErrBadShape, sp.name, i, l.HeadDim)
 		}
 	}
+	if sp.check != nil {
+		if err := sp.check(layers); err != nil {
+			return nil, fmt.Errorf("%w: method %q: %v", ErrBadShape, sp.name, err)
+		}
+	}
 	c := &cache{name: sp.name, cap: capacity, sink: sink, recent: recent, block: sp.block}
 	// The ring holds the window (at most max(Recent, block−1) tokens)
 	// plus a slack of ringSlack tokens, so that a cancelled Forward of up
@@ -108,8 +113,13 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 		for j := range L.ringPos {
 			L.ringPos[j] = -1
 		}
-		L.k = newSide(sp.k, l, capQ, sp.block)
-		L.v = newSide(sp.v, l, capQ, sp.block)
+		if sp.stores != nil {
+			ks, vs := sp.stores(i, len(layers), l, capQ)
+			L.k, L.v = side{st: ks}, side{st: vs}
+		} else {
+			L.k = newSide(sp.k, l, capQ, sp.block)
+			L.v = newSide(sp.v, l, capQ, sp.block)
+		}
 		if sp.needRot {
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]
