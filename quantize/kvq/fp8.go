@@ -28,19 +28,25 @@ var e4m3Pos = func() (t [127]float32) {
 	return t
 }()
 
+// e4m3All maps every E4M3 byte to its float32 value.
+var e4m3All = func() (t [256]float32) {
+	for b := range t {
+		c := b & 0x7f
+		switch {
+		case c == 0x7f:
+			t[b] = float32(math.NaN())
+		case b&0x80 != 0:
+			t[b] = -e4m3Pos[c]
+		default:
+			t[b] = e4m3Pos[c]
+		}
+	}
+	return t
+}()
+
 // F8E4M3ToFloat32 returns the float32 value of an FP8 E4M3 byte (exact;
 // 0x7f and 0xff are NaN).
-func F8E4M3ToFloat32(b uint8) float32 {
-	c := b & 0x7f
-	if c == 0x7f {
-		return float32(math.NaN())
-	}
-	v := e4m3Pos[c]
-	if b&0x80 != 0 {
-		return -v
-	}
-	return v
-}
+func F8E4M3ToFloat32(b uint8) float32 { return e4m3All[b] }
 
 // F8E4M3FromFloat32 converts f to FP8 E4M3, rounding to nearest with ties
 // to even and saturating: |f| beyond 448 (±Inf included) becomes ±448, as

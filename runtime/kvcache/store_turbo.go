@@ -191,14 +191,13 @@ func (c *turboKeyCodec) decode(dst []float32, src []byte) {
 // (⌈d·bits/8⌉ + 2 bytes); y and codes are [d] scratch.
 func encodeTurboKey(dst []byte, x []float32, bits int, cb *lmCodebook, y []float32, codes []uint8) {
 	d := len(x)
-	var s float32
+	var s float64
 	for _, v := range x {
-		s += v * v
+		s += float64(v) * float64(v)
 	}
-	n := float32(math.Sqrt(float64(s)))
-	inv := 1 / (n + 1e-8)
+	n := float32(math.Sqrt(s))
 	for i, v := range x {
-		y[i] = v * inv
+		y[i] = v / (n + 1e-8)
 	}
 	kvq.FWHT(y[:d])
 	for i, v := range y[:d] {
@@ -216,15 +215,15 @@ func decodeTurboKey(dst []float32, src []byte, bits int, nc bool, cb *lmCodebook
 	mb := (d*bits + 7) / 8
 	unpackBits(codes[:d], src[:mb], bits)
 	n := getF16(src[mb:])
-	var s float32
+	var s float64
 	for i, c := range codes[:d] {
 		v := cb.centroids[c]
 		dst[i] = v
-		s += v * v
+		s += float64(v) * float64(v)
 	}
 	scale := n
 	if nc {
-		scale = n * float32(1/math.Sqrt(float64(s)+1e-16))
+		scale = n * float32(1/math.Sqrt(s+1e-16))
 	}
 	for i := range dst {
 		dst[i] *= scale
