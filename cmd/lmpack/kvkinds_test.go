@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -80,4 +82,39 @@ func TestKVServingKindsRefuseHeadDim8(t *testing.T) {
 	t.Parallel()
 	r := lmpack(t, nil, "eval", modelDir(t), "--data", valText(t), "--ctx", "64", "--max-windows", "1", "--kv", "fp32,q4_0")
 	wantError(t, r, "q4_0", "head_dim 8", "multiple of 32")
+}
+
+// pack --kv-cache takes a serving-engine kind: the artifact records it and
+// eval of the artifact runs with that cache (the log names it), and the
+// artifact's perplexity differs from the float32-KV checkpoint's by the
+// cache's loss only.
+func TestPackServingKind(t *testing.T) {
+	t.Parallel()
+	model := shared.Path(t, "tiny1m-hf")
+	art := filepath.Join(t.TempDir(), "t.lmpk")
+	wantOK(t, lmpack(t, nil, "pack", model, "-o", art, "--kv-cache", "turboquant_3bit_nc-all"))
+	data := shared.Path(t, "tinystories-valid", "heldout.txt")
+	r := lmpack(t, nil, "eval", art, "--data", data, "--ctx", "256", "--max-windows", "1")
+	wantOK(t, r)
+	if !strings.Contains(r.stderr, "kv_cache=turboquant_3bit_nc-all") {
+		t.Fatalf("eval of the artifact does not name its KV cache:\n%v", r)
+	}
+	ref := lmpack(t, nil, "eval", model, "--data", data, "--ctx", "256", "--max-windows", "1")
+	wantOK(t, ref)
+	ppl := func(out string) float64 {
+		f := strings.Fields(out)
+		if len(f) < 2 || f[0] != "perplexity" {
+			t.Fatalf("eval output %q", out)
+		}
+		p, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// A 3-bit cache loses some perplexity, not all of it (tiny1m: ≈3.8).
+	if a, c := ppl(r.stdout), ppl(ref.stdout); !(a > c && a < 2*c) {
+		t.Errorf("artifact perplexity %v, checkpoint %v: want above it and below twice it", a, c)
+	}
+	t.Logf("artifact: %s checkpoint: %s", strings.TrimSpace(r.stdout), strings.TrimSpace(ref.stdout))
 }
