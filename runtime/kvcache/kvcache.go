@@ -214,7 +214,13 @@ func Methods() []string {
 //	            (3 bits), V per (token, head) row (2 + 32/head_dim bits), all
 //	            asymmetric INT2, newest ≤128 tokens fp16
 //
-// and the serving-engine baselines (docs/METHODS.md §3), bytes per
+// (bits per element before windows; kivi2 is K + V). The returned caches other than fp32
+// do not implement runtime.F32KV: Read dequantizes, and for rotated
+// methods un-rotates, so attention sees keys and values in the model's
+// original space. All of them implement Sizer. A cache is not safe for
+// concurrent use.
+//
+// The serving-engine baselines (docs/METHODS.md §3), bytes per
 // (token, kv head) of K / V at head_dim d:
 //
 //	turboquant_k8v4     vLLM: K FP8 E4M3 unscaled, V 4-bit asymmetric   d / d/2+4
@@ -233,12 +239,8 @@ func Methods() []string {
 //	                    Hadamard-rotated when 64 | head_dim   34d/32, 18d/32
 //
 // (store_turbo.go, store_vllm.go and store_ggml.go state each encoding).
-//
-// (bits per element before windows; kivi2 is K + V). The returned caches other than fp32
-// do not implement runtime.F32KV: Read dequantizes, and for rotated
-// methods un-rotates, so attention sees keys and values in the model's
-// original space. All of them implement Sizer. A cache is not safe for
-// concurrent use.
+// The engines keep no fp16 windows: Sink = Recent = 0 reproduces them;
+// other windows apply as for every method but fp16.
 //
 // Errors: ErrUnknownMethod for an unknown name, ErrNoRotations when
 // oscar2/oscar4 get none, ErrBadShape (wrapped, naming the layer and
