@@ -596,3 +596,31 @@ func TestPackBits(t *testing.T) {
 		}
 	}
 }
+
+// The cache's fp16 windows apply to the serving-engine kinds as to every
+// method: with Sink 3 and Recent 10, the first 3 and the last 10 tokens
+// read back as their binary16 rounding, the tokens between them do not.
+func TestNewKindsWindows(t *testing.T) {
+	const n, sink, recent = 60, 3, 10
+	rng := rand.New(rand.NewPCG(15, 15))
+	k, v := tokens(rng, ggmlTestLayers, n, nil), tokens(rng, ggmlTestLayers, n, nil)
+	for _, name := range []string{"q4_0", "q8_0", "fp8", "int4_per_token_head", "turboquant_3bit_nc-all", "turboquant_k8v4-all"} {
+		c := mustNew(t, name, ggmlTestLayers, n, Options{Sink: sink, Recent: recent})
+		writeSteps(c, ggmlTestLayers, k, v, 0, n, 25)
+		for i, l := range ggmlTestLayers {
+			d := l.NumKVHeads * l.HeadDim
+			gk, gv := readAll(c, l, i, n)
+			for p := 0; p < n; p++ {
+				same := true
+				for j := p * d; j < (p+1)*d; j++ {
+					if gk[j] != kvq.RoundF16(k[i][j]) || gv[j] != kvq.RoundF16(v[i][j]) {
+						same = false
+					}
+				}
+				if want := p < sink || p >= n-recent; same != want {
+					t.Fatalf("%s layer %d token %d: binary16-exact %v, want %v", name, i, p, same, want)
+				}
+			}
+		}
+	}
+}
