@@ -1,9 +1,6 @@
 package kvq
 
-import (
-	"math"
-	"sort"
-)
+import "math"
 
 // OCP FP8 E4M3 ("E4M3FN", the float8_e4m3fn of PyTorch and vLLM's fp8 KV
 // cache): 1 sign bit, 4 exponent bits with bias 7, 3 mantissa bits, no
@@ -64,20 +61,15 @@ func F8E4M3FromFloat32(f float32) uint8 {
 	if a >= E4M3Max {
 		return sign | 126
 	}
-	// hi: the first code whose value is ≥ a (1 ≤ hi ≤ 126 for a > 0).
-	hi := sort.Search(127, func(c int) bool { return e4m3Pos[c] >= a })
-	if hi == 0 || e4m3Pos[hi] == a {
-		return sign | uint8(hi)
+	x := float64(a)
+	if x < 1.0/64 {
+		// Subnormals m/8·2^-6 (m = 8 is the smallest normal, code 8).
+		return sign | uint8(math.RoundToEven(x*512))
 	}
-	lo := hi - 1
-	dl, dh := float64(a)-float64(e4m3Pos[lo]), float64(e4m3Pos[hi])-float64(a)
-	switch {
-	case dl < dh:
-		return sign | uint8(lo)
-	case dh < dl:
-		return sign | uint8(hi)
-	case lo&1 == 0: // tie: the even mantissa
-		return sign | uint8(lo)
-	}
-	return sign | uint8(hi)
+	// x = m·2^(e−3) with m ∈ [8, 16); code (e+6)·8 + round(m), where
+	// round(m) = 16 carries into the next exponent.
+	_, exp := math.Frexp(x)
+	e := exp - 1
+	m := math.RoundToEven(math.Ldexp(x, 3-e))
+	return sign | uint8((e+6)*8+int(m))
 }
