@@ -33,6 +33,9 @@ func BenchmarkWrite(b *testing.B) {
 		const capacity = 4096
 		k, v := tokens(rng, layers, 64, nil), tokens(rng, layers, 64, nil)
 		for _, name := range Methods() {
+			if _, err := New(name, layers, 1, benchOpt(name, layers)); err != nil {
+				continue // q8_0/q4_0 at head_dim 8
+			}
 			b.Run(fmt.Sprintf("%dx%d/%s", shape.NumKVHeads, shape.HeadDim, name), func(b *testing.B) {
 				c := mustNew(b, name, layers, capacity, benchOpt(name, layers))
 				b.SetBytes(int64(2 * 4 * d))
@@ -62,6 +65,9 @@ func BenchmarkRead(b *testing.B) {
 		for _, name := range Methods() {
 			if name == "fp32" {
 				continue // read zero-copy through F32KV
+			}
+			if _, err := New(name, layers, 1, benchOpt(name, layers)); err != nil {
+				continue // q8_0/q4_0 at head_dim 8
 			}
 			b.Run(fmt.Sprintf("%dx%d/%s", shape.NumKVHeads, shape.HeadDim, name), func(b *testing.B) {
 				c := mustNew(b, name, layers, n, benchOpt(name, layers))

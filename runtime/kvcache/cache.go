@@ -89,6 +89,11 @@ func checkSpec(sp spec, layers []Layer, opt Options) error {
 			return fmt.Errorf("%w: method %q: layer %d: head_dim %d is not a power of two (Hadamard rotation)", ErrBadShape, sp.name, i, l.HeadDim)
 		}
 	}
+	if sp.check != nil {
+		if err := sp.check(layers); err != nil {
+			return fmt.Errorf("%w: method %q: %v", ErrBadShape, sp.name, err)
+		}
+	}
 	return nil
 }
 
@@ -169,8 +174,13 @@ func (c *cache) init(sp spec, layers []Layer, capacity int, opt Options, bt, sla
 		kvDim := l.NumKVHeads * l.HeadDim
 		maxKV, maxHD = max(maxKV, kvDim), max(maxHD, l.HeadDim)
 		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim}
-		L.k = newSide(sp.k, l, &lay, c.pg, sp.block)
-		L.v = newSide(sp.v, l, &lay, c.pg, sp.block)
+		if sp.stores != nil {
+			ks, vs := sp.stores(i, len(layers), l, &lay, c.pg)
+			L.k, L.v = side{st: ks}, side{st: vs}
+		} else {
+			L.k = newSide(sp.k, l, &lay, c.pg, sp.block)
+			L.v = newSide(sp.v, l, &lay, c.pg, sp.block)
+		}
 		if sp.needRot {
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]

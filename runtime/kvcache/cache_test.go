@@ -369,20 +369,26 @@ func TestTruncate(t *testing.T) {
 	k1, v1 := tokens(rng, testLayers, n1, nil), tokens(rng, testLayers, n1, nil)
 	k2, v2 := tokens(rng, testLayers, n2, nil), tokens(rng, testLayers, n2, nil)
 	for _, name := range Methods() {
+		layers, k1, v1, k2, v2 := testLayers, k1, v1, k2, v2
+		if lt := layersFor(name); &lt[0] != &testLayers[0] {
+			layers = lt
+			k1, v1 = tokens(rng, layers, n1, nil), tokens(rng, layers, n1, nil)
+			k2, v2 = tokens(rng, layers, n2, nil), tokens(rng, layers, n2, nil)
+		}
 		opt := Options{Sink: 3, Recent: 20, Rotations: rot}
-		fresh := mustNew(t, name, testLayers, n1, opt)
-		writeSteps(fresh, testLayers, k2, v2, 0, n2, 60)
-		c := mustNew(t, name, testLayers, n1, opt)
-		writeSteps(c, testLayers, k1, v1, 0, n1, 33)
+		fresh := mustNew(t, name, layers, n1, opt)
+		writeSteps(fresh, layers, k2, v2, 0, n2, 60)
+		c := mustNew(t, name, layers, n1, opt)
+		writeSteps(c, layers, k1, v1, 0, n1, 33)
 		c.Truncate(0)
 		if c.Len() != 0 || c.Bytes() != 0 {
 			t.Fatalf("%s: after Truncate(0) Len %d Bytes %d", name, c.Len(), c.Bytes())
 		}
-		writeSteps(c, testLayers, k2, v2, 0, n2, 60)
+		writeSteps(c, layers, k2, v2, 0, n2, 60)
 		if c.Bytes() != fresh.Bytes() {
 			t.Errorf("%s: reused Bytes %d, fresh %d", name, c.Bytes(), fresh.Bytes())
 		}
-		for i, l := range testLayers {
+		for i, l := range layers {
 			ak, av := readAll(c, l, i, n2)
 			bk, bv := readAll(fresh, l, i, n2)
 			if !slices.Equal(ak, bk) || !slices.Equal(av, bv) {
@@ -394,9 +400,9 @@ func TestTruncate(t *testing.T) {
 		// block: 200 tokens, residual 20 → 3 sink + 192 quantized).
 		const mid = 90
 		c.Truncate(0)
-		writeSteps(c, testLayers, k1, v1, 0, n1, 33)
-		before := make([][2][]float32, len(testLayers))
-		for i, l := range testLayers {
+		writeSteps(c, layers, k1, v1, 0, n1, 33)
+		before := make([][2][]float32, len(layers))
+		for i, l := range layers {
 			bk, bv := readAll(c, l, i, mid)
 			before[i] = [2][]float32{bk, bv}
 		}
@@ -405,7 +411,7 @@ func TestTruncate(t *testing.T) {
 		if c.Len() != mid || c.Bytes() >= bytesBefore {
 			t.Fatalf("%s: Truncate(%d): Len %d, Bytes %d (before %d)", name, mid, c.Len(), c.Bytes(), bytesBefore)
 		}
-		for i, l := range testLayers {
+		for i, l := range layers {
 			ak, av := readAll(c, l, i, mid)
 			for j := range ak {
 				// Bit-identical, except a partial key block that went
@@ -419,14 +425,14 @@ func TestTruncate(t *testing.T) {
 		}
 		// Continue with new tokens at [mid, mid+100) from k2 (positions
 		// shifted): they must read back within a loose bound.
-		kk, vv := make([][]float32, len(testLayers)), make([][]float32, len(testLayers))
-		for i, l := range testLayers {
+		kk, vv := make([][]float32, len(layers)), make([][]float32, len(layers))
+		for i, l := range layers {
 			d := l.NumKVHeads * l.HeadDim
 			kk[i] = append(slices.Clone(k1[i][:mid*d]), k2[i][:100*d]...)
 			vv[i] = append(slices.Clone(v1[i][:mid*d]), v2[i][:100*d]...)
 		}
-		writeSteps(c, testLayers, kk, vv, mid, 100, 10)
-		for i, l := range testLayers {
+		writeSteps(c, layers, kk, vv, mid, 100, 10)
+		for i, l := range layers {
 			d := l.NumKVHeads * l.HeadDim
 			gk, gv := readAll(c, l, i, mid+100)
 			if e := relErr(gk[mid*d:], kk[i][mid*d:]); !(e < 0.7) {
@@ -541,12 +547,15 @@ func TestWritePanicsOnCallerBugs(t *testing.T) {
 }
 
 func TestMethodsAndInterfaces(t *testing.T) {
-	want := []string{"fp16", "fp32", "int2-naive", "int4", "int8", "kivi2", "oscar2", "oscar4", "oscars2", "quarot2"}
+	want := []string{"fp16", "fp32", "fp8", "int2-naive", "int4", "int4_per_token_head", "int8", "kivi2", "oscar2", "oscar4", "oscars2",
+		"q4_0", "q8_0", "quarot2", "turboquant_3bit_nc", "turboquant_3bit_nc-all", "turboquant_4bit_nc", "turboquant_4bit_nc-all",
+		"turboquant_k3v4_nc", "turboquant_k3v4_nc-all", "turboquant_k8v4", "turboquant_k8v4-all"}
 	if got := Methods(); !slices.Equal(got, want) {
 		t.Fatalf("Methods() = %v, want %v", got, want)
 	}
 	for _, name := range want {
-		c := mustNew(t, name, testLayers, 8, Options{Rotations: hadamardRotations(testLayers, 0, 0)})
+		layers := layersFor(name)
+		c := mustNew(t, name, layers, 8, Options{Rotations: hadamardRotations(layers, 0, 0)})
 		_, f32 := c.(runtime.F32KV)
 		if f32 != (name == "fp32") {
 			t.Errorf("%s: F32KV = %v", name, f32)
@@ -569,14 +578,19 @@ func TestCancelledForwardIsExact(t *testing.T) {
 	k, v := tokens(rng, testLayers, n, nil), tokens(rng, testLayers, n, nil)
 	rot := randRotations(rng, testLayers, 0.96, 0.92)
 	for _, name := range Methods() {
+		layers, k, v := testLayers, k, v
+		if lt := layersFor(name); &lt[0] != &testLayers[0] {
+			layers = lt
+			k, v = tokens(rng, layers, n, nil), tokens(rng, layers, n, nil)
+		}
 		for _, junkN := range []int{1, 7, 32} {
 			opt := Options{Sink: 2, Recent: 16, Rotations: rot}
-			ref := mustNew(t, name, testLayers, n+junkN, opt)
-			writeSteps(ref, testLayers, k, v, 0, n, 50)
-			c := mustNew(t, name, testLayers, n+junkN, opt)
-			writeSteps(c, testLayers, k, v, 0, n, 50)
+			ref := mustNew(t, name, layers, n+junkN, opt)
+			writeSteps(ref, layers, k, v, 0, n, 50)
+			c := mustNew(t, name, layers, n+junkN, opt)
+			writeSteps(c, layers, k, v, 0, n, 50)
 			for i := 0; i < 2; i++ { // two of three layers written
-				d := testLayers[i].NumKVHeads * testLayers[i].HeadDim
+				d := layers[i].NumKVHeads * layers[i].HeadDim
 				junk := make([]float32, junkN*d)
 				for j := range junk {
 					junk[j] = float32(50 + j%7)
@@ -587,7 +601,7 @@ func TestCancelledForwardIsExact(t *testing.T) {
 			if c.Len() != n || c.Bytes() != ref.Bytes() {
 				t.Fatalf("%s junk %d: Len %d Bytes %d, want %d %d", name, junkN, c.Len(), c.Bytes(), n, ref.Bytes())
 			}
-			for i, l := range testLayers {
+			for i, l := range layers {
 				ak, av := readAll(c, l, i, n)
 				bk, bv := readAll(ref, l, i, n)
 				if !slices.Equal(ak, bk) || !slices.Equal(av, bv) {

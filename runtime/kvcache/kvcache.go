@@ -131,6 +131,10 @@ type spec struct {
 	// noWindows: Sink and Recent do not apply (fp16).
 	noWindows bool
 	needRot   bool
+	// check and stores, when set, replace the sides' specs (store_rows.go):
+	// check validates the layers, stores builds layer i's K and V stores.
+	check  func(layers []Layer) error
+	stores func(layer, nLayers int, l Layer, lay *layout, p *pages) (k, v store)
 }
 
 var methods = map[string]spec{
@@ -163,6 +167,19 @@ var methods = map[string]spec{
 		v:     sideSpec{store: storeAsym, bits: 2, rot: rotHadamard},
 		block: kiviBlock, defaultRecent: kiviResidual,
 	},
+	// Serving-engine baselines (store_turbo.go, store_vllm.go, store_ggml.go).
+	"turboquant_k8v4":        turboSpec(turboPreset{kBits: 8, vBits: 4, skip: true}),
+	"turboquant_4bit_nc":     turboSpec(turboPreset{kBits: 4, vBits: 4, nc: true, skip: true}),
+	"turboquant_k3v4_nc":     turboSpec(turboPreset{kBits: 3, vBits: 4, nc: true, skip: true}),
+	"turboquant_3bit_nc":     turboSpec(turboPreset{kBits: 3, vBits: 3, nc: true, skip: true}),
+	"turboquant_k8v4-all":    turboSpec(turboPreset{kBits: 8, vBits: 4}),
+	"turboquant_4bit_nc-all": turboSpec(turboPreset{kBits: 4, vBits: 4, nc: true}),
+	"turboquant_k3v4_nc-all": turboSpec(turboPreset{kBits: 3, vBits: 4, nc: true}),
+	"turboquant_3bit_nc-all": turboSpec(turboPreset{kBits: 3, vBits: 3, nc: true}),
+	"fp8":                    fp8Spec(),
+	"int4_per_token_head":    int4PTHSpec(),
+	"q8_0":                   ggmlSpec(8),
+	"q4_0":                   ggmlSpec(4),
 }
 
 // Methods returns the names New accepts, sorted.
@@ -205,11 +222,35 @@ func Methods() []string {
 // capacity (one block of the paged storage; Pool shares blocks between
 // caches instead).
 //
+// The serving-engine baselines (docs/METHODS.md §3), bytes per
+// (token, kv head) of K / V at head_dim d:
+//
+//	turboquant_k8v4     vLLM: K FP8 E4M3 unscaled, V 4-bit asymmetric   d / d/2+4
+//	turboquant_4bit_nc  K ℓ2 norm + Hadamard + 4-bit Lloyd–Max codes with
+//	                    norm correction, V 4-bit                 d/2+2 / d/2+4
+//	turboquant_k3v4_nc  K 3-bit Lloyd–Max nc, V 4-bit         3d/8+2 / d/2+4
+//	turboquant_3bit_nc  K 3-bit Lloyd–Max nc, V 3-bit         3d/8+2 / 3d/8+4
+//	                    (all four: K+V padded to even bytes; the first and
+//	                    last min(2, ⌊layers/2⌋) layers binary16, 2d / 2d;
+//	                    the "-all" variants quantize every layer)
+//	fp8                 vLLM fp8_e4m3, per-tensor scale 1.0        d / d
+//	int4_per_token_head vLLM: randomized Hadamard, asymmetric 4-bit per
+//	                    (token, head), fp32 scale with the zero point
+//	                    in its low mantissa bits                 d/2+4 / d/2+4
+//	q8_0, q4_0          llama.cpp blocks of 32 along head_dim, fp16 scale,
+//	                    Hadamard-rotated when 64 | head_dim   34d/32, 18d/32
+//
+// (store_turbo.go, store_vllm.go and store_ggml.go state each encoding).
+// The engines keep no fp16 windows: Sink = Recent = 0 reproduces them;
+// other windows apply as for every method but fp16.
+//
 // Errors: ErrUnknownMethod for an unknown name, ErrNoRotations when
 // oscar2/oscar4 get none, ErrBadShape (wrapped, naming the layer and
 // field) for capacity < 1, no layers, non-positive heads or head_dim,
 // negative windows, a head_dim that is not a power of two for Hadamard
-// methods, and rotations with the wrong count or size, not orthogonal
+// methods, a head_dim the serving-engine kind does not take (q8_0/q4_0: a
+// multiple of 32; TurboQuant: a power of two ≥ 8; int4_per_token_head: a
+// power of two), and rotations with the wrong count or size, not orthogonal
 // (max|R·Rᵀ − I| > 1e-3) or with clipping ratios outside (0, 1].
 func New(name string, layers []Layer, capacity int, opt Options) (runtime.KVCache, error) {
 	if err := checkLayers(layers, capacity, opt); err != nil {
