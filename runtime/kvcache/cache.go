@@ -70,13 +70,7 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 	if err := checkLayers(layers, capacity, opt); err != nil {
 		return nil, err
 	}
-	sink, recent := opt.Sink, opt.Recent
-	if sp.noWindows {
-		sink, recent = 0, 0
-	}
-	if recent == 0 {
-		recent = sp.defaultRecent
-	}
+	sink, recent := windowsOf(sp, opt)
 	sink = min(sink, capacity)
 	if sp.needRot {
 		if opt.Rotations == nil {
@@ -128,6 +122,20 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 	c.yk, c.yv = make([]float32, chunkTokens*maxKV), make([]float32, chunkTokens*maxKV)
 	c.tmp = make([]float32, readTokens*maxHD)
 	return c, nil
+}
+
+// windowsOf returns the fp16 sink and recent windows in tokens that a
+// cache of method sp keeps under opt: none for fp16, opt's otherwise, with
+// the method's default residual for Recent 0 unless opt.ExactWindows.
+func windowsOf(sp spec, opt Options) (sink, recent int) {
+	sink, recent = opt.Sink, opt.Recent
+	if sp.noWindows {
+		return 0, 0
+	}
+	if recent == 0 && !opt.ExactWindows {
+		recent = sp.defaultRecent
+	}
+	return sink, recent
 }
 
 func newSide(ss sideSpec, l Layer, capQ, block int) side {
@@ -196,9 +204,13 @@ func (c *cache) Truncate(n int) {
 // idealQ returns the quantized watermark that writing n tokens into an
 // empty layer gives: the oldest pending tokens are quantized a block at a
 // time while more than Recent (and at least a block) are pending.
-func (c *cache) idealQ(q, n int) int {
-	for m := n - q; m > c.recent && m >= c.block; m -= c.block {
-		q += c.block
+func (c *cache) idealQ(q, n int) int { return idealQ(q, n, c.recent, c.block) }
+
+// idealQ is cache.idealQ for a window of recent tokens and blocks of
+// block tokens.
+func idealQ(q, n, recent, block int) int {
+	for m := n - q; m > recent && m >= block; m -= block {
+		q += block
 	}
 	return q
 }
