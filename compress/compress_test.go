@@ -353,10 +353,10 @@ type kvWrap struct {
 	opt    kvcache.Options
 }
 
-// NewCache reads the cache as the artifact's eval does (Engine.EvalModel:
-// kvcache.NewFakeQuant).
+// NewCache builds the cache as the artifact does (its eval feeds it
+// decode-faithful).
 func (m *kvWrap) NewCache(capacity int) runtime.KVCache {
-	c, err := kvcache.NewFakeQuant(m.method, m.layers, capacity, m.opt)
+	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
 	if err != nil {
 		panic(err)
 	}
@@ -410,7 +410,7 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, nil)
+	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, 0, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +528,7 @@ func TestCompressMoEMixed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := compareModels(t.Context(), src, ck, ids, rep.Eval.Ctx, r.Eval.MaxWindows, nil)
+	want, err := compareModels(t.Context(), src, ck, ids, rep.Eval.Ctx, r.Eval.MaxWindows, r.Eval.KVPrompt, r.Eval.KVChunk, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,12 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			}
 			// --ctx left out (0) is resolved from the model once it is
 			// open; DefaultContextTokens stands in for the checks before.
-			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows}
+			// --kv-prompt/--kv-chunk without --kv: the artifact's (or,
+			// when given, the checkpoint's) windows fed decode-faithful.
+			if kvList == "" && (cmd.Flags().Changed("kv-prompt") || cmd.Flags().Changed("kv-chunk")) {
+				opt.Prompt, opt.Chunk = kvP, kvC
+			}
+			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows, Prompt: opt.Prompt, Chunk: opt.Chunk}
 			if err := po.Validate(); err != nil {
 				return field.Rename(err, evalFlags)
 			}
@@ -74,7 +79,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			} else if kvRot != "" || kvWin != "" || plot != "" || layers {
 				return fmt.Errorf("--kv-rotations, --kv-window, --kv-layers and --plot need --kv LIST")
 			} else {
-				for _, name := range []string{"kv-protocol", "kv-prompt", "kv-chunk", "kv-serving-ctx"} {
+				for _, name := range []string{"kv-protocol", "kv-serving-ctx"} {
 					if cmd.Flags().Changed(name) {
 						return fmt.Errorf("--%s needs --kv LIST", name)
 					}
@@ -166,8 +171,8 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")
 	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: fp16 windows of the first SINK and newest RECENT tokens, the same for every method (0: none, kivi2/oscars2 included; without the flag they keep their 128-token residual); adds a row per method with the windows (e.g. 16,64)")
 	f.StringVar(&kvProto, "kv-protocol", eval.ProtocolDecode, "with --kv: decode (full-precision prompt, then teacher-forced decode as in generation) or fake-quant (KVQuant's: each window in one call, every token read back quantised, no windows)")
-	f.IntVar(&kvP, "kv-prompt", 0, "with --kv: P first tokens of each window prefilled in one call (full precision among themselves), not scored")
-	f.IntVar(&kvC, "kv-chunk", 1, "with --kv: tokens per decode call after the prompt")
+	f.IntVar(&kvP, "kv-prompt", 0, "P first tokens of each window prefilled in one call (full precision among themselves), not scored (with --kv, or for an artifact's own KV cache)")
+	f.IntVar(&kvC, "kv-chunk", 1, "tokens per decode call after the prompt (with --kv, or for an artifact's own KV cache, which eval always feeds decode-faithful)")
 	f.IntVar(&kvServe, "kv-serving-ctx", 32768, "with --kv: also report bits/element at this serving context (computed from the cache's layout)")
 	f.BoolVar(&layers, "kv-layers", false, "with --kv: also print per-layer attention-logit and output errors (teacher-forced, first window)")
 	f.StringVar(&plot, "plot", "", "with --kv: write KL and ΔPPL against bits/element (Pareto view, FILE.svg) or perplexity against bits/element (FILE.png)")
