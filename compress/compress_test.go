@@ -15,6 +15,7 @@ import (
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/model"
@@ -425,12 +426,14 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	defer art.Close()
 	V := ck.Desc.VocabSize
 	a, b := make([]float32, 256*V), make([]float32, 256*V)
-	am := art.EvalModel() // as kvWrap: every token read as stored
-	if err := am.Forward(t.Context(), ids[:256], am.NewCache(256), a, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := ck.Model.Forward(t.Context(), ids[:256], ck.Model.NewCache(256), b, true); err != nil {
-		t.Fatal(err)
+	// Both fed one token per call, as the eval stage feeds the artifact.
+	for _, x := range []struct {
+		m   runtime.Model
+		out []float32
+	}{{art.Model, a}, {ck.Model, b}} {
+		if err := eval.TeacherForce(t.Context(), x.m, [][]int{ids[:256]}, []runtime.KVCache{x.m.NewCache(256)}, [][]float32{x.out}, 0, 1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i := range a {
 		if a[i] != b[i] {
