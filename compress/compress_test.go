@@ -14,8 +14,8 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
-	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/model"
