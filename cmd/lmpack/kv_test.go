@@ -114,6 +114,13 @@ func TestKVFlagErrors(t *testing.T) {
 		{[]string{"--kv", "fp32", "--plot", "x.jpg"}, "want a .svg or .png"},
 		{[]string{"--kv-layers"}, "need --kv LIST"},
 		{[]string{"--kv", "oscar2", "--kv-rotations", data}, "rotation"},
+		{[]string{"--kv", "fp16", "--kv-protocol", "oneshot"}, `--kv-protocol "oneshot": want decode or fake-quant`},
+		{[]string{"--kv", "fp16", "--kv-prompt", "63"}, "--kv-prompt 63: want in [0, --ctx − 2 = 62]"},
+		{[]string{"--kv", "fp16", "--kv-chunk", "0"}, "--kv-chunk 0: want >= 1"},
+		{[]string{"--kv", "int4", "--kv-protocol", "fake-quant", "--kv-window", "4,8"}, "--kv-window \"4,8\": want no fp16 windows with --kv-protocol fake-quant"},
+		{[]string{"--kv", "fp16", "--kv-serving-ctx", "-1"}, "--kv-serving-ctx -1: want >= 0"},
+		{[]string{"--kv-protocol", "decode"}, "--kv-protocol needs --kv LIST"},
+		{[]string{"--kv-prompt", "-1"}, "--kv-prompt -1: want in [0, --ctx − 2 = 62]"},
 	}
 	for _, c := range cases {
 		r := lmpack(t, nil, append([]string{"eval", model, "--data", data, "--ctx", "64", "--max-windows", "1"}, c.args...)...)
