@@ -12,8 +12,10 @@ import (
 )
 
 // EvalResult is the eval stage's comparison of the artifact against the
-// source model on the same token windows. Perplexities are exp(mean NLL)
-// over the scored positions (1..Ctx-1 of each window, as eval.Perplexity);
+// source model on the same token windows, the artifact fed
+// decode-faithful (KVPrompt tokens in one call, then KVChunk tokens per
+// call, as generation feeds it). Perplexities are exp(mean NLL) over the
+// scored positions (KVPrompt..Ctx-2 of each window, as eval.Perplexity);
 // DeltaPPL = Perplexity − SourcePerplexity; KL is the mean of
 // KL(p_source ‖ p_artifact) of the next-token distributions in nats per
 // position; Top1Agreement the fraction of positions with the same argmax.
@@ -21,6 +23,8 @@ import (
 // K/V element for one full window (kvcache.Sizer; 32 for float32).
 type EvalResult struct {
 	Ctx              int     `json:"ctx"`
+	KVPrompt         int     `json:"kv_prompt"`
+	KVChunk          int     `json:"kv_chunk"`
 	Windows          int     `json:"windows"`
 	TokensScored     int     `json:"tokens_scored"`
 	SourcePerplexity float64 `json:"source_perplexity"`
@@ -33,13 +37,17 @@ type EvalResult struct {
 }
 
 // compareModels runs ids in non-overlapping windows of ctxLen tokens (at
-// most maxWindows, 0: all) through the source (float32 cache) and the
-// artifact (its own KV cache, Model.NewCache) and scores both. Statistics
-// accumulate in float64.
+// most maxWindows, 0: all) through the source (float32 cache, each window
+// in one call) and the artifact (its own KV cache, Model.NewCache,
+// decode-faithful: eval.TeacherForce with the first prompt tokens in one
+// call, then chunk tokens per call, chunk 0 meaning 1, as generation
+// reads the cache) and scores both over positions prompt..ctxLen−2.
+// Statistics accumulate in float64.
 //
 // Errors: different vocabularies, a text shorter than one window
-// (eval.ErrTooShort), forward errors, non-finite logits, ctx cancelled.
-func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxLen, maxWindows int, progress func(done, total int)) (*EvalResult, error) {
+// (eval.ErrTooShort), a prompt outside [0, ctxLen−2], forward errors,
+// non-finite logits, ctx cancelled.
+func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxLen, maxWindows, prompt, chunk int, progress func(done, total int)) (*EvalResult, error) {
 	V := src.Desc.VocabSize
 	if art.Desc.VocabSize != V {
 		return nil, fmt.Errorf("compress: eval: the artifact's vocabulary has %d tokens, the source's %d", art.Desc.VocabSize, V)
@@ -54,11 +62,15 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 	if n == 0 {
 		return nil, fmt.Errorf("compress: eval: %d tokens, want at least one window of %d: %w", len(ids), ctxLen, eval.ErrTooShort)
 	}
+	if prompt < 0 || prompt > ctxLen-2 {
+		return nil, fmt.Errorf("compress: eval: kv_prompt %d: want 0 <= kv_prompt <= ctx-2 = %d", prompt, ctxLen-2)
+	}
+	chunk = max(chunk, 1)
 	ref := make([]float32, ctxLen*V)
 	got := make([]float32, ctxLen*V)
-	// EvalModel: the artifact's KV cache read as stored by every position
-	// of a window pushed in one call (kvcache.NewFakeQuant).
-	srcM, artM := src.EvalModel(), art.EvalModel()
+	// The artifact is fed as generation feeds it, so that every position
+	// reads the earlier calls' tokens as its cache stores them.
+	srcM, artM := src.Model, art.Model
 	refCache, artCache := srcM.NewCache(ctxLen), artM.NewCache(ctxLen)
 	logP := make([]float64, V)
 	logQ := make([]float64, V)
@@ -71,10 +83,10 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 		if err := srcM.Forward(ctx, win, refCache, ref, true); err != nil {
 			return nil, fmt.Errorf("compress: eval window %d (source): %w", w, err)
 		}
-		if err := artM.Forward(ctx, win, artCache, got, true); err != nil {
+		if err := eval.TeacherForce(ctx, artM, [][]int{win}, []runtime.KVCache{artCache}, [][]float32{got}, prompt, chunk); err != nil {
 			return nil, fmt.Errorf("compress: eval window %d (artifact): %w", w, err)
 		}
-		for t := 0; t+1 < ctxLen; t++ {
+		for t := prompt; t+1 < ctxLen; t++ {
 			p, q := ref[t*V:(t+1)*V], got[t*V:(t+1)*V]
 			eval.LogSoftmax(p, logP)
 			eval.LogSoftmax(q, logQ)
@@ -99,8 +111,8 @@ func compareModels(ctx context.Context, src, art *engine.Engine, ids []int, ctxL
 			progress(w+1, n)
 		}
 	}
-	scored := n * (ctxLen - 1)
-	r := &EvalResult{Ctx: ctxLen, Windows: n, TokensScored: scored,
+	scored := n * (ctxLen - 1 - prompt)
+	r := &EvalResult{Ctx: ctxLen, KVPrompt: prompt, KVChunk: chunk, Windows: n, TokensScored: scored,
 		SourcePerplexity: math.Exp(srcNLL / float64(scored)), Perplexity: math.Exp(artNLL / float64(scored)),
 		KL: kl / float64(scored), Top1Agreement: float64(top1) / float64(scored), KVCache: art.KVCache, KVBitsPerElement: 32}
 	r.DeltaPPL = r.Perplexity - r.SourcePerplexity

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
@@ -353,10 +354,10 @@ type kvWrap struct {
 	opt    kvcache.Options
 }
 
-// NewCache reads the cache as the artifact's eval does (Engine.EvalModel:
-// kvcache.NewFakeQuant).
+// NewCache builds the cache as the artifact does (its eval feeds it
+// decode-faithful).
 func (m *kvWrap) NewCache(capacity int) runtime.KVCache {
-	c, err := kvcache.NewFakeQuant(m.method, m.layers, capacity, m.opt)
+	c, err := kvcache.New(m.method, m.layers, capacity, m.opt)
 	if err != nil {
 		panic(err)
 	}
@@ -410,7 +411,7 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, nil)
+	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, 0, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,12 +426,14 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	defer art.Close()
 	V := ck.Desc.VocabSize
 	a, b := make([]float32, 256*V), make([]float32, 256*V)
-	am := art.EvalModel() // as kvWrap: every token read as stored
-	if err := am.Forward(t.Context(), ids[:256], am.NewCache(256), a, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := ck.Model.Forward(t.Context(), ids[:256], ck.Model.NewCache(256), b, true); err != nil {
-		t.Fatal(err)
+	// Both fed one token per call, as the eval stage feeds the artifact.
+	for _, x := range []struct {
+		m   runtime.Model
+		out []float32
+	}{{art.Model, a}, {ck.Model, b}} {
+		if err := eval.TeacherForce(t.Context(), x.m, [][]int{ids[:256]}, []runtime.KVCache{x.m.NewCache(256)}, [][]float32{x.out}, 0, 1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i := range a {
 		if a[i] != b[i] {
@@ -528,7 +531,7 @@ func TestCompressMoEMixed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := compareModels(t.Context(), src, ck, ids, rep.Eval.Ctx, r.Eval.MaxWindows, nil)
+	want, err := compareModels(t.Context(), src, ck, ids, rep.Eval.Ctx, r.Eval.MaxWindows, r.Eval.KVPrompt, r.Eval.KVChunk, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

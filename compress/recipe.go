@@ -182,6 +182,8 @@ type PackStage struct {
 // source model on the UTF-8 text file Data (relative to the recipe's
 // directory; Options.EvalData overrides it): MaxWindows windows (0: all)
 // of Ctx tokens (Ctx 0: min(512, max_position_embeddings) of the model).
+// The artifact is fed decode-faithful: KVPrompt tokens of each window in
+// one call (not scored), then KVChunk tokens per call (0: 1).
 // MaxDeltaPPLPct (ΔPPL in percent of the source model's perplexity) and
 // MaxKL (nats per
 // token, KL(source ‖ artifact)) are the gate; 0 disables a bound.
@@ -189,6 +191,8 @@ type EvalStage struct {
 	Data           string  `yaml:"data" json:"-"`
 	Ctx            int     `yaml:"ctx" json:"ctx"`
 	MaxWindows     int     `yaml:"max_windows" json:"max_windows,omitempty"`
+	KVPrompt       int     `yaml:"kv_prompt" json:"kv_prompt,omitempty"`
+	KVChunk        int     `yaml:"kv_chunk" json:"kv_chunk,omitempty"`
 	MaxDeltaPPLPct float64 `yaml:"max_delta_ppl_pct" json:"-"`
 	// MaxDeltaPPL is the removed absolute bound (perplexity points): a
 	// recipe that gives it is refused with the way to max_delta_ppl_pct.

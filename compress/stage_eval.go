@@ -13,18 +13,25 @@ import (
 
 // evalKeys names eval.PerplexityOptions' fields as recipe keys
 // (field.Rename of its Validate errors).
-var evalKeys = map[string]string{"Ctx": "eval.ctx", "MaxWindows": "eval.max_windows"}
+var evalKeys = map[string]string{"Ctx": "eval.ctx", "MaxWindows": "eval.max_windows", "Prompt": "eval.kv_prompt", "Chunk": "eval.kv_chunk"}
 
-// options is the eval section's window options.
+// options is the eval section's window options (KVChunk 0: 1, the gate
+// feeds the artifact one token per call).
 func (e *EvalStage) options() eval.PerplexityOptions {
-	return eval.PerplexityOptions{Ctx: e.Ctx, MaxWindows: e.MaxWindows}
+	chunk := e.KVChunk
+	if chunk == 0 {
+		chunk = 1
+	}
+	return eval.PerplexityOptions{Ctx: e.Ctx, MaxWindows: e.MaxWindows, Prompt: e.KVPrompt, Chunk: chunk}
 }
 
 // evalStage is the eval stage: its cache key is the eval section (data
 // path and gate thresholds excluded) and the eval data's fingerprint;
 // its report hook copies the EvalResult into the Report.
 func (p *pipeline) evalStage() stage {
-	return stage{name: "eval", params: append(section(p.r.Eval), p.evalFP...), run: p.eval,
+	// "protocol decode": results of the former one-shot protocol are
+	// not reused.
+	return stage{name: "eval", params: append(append(section(p.r.Eval), "protocol decode"...), p.evalFP...), run: p.eval,
 		report: func(rep *Report, res json.RawMessage) error {
 			var ev EvalResult
 			if err := json.Unmarshal(res, &ev); err != nil {
@@ -95,7 +102,7 @@ func (p *pipeline) eval(ctx context.Context, dir string) (outputs, any, error) {
 	if err != nil {
 		return outputs{}, nil, err
 	}
-	r, err := compareModels(ctx, src, art, ids, e.Ctx, e.MaxWindows, p.progress("eval"))
+	r, err := compareModels(ctx, src, art, ids, e.Ctx, e.MaxWindows, e.KVPrompt, e.KVChunk, p.progress("eval"))
 	if err != nil {
 		return outputs{}, nil, err
 	}

@@ -126,7 +126,7 @@ func TestCompressWidth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, nil)
+	want, err := compareModels(t.Context(), src, ck, ids, 256, 2, 0, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

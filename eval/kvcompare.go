@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -14,6 +15,16 @@ import (
 type KVMethod struct {
 	Name string
 	New  func(capacity int) (runtime.KVCache, error)
+	// Method is the cache kind (the plot's legend; rows of one kind with
+	// different windows share its marker); "" means Name.
+	Method string
+	// BitsAt, when set, returns the cache's bits per element once it holds
+	// ctx tokens (kvcache.BitsAt): the row's figure at the serving context.
+	BitsAt func(ctx int) float64
+	// Quantized, when set, returns how many of ctx tokens the cache holds
+	// quantised (kvcache.QuantizedAt); 0 at the evaluated context marks
+	// the row "nothing quantised".
+	Quantized func(ctx int) int
 }
 
 // BitsPerElementer is the optional ability of a cache to report its
@@ -23,15 +34,40 @@ type BitsPerElementer interface {
 	BitsPerElement() float64
 }
 
+// Protocol names of KVCompareOptions.Protocol (docs/METHODS.md §10).
+const (
+	// ProtocolDecode: an optional full-precision prompt, then teacher-forced
+	// decode, every scored position attending as in generation.
+	ProtocolDecode = "decode"
+	// ProtocolFakeQuant: KVQuant's fake quantisation: each window in one
+	// call through caches that read every token back as stored, the
+	// query's own key included, without windows.
+	ProtocolFakeQuant = "fake-quant"
+)
+
 // KVCompareOptions configures CompareKV.
 type KVCompareOptions struct {
 	// Ctx is the window length in tokens (>= 2); MaxWindows stops after K
 	// windows (0: all).
 	Ctx, MaxWindows int
+	// Prompt is the number of first tokens of each window fed in one call
+	// (full precision among themselves) and not scored, in [0, Ctx−2];
+	// Chunk the tokens per call after it (0 means 1: decode one token per
+	// call; Ctx: the whole window in one call). Protocol names the
+	// protocol in the report (the methods' caches implement it).
+	Prompt, Chunk int
+	Protocol      string
+	// ServingCtx is the context at which KVRow.BitsServing is computed
+	// (through KVMethod.BitsAt); 0: not reported.
+	ServingCtx int
+	// Batch is how many windows go through one runtime.ForwardBatch call
+	// per step; 0 picks a number that keeps the logits buffers near
+	// 256 MiB.
+	Batch int
 	// Buckets are the position-bucket starts for the long-context view,
 	// ascending from 0; nil means 0, 64, 256, 512, 1024, … up to Ctx.
 	Buckets []int
-	// Progress, when set, is called after each window.
+	// Progress, when set, is called after each batch of windows.
 	Progress func(done, total int)
 }
 
@@ -50,22 +86,36 @@ type Bucket struct {
 // over scored positions; Top1Agreement the fraction of positions whose
 // argmax equals fp32's; DeltaPPL = Perplexity − the fp32 reference's.
 // KVBytes is Bytes() of the cache holding one full window (Ctx tokens);
-// BitsPerElement comes from the cache (BitsPerElementer) or from KVBytes.
+// BitsPerElement comes from the cache (BitsPerElementer) or from KVBytes,
+// at the evaluated context; BitsServing is KVMethod.BitsAt at
+// KVCompareOptions.ServingCtx (0: not known). NothingQuantized: the
+// method's fp16 windows cover the whole evaluated context, so its numbers
+// are fp16's and say nothing about its quantiser. TokensPerSecond is the
+// tokens fed through the method's caches per second of its forward calls.
 type KVRow struct {
-	KV              string   `json:"kv"`
-	BitsPerElement  float64  `json:"bits_per_element"`
-	KVBytes         int64    `json:"kv_bytes"`
-	Perplexity      float64  `json:"perplexity"`
-	DeltaPPL        float64  `json:"delta_ppl"`
-	KL              float64  `json:"kl"`
-	Top1Agreement   float64  `json:"top1_agreement"`
-	TokensPerSecond float64  `json:"tokens_per_second"`
-	Buckets         []Bucket `json:"buckets"`
+	KV               string   `json:"kv"`
+	Method           string   `json:"method"`
+	BitsPerElement   float64  `json:"bits_per_element"`
+	BitsServing      float64  `json:"bits_per_element_serving,omitempty"`
+	NothingQuantized bool     `json:"nothing_quantized,omitempty"`
+	KVBytes          int64    `json:"kv_bytes"`
+	Perplexity       float64  `json:"perplexity"`
+	DeltaPPL         float64  `json:"delta_ppl"`
+	KL               float64  `json:"kl"`
+	Top1Agreement    float64  `json:"top1_agreement"`
+	TokensPerSecond  float64  `json:"tokens_per_second"`
+	Buckets          []Bucket `json:"buckets"`
 }
 
 // KVReport is the outcome of CompareKV: one row per method, in order.
+// Protocol, Prompt and Chunk are the options'; scored positions are
+// Prompt..Ctx−2 of each window (the logits at t predict token t+1).
 type KVReport struct {
 	Ctx          int     `json:"ctx"`
+	Protocol     string  `json:"protocol"`
+	Prompt       int     `json:"prompt"`
+	Chunk        int     `json:"chunk"`
+	ServingCtx   int     `json:"serving_ctx,omitempty"`
 	Windows      int     `json:"windows"`
 	TokensScored int     `json:"tokens_scored"`
 	Rows         []KVRow `json:"rows"`
@@ -74,17 +124,25 @@ type KVReport struct {
 	Layers *KVLayerReport `json:"layers,omitempty"`
 }
 
-// CompareKV runs every window once with the reference float32 cache
-// (m.NewCache) and once with each method, and scores each method as in
-// Perplexity plus its KL divergence and top-1 agreement against the
-// reference at every scored position. Statistics accumulate in float64.
+// CompareKV computes the float32 reference logits of every window once
+// (m.NewCache, the whole window in one call) and runs each method's
+// caches through TeacherForce (opt.Prompt tokens in one call, then
+// opt.Chunk tokens per call, opt.Batch windows per batched step), and
+// scores each method as in Perplexity, over positions Prompt..Ctx−2, plus
+// its KL divergence and top-1 agreement against the reference at every
+// scored position. Statistics accumulate in float64.
 //
-// Errors: Ctx < 2, ErrTooShort, a method's constructor or forward error,
-// ErrNonFinite, ctx cancelled.
+// Errors: Ctx < 2, Prompt outside [0, Ctx−2], Chunk < 0, ErrTooShort, a
+// method's constructor or forward error, ErrNonFinite, ctx cancelled.
 func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMethod, opt KVCompareOptions) (*KVReport, error) {
 	n, err := windowCount(len(ids), opt.Ctx, opt.MaxWindows)
 	if err != nil {
 		return nil, err
+	}
+	T := opt.Ctx
+	P, C := opt.Prompt, max(opt.Chunk, 1)
+	if P < 0 || P > T-2 || opt.Chunk < 0 {
+		return nil, fmt.Errorf("eval: prompt %d, chunk %d: want 0 <= prompt <= ctx-2 = %d and chunk >= 0", P, opt.Chunk, T-2)
 	}
 	buckets := opt.Buckets
 	if buckets == nil {
@@ -94,17 +152,26 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 		}
 	}
 	V := m.Description().VocabSize
-	T := opt.Ctx
-	ref := make([]float32, T*V)
-	got := make([]float32, T*V)
-	refCache := m.NewCache(T)
-	caches := make([]runtime.KVCache, len(methods))
+	B := opt.Batch
+	if B <= 0 {
+		B = max(1, min(64, (256<<20)/(8*T*V)))
+	}
+	B = min(B, n)
+	ref, got := make([][]float32, B), make([][]float32, B)
+	refCaches := make([]runtime.KVCache, B)
+	for b := range B {
+		ref[b], got[b] = make([]float32, T*V), make([]float32, T*V)
+		refCaches[b] = m.NewCache(T)
+	}
+	caches := make([][]runtime.KVCache, len(methods))
 	for i, meth := range methods {
-		c, err := meth.New(T)
-		if err != nil {
-			return nil, fmt.Errorf("eval: kv %s: %w", meth.Name, err)
+		for range B {
+			c, err := meth.New(T)
+			if err != nil {
+				return nil, fmt.Errorf("eval: kv %s: %w", meth.Name, err)
+			}
+			caches[i] = append(caches[i], c)
 		}
-		caches[i] = c
 	}
 	type acc struct {
 		nll, kl  float64
@@ -122,79 +189,100 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 		accs[i].n = make([]int, len(buckets))
 	}
 	var refNLL float64
-	refArg := make([]int, T)
+	refArg := make([][]int, B)
+	for b := range refArg {
+		refArg[b] = make([]int, T)
+	}
 	refLogP := make([]float64, V)
-	for w := 0; w < n; w++ {
-		win := ids[w*T : (w+1)*T]
-		refCache.Truncate(0)
-		if err := m.Forward(ctx, win, refCache, ref, true); err != nil {
-			return nil, fmt.Errorf("eval: window %d (fp32 reference): %w", w, err)
+	for w0 := 0; w0 < n; w0 += B {
+		nb := min(B, n-w0)
+		wins := make([][]int, nb)
+		for b := range nb {
+			wins[b] = ids[(w0+b)*T : (w0+b+1)*T]
+			refCaches[b].Truncate(0)
 		}
-		for t := 0; t+1 < T; t++ {
-			nll := NLL(ref[t*V:(t+1)*V], win[t+1])
-			if math.IsNaN(nll) || math.IsInf(nll, 0) {
-				return nil, fmt.Errorf("eval: window %d position %d (fp32 reference): %w", w, t, ErrNonFinite)
+		// The reference once per window: float32 K/V, the whole window in
+		// one call (fresh float32 K/V are what decode reads too).
+		if err := TeacherForce(ctx, m, wins, refCaches[:nb], ref[:nb], 0, T); err != nil {
+			return nil, fmt.Errorf("eval: windows %d..%d (fp32 reference): %w", w0, w0+nb-1, err)
+		}
+		for b, win := range wins {
+			for t := P; t+1 < T; t++ {
+				nll := NLL(ref[b][t*V:(t+1)*V], win[t+1])
+				if math.IsNaN(nll) || math.IsInf(nll, 0) {
+					return nil, fmt.Errorf("eval: window %d position %d (fp32 reference): %w", w0+b, t, ErrNonFinite)
+				}
+				refNLL += nll
+				refArg[b][t] = runtime.Argmax(ref[b][t*V : (t+1)*V])
 			}
-			refNLL += nll
-			refArg[t] = runtime.Argmax(ref[t*V : (t+1)*V])
 		}
 		for i, meth := range methods {
-			c := caches[i]
-			c.Truncate(0)
+			cs := caches[i][:nb]
+			for _, c := range cs {
+				c.Truncate(0)
+			}
 			t0 := time.Now()
-			if err := m.Forward(ctx, win, c, got, true); err != nil {
-				return nil, fmt.Errorf("eval: window %d kv %s: %w", w, meth.Name, err)
+			if err := TeacherForce(ctx, m, wins, cs, got[:nb], P, C); err != nil {
+				return nil, fmt.Errorf("eval: windows %d..%d kv %s: %w", w0, w0+nb-1, meth.Name, err)
 			}
 			a := &accs[i]
 			a.seconds += time.Since(t0).Seconds()
-			a.bytes = c.Bytes()
-			if b, ok := c.(BitsPerElementer); ok {
-				a.bits = b.BitsPerElement()
+			a.bytes = cs[0].Bytes()
+			if bp, ok := cs[0].(BitsPerElementer); ok {
+				a.bits = bp.BitsPerElement()
 			}
-			bi := 0
-			for t := 0; t+1 < T; t++ {
-				row := got[t*V : (t+1)*V]
-				nll := NLL(row, win[t+1])
-				if math.IsNaN(nll) || math.IsInf(nll, 0) {
-					return nil, fmt.Errorf("eval: window %d position %d kv %s: %w", w, t, meth.Name, ErrNonFinite)
-				}
-				a.nll += nll
-				LogSoftmax(ref[t*V:(t+1)*V], refLogP)
-				kl := klFromLogP(refLogP, row)
-				a.kl += kl
-				agree := runtime.Argmax(row) == refArg[t]
-				if agree {
-					a.top1++
-				}
-				for bi+1 < len(buckets) && t >= buckets[bi+1] {
-					bi++
-				}
-				a.bKL[bi] += kl
-				a.n[bi]++
-				if agree {
-					a.bTop1[bi]++
+			for b, win := range wins {
+				bi := 0
+				for t := P; t+1 < T; t++ {
+					row := got[b][t*V : (t+1)*V]
+					nll := NLL(row, win[t+1])
+					if math.IsNaN(nll) || math.IsInf(nll, 0) {
+						return nil, fmt.Errorf("eval: window %d position %d kv %s: %w", w0+b, t, meth.Name, ErrNonFinite)
+					}
+					a.nll += nll
+					LogSoftmax(ref[b][t*V:(t+1)*V], refLogP)
+					kl := klFromLogP(refLogP, row)
+					a.kl += kl
+					agree := runtime.Argmax(row) == refArg[b][t]
+					if agree {
+						a.top1++
+					}
+					for bi+1 < len(buckets) && t >= buckets[bi+1] {
+						bi++
+					}
+					a.bKL[bi] += kl
+					a.n[bi]++
+					if agree {
+						a.bTop1[bi]++
+					}
 				}
 			}
 		}
 		if opt.Progress != nil {
-			opt.Progress(w+1, n)
+			opt.Progress(w0+nb, n)
 		}
 	}
-	scored := n * (T - 1)
+	scored := n * (T - 1 - P)
 	refPPL := math.Exp(refNLL / float64(scored))
-	rep := &KVReport{Ctx: T, Windows: n, TokensScored: scored}
+	rep := &KVReport{Ctx: T, Protocol: opt.Protocol, Prompt: P, Chunk: C, ServingCtx: opt.ServingCtx, Windows: n, TokensScored: scored}
 	var kvElems int64
 	for i := range m.Description().Layers {
 		kvElems += 2 * int64(T) * int64(m.Description().Layers[i].KVDim())
 	}
 	for i, meth := range methods {
 		a := &accs[i]
-		r := KVRow{KV: meth.Name, KVBytes: a.bytes, BitsPerElement: a.bits,
+		r := KVRow{KV: meth.Name, Method: cmp.Or(meth.Method, meth.Name), KVBytes: a.bytes, BitsPerElement: a.bits,
 			Perplexity:    math.Exp(a.nll / float64(scored)),
 			KL:            a.kl / float64(scored),
 			Top1Agreement: float64(a.top1) / float64(scored)}
 		if r.BitsPerElement == 0 && kvElems > 0 {
 			r.BitsPerElement = float64(a.bytes) * 8 / float64(kvElems)
+		}
+		if meth.BitsAt != nil && opt.ServingCtx > 0 {
+			r.BitsServing = meth.BitsAt(opt.ServingCtx)
+		}
+		if meth.Quantized != nil {
+			r.NothingQuantized = meth.Quantized(T) == 0
 		}
 		r.DeltaPPL = r.Perplexity - refPPL
 		if a.seconds > 0 {

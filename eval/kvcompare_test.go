@@ -56,9 +56,9 @@ func TestCompareKVClosedForm(t *testing.T) {
 		}
 	}
 	rep, err := CompareKV(context.Background(), m, ids, []KVMethod{
-		{"same", func(n int) (runtime.KVCache, error) { return runtime.NewF32Cache([]int{2}, []int{2}, n), nil }},
-		{"shift", mk(1)},
-		{"invert", mk(-2 * a)},
+		{Name: "same", New: func(n int) (runtime.KVCache, error) { return runtime.NewF32Cache([]int{2}, []int{2}, n), nil }},
+		{Name: "shift", New: mk(1)},
+		{Name: "invert", New: mk(-2 * a)},
 	}, KVCompareOptions{Ctx: 10, Buckets: []int{0, 4}})
 	if err != nil {
 		t.Fatal(err)
@@ -98,27 +98,56 @@ func TestCompareKVClosedForm(t *testing.T) {
 }
 
 func TestKVReportOutputs(t *testing.T) {
-	r := &KVReport{Ctx: 512, Windows: 2, TokensScored: 1022, Rows: []KVRow{
-		{KV: "fp32", BitsPerElement: 32, KVBytes: 655360, Perplexity: 5.79, Top1Agreement: 1,
+	r := &KVReport{Ctx: 512, Protocol: ProtocolDecode, Prompt: 16, Chunk: 1, ServingCtx: 32768, Windows: 2, TokensScored: 990, Rows: []KVRow{
+		{KV: "fp32", Method: "fp32", BitsPerElement: 32, BitsServing: 32, KVBytes: 655360, Perplexity: 5.79, Top1Agreement: 1,
 			Buckets: []Bucket{{From: 0, To: 64, Positions: 128, Top1Agreement: 1}}},
-		{KV: "oscar2", BitsPerElement: 2.25, KVBytes: 46080, Perplexity: 6.1, DeltaPPL: 0.31, KL: 0.05, Top1Agreement: 0.9,
+		{KV: "oscar2", Method: "oscar2", BitsPerElement: 2.25, BitsServing: 2.25, KVBytes: 46080, Perplexity: 6.1, DeltaPPL: 0.31, KL: 0.05, Top1Agreement: 0.9,
 			Buckets: []Bucket{{From: 0, To: 64, Positions: 128, KL: 0.04, Top1Agreement: 0.93}}},
+		{KV: "oscars2+w256,512", Method: "oscars2", BitsPerElement: 16, BitsServing: 2.5, KVBytes: 46080, Perplexity: 5.79, NothingQuantized: true,
+			Buckets: []Bucket{{From: 0, To: 64, Positions: 128, Top1Agreement: 1}}},
 	}}
 	var tb, sb strings.Builder
 	if err := r.WriteTable(&tb); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"bits/elem", "oscar2", "2.250", "46080", "+0.3100", "0.05000", "0.9000", "0-63", "0.04000 / 0.9300"} {
+	for _, want := range []string{"protocol decode (prompt 16, chunk 1)", "bits@512", "bits@32768", "oscar2", "2.250", "46080", "+0.3100", "0.05000", "0.9000", "0-63", "0.04000 / 0.9300", "nothing quantised"} {
 		if !strings.Contains(tb.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tb.String())
+		}
+	}
+	// Aligned columns: every column of the main table ends at the same
+	// rune offset in the header and in each row (the old table padded
+	// "ΔPPL" by bytes and names to 14 characters).
+	lines := strings.Split(tb.String(), "\n")
+	head := []rune(lines[1])
+	var ends []int // rune offsets where the right-aligned header cells end
+	for i := 1; i < len(head); i++ {
+		if head[i-1] != ' ' && head[i] == ' ' && i > len("kv") {
+			ends = append(ends, i)
+		}
+	}
+	for _, l := range lines[2:5] {
+		row := []rune(l)
+		for _, e := range ends {
+			if e > len(row) || row[e-1] == ' ' || (e < len(row) && row[e] != ' ') {
+				t.Errorf("column ending at rune %d of the header is not aligned in\n%s\n%s", e, lines[1], l)
+				break
+			}
 		}
 	}
 	if err := r.WriteSVG(&sb, "stories260K <ctx 512>"); err != nil {
 		t.Fatal(err)
 	}
 	svg := sb.String()
-	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<circle") != 2 || !strings.Contains(svg, "&lt;ctx 512&gt;") {
-		t.Errorf("svg:\n%s", svg)
+	for _, want := range []string{"&lt;ctx 512&gt;", "KL (nats, log scale)", "ΔPPL", "bits per element at the evaluated ctx 512", "oscars2+w256,512 (nothing quantised)", `fill="white" stroke="#2ca02c"`} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("svg lacks %q", want)
+		}
+	}
+	// One marker per row in each of the two panels, plus one per method
+	// in the legend.
+	if n := strings.Count(svg, "<circle") + strings.Count(svg, "<rect x=") + strings.Count(svg, "<polygon"); !strings.HasPrefix(svg, "<svg") || n != 3*2+3 {
+		t.Errorf("svg has %d markers, want 9:\n%s", n, svg)
 	}
 }
 
@@ -145,7 +174,7 @@ func TestKVLayerErrorsStories260K(t *testing.T) {
 	var methods []KVMethod
 	for _, name := range []string{"fp32", "int8", "int4", "int2-naive"} {
 		name := name
-		methods = append(methods, KVMethod{name, func(n int) (runtime.KVCache, error) { return kvcache.New(name, layers, n, kvcache.Options{}) }})
+		methods = append(methods, KVMethod{Name: name, New: func(n int) (runtime.KVCache, error) { return kvcache.New(name, layers, n, kvcache.Options{}) }})
 	}
 	ids := make([]int, 96)
 	for i := range ids {

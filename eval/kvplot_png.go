@@ -14,8 +14,9 @@ import (
 	"golang.org/x/image/math/fixed"
 )
 
-// WritePNG draws the same plot as WriteSVG (perplexity against
-// bits/element, one labelled point per row) as a 640×400 PNG, with
+// WritePNG draws perplexity against bits/element, one labelled point
+// per row (rows whose windows cover the context labelled "nothing
+// quantised"), as a 640×400 PNG, with
 // golang.org/x/image's built-in 7×13 bitmap font. Returns the encoder's or
 // the writer's error.
 func (r *KVReport) WritePNG(out io.Writer, title string) error {
@@ -62,7 +63,11 @@ func (r *KVReport) WritePNG(out io.Writer, title string) error {
 				}
 			}
 		}
-		text(cx+6, cy-6, row.KV, black)
+		label := row.KV
+		if row.NothingQuantized {
+			label += " (nothing quantised)"
+		}
+		text(cx+6, cy-6, label, black)
 	}
 	return png.Encode(out, img)
 }

@@ -16,6 +16,13 @@ type PerplexityOptions struct {
 	Ctx int
 	// MaxWindows stops after this many windows; 0 means all.
 	MaxWindows int
+	// Chunk 0 runs each window in one Forward call. Chunk >= 1 runs it as
+	// generation does (TeacherForce, the decode-faithful protocol): the
+	// first Prompt tokens in one call, unscored, then Chunk tokens per
+	// call; a model whose cache quantises K/V (an artifact's) is then
+	// measured as served, where one call would attend the window's
+	// tokens through their fresh float32 K/V. Prompt needs Chunk >= 1.
+	Prompt, Chunk int
 	// Progress, when set, is called after each window with the number of
 	// windows done and the total.
 	Progress func(done, total int)
@@ -44,49 +51,75 @@ var ErrTooShort = errors.New("text shorter than one window")
 
 // Perplexity splits ids into non-overlapping windows of opt.Ctx tokens
 // (dropping the tail), runs each window from position 0 with a fresh KV
-// cache, and scores positions 1..Ctx-1 of each window: the NLL of token
-// t+1 under the logits at t, from a float64 log-softmax. Statistics
+// cache, and scores positions Prompt..Ctx-2 of each window: the NLL of
+// token t+1 under the logits at t, from a float64 log-softmax (Chunk
+// says how the window is fed: in one call, or as generation does). Statistics
 // accumulate in float64. This is the protocol of llama.cpp's perplexity
 // tool without its second-half-only scoring.
 //
-// Errors: Ctx < 2, ErrTooShort, a forward error, ctx cancelled.
+// Errors: Ctx < 2, a bad Prompt or Chunk, ErrTooShort, a forward
+// error, ctx cancelled.
 func Perplexity(ctx context.Context, m runtime.Model, ids []int, opt PerplexityOptions) (*PerplexityResult, error) {
 	n, err := windowCount(len(ids), opt.Ctx, opt.MaxWindows)
 	if err != nil {
 		return nil, err
 	}
+	T, P := opt.Ctx, opt.Prompt
+	if P < 0 || P > T-2 || opt.Chunk < 0 || (P > 0 && opt.Chunk == 0) {
+		return nil, fmt.Errorf("eval: prompt %d, chunk %d: want chunk >= 0, and 0 <= prompt <= ctx-2 = %d with chunk >= 1 when prompt > 0", P, opt.Chunk, T-2)
+	}
 	V := m.Description().VocabSize
-	logits := make([]float32, opt.Ctx*V)
-	cache := m.NewCache(opt.Ctx)
-	res := &PerplexityResult{Ctx: opt.Ctx, Windows: n}
+	// Windows per batched step of TeacherForce (one call per window when
+	// Chunk is 0).
+	B := 1
+	if opt.Chunk > 0 {
+		B = max(1, min(64, n, (128<<20)/(4*T*V)))
+	}
+	logits := make([][]float32, B)
+	caches := make([]runtime.KVCache, B)
+	for b := range B {
+		logits[b] = make([]float32, T*V)
+		caches[b] = m.NewCache(T)
+	}
+	res := &PerplexityResult{Ctx: T, Windows: n}
 	var total float64
 	start := time.Now()
-	for w := 0; w < n; w++ {
-		win := ids[w*opt.Ctx : (w+1)*opt.Ctx]
-		cache.Truncate(0)
-		if err := m.Forward(ctx, win, cache, logits, true); err != nil {
-			return nil, fmt.Errorf("eval: window %d: %w", w, err)
+	for w0 := 0; w0 < n; w0 += B {
+		nb := min(B, n-w0)
+		wins := make([][]int, nb)
+		for b := range nb {
+			wins[b] = ids[(w0+b)*T : (w0+b+1)*T]
+			caches[b].Truncate(0)
 		}
-		var wsum float64
-		for t := 0; t+1 < opt.Ctx; t++ {
-			nll := NLL(logits[t*V:(t+1)*V], win[t+1])
-			if math.IsNaN(nll) || math.IsInf(nll, 0) {
-				return nil, fmt.Errorf("eval: window %d position %d: %w (NLL %v)", w, t, ErrNonFinite, nll)
+		if opt.Chunk == 0 {
+			if err := m.Forward(ctx, wins[0], caches[0], logits[0], true); err != nil {
+				return nil, fmt.Errorf("eval: window %d: %w", w0, err)
 			}
-			wsum += nll
+		} else if err := TeacherForce(ctx, m, wins, caches[:nb], logits[:nb], P, opt.Chunk); err != nil {
+			return nil, fmt.Errorf("eval: windows %d..%d: %w", w0, w0+nb-1, err)
 		}
-		total += wsum
-		res.WindowNLL = append(res.WindowNLL, wsum/float64(opt.Ctx-1))
-		res.TokensScored += opt.Ctx - 1
+		for b, win := range wins {
+			var wsum float64
+			for t := P; t+1 < T; t++ {
+				nll := NLL(logits[b][t*V:(t+1)*V], win[t+1])
+				if math.IsNaN(nll) || math.IsInf(nll, 0) {
+					return nil, fmt.Errorf("eval: window %d position %d: %w (NLL %v)", w0+b, t, ErrNonFinite, nll)
+				}
+				wsum += nll
+			}
+			total += wsum
+			res.WindowNLL = append(res.WindowNLL, wsum/float64(T-1-P))
+			res.TokensScored += T - 1 - P
+		}
 		if opt.Progress != nil {
-			opt.Progress(w+1, n)
+			opt.Progress(w0+nb, n)
 		}
 	}
 	res.Seconds = time.Since(start).Seconds()
 	res.NLL = total / float64(res.TokensScored)
 	res.Perplexity = math.Exp(res.NLL)
 	if res.Seconds > 0 {
-		res.TokensPerSecond = float64(n*opt.Ctx) / res.Seconds
+		res.TokensPerSecond = float64(n*T) / res.Seconds
 	}
 	return res, nil
 }

@@ -30,6 +30,10 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 		kvWin   string
 		plot    string
 		layers  bool
+		kvProto string
+		kvP     int
+		kvC     int
+		kvServe int
 	)
 	cmd := &cobra.Command{
 		Use:   "eval MODEL --data FILE",
@@ -44,7 +48,12 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 			}
 			// --ctx left out (0) is resolved from the model once it is
 			// open; DefaultContextTokens stands in for the checks before.
-			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows}
+			// --kv-prompt/--kv-chunk without --kv: the artifact's (or,
+			// when given, the checkpoint's) windows fed decode-faithful.
+			if kvList == "" && (cmd.Flags().Changed("kv-prompt") || cmd.Flags().Changed("kv-chunk")) {
+				opt.Prompt, opt.Chunk = kvP, kvC
+			}
+			po := eval.PerplexityOptions{Ctx: cmp.Or(opt.Ctx, arch.DefaultContextTokens), MaxWindows: opt.MaxWindows, Prompt: opt.Prompt, Chunk: opt.Chunk}
 			if err := po.Validate(); err != nil {
 				return field.Rename(err, evalFlags)
 			}
@@ -66,8 +75,15 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 						return err
 					}
 				}
+				o.Protocol, o.Prompt, o.Chunk, o.ServingCtx = kvProto, kvP, kvC, kvServe
 			} else if kvRot != "" || kvWin != "" || plot != "" || layers {
 				return fmt.Errorf("--kv-rotations, --kv-window, --kv-layers and --plot need --kv LIST")
+			} else {
+				for _, name := range []string{"kv-protocol", "kv-serving-ctx"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s needs --kv LIST", name)
+					}
+				}
 			}
 			if _, err := fsx.ReadText(data); err != nil {
 				return err
@@ -153,9 +169,13 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&kvList, "kv", "", "compare KV cache methods side by side, comma-separated: "+strings.Join(kvcache.Methods(), ","))
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")
-	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: also print rows with fp16 windows of the first SINK and newest RECENT tokens (e.g. 64,256)")
+	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: fp16 windows of the first SINK and newest RECENT tokens, the same for every method (0: none, kivi2/oscars2 included; without the flag they keep their 128-token residual); adds a row per method with the windows (e.g. 16,64)")
+	f.StringVar(&kvProto, "kv-protocol", eval.ProtocolDecode, "with --kv: decode (full-precision prompt, then teacher-forced decode as in generation) or fake-quant (KVQuant's: each window in one call, every token read back quantised, no windows)")
+	f.IntVar(&kvP, "kv-prompt", 0, "P first tokens of each window prefilled in one call (full precision among themselves), not scored (with --kv, or for an artifact's own KV cache)")
+	f.IntVar(&kvC, "kv-chunk", 1, "tokens per decode call after the prompt (with --kv, or for an artifact's own KV cache, which eval always feeds decode-faithful)")
+	f.IntVar(&kvServe, "kv-serving-ctx", 32768, "with --kv: also report bits/element at this serving context (computed from the cache's layout)")
 	f.BoolVar(&layers, "kv-layers", false, "with --kv: also print per-layer attention-logit and output errors (teacher-forced, first window)")
-	f.StringVar(&plot, "plot", "", "with --kv: write perplexity against bits/element to FILE.svg or FILE.png")
+	f.StringVar(&plot, "plot", "", "with --kv: write KL and ΔPPL against bits/element (Pareto view, FILE.svg) or perplexity against bits/element (FILE.png)")
 	return cmd
 }
 
@@ -164,6 +184,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 var evalFlags = map[string]string{
 	"Ctx": "--ctx", "MaxWindows": "--max-windows", "Methods": "--kv", "Rotations": "--kv-rotations",
 	"Windows": "--kv-window", "Sink": "--kv-window", "Recent": "--kv-window", "Layers": "--kv-layers",
+	"Protocol": "--kv-protocol", "Prompt": "--kv-prompt", "Chunk": "--kv-chunk", "ServingCtx": "--kv-serving-ctx",
 }
 
 // parseKVFlags parses eval's --kv flags into kveval options (Validate
@@ -193,12 +214,12 @@ func parseKVFlags(list, rot, win, plot string) (*kveval.Options, error) {
 // writePlot writes the report's SVG or PNG plot atomically
 // (fsx.WriteAtomic, mode 0644).
 func writePlot(path string, rep *eval.KVReport, title string) error {
-	write := rep.WriteSVG
+	write, what := rep.WriteSVG, "KL and ΔPPL vs KV bits/element: "
 	if strings.HasSuffix(path, ".png") {
-		write = rep.WritePNG
+		write, what = rep.WritePNG, "perplexity vs KV bits/element: "
 	}
 	if err := fsx.WriteAtomic(path, 0o644, func(f *os.File) error {
-		return write(f, "perplexity vs KV bits/element: "+title)
+		return write(f, what+title)
 	}); err != nil {
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}

@@ -28,7 +28,8 @@ func TestKVTableStories260K(t *testing.T) {
 	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", shared.Path(t, "tinystories-valid", "calib.txt"), "--tokens", "16384", "-o", calib))
 	wantOK(t, lmpack(t, nil, "quantize", "kv", model, "--calib", calib, "-o", rot))
 	args := []string{"eval", model, "--data", shared.Path(t, "tinystories-valid", "heldout.txt"), "--ctx", "512",
-		"--kv", "fp32,int2-naive,quarot2,kivi2,oscar2,oscars2,int4", "--kv-rotations", rot, "--json", "--plot", filepath.Join(dir, "kv.svg")}
+		"--kv", "fp32,int2-naive,quarot2,kivi2,oscar2,oscars2,int4", "--kv-rotations", rot, "--json", "--plot", filepath.Join(dir, "kv.svg"),
+		"--kv-protocol", "fake-quant"}
 	if testing.Short() {
 		args = append(args, "--max-windows", "16")
 	}
@@ -81,14 +82,17 @@ func TestKVTableStories260K(t *testing.T) {
 		t.Errorf("oscar2 ΔPPL %.3f is not below int2-naive %.3f and quarot2 %.3f", o, n, q)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, "kv.svg"))
-	if err != nil || !strings.HasPrefix(string(svg), "<svg") || strings.Count(string(svg), "<circle") != 7 {
+	// 7 rows in each of the KL and ΔPPL panels, 7 methods in the legend.
+	markers := strings.Count(string(svg), "<circle") + strings.Count(string(svg), "<rect x=") + strings.Count(string(svg), "<polygon")
+	if err != nil || !strings.HasPrefix(string(svg), "<svg") || markers != 21 {
 		t.Errorf("plot: %v\n%.200s", err, svg)
 	}
 	// The text table prints the same rows under its header.
 	r = lmpack(t, nil, "eval", model, "--data", shared.Path(t, "tinystories-valid", "heldout.txt"), "--ctx", "512", "--max-windows", "2",
 		"--kv", "fp32,oscar2", "--kv-rotations", rot, "--kv-window", "64,256", "--kv-layers")
 	wantOK(t, r)
-	for _, want := range []string{"kv             bits/elem     kv_bytes  perplexity       ΔPPL         KL    top-1   tokens/s", "\noscar2 ", "\noscar2+w64,256 ", "0-63", "256-510", "per-layer relative error"} {
+	for _, want := range []string{"protocol decode (prompt 0, chunk 1): 2 windows of 512 tokens",
+		"kv             bits@512 bits@32768 kv_bytes perplexity     ΔPPL      KL  top-1 tokens/s", "\noscar2 ", "\noscar2+w64,256 ", "0-63", "256-510", "per-layer relative error"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
 		}
@@ -110,6 +114,13 @@ func TestKVFlagErrors(t *testing.T) {
 		{[]string{"--kv", "fp32", "--plot", "x.jpg"}, "want a .svg or .png"},
 		{[]string{"--kv-layers"}, "need --kv LIST"},
 		{[]string{"--kv", "oscar2", "--kv-rotations", data}, "rotation"},
+		{[]string{"--kv", "fp16", "--kv-protocol", "oneshot"}, `--kv-protocol "oneshot": want decode or fake-quant`},
+		{[]string{"--kv", "fp16", "--kv-prompt", "63"}, "--kv-prompt 63: want in [0, --ctx − 2 = 62]"},
+		{[]string{"--kv", "fp16", "--kv-chunk", "0"}, "--kv-chunk 0: want >= 1"},
+		{[]string{"--kv", "int4", "--kv-protocol", "fake-quant", "--kv-window", "4,8"}, "--kv-window \"4,8\": want no fp16 windows with --kv-protocol fake-quant"},
+		{[]string{"--kv", "fp16", "--kv-serving-ctx", "-1"}, "--kv-serving-ctx -1: want >= 0"},
+		{[]string{"--kv-protocol", "decode"}, "--kv-protocol needs --kv LIST"},
+		{[]string{"--kv-prompt", "-1"}, "--kv-prompt -1: want in [0, --ctx − 2 = 62]"},
 	}
 	for _, c := range cases {
 		r := lmpack(t, nil, append([]string{"eval", model, "--data", data, "--ctx", "64", "--max-windows", "1"}, c.args...)...)

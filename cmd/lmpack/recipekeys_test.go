@@ -65,6 +65,8 @@ var flagRecipeKeys = map[string]string{
 	"eval --data":        "eval.data",
 	"eval --ctx":         "eval.ctx",
 	"eval --max-windows": "eval.max_windows",
+	"eval --kv-prompt":   "eval.kv_prompt",
+	"eval --kv-chunk":    "eval.kv_chunk",
 }
 
 // cliOnlyFlags are the stage flags without a recipe key, each for a
@@ -78,6 +80,7 @@ var cliOnlyFlags = []string{
 	"prune --calib", "quantize weights --calib", "quantize kv --calib", "pack --kv-rotations",
 	"quantize kv --method",
 	"eval --kv", "eval --kv-rotations", "eval --kv-window", "eval --kv-layers", "eval --plot",
+	"eval --kv-protocol", "eval --kv-serving-ctx",
 }
 
 // recipeKeys is every dotted key of compress.Recipe ("calibrate.tokens").

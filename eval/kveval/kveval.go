@@ -26,9 +26,25 @@ type Options struct {
 	// Rotations is an OSCAR rotation file (lmpack quantize kv), required
 	// by oscar2 and oscar4.
 	Rotations string
-	// Sink and Recent, when Windows is set, add a second row per method
-	// with fp16 windows of that many first and newest tokens (the default
-	// rows quantize every token).
+	// Protocol is eval.ProtocolDecode ("" means it) or
+	// eval.ProtocolFakeQuant. Decode: each window's first Prompt tokens
+	// in one call (full precision among themselves, not scored), then
+	// Chunk tokens per call (1: one token per call), every scored
+	// position attending as in generation. Fake-quant (KVQuant's): the
+	// whole window in one call, every token read back as stored, the
+	// query's own key included, no windows (Prompt 0, Chunk 1, no
+	// Windows).
+	Protocol      string
+	Prompt, Chunk int
+	// ServingCtx is the context of the second bits/element column (e.g.
+	// 32768); 0: not reported.
+	ServingCtx int
+	// Windows: Sink and Recent were given (--kv-window). Then every
+	// method, kivi2 and oscars2 included, gets exactly those windows (0:
+	// none): the method's row has none, and a second row "name+wS,R"
+	// has them when either is non-zero. Without Windows, kivi2 and
+	// oscars2 keep their published 128-token fp16 residual and the other
+	// methods quantise every token.
 	Windows      bool
 	Sink, Recent int
 	// Layers adds per-layer attention-logit and output errors measured on
@@ -48,12 +64,16 @@ func windowed(name string) bool {
 
 // Run tokenizes the text file as engine.EvalFile does and compares the KV
 // cache methods side by side against the float32 cache in one run
-// (eval.CompareKV), each window pushed through each cache in one call and
-// read through kvcache.NewFakeQuant (KVQuant's fake-quantization
-// protocol: every position reads every token of the window, its own
-// included, as stored, with the fp16 windows counted back from the
-// window's end). Errors: invalid options (Validate: a *field.Error),
-// a rotation file for another model, a bad data file.
+// (eval.CompareKV) under opt.Protocol: decode-faithful (plain kvcache.New
+// caches through eval.TeacherForce, the runtime attending as in
+// generation: a call's tokens among themselves through fresh float32 K/V,
+// earlier calls' tokens as stored, windows counted back from each query)
+// or KVQuant's fake quantisation (kvcache.NewFakeQuant, windows 0, each
+// window in one call). Each row reports bits/element at the evaluated
+// context (measured) and at opt.ServingCtx (kvcache.BitsAt), and is
+// marked "nothing quantised" when its windows cover the context
+// (kvcache.QuantizedAt). Errors: invalid options (Validate: a
+// *field.Error), a rotation file for another model, a bad data file.
 func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval.KVReport, error) {
 	if err := opt.Validate(); err != nil {
 		return nil, fmt.Errorf("kveval: %w", err)
@@ -77,35 +97,55 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 			rot = &kr
 		}
 	}
+	fake := opt.Protocol == eval.ProtocolFakeQuant
 	layers := kvcache.LayersOf(e.Desc)
 	var methods []eval.KVMethod
 	add := func(label, name string, o kvcache.Options) error {
 		if _, err := kvcache.New(name, layers, 1, o); err != nil {
 			return fmt.Errorf("kveval: --kv %s: %w", name, err)
 		}
-		// Each window goes through the cache in one Forward call; read
-		// through the fake-quantization protocol, so that every position
-		// reads every token (its own included) as stored. The runtime
-		// alone would attend a call's tokens through their fresh float32
-		// K/V and report the fp32-KV logits for every method.
-		methods = append(methods, eval.KVMethod{Name: label, New: func(n int) (runtime.KVCache, error) {
-			return kvcache.NewFakeQuant(name, layers, n, o)
-		}})
+		newCache := kvcache.New
+		if fake {
+			// Every position reads every token, its own included, as
+			// stored; the runtime alone would attend a call's tokens
+			// through their fresh float32 K/V.
+			newCache = kvcache.NewFakeQuant
+		}
+		methods = append(methods, eval.KVMethod{Name: label, Method: name,
+			New: func(n int) (runtime.KVCache, error) { return newCache(name, layers, n, o) },
+			BitsAt: func(ctx int) float64 {
+				b, _ := kvcache.BitsAt(name, layers, o, ctx)
+				return b
+			},
+			Quantized: func(ctx int) int {
+				q, _ := kvcache.QuantizedAt(name, o, ctx)
+				return q
+			}})
 		return nil
 	}
 	for _, name := range opt.Methods {
 		name = strings.TrimSpace(name)
-		if err := add(name, name, kvcache.Options{Rotations: rot}); err != nil {
+		// Fake-quant has no windows; a given --kv-window makes Recent 0
+		// mean none for kivi2 and oscars2 as for every other method.
+		base := kvcache.Options{Rotations: rot, ExactWindows: fake || opt.Windows}
+		if err := add(name, name, base); err != nil {
 			return nil, err
 		}
-		if opt.Windows && windowed(name) {
+		if opt.Windows && windowed(name) && (opt.Sink > 0 || opt.Recent > 0) {
 			label := fmt.Sprintf("%s+w%d,%d", name, opt.Sink, opt.Recent)
-			if err := add(label, name, kvcache.Options{Rotations: rot, Sink: opt.Sink, Recent: opt.Recent}); err != nil {
+			w := base
+			w.Sink, w.Recent = opt.Sink, opt.Recent
+			if err := add(label, name, w); err != nil {
 				return nil, err
 			}
 		}
 	}
-	rep, err := eval.CompareKV(ctx, e.Model, ids, methods, eval.KVCompareOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	co := eval.KVCompareOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress,
+		Protocol: eval.ProtocolDecode, Prompt: opt.Prompt, Chunk: opt.Chunk, ServingCtx: opt.ServingCtx}
+	if fake {
+		co.Protocol, co.Prompt, co.Chunk = eval.ProtocolFakeQuant, 0, opt.Ctx
+	}
+	rep, err := eval.CompareKV(ctx, e.Model, ids, methods, co)
 	if err != nil || !opt.Layers {
 		return rep, err
 	}

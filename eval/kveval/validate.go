@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -12,8 +13,11 @@ import (
 // Validate checks opt's values: Ctx >= 2 and MaxWindows >= 0 (as
 // eval.PerplexityOptions); Methods a non-empty list of kvcache.Methods,
 // none twice; Rotations given exactly when oscar2 or oscar4 is listed;
-// Sink and Recent >= 0 and only with Windows, and then fewer than Ctx
-// tokens together (something must be quantized).
+// Protocol "" or one of eval.ProtocolDecode, eval.ProtocolFakeQuant;
+// Prompt in [0, Ctx−2] (at least one position is scored) and Chunk >= 1,
+// and with fake-quant Prompt 0, Chunk 1 and no Windows; ServingCtx >= 0;
+// Sink and Recent >= 0 and only with Windows. Windows that cover the
+// whole context are allowed: their rows are marked "nothing quantised".
 //
 // Errors: a *field.Error naming the Go field (cmd/lmpack renames it to
 // its flag).
@@ -37,17 +41,30 @@ func (opt *Options) Validate() error {
 		seen[m] = true
 	}
 	rot := seen["oscar2"] || seen["oscar4"]
+	fake := opt.Protocol == eval.ProtocolFakeQuant
 	switch {
 	case rot && opt.Rotations == "":
 		return field.New("Rotations", nil, "an OSCAR rotation file for oscar2/oscar4 in {Methods} (lmpack calibrate, then lmpack quantize kv)")
 	case !rot && opt.Rotations != "":
 		return field.New("Rotations", opt.Rotations, "oscar2 or oscar4 in {Methods} (only they take rotations)")
+	case opt.Protocol != "" && opt.Protocol != eval.ProtocolDecode && !fake:
+		return field.New("Protocol", opt.Protocol, eval.ProtocolDecode+" or "+eval.ProtocolFakeQuant)
+	case opt.Prompt < 0 || opt.Prompt > opt.Ctx-2:
+		return field.New("Prompt", opt.Prompt, "in [0, {Ctx} − 2 = "+strconv.Itoa(opt.Ctx-2)+"] (the prompt's positions are not scored; at least one must be)")
+	case opt.Chunk < 1:
+		return field.New("Chunk", opt.Chunk, ">= 1 tokens per decode call")
+	case fake && opt.Prompt != 0:
+		return field.New("Prompt", opt.Prompt, "0 with {Protocol} fake-quant (each window goes through the cache in one call)")
+	case fake && opt.Chunk != 1:
+		return field.New("Chunk", opt.Chunk, "1 (the default) with {Protocol} fake-quant (each window goes through the cache in one call)")
+	case opt.ServingCtx < 0:
+		return field.New("ServingCtx", opt.ServingCtx, ">= 0 tokens (0: not reported)")
 	case opt.Sink < 0 || opt.Recent < 0:
 		return field.New("Sink", strconv.Itoa(opt.Sink)+","+strconv.Itoa(opt.Recent), "two non-negative token counts")
 	case !opt.Windows && (opt.Sink != 0 || opt.Recent != 0):
 		return field.New("Sink", nil, "{Windows} set (the windows add rows to the comparison)")
-	case opt.Windows && opt.Sink+opt.Recent >= opt.Ctx:
-		return field.New("Sink", strconv.Itoa(opt.Sink)+","+strconv.Itoa(opt.Recent), "fewer than {Ctx} "+strconv.Itoa(opt.Ctx)+" tokens together (the windows cover every token, so nothing would be quantized)")
+	case fake && opt.Windows:
+		return field.New("Windows", strconv.Itoa(opt.Sink)+","+strconv.Itoa(opt.Recent), "no fp16 windows with {Protocol} fake-quant (KVQuant's protocol quantises every token)")
 	}
 	return nil
 }

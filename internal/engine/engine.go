@@ -320,19 +320,25 @@ func firstNonFinite(v []float32) int {
 	return -1
 }
 
-// EvalOptions configures EvalFile.
+// EvalOptions configures EvalFile. Prompt and Chunk are
+// eval.PerplexityOptions': Chunk 0 runs each window in one call, except
+// for an artifact with a KV-cache scheme, which then runs decode-faithful
+// with Chunk 1 (the window fed as generation feeds it).
 type EvalOptions struct {
-	Ctx        int
-	MaxWindows int
-	Progress   func(done, total int)
+	Ctx           int
+	MaxWindows    int
+	Prompt, Chunk int
+	Progress      func(done, total int)
 }
 
-// EvalModel returns the model that eval measures with whole windows in
-// one Forward call: e.Model, except for an artifact with a KV-cache scheme
-// on the CPU, whose caches then read every token — a call's own included
-// — as stored (kvcache.NewFakeQuant), as eval --kv measures a cache; the
-// runtime alone would attend a window's tokens through their fresh
-// float32 K/V and report the float32-KV logits.
+// EvalModel returns the model for KVQuant's fake-quantisation protocol
+// (whole windows in one Forward call): e.Model, except for an artifact
+// with a KV-cache scheme on the CPU, whose caches then read every token —
+// a call's own included — as stored (kvcache.NewFakeQuant), as eval --kv
+// --kv-protocol fake-quant measures a cache; the runtime alone would
+// attend a window's tokens through their fresh float32 K/V and report the
+// float32-KV logits. EvalFile and compress's gate measure decode-faithful
+// through e.Model instead.
 func (e *Engine) EvalModel() runtime.Model {
 	if km, ok := e.Model.(*kvModel); ok {
 		fq := *km
@@ -343,13 +349,23 @@ func (e *Engine) EvalModel() runtime.Model {
 }
 
 // EvalFile tokenizes the text file as one string with BOS prepended and
-// computes perplexity over non-overlapping windows (eval.Perplexity).
+// computes perplexity over non-overlapping windows (eval.Perplexity). An
+// artifact with a KV-cache scheme is measured decode-faithful
+// (eval.TeacherForce through its own caches: opt.Prompt tokens in one
+// call, then opt.Chunk tokens per call, Chunk 0 meaning 1), so that
+// every position reads earlier tokens as the cache stores them, as in
+// generation; a checkpoint's float32 cache runs each window in one call
+// unless opt.Chunk is set.
 func (e *Engine) EvalFile(ctx context.Context, path string, opt EvalOptions) (*eval.PerplexityResult, error) {
 	ids, err := e.EvalIDs(path, opt.Ctx)
 	if err != nil {
 		return nil, err
 	}
-	res, err := eval.Perplexity(ctx, e.EvalModel(), ids, eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Progress: opt.Progress})
+	po := eval.PerplexityOptions{Ctx: opt.Ctx, MaxWindows: opt.MaxWindows, Prompt: opt.Prompt, Chunk: opt.Chunk, Progress: opt.Progress}
+	if _, ok := e.Model.(*kvModel); ok && po.Chunk == 0 {
+		po.Chunk = 1
+	}
+	res, err := eval.Perplexity(ctx, e.Model, ids, po)
 	if err != nil {
 		return nil, fmt.Errorf("engine: data file %s: %w", path, err)
 	}

@@ -103,7 +103,7 @@ func windows(sp spec, capacity int, opt Options) (sink, recent int) {
 	if sp.noWindows {
 		sink, recent = 0, 0
 	}
-	if recent == 0 {
+	if recent == 0 && !opt.ExactWindows {
 		recent = sp.defaultRecent
 	}
 	return min(sink, capacity), recent
@@ -301,9 +301,13 @@ func (c *cache) Truncate(n int) {
 // idealQ returns the quantized watermark that writing n tokens into an
 // empty layer gives: the oldest pending tokens are quantized a block at a
 // time while more than Recent (and at least a block) are pending.
-func (c *cache) idealQ(q, n int) int {
-	for m := n - q; m > c.recent && m >= c.block; m -= c.block {
-		q += c.block
+func (c *cache) idealQ(q, n int) int { return idealQ(q, n, c.recent, c.block) }
+
+// idealQ is cache.idealQ for a window of recent tokens and blocks of
+// block tokens.
+func idealQ(q, n, recent, block int) int {
+	for m := n - q; m > recent && m >= block; m -= block {
+		q += block
 	}
 	return q
 }

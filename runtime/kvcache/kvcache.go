@@ -56,6 +56,12 @@ type Options struct {
 	// Rotations are required by oscar2 and oscar4 and ignored by the
 	// other methods.
 	Rotations *Rotations
+	// ExactWindows makes Sink and Recent exact for every method: Recent 0
+	// then means no recent window for kivi2 and oscars2 too (their
+	// published 128-token residual applies only when it is false, i.e. no
+	// window was given), so that every method can be compared with the
+	// same windows.
+	ExactWindows bool
 }
 
 // Sizer is an optional ability of the caches New returns: the average

@@ -1,0 +1,65 @@
+package kveval
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/runtime/kvcache"
+)
+
+// TestEqualFooting on tiny1m-hf (ctx 64, one window): without
+// --kv-window, kivi2 keeps its 128-token residual, which covers the
+// context: the row is marked nothing quantised and costs 16 bits at ctx 64
+// but its quantised rate at the serving context. With --kv-window 0,0 it
+// quantises every token like int4, and a 16+64 window covering ctx 64 is
+// marked for every method. The fake-quant protocol quantises the query's
+// own key too, so its KL differs from decode's.
+func TestEqualFooting(t *testing.T) {
+	e, err := engine.Open(context.Background(), shared.Path(t, "tiny1m-hf"), engine.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	data := shared.Path(t, "tinystories-valid", "heldout.txt")
+	run := func(o Options) map[string]eval.KVRow {
+		o.Ctx, o.MaxWindows, o.Methods, o.ServingCtx = 64, 1, []string{"int4", "kivi2"}, 32768
+		o.Chunk = max(o.Chunk, 1)
+		rep, err := Run(context.Background(), e, data, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := map[string]eval.KVRow{}
+		for _, r := range rep.Rows {
+			rows[r.KV] = r
+		}
+		return rows
+	}
+	layers := kvcache.LayersOf(e.Desc)
+	serving, _ := kvcache.BitsAt("kivi2", layers, kvcache.Options{}, 32768)
+	def := run(Options{})
+	if k := def["kivi2"]; !k.NothingQuantized || k.BitsPerElement != 16 || k.BitsServing != serving || !(k.KL < 1e-6) {
+		t.Errorf("kivi2 without --kv-window at ctx 64: %+v, want nothing quantised, 16 bits, %.4f at 32768, KL of fp16 rounding (< 1e-6)", k, serving)
+	}
+	if i := def["int4"]; i.NothingQuantized || !(i.KL > 0) {
+		t.Errorf("int4: %+v, want quantised with KL > 0", i)
+	}
+	zero := run(Options{Windows: true})
+	if k := zero["kivi2"]; k.NothingQuantized || !(k.BitsPerElement < 4) || !(k.KL > 0) || len(zero) != 2 {
+		t.Errorf("kivi2 with --kv-window 0,0: %+v (rows %d), want every token quantised (< 4 bits), KL > 0, no extra rows", k, len(zero))
+	}
+	win := run(Options{Windows: true, Sink: 16, Recent: 64})
+	for _, name := range []string{"int4+w16,64", "kivi2+w16,64"} {
+		r, ok := win[name]
+		if !ok || !r.NothingQuantized || !(r.KL < 1e-6) {
+			t.Errorf("%s at ctx 64: %+v, want a row marked nothing quantised with the KL of fp16 rounding (< 1e-6)", name, r)
+		}
+	}
+	fake := run(Options{Protocol: eval.ProtocolFakeQuant})
+	if k, d := fake["kivi2"], zero["kivi2"]; k.NothingQuantized || k.BitsPerElement != d.BitsPerElement || math.Abs(k.KL-d.KL) < 1e-6 {
+		t.Errorf("kivi2 fake-quant %+v vs decode 0,0 %+v: want the same storage, a different KL", k, d)
+	}
+}
