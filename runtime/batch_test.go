@@ -214,7 +214,7 @@ func TestForwardBatchLongRows(t *testing.T) {
 
 // packedSource builds cfg's checkpoint in memory with every 2-d weight but
 // the embedding RTN-quantized with o (lmpack-wq storage tensors).
-func packedSource(t *testing.T, cfg map[string]any, seed uint64, o weights.Options) (*arch.Description, memSource) {
+func packedSource(t testing.TB, cfg map[string]any, seed uint64, o weights.Options) (*arch.Description, memSource) {
 	t.Helper()
 	raw, _ := json.Marshal(cfg)
 	d, err := arch.Parse(raw)

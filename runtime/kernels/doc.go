@@ -82,7 +82,8 @@
 //
 // # Not done
 //
-// Products with 2 or 3 rows run as separate GEMVs, each streaming w again.
+// MatMulNT's products with 2 or 3 rows run as separate GEMVs, each
+// streaming w again (MatMulNTRows runs them as one-row kernels too).
 // There is no AVX-512 or arm64 NEON path; those machines use the portable
 // Go code.
 package kernels

@@ -18,12 +18,11 @@ package kernels
 // On the AVX2 path every output runs the order of the 4×3 micro-kernel of
 // MatMulNT's m > 1 path: k cut into the same near-equal slices of at most
 // 768 (summed into y left to right), one 8-lane accumulator per slice
-// reduced pairwise. Rows outside the 4-row tiles run the micro-kernel with
-// the four x rows aliased to the one row (leading dimension 0), columns
-// outside the 3-column tiles with the three w rows aliased to the one
-// column, into a small stack buffer. A single-row product (decode) so
-// costs the micro-kernel's four rows of FMAs for one row of results, while
-// still reading w once. On
+// reduced pairwise. Rows outside the 4-row tiles, and a single-row product
+// (decode), run a one-row kernel with that same per-output arithmetic,
+// eight rows of w per load of x (gemvNT8AVX2); columns outside the
+// 3-column tiles run the micro-kernel with its three w rows aliased to the
+// one column, into a small stack buffer. On
 // the portable path every output is a sequential float32 sum over p.
 func MatMulNTRows(m, n, k int, x []float32, ldx int, w []float32, ldw int, y []float32, ldy int) {
 	checkMatMul("MatMulNTRows", m, n, k, x, ldx, w, ldw, y, ldy, true)
@@ -64,10 +63,18 @@ func matMulNTRowsGo(m, n, k int, x []float32, ldx int, w []float32, ldw int, y [
 	}
 }
 
-// matMulNTRowsAsm drives gemmNT4x3AVX2 so that every output sees the same
+// matMulNTRowsAsm drives gemmNT4x3AVX2 (4-row groups) and gemvNT8AVX2
+// (rows left over, or a single row) so that every output sees the same
 // arithmetic (see MatMulNTRows).
 func matMulNTRowsAsm(m, n, k int, x []float32, ldx int, w []float32, ldw int, y []float32, ldy int) {
 	slices := (k + kSlice - 1) / kSlice
+	m4 := m &^ 3
+	for i := m4; i < m; i++ {
+		rowNTAsm(n, k, slices, x[i*ldx:], w, ldw, y[i*ldy:])
+	}
+	if m4 == 0 {
+		return
+	}
 	n3 := n - n%3
 	if n3 > 0 {
 		for s := 0; s < slices; s++ {
@@ -77,36 +84,42 @@ func matMulNTRowsAsm(m, n, k int, x []float32, ldx int, w []float32, ldw int, y 
 			acc := min(s, 1)
 			for jc := 0; jc < n3; jc += nb {
 				jn := min(nb, n3-jc)
-				i := 0
-				for ; i+4 <= m; i += 4 {
+				for i := 0; i < m4; i += 4 {
 					gemmNT4x3AVX2(&x[i*ldx+p0], ldx, &w[jc*ldw+p0], ldw, &y[i*ldy+jc], ldy, kc, jn/3, acc)
-				}
-				for ; i < m; i++ {
-					gemmNT4x3AVX2(&x[i*ldx+p0], 0, &w[jc*ldw+p0], ldw, &y[i*ldy+jc], 0, kc, jn/3, acc)
 				}
 			}
 		}
 	}
-	if n3 == n {
-		return
-	}
-	// Columns [n3, n), one at a time: the tile's three w rows aliased to
-	// the column's row (leading dimension 0) into tmp.
+	// Columns [n3, n) of the 4-row groups, one at a time: the tile's three
+	// w rows aliased to the column's row (leading dimension 0), into tmp.
 	var tmp [12]float32
 	for j := n3; j < n; j++ {
-		for i := 0; i < m; {
-			rows, lx := 4, ldx
-			if i+4 > m {
-				rows, lx = 1, 0
-			}
+		for i := 0; i < m4; i += 4 {
 			for s := 0; s < slices; s++ {
 				p0, p1 := s*k/slices, (s+1)*k/slices
-				gemmNT4x3AVX2(&x[i*ldx+p0], lx, &w[j*ldw+p0], 0, &tmp[0], 3, p1-p0, 1, min(s, 1))
+				gemmNT4x3AVX2(&x[i*ldx+p0], ldx, &w[j*ldw+p0], 0, &tmp[0], 3, p1-p0, 1, min(s, 1))
 			}
-			for r := 0; r < rows; r++ {
+			for r := 0; r < 4; r++ {
 				y[(i+r)*ldy+j] = tmp[3*r]
 			}
-			i += rows
+		}
+	}
+}
+
+// rowNTAsm computes y[j] = x·w[j] for j < n, one row of x, with k cut
+// into slices as MatMulNTRows does: eight rows of w a eighth of the
+// matrix apart per gemvNT8AVX2 tile (eight sequential streams, as the
+// decode GEMV reads four), the n%8 rows left one at a time (aliased).
+func rowNTAsm(n, k, slices int, x, w []float32, ldw int, y []float32) {
+	q := n / 8
+	for s := 0; s < slices; s++ {
+		p0, p1 := s*k/slices, (s+1)*k/slices
+		acc := min(s, 1)
+		if q > 0 {
+			gemvNT8AVX2(&x[p0], &w[p0], p1-p0, &y[0], q, ldw, q*ldw, q, acc)
+		}
+		for j := 8 * q; j < n; j++ {
+			gemvNT8AVX2(&x[p0], &w[j*ldw+p0], p1-p0, &y[j], 1, 0, 0, 0, acc)
 		}
 	}
 }
