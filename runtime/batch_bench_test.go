@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/quantize/weights"
 )
 
@@ -34,6 +36,9 @@ func BenchmarkBatchDecode(b *testing.B) {
 	}
 	const ctxLen = 64
 	base := map[string]float64{}
+	packed := sync.OnceValues(func() (*arch.Description, memSource) {
+		return packedSource(b, cfg, 22, weights.Options{Bits: 4, GroupSize: 32})
+	})
 	for _, wts := range []string{"f32", "4bit-g32", "4bit-g32-fused"} {
 		for _, B := range []int{1, 4, 16, 64} {
 			if wts == "4bit-g32-fused" && B > 1 {
@@ -48,7 +53,7 @@ func BenchmarkBatchDecode(b *testing.B) {
 					if wts == "4bit-g32-fused" {
 						qFusedMaxM = 1
 					}
-					d, src := packedSource(b, cfg, 22, weights.Options{Bits: 4, GroupSize: 32})
+					d, src := packed()
 					m, err = NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: 1})
 					if err != nil {
 						b.Fatal(err)
@@ -59,16 +64,18 @@ func BenchmarkBatchDecode(b *testing.B) {
 				rng := rand.New(rand.NewPCG(5, 9))
 				ctx := context.Background()
 				seqs := make([]Seq, B)
-				prompt := make([]int, ctxLen)
 				for s := range seqs {
+					prompt := make([]int, ctxLen)
 					for i := range prompt {
 						prompt[i] = rng.IntN(V)
 					}
-					c := m.NewCache(ctxLen + 1)
-					if err := m.Forward(ctx, prompt, c, make([]float32, V), false); err != nil {
-						b.Fatal(err)
-					}
-					seqs[s] = Seq{Tokens: []int{rng.IntN(V)}, Cache: c, Logits: make([]float32, V)}
+					seqs[s] = Seq{Tokens: prompt, Cache: m.NewCache(ctxLen + 1), Logits: make([]float32, V)}
+				}
+				if err := ForwardBatch(ctx, m, seqs); err != nil { // the prompts, in one call
+					b.Fatal(err)
+				}
+				for s := range seqs {
+					seqs[s].Tokens = []int{Argmax(seqs[s].Logits)}
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
