@@ -113,7 +113,7 @@ func (m *Model) Forward(ctx context.Context, tokens []int, cache runtime.KVCache
 		return fmt.Errorf("cuda: Forward: the cache is a %T; the CUDA backend needs a cache from this model's NewCache or NewDeviceCache", cache)
 	}
 	if c.B != 1 {
-		return fmt.Errorf("cuda: Forward: the cache holds %d sequences; use ForwardBatch", c.B)
+		return fmt.Errorf("cuda: Forward: the cache holds %d sequences; use ForwardUniform", c.B)
 	}
 	T := len(tokens)
 	if T == 0 {
