@@ -27,4 +27,12 @@
 // LoadOptions.DequantizeWeights.
 // HiddenForwarder runs the blocks on given hidden states (sequential
 // compression stages load one block at a time).
+//
+// ForwardBatch runs a ragged batch: several sequences, each with its own
+// cache, position and number of new tokens, in one call that reads every
+// weight once (BatchForwarder; batch_cpu.go for the CPU backend, whose
+// Forward is its one-sequence case). On the CPU every linear map runs
+// kernels.MatMulNTRows, whose outputs do not depend on the other rows, so
+// a sequence's logits are the same bits batched or alone, on any number
+// of threads.
 package runtime

@@ -161,7 +161,7 @@ func BenchmarkAttnINT2(b *testing.B) {
 			fp := int64(n) - q
 			bytes := int64(B*l.nkv) * (q*2*int64(l.hd/4+4) + fp*2*int64(2*l.hd))
 			run := func() {
-				if err := m.attention(m.k, l, L, c, B, 1, n-1, n, ws); err != nil {
+				if err := m.attention(m.k, l, L, c, m.s.qkv, m.s.att, B, 1, n-1, n, ws); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -198,7 +198,7 @@ func BenchmarkDecode(b *testing.B) {
 					ids := make([]int, B)
 					logits := make([]float32, B*m.d.VocabSize)
 					step := func() {
-						if err := m.ForwardBatch(context.Background(), ids, B, c, logits, false); err != nil {
+						if err := m.ForwardUniform(context.Background(), ids, B, c, logits, false); err != nil {
 							b.Fatal(err)
 						}
 						c.Truncate(n)

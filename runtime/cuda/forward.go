@@ -113,7 +113,7 @@ func (m *Model) Forward(ctx context.Context, tokens []int, cache runtime.KVCache
 		return fmt.Errorf("cuda: Forward: the cache is a %T; the CUDA backend needs a cache from this model's NewCache or NewDeviceCache", cache)
 	}
 	if c.B != 1 {
-		return fmt.Errorf("cuda: Forward: the cache holds %d sequences; use ForwardBatch", c.B)
+		return fmt.Errorf("cuda: Forward: the cache holds %d sequences; use ForwardUniform", c.B)
 	}
 	T := len(tokens)
 	if T == 0 {
@@ -127,19 +127,19 @@ func (m *Model) Forward(ctx context.Context, tokens []int, cache runtime.KVCache
 	if len(logits) < want {
 		return fmt.Errorf("cuda: Forward: logits has %d elements, want %d", len(logits), want)
 	}
-	return m.ForwardBatch(ctx, tokens, 1, c, logits, allLogits)
+	return m.ForwardUniform(ctx, tokens, 1, c, logits, allLogits)
 }
 
-// ForwardBatch runs B sequences of T tokens each (ids [B·T], sequence b's
+// ForwardUniform runs B sequences of T tokens each (ids [B·T], sequence b's
 // tokens at [b·T, (b+1)·T)) at positions c.Len() .. c.Len()+T−1 of the
 // B-sequence cache c, appends their keys and values and writes logits:
 // [B·T, vocab] when allLogits, else [B, vocab] (each sequence's last
 // token). Errors: an empty or ragged batch, an id out of range, the cache
 // full or from another model, a short logits slice, ctx cancelled (the
 // cache is then left at its old length), device errors.
-func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCache, logits []float32, allLogits bool) error {
+func (m *Model) ForwardUniform(ctx context.Context, ids []int, B int, c *DeviceCache, logits []float32, allLogits bool) error {
 	if B < 1 || len(ids) == 0 || len(ids)%B != 0 || c.B != B || c.m != m {
-		return fmt.Errorf("cuda: ForwardBatch: %d ids for %d sequences and a cache of %d sequences", len(ids), B, c.B)
+		return fmt.Errorf("cuda: ForwardUniform: %d ids for %d sequences and a cache of %d sequences", len(ids), B, c.B)
 	}
 	d := m.d
 	T := len(ids) / B
@@ -195,7 +195,25 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	c.hi = max(c.hi, nTok)
 	// Every launch of the step runs in one hand-off to the driver thread.
 	err := k.Batch(func(bk *Kernels) error {
-		return m.layersForward(ctx, bk, c, B, T, R, pos, nTok, ws, xrow, xnrow, xld, rows)
+		attend := func(k *Kernels, li int, l *layerW) error {
+			// q and k heads are adjacent in a qkv row (k head j is head
+			// nh+j): one launch rotates both.
+			rp := m.rope[l.hd]
+			if err := k.Launch("rope", Dim{R, l.nh + l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
+				return err
+			}
+			// Attention first: the call's own tokens are read fresh from
+			// qkv, the earlier ones from the cache as it was before this
+			// call (its ring still holds all of their window).
+			if err := m.attention(k, l, &c.layers[li], c, s.qkv, s.att, R, T, pos, nTok, ws); err != nil {
+				return err
+			}
+			return c.append(k, li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B)
+		}
+		final := func(k *Kernels) error {
+			return k.Launch("rmsnorm", Dim{rows, 1, 1}, Dim{256, 1, 1}, xnrow, xrow, m.final, H, 1, xld, m.eps())
+		}
+		return m.layersForward(ctx, bk, R, attend, final, xnrow, xld, rows)
 	})
 	if err != nil {
 		return err
@@ -207,15 +225,20 @@ func (m *Model) ForwardBatch(ctx context.Context, ids []int, B int, c *DeviceCac
 	return nil
 }
 
-// layersForward launches the embedding, every layer and the lm_head
-// through k (the Kernels.Batch handle: no other device calls here).
-func (m *Model) layersForward(ctx context.Context, k *Kernels, c *DeviceCache, B, T, R, pos, nTok, ws int, xrow, xnrow DevPtr, xld, rows int) error {
+// layersForward launches the embedding and every layer of the R rows of
+// m.s.ids through k (the Kernels.Batch handle: no other device calls
+// here), the linear maps once over all rows; attend runs layer li's
+// per-sequence part (RoPE at each row's position, attention against the
+// sequence's cache into m.s.att, the cache append) on m.s.qkv; final
+// writes the final-normed rows that want logits (rows of them, ld floats
+// apart, at xn), and lm_head maps them into m.s.logits [rows, vocab].
+func (m *Model) layersForward(ctx context.Context, k *Kernels, R int, attend func(k *Kernels, li int, l *layerW) error, final func(k *Kernels) error, xn DevPtr, ld, rows int) error {
 	d, s := m.d, &m.s
 	H, V := d.HiddenSize, d.VocabSize
 	if err := k.Launch("embed", Dim{R, 1, 1}, Dim{256, 1, 1}, s.x, m.embed.p, s.ids, H, b2i(m.embed.bf16)); err != nil {
 		return err
 	}
-	eps := float32(d.RMSNormEps)
+	eps := m.eps()
 	for li := range m.layers {
 		if li > 0 {
 			if err := ctx.Err(); err != nil {
@@ -223,8 +246,6 @@ func (m *Model) layersForward(ctx context.Context, k *Kernels, c *DeviceCache, B
 			}
 		}
 		l := &m.layers[li]
-		L := &c.layers[li]
-		rp := m.rope[l.hd]
 		// Attention block.
 		if err := k.Launch("rmsnorm", Dim{R, 1, 1}, Dim{256, 1, 1}, s.xn, s.x, l.attnNorm, H, 1, H, eps); err != nil {
 			return err
@@ -246,18 +267,7 @@ func (m *Model) layersForward(ctx context.Context, k *Kernels, c *DeviceCache, B
 				return err
 			}
 		}
-		// q and k heads are adjacent in a qkv row (k head j is head nh+j):
-		// one launch rotates both.
-		if err := k.Launch("rope", Dim{R, l.nh + l.nkv, 1}, Dim{min(roundUp(l.hd/2, 32), 128), 1, 1}, s.qkv, l.qkv, l.hd, T, pos, rp.cos, rp.sin); err != nil {
-			return err
-		}
-		// Attention first: the call's own tokens are read fresh from
-		// qkv, the earlier ones from the cache as it was before this
-		// call (its ring still holds all of their window).
-		if err := m.attention(k, l, L, c, R, T, pos, nTok, ws); err != nil {
-			return err
-		}
-		if err := c.append(k, li, s.qkv, l.qkv, l.qdim, l.qdim+l.kvdim, pos, T, B); err != nil {
+		if err := attend(k, li, l); err != nil {
 			return err
 		}
 		if err := m.matmulX(k, s.x, H, s.att, l.qdim, l.wo, R, 1); err != nil {
@@ -288,11 +298,14 @@ func (m *Model) layersForward(ctx context.Context, k *Kernels, c *DeviceCache, B
 		}
 	}
 	// Final norm and lm_head.
-	if err := k.Launch("rmsnorm", Dim{rows, 1, 1}, Dim{256, 1, 1}, xnrow, xrow, m.final, H, 1, xld, eps); err != nil {
+	if err := final(k); err != nil {
 		return err
 	}
-	return m.matmulX(k, s.logits, V, xnrow, xld, m.lmHead, rows, 0)
+	return m.matmulX(k, s.logits, V, xn, ld, m.lmHead, rows, 0)
 }
+
+// eps is the model's RMSNorm epsilon as the kernels take it.
+func (m *Model) eps() float32 { return float32(m.d.RMSNormEps) }
 
 func b2i(b bool) int {
 	if b {
@@ -398,25 +411,26 @@ func (m *Model) matmulX(k *Kernels, y DevPtr, ldy int, x DevPtr, ldx int, w dw, 
 }
 
 // attention runs attn_split and attn_merge for the R = B·T new queries of
-// layer l into m.s.att [R, qdim]: the call's own tokens through their
-// float32 keys and values in s.qkv, earlier tokens from the cache with
+// layer l, rows of qkv (row stride l.qkv), into att [R, qdim]: the call's
+// own tokens through their float32 keys and values in qkv, earlier tokens
+// from the cache with
 // the INT2 region of a query at pq ending at min(pos, max(ws, pq+1−Recent))
 // (ws = quantFloor; runtime.QuantizedKV's semantics).
-func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, R, T, pos, nTok, ws int) error {
+func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, qkv, att DevPtr, R, T, pos, nTok, ws int) error {
 	s := &m.s
 	mg, chunks, splitLen, nsplit := m.attnGrid(l, R, nTok)
 	scale := float32(1 / math.Sqrt(float64(l.hd)))
 	rk, rv := L.rk, L.rv
 	shmem := 4 * mg * (4*l.hd + 256)
 	if err := k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
-		s.partO, s.partML, s.qkv, l.qkv,
+		s.partO, s.partML, qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
 		rk, l.nh, l.nkv, l.hd, T, pos, ws, c.recent, l.window, nsplit, splitLen, scale); err != nil {
 		return err
 	}
 	return k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},
-		s.att, l.qdim, s.partO, s.partML, rv, l.nh, l.hd, nsplit)
+		att, l.qdim, s.partO, s.partML, rv, l.nh, l.hd, nsplit)
 }
 
 // moeGemvGrid is moe_gemv's grid for R tokens, K experts each and N

@@ -57,6 +57,11 @@
 //     accumulate in y. Edge columns reuse the GEMV kernel with x and w
 //     swapped, edge rows run as GEMVs. BenchmarkMatMulNT reports its
 //     GFLOP/s.
+//   - MatMulNTRows (batched decode): MatMulNT with every output summed
+//     in the 4×3 micro-kernel's order whatever m, n and the thread split
+//     (rows.go), so a row's result does not depend on the other rows; a
+//     single row runs gemvNT8AVX2 (eight w rows per load of x, one
+//     accumulator each) at the decode GEMV's speed.
 //   - MatMulNN (P·V): a 6×16 broadcast-FMA micro-kernel (twelve
 //     accumulators; per k one row of w is two loads, each x element one
 //     broadcast), plus a one-row kernel with masked column tails.
@@ -82,7 +87,8 @@
 //
 // # Not done
 //
-// Products with 2 or 3 rows run as separate GEMVs, each streaming w again.
+// MatMulNT's products with 2 or 3 rows run as separate GEMVs, each
+// streaming w again (MatMulNTRows runs them as one-row kernels too).
 // There is no AVX-512 or arm64 NEON path; those machines use the portable
 // Go code.
 package kernels

@@ -1,0 +1,5 @@
+//go:build !amd64 || purego
+
+package kernels
+
+func gemvNT8AVX2(x, w *float32, k int, y *float32, nt, ldw, rs, ys, acc int) { panic(unreachable) }
