@@ -15,10 +15,30 @@ import (
 // still see in fp16 (QuantizedKV), a sequence's logits in a batch equal
 // bit for bit those it gets alone with the same call boundaries.
 func TestForwardBatchQuantizedKV(t *testing.T) {
-	dir, d, _ := runtime.SynthCheckpoint(t, runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", 2), 501, safetensors.F32)
-	ma, _ := runtime.LoadDir(t, dir, 1)
-	mb, _ := runtime.LoadDir(t, dir, 2)
+	dir, d8, _ := runtime.SynthCheckpoint(t, runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", 2), 501, safetensors.F32)
+	ma8, _ := runtime.LoadDir(t, dir, 1)
+	mb8, _ := runtime.LoadDir(t, dir, 2)
+	// head_dim 32 for the kinds that refuse head_dim 8 (llama.cpp's
+	// q8_0/q4_0 KV blocks of 32).
+	dir, d32, _ := runtime.SynthCheckpoint(t, runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", 2, "head_dim", 32), 502, safetensors.F32)
+	ma32, _ := runtime.LoadDir(t, dir, 1)
+	mb32, _ := runtime.LoadDir(t, dir, 2)
+	took32 := map[string]bool{}
+	for _, m := range semMethods(t, d32) {
+		took32[m] = true
+	}
+	took8 := map[string]bool{}
+	for _, m := range semMethods(t, d8) {
+		took8[m] = true
+	}
 	for _, method := range kvcache.Methods() {
+		d, ma, mb := d8, ma8, mb8
+		if !took8[method] {
+			if !took32[method] {
+				t.Fatalf("%s takes neither head_dim 8 nor 32", method)
+			}
+			d, ma, mb = d32, ma32, mb32
+		}
 		for _, win := range [][2]int{{0, 0}, {1, 3}} {
 			recent := win[1]
 			if recent == 0 && (method == "kivi2" || method == "oscars2") {
