@@ -365,12 +365,28 @@ func (s *Scheduler) stop() {
 // when ctx ends, every request left is finished "cancelled" at the next
 // step boundary (its cache released). Drain returns when no request is
 // left: nil when all finished on their own, otherwise an error wrapping
-// ctx.Err(). Without a running Run (never started, or returned), queued
-// requests are finished "cancelled" at once.
+// ctx.Err(). Without Run (not started yet when ctx ends, or returned),
+// Drain itself finishes the queued requests "cancelled".
 func (s *Scheduler) Drain(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
-	if !s.started || s.stopped {
+	if s.stopped {
+		s.mu.Unlock()
+		return nil // stop finished everything
+	}
+	s.mu.Unlock()
+	s.wakeUp()
+	select {
+	case <-s.idle:
+		return nil
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+	}
+	err := fmt.Errorf("serve: drain: the requests left when the deadline came were cancelled: %w", ctx.Err())
+	s.mu.Lock()
+	s.cut = true
+	if !s.started {
 		left := s.queue
 		s.queue = nil
 		s.met.queueDepth.Set(0)
@@ -382,26 +398,15 @@ func (s *Scheduler) Drain(ctx context.Context) error {
 		for _, q := range left {
 			s.finish(q, FinishCancelled, nil)
 		}
-		return nil
+		return err
 	}
-	s.mu.Unlock()
-	s.wakeUp()
-	select {
-	case <-s.idle:
-		return nil
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-	}
-	s.mu.Lock()
-	s.cut = true
 	s.mu.Unlock()
 	s.wakeUp()
 	select {
 	case <-s.idle:
 	case <-s.done:
 	}
-	return fmt.Errorf("serve: drain: the requests left when the deadline came were cancelled: %w", ctx.Err())
+	return err
 }
 
 // step is one scheduler step (see Scheduler).
@@ -604,25 +609,37 @@ func (s *Scheduler) isStop(r *GenRequest, tok int) bool {
 	return false
 }
 
-// finish ends q once: its last event (reason, err) is sent and its channel
-// closed, then its cache goes back to the pool.
+// finish ends q once: its cache goes back to the pool, then its last
+// event (reason, err) is sent and its channel closed, so a consumer that
+// sees the finish event sees the blocks already freed.
 func (s *Scheduler) finish(q *request, reason string, err error) {
 	if q.finished {
 		return
 	}
 	q.finished = true
+	if q.cache != nil {
+		c := q.cache
+		q.cache = nil
+		s.release(q.r.ID, c)
+	}
 	q.ch <- Event{Finish: reason, Err: err}
 	close(q.ch)
 	s.met.finished.WithLabelValues(reason).Inc()
 	s.log.Debug("serve: finished", "id", q.r.ID, "finish", reason, "prompt_tokens", len(q.r.Prompt),
 		"generated_tokens", q.gen, "duration_s", time.Since(q.submitted).Seconds())
-	if q.cache != nil {
-		c := q.cache
-		q.cache = nil
-		s.poolMu.Lock()
-		defer s.poolMu.Unlock()
-		s.pool.Release(c)
-	}
+}
+
+// release returns c to the pool; a panic of the pool is logged (the
+// request still finishes).
+func (s *Scheduler) release(id string, c runtime.KVCache) {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("serve: panic in KVPool.Release", "id", id, "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	s.pool.Release(c)
 }
 
 // updateGauges sets the gauges after a step and checks the pool's
