@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -53,8 +54,19 @@ func TestGreedySameAloneAndInBatch(t *testing.T) {
 	maxRows := 0
 	hm.before = func(_ int64, seqs []runtime.Seq) error {
 		mu.Lock()
+		defer mu.Unlock()
 		maxRows = max(maxRows, len(seqs))
-		mu.Unlock()
+		// Rows of prefill chunks longer than one token (a one-token row
+		// may be a decode step) stay within MaxPrefillTokens.
+		prefill := 0
+		for _, q := range seqs {
+			if len(q.Tokens) > 1 {
+				prefill += len(q.Tokens)
+			}
+		}
+		if prefill > 7 {
+			return fmt.Errorf("%d prompt tokens in one step, MaxPrefillTokens 7", prefill)
+		}
 		return nil
 	}
 	pool := newFakePool(t, m, 1<<30)
@@ -726,4 +738,51 @@ func TestPoolInvariant(t *testing.T) {
 		}
 	}()
 	s.updateGauges()
+}
+
+// TestStopTokens: a stop token id and an EOS id end the request with
+// "stop" and are not emitted; IgnoreEOS ignores the EOS id but not the
+// stop ids; MaxTokens ends it with "length".
+func TestStopTokens(t *testing.T) {
+	m := loadStories(t)
+	base := &GenRequest{ID: "t", Prompt: storyTokens(t, 700, 10), MaxTokens: 30, IgnoreEOS: true, TopLogprobs: -1}
+	full, _ := reference(t, m, base, storiesEOS)
+	// The first token that does not occur before it, at position ≥ 3.
+	at := -1
+	for i := 3; i < len(full) && at < 0; i++ {
+		if !slices.Contains(full[:i], full[i]) {
+			at = i
+		}
+	}
+	if at < 0 {
+		t.Fatalf("no fresh token in %v", full)
+	}
+	stopTok := full[at]
+	s := startSched(t, m, newFakePool(t, m, 1<<30), SchedOptions{MaxBatch: 4, MaxPrefillTokens: 64, MaxQueue: 4, EOS: []int{stopTok}})
+	run := func(edit func(r *GenRequest)) result {
+		r := *base
+		edit(&r)
+		ch, err := s.Submit(context.Background(), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return collect(t, ch)
+	}
+	for _, c := range []struct {
+		name   string
+		edit   func(r *GenRequest)
+		n      int
+		finish string
+	}{
+		{"stop id", func(r *GenRequest) { r.StopTokenIDs = []int{999, stopTok} }, at, FinishStop},
+		{"eos", func(r *GenRequest) { r.IgnoreEOS = false }, at, FinishStop},
+		{"ignore eos", func(r *GenRequest) {}, len(full), FinishLength},
+		{"stop id despite ignore eos", func(r *GenRequest) { r.StopTokenIDs = []int{stopTok} }, at, FinishStop},
+		{"max tokens", func(r *GenRequest) { r.MaxTokens = at }, at, FinishLength},
+	} {
+		got := run(c.edit)
+		if !equalInts(got.tokens, full[:c.n]) || got.finish.Finish != c.finish {
+			t.Errorf("%s: %v %q, want %v %q", c.name, got.tokens, got.finish.Finish, full[:c.n], c.finish)
+		}
+	}
 }
