@@ -249,6 +249,7 @@ func TestOptionErrors(t *testing.T) {
 		{"MaxQueue", func(o *SchedOptions) { o.MaxQueue = 0 }},
 		{"MaxModelLen", func(o *SchedOptions) { o.MaxModelLen = 513 }}, // max_position_embeddings 512
 		{"EOS", func(o *SchedOptions) { o.EOS = []int{2, 600} }},
+		{"EventBuffer", func(o *SchedOptions) { o.EventBuffer = -1 }},
 	} {
 		o := ok
 		c.edit(&o)
@@ -783,6 +784,44 @@ func TestStopTokens(t *testing.T) {
 		got := run(c.edit)
 		if !equalInts(got.tokens, full[:c.n]) || got.finish.Finish != c.finish {
 			t.Errorf("%s: %v %q, want %v %q", c.name, got.tokens, got.finish.Finish, full[:c.n], c.finish)
+		}
+	}
+}
+
+// TestSlowConsumer: with EventBuffer 3 a consumer that reads nothing is
+// cut after 3 tokens (ErrSlowConsumer) and its cache freed; with the
+// default a consumer reading only at the end gets the whole output.
+func TestSlowConsumer(t *testing.T) {
+	m := loadStories(t)
+	pool := newFakePool(t, m, 1<<30)
+	r := &GenRequest{ID: "slow", Prompt: storyTokens(t, 5, 5), MaxTokens: 20, IgnoreEOS: true, TopLogprobs: -1}
+	want, _ := reference(t, m, r, storiesEOS)
+	for _, c := range []struct {
+		buf    int
+		n      int
+		finish string
+	}{{3, 3, FinishError}, {0, 20, FinishLength}} {
+		s := startSched(t, m, pool, SchedOptions{MaxBatch: 1, MaxPrefillTokens: 64, MaxQueue: 1, EventBuffer: c.buf})
+		ch, err := s.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cap(ch) != c.n+1 {
+			t.Errorf("EventBuffer %d: channel capacity %d, want %d", c.buf, cap(ch), c.n+1)
+		}
+		// Read nothing until the request is over.
+		if err := s.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		got := collect(t, ch)
+		if !equalInts(got.tokens, want[:c.n]) || got.finish.Finish != c.finish {
+			t.Errorf("EventBuffer %d: %v %q, want %v %q", c.buf, got.tokens, got.finish.Finish, want[:c.n], c.finish)
+		}
+		if c.finish == FinishError && !errors.Is(got.finish.Err, ErrSlowConsumer) {
+			t.Errorf("EventBuffer %d: err %v, want ErrSlowConsumer", c.buf, got.finish.Err)
+		}
+		if st := pool.Stats(); st.Sequences != 0 {
+			t.Errorf("EventBuffer %d: %d caches live after the request, want 0", c.buf, st.Sequences)
 		}
 	}
 }
