@@ -120,8 +120,9 @@ type Scheduler struct {
 	idle       chan struct{} // closed when draining and nothing is left
 	done       chan struct{} // closed when Run returns
 
-	// running is the step loop's (Run's goroutine only).
+	// running and seqs are the step loop's (Run's goroutine only).
 	running []*request
+	seqs    []runtime.Seq
 
 	// onSample, when set (tests), is called while handling a request's
 	// sampled token, inside that request's panic recovery.
@@ -449,7 +450,7 @@ func (s *Scheduler) step(ctx context.Context) {
 	s.admit(cut)
 
 	// One batched forward over every running sequence.
-	seqs := make([]runtime.Seq, 0, len(s.running))
+	seqs := s.seqs[:0]
 	budget := s.opt.MaxPrefillTokens
 	var rows int
 	for _, q := range s.running {
@@ -469,6 +470,8 @@ func (s *Scheduler) step(ctx context.Context) {
 		seqs = append(seqs, runtime.Seq{Tokens: q.next[:], Cache: q.cache, Logits: q.logits})
 		rows++
 	}
+	s.seqs = seqs
+	defer clear(s.seqs) // drop the caches' references until the next step
 	if len(seqs) > 0 {
 		s.met.steps.Inc()
 		s.met.stepTokens.Observe(float64(rows))
