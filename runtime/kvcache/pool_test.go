@@ -384,6 +384,52 @@ func TestPoolInvariantsRandom(t *testing.T) {
 	}
 }
 
+// Caches of one pool used from several goroutines at once (each cache by
+// one), as a batched forward does: blocks are taken concurrently; the
+// pool ends empty with every block back (run with -race).
+func TestPoolConcurrentCaches(t *testing.T) {
+	p, err := NewPool("int4", poolLayers, Options{}, 1<<22, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, capacity = 4, 64
+	rng := newRand(11)
+	k, v := tokens(rng, poolLayers, capacity, nil), tokens(rng, poolLayers, capacity, nil)
+	want := mustNew(t, "int4", poolLayers, capacity, Options{})
+	writeSteps(want, poolLayers, k, v, 0, capacity, 3)
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			for round := 0; round < 5; round++ {
+				c, err := p.NewCache(capacity)
+				if err != nil {
+					errs <- err
+					return
+				}
+				writeSteps(c, poolLayers, k, v, 0, capacity, 3)
+				for i, l := range poolLayers {
+					gk, _ := readAll(c, l, i, capacity)
+					wk, _ := readAll(want, l, i, capacity)
+					if !slices.Equal(gk, wk) {
+						errs <- fmt.Errorf("round %d layer %d: keys differ from New's cache", round, i)
+						return
+					}
+				}
+				p.Release(c)
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if s := p.Stats(); s.UsedBytes != 0 || s.UsedBlocks != 0 || s.Sequences != 0 {
+		t.Errorf("after all releases: %+v", s)
+	}
+}
+
 // The pool's internal assertion panics with a message naming the
 // violation.
 func TestPoolAssertionPanics(t *testing.T) {
@@ -470,7 +516,8 @@ func TestPoolErrors(t *testing.T) {
 }
 
 // A model run through pool caches gives New's logits bit for bit
-// (stories260K, prefill then decode).
+// (stories260K, prefill then decode); fp32 included, whose pool caches
+// serve attention through Read instead of runtime.F32KV.
 func TestPoolForwardMatchesNew(t *testing.T) {
 	m, d := loadStories(t, 1)
 	const T = 48
@@ -482,7 +529,7 @@ func TestPoolForwardMatchesNew(t *testing.T) {
 		opt  Options
 		bt   int
 	}{
-		{"fp16", Options{}, 16}, {"int4", Options{}, 16}, {"oscar2", Options{Sink: 4, Recent: 8, Rotations: hadamardRotations(layers, 0.96, 0.92)}, 3}, {"kivi2", Options{Recent: 16}, 32},
+		{"fp32", Options{}, 16}, {"fp16", Options{}, 16}, {"int4", Options{}, 16}, {"oscar2", Options{Sink: 4, Recent: 8, Rotations: hadamardRotations(layers, 0.96, 0.92)}, 3}, {"kivi2", Options{Recent: 16}, 32},
 	} {
 		p, err := NewPool(c.name, layers, c.opt, 1<<24, c.bt)
 		if err != nil {
