@@ -239,6 +239,8 @@ func submitError(err error) *apiError {
 		e := badRequest("max_tokens", "the prompt plus max_tokens needs more KV cache memory than the server's whole budget (--kv-memory); lower max_tokens or shorten the prompt")
 		e.Code = "context_length_exceeded"
 		return e
+	case errors.Is(err, ErrInvalidRequest):
+		return badRequest("", "%v", err)
 	case errors.Is(err, ErrTooLong):
 		e := badRequest("max_tokens", "the prompt plus max_tokens exceeds the server's maximum model length")
 		e.Code = "context_length_exceeded"
