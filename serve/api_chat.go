@@ -295,7 +295,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request, info *reqInf
 	info.id = req.ID
 	base := chatResponse{ID: req.ID, Object: "chat.completion", Created: s.now().Unix(), Model: s.opt.ModelName}
 	logprobs := func(toks []tokOut) *chatLogprobs {
-		if top < 0 {
+		if top < 0 || toks == nil { // nil: a chunk without tokens (role, finish)
 			return nil
 		}
 		lp := &chatLogprobs{Content: []chatTokenLogprob{}}
@@ -320,6 +320,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request, info *reqInf
 		if err != nil {
 			s.generateFailed(w, info, err)
 			return
+		}
+		if all == nil {
+			all = []tokOut{}
 		}
 		content := string(text)
 		resp := base
@@ -348,6 +351,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request, info *reqInf
 		}
 		if t == "" && len(toks) == 0 {
 			return nil
+		}
+		if toks == nil {
+			toks = []tokOut{}
 		}
 		return sse.send(chunk(&chatOut{Content: &t}, toks, nil))
 	})

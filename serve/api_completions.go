@@ -157,7 +157,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request, info 
 	created := s.now().Unix()
 	base := completionResponse{ID: req.ID, Object: "text_completion", Created: created, Model: s.opt.ModelName}
 	logprobs := func(toks []tokOut) *completionLogprobs {
-		if top < 0 {
+		if top < 0 || toks == nil { // nil: a chunk without tokens (the finish)
 			return nil
 		}
 		lp := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
@@ -189,6 +189,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request, info 
 			return
 		}
 		resp := base
+		if all == nil {
+			all = []tokOut{}
+		}
 		resp.Choices = []completionChoice{{Text: string(text), Logprobs: logprobs(all), FinishReason: &res.Finish}}
 		resp.Usage = newUsage(res)
 		writeJSON(w, http.StatusOK, resp)
@@ -203,6 +206,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request, info 
 	res, err := s.generate(r.Context(), info, req, p.stop, func(t string, toks []tokOut) error {
 		if t == "" && len(toks) == 0 {
 			return nil
+		}
+		if toks == nil {
+			toks = []tokOut{}
 		}
 		return sse.send(chunk(t, toks, nil))
 	})
