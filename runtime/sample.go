@@ -6,14 +6,20 @@ import (
 	"sort"
 )
 
-// Sampler picks the next token from logits.
+// Sampler picks the next token from logits: softmax of logits/Temperature,
+// then top-k, then top-p (nucleus) over the top-k tokens' renormalized
+// probabilities, then one draw of the seeded generator (the order vLLM's
+// and Hugging Face's samplers apply them in).
 type Sampler struct {
 	// Temperature divides the logits; 0 means greedy (argmax, ties to the
-	// lowest id).
+	// lowest id), whatever TopK and TopP say.
 	Temperature float64
 	// TopP keeps the smallest set of most-likely tokens whose probability
 	// sums to at least TopP (nucleus sampling); 0 or >= 1 keeps all.
 	TopP float64
+	// TopK keeps the TopK most likely tokens (ties to the lowest id)
+	// before TopP applies; 0 (or >= vocab) keeps all. TopK 1 is greedy.
+	TopK int
 	rng  *rand.Rand
 	idx  []int
 	prob []float64
@@ -55,19 +61,31 @@ func (s *Sampler) Sample(logits []float32) int {
 		idx[i] = i
 	}
 	keep := n
-	if s.TopP > 0 && s.TopP < 1 {
+	topK := s.TopK > 0 && s.TopK < n
+	topP := s.TopP > 0 && s.TopP < 1
+	if topK || topP {
 		sort.Slice(idx, func(a, b int) bool {
 			if p[idx[a]] != p[idx[b]] {
 				return p[idx[a]] > p[idx[b]]
 			}
 			return idx[a] < idx[b]
 		})
-		var c float64
-		for i, j := range idx {
-			c += p[j] / sum
-			if c >= s.TopP {
-				keep = i + 1
-				break
+		if topK {
+			keep = s.TopK
+			// Top-p runs over the top-k tokens' renormalized mass.
+			sum = 0
+			for _, j := range idx[:keep] {
+				sum += p[j]
+			}
+		}
+		if topP {
+			var c float64
+			for i, j := range idx[:keep] {
+				c += p[j] / sum
+				if c >= s.TopP {
+					keep = i + 1
+					break
+				}
 			}
 		}
 		sum = 0

@@ -12,6 +12,7 @@ import (
 	"errors"
 
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // Errors of Scheduler.Submit.
@@ -103,12 +104,5 @@ type KVPool interface {
 	Stats() PoolStats
 }
 
-// PoolStats is a KVPool's use.
-type PoolStats struct {
-	BlockTokens             int
-	TotalBlocks, UsedBlocks int
-	// Bytes: the budget, what reserved sequences hold, and what is free.
-	TotalBytes, UsedBytes, FreeBytes int64
-	// Sequences is the number of caches not yet released.
-	Sequences int
-}
+// PoolStats is a KVPool's use (fields documented at kvcache.PoolStats).
+type PoolStats = kvcache.PoolStats

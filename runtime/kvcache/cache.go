@@ -28,9 +28,10 @@ type side struct {
 	r, rt []float32
 	// clip is the clipping ratio; 0 = none.
 	clip float64
-	// norms holds one ℓ2 norm per quantized token (OScaR keys), [cap]
-	// float32; nil when unused.
-	norms []float32
+	// norm: one fp32 ℓ2 norm per quantized token (OScaR keys), in the
+	// region norms of the cache's pages ([bt] float32 per block).
+	norm  bool
+	norms region
 }
 
 // layerState is one layer's tokens. Positions [0, min(len, sink)) are in
@@ -48,13 +49,19 @@ type layerState struct {
 	k, v           side
 }
 
-// cache is the quantized runtime.KVCache of every method but fp32.
+// cache is the quantized runtime.KVCache of every method but fp32 from
+// New, and of every method from a Pool.
 type cache struct {
 	name                      string
 	layers                    []layerState
 	kvDim                     []int
 	n, cap                    int
 	sink, recent, block, ring int
+	// pg maps store indices to blocks; pool is the Pool the cache came
+	// from (nil for New), reserved the bytes it reserved there.
+	pg       pages
+	pool     *Pool
+	reserved int64
 	// scratch: [chunkTokens, max kvDim] rows for K and V and their
 	// rotated copies; [readTokens, max head_dim] for Read.
 	xk, xv, yk, yv, tmp []float32
@@ -66,50 +73,100 @@ var (
 	_ runtime.QuantizedKV = (*cache)(nil)
 )
 
-func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error) {
-	if err := checkLayers(layers, capacity, opt); err != nil {
-		return nil, err
+// checkSpec validates what newCache needs beyond checkLayers: rotations
+// and Hadamard head_dims.
+func checkSpec(sp spec, layers []Layer, opt Options) error {
+	if sp.needRot {
+		if opt.Rotations == nil {
+			return fmt.Errorf("%w: method %q", ErrNoRotations, sp.name)
+		}
+		if err := checkRotations(opt.Rotations, layers); err != nil {
+			return fmt.Errorf("method %q: %w", sp.name, err)
+		}
 	}
-	sink, recent := opt.Sink, opt.Recent
+	for i, l := range layers {
+		if (sp.k.rot == rotHadamard || sp.v.rot == rotHadamard) && !isPow2(l.HeadDim) {
+			return fmt.Errorf("%w: method %q: layer %d: head_dim %d is not a power of two (Hadamard rotation)", ErrBadShape, sp.name, i, l.HeadDim)
+		}
+	}
+	return nil
+}
+
+// windows returns the sink and recent window of sp for capacity.
+func windows(sp spec, capacity int, opt Options) (sink, recent int) {
+	sink, recent = opt.Sink, opt.Recent
 	if sp.noWindows {
 		sink, recent = 0, 0
 	}
 	if recent == 0 {
 		recent = sp.defaultRecent
 	}
-	sink = min(sink, capacity)
-	if sp.needRot {
-		if opt.Rotations == nil {
-			return nil, fmt.Errorf("%w: method %q", ErrNoRotations, sp.name)
-		}
-		if err := checkRotations(opt.Rotations, layers); err != nil {
-			return nil, fmt.Errorf("method %q: %w", sp.name, err)
-		}
+	return min(sink, capacity), recent
+}
+
+// ringSize is the fp16 ring of a cache: the window, at most
+// max(Recent, block−1) pending tokens, plus slack tokens, so that a
+// cancelled Forward of up to slack tokens finds the rows it pushed out of
+// the window (ringSlack for New's caches, 0 for a Pool's); 0 when no
+// token ever waits (per-token methods without a recent window, no
+// slack).
+func ringSize(sp spec, recent, slack, capacity int) int {
+	return min(max(recent, sp.block-1)+slack, capacity)
+}
+
+// newCache returns an empty cache of sp for New: its pages come from a
+// private source, all taken at once, each page one block of pageTokens
+// tokens (capacity−sink rounded up to the method's block: one page, so
+// the storage is laid out [kv head][capacity][row] as contiguous
+// preallocated arrays would be), and its ring has ringSlack slack.
+func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error) {
+	return newCachePaged(sp, layers, capacity, opt, 0, ringSlack)
+}
+
+// newCachePaged is newCache with pages of bt tokens (0: one page) and the
+// given ring slack.
+func newCachePaged(sp spec, layers []Layer, capacity int, opt Options, bt, slack int) (*cache, error) {
+	if err := checkLayers(layers, capacity, opt); err != nil {
+		return nil, err
 	}
-	for i, l := range layers {
-		if (sp.k.rot == rotHadamard || sp.v.rot == rotHadamard) && !isPow2(l.HeadDim) {
-			return nil, fmt.Errorf("%w: method %q: layer %d: head_dim %d is not a power of two (Hadamard rotation)", ErrBadShape, sp.name, i, l.HeadDim)
-		}
+	if err := checkSpec(sp, layers, opt); err != nil {
+		return nil, err
 	}
-	c := &cache{name: sp.name, cap: capacity, sink: sink, recent: recent, block: sp.block}
-	// The ring holds the window (at most max(Recent, block−1) tokens)
-	// plus a slack of ringSlack tokens, so that a cancelled Forward of up
-	// to ringSlack tokens finds the rows it pushed out of the window.
-	c.ring = max(1, min(max(recent, sp.block)+ringSlack, capacity))
-	capQ := capacity - sink
+	sink, _ := windows(sp, capacity, opt)
+	if bt == 0 {
+		bt = max(1, (capacity-sink+sp.block-1)/sp.block*sp.block)
+	}
+	c := &cache{}
+	lay := c.init(sp, layers, capacity, opt, bt, slack)
+	src := &privateSource{lay: lay}
+	c.pg.src = src
+	for j := range c.pg.tab {
+		c.pg.tab[j] = src.take()
+	}
+	return c, nil
+}
+
+// privateSource makes fresh blocks of one layout (New's caches: no
+// budget).
+type privateSource struct{ lay layout }
+
+func (s *privateSource) take() *block { return s.lay.newBlock() }
+
+// init initializes c as an empty cache of sp (validated) with pages of
+// bt tokens (a multiple of sp.block) and ring slack, and returns the
+// block layout. The page table is empty (nil pages) and c.pg.src unset.
+// A cache released to a Pool is initialized again by reset.
+func (c *cache) init(sp spec, layers []Layer, capacity int, opt Options, bt, slack int) layout {
+	c.name, c.block = sp.name, sp.block
+	c.pg.bt = bt
+	lay := layout{bt: bt}
 	var maxKV, maxHD int
 	for i, l := range layers {
 		kvDim := l.NumKVHeads * l.HeadDim
 		maxKV, maxHD = max(maxKV, kvDim), max(maxHD, l.HeadDim)
-		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim, q: sink,
-			sinkK: make([]uint16, sink*kvDim), sinkV: make([]uint16, sink*kvDim),
-			ringK: make([]uint16, c.ring*kvDim), ringV: make([]uint16, c.ring*kvDim),
-			ringPos: make([]int, c.ring)}
-		for j := range L.ringPos {
-			L.ringPos[j] = -1
-		}
-		L.k = newSide(sp.k, l, capQ, sp.block)
-		L.v = newSide(sp.v, l, capQ, sp.block)
+		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim}
+		L.k = newSide(sp.k, l, &lay, &c.pg, sp.block)
+		L.v = newSide(sp.v, l, &lay, &c.pg, sp.block)
 		if sp.needRot {
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]
@@ -127,17 +184,50 @@ func newCache(sp spec, layers []Layer, capacity int, opt Options) (*cache, error
 	c.xk, c.xv = make([]float32, chunkTokens*maxKV), make([]float32, chunkTokens*maxKV)
 	c.yk, c.yv = make([]float32, chunkTokens*maxKV), make([]float32, chunkTokens*maxKV)
 	c.tmp = make([]float32, readTokens*maxHD)
-	return c, nil
+	c.reset(sp, capacity, opt, slack)
+	return lay
 }
 
-func newSide(ss sideSpec, l Layer, capQ, block int) side {
+// reset empties c (built by init for sp) for capacity tokens: windows,
+// ring and an empty page table sized for capacity, reusing the buffers
+// that are large enough. Its stores keep their regions: they do not
+// depend on the capacity.
+func (c *cache) reset(sp spec, capacity int, opt Options, slack int) {
+	c.sink, c.recent = windows(sp, capacity, opt)
+	c.n, c.cap = 0, capacity
+	c.ring = ringSize(sp, c.recent, slack, capacity)
+	c.pg.tab = resize(c.pg.tab, (capacity-c.sink+c.pg.bt-1)/c.pg.bt)
+	clear(c.pg.tab)
+	for i := range c.layers {
+		L := &c.layers[i]
+		L.len, L.q = 0, c.sink
+		L.sinkK, L.sinkV = resize(L.sinkK, c.sink*L.kvDim), resize(L.sinkV, c.sink*L.kvDim)
+		L.ringK, L.ringV = resize(L.ringK, c.ring*L.kvDim), resize(L.ringV, c.ring*L.kvDim)
+		L.ringPos = resize(L.ringPos, c.ring)
+		for j := range L.ringPos {
+			L.ringPos[j] = -1
+		}
+	}
+}
+
+// resize returns s[:n] when s can hold n elements, else a new slice.
+func resize[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
+}
+
+// newSide builds a side of ss for layer l, claiming its regions of lay in
+// the pages p.
+func newSide(ss sideSpec, l Layer, lay *layout, p *pages, block int) side {
 	nkv, hd := l.NumKVHeads, l.HeadDim
 	s := side{rot: ss.rot}
 	switch ss.store {
 	case storeF16:
-		s.st = newF16Store(nkv, hd, capQ)
+		s.st = newF16Store(lay, p, nkv, hd)
 	case storeF32:
-		s.st = &f32Store{nkv, hd, capQ, make([]float32, nkv*capQ*hd)}
+		s.st = newF32Store(lay, p, nkv, hd)
 	case storeAsym:
 		g := ss.group
 		switch {
@@ -146,14 +236,15 @@ func newSide(ss sideSpec, l Layer, capQ, block int) side {
 		case g <= 0 || hd%g != 0:
 			g = hd
 		}
-		s.st = newAsymStore(nkv, hd, capQ, ss.bits, g)
+		s.st = newAsymStore(lay, p, nkv, hd, ss.bits, g)
 	case storeSym2:
-		s.st = newSym2Store(nkv, hd, capQ)
+		s.st = newSym2Store(lay, p, nkv, hd)
 	case storeChannel:
-		s.st = newChannelStore(nkv, hd, capQ, ss.bits, block)
+		s.st = newChannelStore(lay, p, nkv, hd, ss.bits, block)
 	}
 	if ss.tokenNorm {
-		s.norms = make([]float32, capQ)
+		s.norm = true
+		s.norms = lay.f32Rows(1, 1, 1)
 	}
 	return s
 }
@@ -205,6 +296,9 @@ func (c *cache) idealQ(q, n int) int {
 
 // inRing reports whether the ring holds the rows of positions [a, b).
 func (c *cache) inRing(L *layerState, a, b int) bool {
+	if c.ring == 0 {
+		return a >= b
+	}
 	for p := a; p < b; p++ {
 		if L.ringPos[p%c.ring] != p {
 			return false
@@ -336,7 +430,7 @@ func (c *cache) encode(L *layerState, sd *side, i0, t int, x, y []float32) {
 		}
 		x = y
 	}
-	if sd.norms != nil {
+	if sd.norm {
 		for r := 0; r < t; r++ {
 			row := x[r*d : (r+1)*d]
 			var s float64
@@ -344,7 +438,7 @@ func (c *cache) encode(L *layerState, sd *side, i0, t int, x, y []float32) {
 				s += float64(e) * float64(e)
 			}
 			nrm := float32(math.Sqrt(s))
-			sd.norms[i0+r] = nrm
+			c.pg.put(i0 + r).f32[sd.norms.at(&c.pg, 0, i0+r)] = nrm
 			if nrm > 0 {
 				kernels.Scale(1/nrm, row)
 			}
@@ -364,7 +458,7 @@ func (c *cache) encode(L *layerState, sd *side, i0, t int, x, y []float32) {
 // into dst ([i1−i0, head_dim]).
 func (c *cache) decode(L *layerState, sd *side, h, i0, i1 int, dst []float32) {
 	hd := L.hd
-	if sd.rot == rotNone && sd.norms == nil {
+	if sd.rot == rotNone && !sd.norm {
 		sd.st.get(h, i0, i1, dst)
 		return
 	}
@@ -377,9 +471,9 @@ func (c *cache) decode(L *layerState, sd *side, h, i0, i1 int, dst []float32) {
 			x = c.tmp[:t*hd]
 		}
 		sd.st.get(h, a, b, x)
-		if sd.norms != nil {
+		if sd.norm {
 			for r := 0; r < t; r++ {
-				kernels.Scale(sd.norms[a+r], x[r*hd:(r+1)*hd])
+				kernels.Scale(c.pg.get(a + r).f32[sd.norms.at(&c.pg, 0, a+r)], x[r*hd:(r+1)*hd])
 			}
 		}
 		switch sd.rot {
@@ -430,10 +524,10 @@ func (c *cache) Bytes() int64 {
 		fp := n - nq
 		s += int64(fp) * int64(L.kvDim) * 4
 		s += L.k.st.bytes(nq) + L.v.st.bytes(nq)
-		if L.k.norms != nil {
+		if L.k.norm {
 			s += 4 * int64(nq)
 		}
-		if L.v.norms != nil {
+		if L.v.norm {
 			s += 4 * int64(nq)
 		}
 	}

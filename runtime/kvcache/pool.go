@@ -1,0 +1,261 @@
+package kvcache
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// Errors of Pool.NewCache.
+var (
+	// ErrPoolFull: the free budget is too small for the cache now; it may
+	// fit once other caches are released.
+	ErrPoolFull = errors.New("kvcache: KV pool is full")
+	// ErrNeverFits: the cache needs more than the whole budget.
+	ErrNeverFits = errors.New("kvcache: KV cache can never fit in the pool's budget")
+)
+
+// PoolStats is a Pool's use now (serve.PoolStats is this type).
+type PoolStats struct {
+	// BlockTokens is the tokens per block; TotalBlocks the budget in
+	// blocks, ⌊TotalBytes / block bytes⌋; UsedBlocks the blocks that live
+	// caches hold now (taken as tokens are stored, at most what they
+	// reserved).
+	BlockTokens             int
+	TotalBlocks, UsedBlocks int
+	// Bytes: the budget, what live caches reserved (BytesFor of their
+	// capacities), and what is free (TotalBytes − UsedBytes).
+	TotalBytes, UsedBytes, FreeBytes int64
+	// Sequences is the number of caches not yet released.
+	Sequences int
+}
+
+// Pool is KV memory as a budget: caches of one method and model shape
+// whose storage is handed out in blocks of blockTokens tokens, so that
+// caches of different lengths share the budget without fragmentation
+// (paged KV memory, as vLLM's PagedAttention block manager hands out
+// blocks).
+//
+// A block holds blockTokens tokens of every layer, K and V, of the
+// method's quantized storage: codes, binary16 scales and zero points and
+// OScaR's fp32 token norms (see store.go). Besides its blocks, a cache has
+// fixed bytes for its fp16 sink (Sink tokens) and recent ring. NewCache
+// reserves BytesFor(capacity) of the budget; the cache then takes blocks
+// as its tokens are stored (never more than it reserved) and Release
+// returns them to a free list that later caches reuse, so in steady state
+// no block is allocated.
+//
+// The ring of a pool cache is exactly the fp16 window, max(Recent,
+// block−1) tokens with no slack (New's caches keep 32 more): a serving
+// scheduler checks for cancellation between Forward calls, never inside
+// one, so no cancelled Forward needs rows pushed out of the window. After
+// a Truncate a pool cache may so keep more tokens quantized than a New
+// cache would (documented Truncate behaviour: tokens whose rows are gone
+// stay quantized).
+//
+// Working memory that is not KV data — page tables, scratch rows, ring
+// bookkeeping, rotation matrices — is not counted; released caches keep
+// theirs for reuse.
+//
+// A Pool is safe for concurrent use; each cache it returns is not.
+type Pool struct {
+	method string
+	sp     spec
+	layers []Layer
+	opt    Options
+	bt     int
+	lay    layout
+	// blockBytes is lay.bytes(); sumKV is Σ_layers kvDim.
+	blockBytes int64
+	sumKV      int64
+
+	mu          sync.Mutex
+	total, used int64
+	held, seqs  int
+	free        []*block
+	spare       []*cache
+	live        map[*cache]bool
+}
+
+// fp32Spec is fp32 as a paged method: float32 rows, no windows (a pool's
+// fp32 caches do not have runtime.F32KV; Read copies rows).
+var fp32Spec = spec{name: "fp32", k: sideSpec{store: storeF32}, v: sideSpec{store: storeF32}, block: 1, noWindows: true}
+
+// NewPool returns a pool of budgetBytes bytes handing out caches of method
+// (one of Methods(), options as for New) for layers, in blocks of
+// blockTokens tokens. Block methods (kivi2, oscars2) need blockTokens a
+// multiple of their 32-token quantization block.
+//
+// Errors: ErrUnknownMethod, ErrNoRotations and ErrBadShape as New (for
+// layers, windows and rotations); a non-positive budgetBytes or
+// blockTokens, or a blockTokens that is not a multiple of the method's
+// block, names the parameter.
+func NewPool(method string, layers []Layer, opt Options, budgetBytes int64, blockTokens int) (*Pool, error) {
+	if budgetBytes <= 0 {
+		return nil, fmt.Errorf("kvcache: NewPool: budgetBytes %d, want > 0", budgetBytes)
+	}
+	if blockTokens <= 0 {
+		return nil, fmt.Errorf("kvcache: NewPool: blockTokens %d, want > 0", blockTokens)
+	}
+	if err := checkLayers(layers, 1, opt); err != nil {
+		return nil, err
+	}
+	sp := fp32Spec
+	if method != "fp32" {
+		var ok bool
+		if sp, ok = methods[method]; !ok {
+			return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownMethod, method, strings.Join(Methods(), ", "))
+		}
+		sp.name = method
+	}
+	if blockTokens%sp.block != 0 {
+		return nil, fmt.Errorf("kvcache: NewPool: blockTokens %d for %s, want a multiple of its %d-token quantization block", blockTokens, method, sp.block)
+	}
+	if err := checkSpec(sp, layers, opt); err != nil {
+		return nil, err
+	}
+	p := &Pool{method: method, sp: sp, layers: append([]Layer(nil), layers...), opt: opt, bt: blockTokens,
+		total: budgetBytes, live: map[*cache]bool{}}
+	probe := &cache{}
+	p.lay = probe.init(sp, p.layers, 1, opt, blockTokens, 0)
+	p.blockBytes = p.lay.bytes()
+	for _, l := range layers {
+		p.sumKV += int64(l.NumKVHeads * l.HeadDim)
+	}
+	return p, nil
+}
+
+// BlockBytes is the size of one block: every byte of codes, scales, zero
+// points and norms of BlockTokens tokens over all layers, K and V.
+func (p *Pool) BlockBytes() int64 { return p.blockBytes }
+
+// shape returns the sink, ring and number of blocks of a cache of
+// capacity tokens.
+func (p *Pool) shape(capacity int) (sink, ring, blocks int) {
+	sink, recent := windows(p.sp, capacity, p.opt)
+	ring = ringSize(p.sp, recent, 0, capacity)
+	return sink, ring, (capacity - sink + p.bt - 1) / p.bt
+}
+
+// BytesFor is the budget a cache of capacity tokens reserves, in bytes:
+// its fixed bytes, the fp16 sink and ring, (sink + ring)·4·Σ kvDim (K and
+// V, 2 bytes an element), plus ⌈(capacity − sink)/BlockTokens⌉ blocks of
+// BlockBytes (with sink = min(Sink, capacity), ring = min(max(Recent,
+// block−1), capacity); fp16 and fp32 have no windows, and per-token
+// methods without a recent window no ring). 0 for capacity < 1.
+func (p *Pool) BytesFor(capacity int) int64 {
+	if capacity < 1 {
+		return 0
+	}
+	sink, ring, blocks := p.shape(capacity)
+	return int64(sink+ring)*4*p.sumKV + int64(blocks)*p.blockBytes
+}
+
+// NewCache reserves BytesFor(capacity) of the budget and returns an empty
+// cache of capacity tokens (runtime.KVCache, Sizer, runtime.QuantizedKV)
+// whose quantized storage comes from the pool's blocks. Its values are
+// those of New's cache of the same method and options, bit for bit.
+//
+// Errors: ErrBadShape for capacity < 1; ErrNeverFits (wrapped) when
+// BytesFor(capacity) exceeds the whole budget; ErrPoolFull (wrapped)
+// when it exceeds the free budget now.
+func (p *Pool) NewCache(capacity int) (runtime.KVCache, error) {
+	if capacity < 1 {
+		return nil, fmt.Errorf("%w: capacity %d, want ≥ 1 token", ErrBadShape, capacity)
+	}
+	need := p.BytesFor(capacity)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if need > p.total {
+		return nil, fmt.Errorf("%w: %s cache of %d tokens needs %d bytes, the budget is %d", ErrNeverFits, p.method, capacity, need, p.total)
+	}
+	if need > p.total-p.used {
+		return nil, fmt.Errorf("%w: %s cache of %d tokens needs %d bytes, %d of %d free", ErrPoolFull, p.method, capacity, need, p.total-p.used, p.total)
+	}
+	var c *cache
+	if n := len(p.spare); n > 0 {
+		c, p.spare = p.spare[n-1], p.spare[:n-1]
+		c.reset(p.sp, capacity, p.opt, 0)
+	} else {
+		c = &cache{}
+		c.init(p.sp, p.layers, capacity, p.opt, p.bt, 0)
+	}
+	c.pool, c.reserved = p, need
+	c.pg.src = (*poolSource)(c)
+	p.used += need
+	p.seqs++
+	p.live[c] = true
+	p.check()
+	return c, nil
+}
+
+// Release returns every block and byte of c to the pool. c must come
+// from p's NewCache and not be used afterwards; it panics otherwise (a
+// caller bug), as on a second Release.
+func (p *Pool) Release(c runtime.KVCache) {
+	cc, ok := c.(*cache)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !ok || !p.live[cc] {
+		panic(fmt.Sprintf("kvcache: Pool.Release: %T is not a live cache of this pool (released twice, or from elsewhere)", c))
+	}
+	delete(p.live, cc)
+	for j, b := range cc.pg.tab {
+		if b != nil {
+			p.free = append(p.free, b)
+			p.held--
+			cc.pg.tab[j] = nil
+		}
+	}
+	p.used -= cc.reserved
+	p.seqs--
+	cc.pool, cc.reserved, cc.pg.src = nil, 0, nil
+	p.spare = append(p.spare, cc)
+	p.check()
+}
+
+// Stats implements the pool's report of its use now.
+func (p *Pool) Stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return PoolStats{BlockTokens: p.bt, TotalBlocks: int(p.total / p.blockBytes), UsedBlocks: p.held,
+		TotalBytes: p.total, UsedBytes: p.used, FreeBytes: p.total - p.used, Sequences: p.seqs}
+}
+
+// check asserts the pool's invariants (p.mu held): reservations within
+// the budget, blocks held within what is reserved. A violation is a bug
+// in this package: it panics.
+func (p *Pool) check() {
+	if p.used < 0 || p.used > p.total {
+		panic(fmt.Sprintf("kvcache: Pool invariant violated: %d bytes reserved, budget %d", p.used, p.total))
+	}
+	if int64(p.held)*p.blockBytes > p.used {
+		panic(fmt.Sprintf("kvcache: Pool invariant violated: %d blocks of %d bytes held, only %d bytes reserved", p.held, p.blockBytes, p.used))
+	}
+}
+
+// poolSource is a pool cache seen as the blockSource of its pages: it
+// takes blocks from its pool's free list, within its reservation.
+type poolSource cache
+
+func (s *poolSource) take() *block {
+	c := (*cache)(s)
+	p := c.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h := c.pg.held(); h >= len(c.pg.tab) {
+		panic(fmt.Sprintf("kvcache: Pool invariant violated: cache holds %d blocks, reserved %d", h, len(c.pg.tab)))
+	}
+	var b *block
+	if n := len(p.free); n > 0 {
+		b, p.free = p.free[n-1], p.free[:n-1]
+	} else {
+		b = p.lay.newBlock()
+	}
+	p.held++
+	p.check()
+	return b
+}

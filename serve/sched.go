@@ -1,0 +1,694 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmpack/lmpack/internal/field"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// ErrInvalidRequest is wrapped by Submit for a GenRequest the HTTP layer
+// should have refused (no prompt, a token id out of range, max_tokens < 1,
+// a negative temperature, …); the error names the field.
+var ErrInvalidRequest = errors.New("serve: invalid generation request")
+
+// SchedOptions configures NewScheduler. The Go field names appear in its
+// errors (internal/field); the command renames them to its flags.
+type SchedOptions struct {
+	// MaxBatch is the most sequences in the running batch at once (each
+	// holding its KV reservation), ≥ 1.
+	MaxBatch int
+	// MaxPrefillTokens is the most prompt tokens one step runs over all
+	// prefilling sequences together (chunked prefill), ≥ 1. Decode rows
+	// (one token per decoding sequence) are not counted.
+	MaxPrefillTokens int
+	// MaxQueue is the most requests waiting for admission, ≥ 1; Submit
+	// beyond it returns ErrQueueFull.
+	MaxQueue int
+	// MaxModelLen bounds prompt + max_tokens of a request, in tokens; 0
+	// means the model's max_position_embeddings. It must not exceed
+	// max_position_embeddings.
+	MaxModelLen int
+	// EOS lists the end-of-sequence token ids (finish "stop" unless a
+	// request sets IgnoreEOS); nil means the model's eos_token_id list.
+	EOS []int
+	// Logger receives the scheduler's records (admission and finish at
+	// Debug, panics and forward errors at Error; never prompt text); nil
+	// means slog.Default().
+	Logger *slog.Logger
+}
+
+// Scheduler is the continuous-batching step loop of lmpack serve: it
+// implements Submitter. One goroutine runs Run; Submit and Drain may be
+// called from any goroutine.
+//
+// Admission (reserve at admission): a request reserves
+// pool.NewCache(len(Prompt)+MaxTokens) — the KV memory of its whole
+// possible length — when it leaves the queue, and holds it until it
+// finishes, so a running sequence can never run out of KV memory and no
+// preemption exists. This is conservative against vLLM's policy (blocks
+// allocated lazily as tokens are written, a running sequence preempted
+// and recomputed when the pool runs dry): a request that stops early
+// (EOS, stop string) held memory it never used, so fewer sequences run
+// at once than vLLM would run on the same budget; in exchange a request
+// once admitted always completes, and Stats().UsedBytes never exceeds
+// the budget.
+//
+// Order: strict FIFO. Only the head of the queue is admitted; while it does
+// not fit in the free budget (or MaxBatch sequences run), no later request
+// is admitted, even one that would fit. A request therefore waits only for
+// those queued before it (no starvation by a stream of later, smaller
+// requests), at the price of head-of-line blocking (vLLM's default "fcfs"
+// policy stops at the first waiting request it cannot allocate too).
+//
+// Each step, at its boundary: requests whose ctx ended are finished
+// "cancelled" and their caches released; queued requests are admitted;
+// then ONE runtime.ForwardBatch call runs every decoding sequence's next
+// token and prefill chunks of at most MaxPrefillTokens prompt tokens in
+// all (oldest admitted first), and each sequence that got a logits row it
+// needs (a chunk ending its prompt, a decode row) samples its next token.
+//
+// Events: every request's channel has capacity MaxTokens+1 (at most
+// MaxTokens token events and one finish event), so the step loop never
+// blocks on a slow consumer; a consumer that stops reading costs at most
+// that buffer until it cancels its ctx.
+type Scheduler struct {
+	m      runtime.Model
+	pool   KVPool
+	opt    SchedOptions
+	vocab  int
+	eos    []int
+	budget int64
+	met    *schedMetrics
+	log    *slog.Logger
+
+	// poolMu serializes pool calls (Submit's BytesFor, the loop's).
+	poolMu sync.Mutex
+
+	mu         sync.Mutex
+	queue      []*request
+	started    bool
+	stopped    bool // Run returned
+	draining   bool // Drain called: Submit refuses
+	cut        bool // Drain's ctx ended: cancel everything left
+	idleClosed bool
+	wake       chan struct{} // capacity 1: "something changed"
+	idle       chan struct{} // closed when draining and nothing is left
+	done       chan struct{} // closed when Run returns
+
+	// running is the step loop's (Run's goroutine only).
+	running []*request
+
+	// onSample, when set (tests), is called while handling a request's
+	// sampled token, inside that request's panic recovery.
+	onSample func(r *GenRequest)
+}
+
+// request is one submitted GenRequest's state.
+type request struct {
+	r         *GenRequest
+	ctx       context.Context
+	ch        chan Event
+	need      int // KV capacity: len(Prompt) + MaxTokens
+	cache     runtime.KVCache
+	logits    []float32 // [vocab]
+	sampler   *runtime.Sampler
+	done      int // prompt tokens in the cache
+	gen       int // tokens sampled
+	next      [1]int
+	chunk     int // prompt tokens in this step's Seq; 0: a decode row
+	submitted time.Time
+	last      time.Time // when the previous token was sampled
+	finished  bool
+}
+
+// NewScheduler returns a scheduler running m with KV caches from pool and
+// its metrics (lmpack_*, metrics.go) registered on reg (nil: a private
+// registry). The scheduler owns m and pool from now on: nothing else may
+// call Forward on m or take caches from pool. Errors: an option out of
+// range, as an internal/field error naming the SchedOptions field
+// ("MaxBatch 0: want ≥ 1"); an EOS id outside [0, vocab); a pool with no
+// budget; a metric already registered on reg.
+func NewScheduler(m runtime.Model, pool KVPool, opt SchedOptions, reg *prometheus.Registry) (*Scheduler, error) {
+	if m == nil || pool == nil {
+		return nil, errors.New("serve: NewScheduler needs a model and a KV pool")
+	}
+	d := m.Description()
+	if opt.MaxModelLen == 0 {
+		opt.MaxModelLen = d.MaxPositionEmbeddings
+	}
+	if opt.EOS == nil {
+		opt.EOS = append([]int(nil), d.EOSTokenIDs...)
+	}
+	var err error
+	switch {
+	case opt.MaxBatch < 1:
+		err = field.New("MaxBatch", opt.MaxBatch, "≥ 1 sequence")
+	case opt.MaxPrefillTokens < 1:
+		err = field.New("MaxPrefillTokens", opt.MaxPrefillTokens, "≥ 1 token")
+	case opt.MaxQueue < 1:
+		err = field.New("MaxQueue", opt.MaxQueue, "≥ 1 request")
+	case opt.MaxModelLen < 1:
+		err = field.New("MaxModelLen", opt.MaxModelLen, "≥ 1 token (0: the model's max_position_embeddings, which it does not give)")
+	case d.MaxPositionEmbeddings > 0 && opt.MaxModelLen > d.MaxPositionEmbeddings:
+		err = field.New("MaxModelLen", opt.MaxModelLen, fmt.Sprintf("≤ the model's max_position_embeddings %d", d.MaxPositionEmbeddings))
+	}
+	for _, id := range opt.EOS {
+		if err == nil && (id < 0 || id >= d.VocabSize) {
+			err = field.New("EOS", id, fmt.Sprintf("token ids in [0, vocab_size %d)", d.VocabSize))
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: scheduler options: %w", err)
+	}
+	st := pool.Stats()
+	if st.TotalBytes <= 0 {
+		return nil, fmt.Errorf("serve: KV pool budget %d bytes: want > 0", st.TotalBytes)
+	}
+	if err := checkPool(st); err != nil {
+		return nil, err
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	met, err := newSchedMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Scheduler{
+		m: m, pool: pool, opt: opt, vocab: d.VocabSize, eos: opt.EOS, budget: st.TotalBytes, met: met, log: log,
+		wake: make(chan struct{}, 1), idle: make(chan struct{}), done: make(chan struct{}),
+	}
+	met.setPool(st)
+	return s, nil
+}
+
+// checkPool is the scheduler's internal assertion on the pool: its used
+// bytes and blocks never exceed its budget. Run panics when it fails.
+func checkPool(st PoolStats) error {
+	if st.UsedBytes < 0 || st.UsedBytes > st.TotalBytes || st.UsedBlocks < 0 || (st.TotalBlocks > 0 && st.UsedBlocks > st.TotalBlocks) {
+		return fmt.Errorf("serve: KV pool over-allocated: %d of %d bytes and %d of %d blocks used (internal error: admission must never exceed the budget)",
+			st.UsedBytes, st.TotalBytes, st.UsedBlocks, st.TotalBlocks)
+	}
+	return nil
+}
+
+// Submit implements Submitter: it checks r, queues it and returns the
+// channel of its events (capacity r.MaxTokens+1). r must not be changed
+// afterwards. Errors (checked in this order): ErrInvalidRequest (wrapped,
+// naming the field), ErrTooLong (len(Prompt)+MaxTokens > MaxModelLen),
+// ErrNeverFits (pool.BytesFor(len(Prompt)+MaxTokens) > the whole budget),
+// ErrShuttingDown (Drain was called or Run returned), ErrQueueFull
+// (MaxQueue requests wait). The returned errors wrap these sentinels with
+// the numbers (tokens, bytes) in the message.
+func (s *Scheduler) Submit(ctx context.Context, r *GenRequest) (<-chan Event, error) {
+	if err := s.checkRequest(r); err != nil {
+		s.met.rejected.WithLabelValues("invalid").Inc()
+		return nil, err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	need := len(r.Prompt) + r.MaxTokens
+	if need > s.opt.MaxModelLen {
+		s.met.rejected.WithLabelValues("too_long").Inc()
+		return nil, fmt.Errorf("%w: request %s: prompt %d + max_tokens %d = %d tokens, the max model length is %d",
+			ErrTooLong, r.ID, len(r.Prompt), r.MaxTokens, need, s.opt.MaxModelLen)
+	}
+	s.poolMu.Lock()
+	b := s.pool.BytesFor(need)
+	s.poolMu.Unlock()
+	if b > s.budget {
+		s.met.rejected.WithLabelValues("never_fits").Inc()
+		return nil, fmt.Errorf("%w: request %s: %d tokens need %d bytes of KV memory, the whole budget is %d bytes",
+			ErrNeverFits, r.ID, need, b, s.budget)
+	}
+	q := &request{r: r, ctx: ctx, ch: make(chan Event, r.MaxTokens+1), need: need, submitted: time.Now()}
+	s.mu.Lock()
+	if s.draining || s.stopped {
+		s.mu.Unlock()
+		s.met.rejected.WithLabelValues("shutting_down").Inc()
+		return nil, fmt.Errorf("%w: request %s", ErrShuttingDown, r.ID)
+	}
+	if len(s.queue) >= s.opt.MaxQueue {
+		s.mu.Unlock()
+		s.met.rejected.WithLabelValues("queue_full").Inc()
+		return nil, fmt.Errorf("%w: %d requests wait (max %d)", ErrQueueFull, s.opt.MaxQueue, s.opt.MaxQueue)
+	}
+	s.queue = append(s.queue, q)
+	s.met.queueDepth.Set(float64(len(s.queue)))
+	s.mu.Unlock()
+	s.wakeUp()
+	return q.ch, nil
+}
+
+// checkRequest refuses what the HTTP layer should have refused.
+func (s *Scheduler) checkRequest(r *GenRequest) error {
+	bad := func(f string, v any, want string) error {
+		id := ""
+		if r != nil {
+			id = r.ID
+		}
+		return fmt.Errorf("%w %s: %s %v: want %s", ErrInvalidRequest, id, f, v, want)
+	}
+	switch {
+	case r == nil:
+		return bad("request", nil, "a *GenRequest")
+	case len(r.Prompt) == 0:
+		return bad("Prompt", "(empty)", "≥ 1 token id")
+	case r.MaxTokens < 1:
+		return bad("MaxTokens", r.MaxTokens, "≥ 1")
+	case !(r.Temperature >= 0) || math.IsInf(r.Temperature, 0):
+		return bad("Temperature", r.Temperature, "a finite value ≥ 0")
+	case !(r.TopP >= 0 && r.TopP <= 1):
+		return bad("TopP", r.TopP, "in [0, 1]")
+	case r.TopK < 0:
+		return bad("TopK", r.TopK, "≥ 0")
+	case r.TopLogprobs > s.vocab:
+		return bad("TopLogprobs", r.TopLogprobs, fmt.Sprintf("≤ vocab_size %d", s.vocab))
+	}
+	for i, id := range r.Prompt {
+		if id < 0 || id >= s.vocab {
+			return bad(fmt.Sprintf("Prompt[%d]", i), id, fmt.Sprintf("a token id in [0, vocab_size %d)", s.vocab))
+		}
+	}
+	return nil
+}
+
+func (s *Scheduler) wakeUp() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run is the step loop: it runs steps while requests are queued or
+// running and waits for Submit otherwise. It returns nil when ctx ends
+// (after the step in progress); every request still queued or running then
+// finishes "cancelled" (caches released) and later Submits return
+// ErrShuttingDown. ForwardBatch gets ctx, so a step in progress stops
+// early when ctx ends. Errors: Run called twice. Panics when the pool's
+// used bytes exceed its budget (checkPool; an internal error).
+func (s *Scheduler) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("serve: Scheduler.Run called twice")
+	}
+	s.started = true
+	s.mu.Unlock()
+	defer s.stop()
+	for {
+		s.mu.Lock()
+		work := len(s.queue) > 0 || len(s.running) > 0
+		if !work && s.draining && !s.idleClosed {
+			s.idleClosed = true
+			close(s.idle)
+		}
+		s.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !work {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.wake:
+			}
+			continue
+		}
+		s.step(ctx)
+	}
+}
+
+// stop ends Run: everything left finishes "cancelled".
+func (s *Scheduler) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	left := s.queue
+	s.queue = nil
+	s.met.queueDepth.Set(0)
+	s.mu.Unlock()
+	for _, q := range left {
+		s.finish(q, FinishCancelled, nil)
+	}
+	for _, q := range s.running {
+		s.finish(q, FinishCancelled, nil)
+	}
+	s.running = nil
+	s.updateGauges()
+	s.mu.Lock()
+	if !s.idleClosed {
+		s.idleClosed = true
+		close(s.idle)
+	}
+	s.mu.Unlock()
+	close(s.done)
+}
+
+// Drain is the graceful shutdown: Submit returns ErrShuttingDown from now
+// on; queued and running requests go on until they finish or ctx ends;
+// when ctx ends, every request left is finished "cancelled" at the next
+// step boundary (its cache released). Drain returns when no request is
+// left: nil when all finished on their own, otherwise an error wrapping
+// ctx.Err(). Without a running Run (never started, or returned), queued
+// requests are finished "cancelled" at once.
+func (s *Scheduler) Drain(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	if !s.started || s.stopped {
+		left := s.queue
+		s.queue = nil
+		s.met.queueDepth.Set(0)
+		if !s.idleClosed {
+			s.idleClosed = true
+			close(s.idle)
+		}
+		s.mu.Unlock()
+		for _, q := range left {
+			s.finish(q, FinishCancelled, nil)
+		}
+		return nil
+	}
+	s.mu.Unlock()
+	s.wakeUp()
+	select {
+	case <-s.idle:
+		return nil
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	s.cut = true
+	s.mu.Unlock()
+	s.wakeUp()
+	select {
+	case <-s.idle:
+	case <-s.done:
+	}
+	return fmt.Errorf("serve: drain: the requests left when the deadline came were cancelled: %w", ctx.Err())
+}
+
+// step is one scheduler step (see Scheduler).
+func (s *Scheduler) step(ctx context.Context) {
+	// Boundary: cancelled requests leave and release their caches.
+	s.mu.Lock()
+	cut := s.cut
+	s.mu.Unlock()
+	kept := s.running[:0]
+	for _, q := range s.running {
+		if cut || q.ctx.Err() != nil {
+			s.finish(q, FinishCancelled, nil)
+			continue
+		}
+		kept = append(kept, q)
+	}
+	clear(s.running[len(kept):])
+	s.running = kept
+	s.admit(cut)
+
+	// One batched forward over every running sequence.
+	seqs := make([]runtime.Seq, 0, len(s.running))
+	budget := s.opt.MaxPrefillTokens
+	var rows int
+	for _, q := range s.running {
+		if q.done < len(q.r.Prompt) {
+			if budget == 0 {
+				q.chunk = -1 // waits for the next step
+				continue
+			}
+			n := min(budget, len(q.r.Prompt)-q.done)
+			budget -= n
+			q.chunk = n
+			seqs = append(seqs, runtime.Seq{Tokens: q.r.Prompt[q.done : q.done+n], Cache: q.cache, Logits: q.logits})
+			rows += n
+			continue
+		}
+		q.chunk = 0
+		seqs = append(seqs, runtime.Seq{Tokens: q.next[:], Cache: q.cache, Logits: q.logits})
+		rows++
+	}
+	if len(seqs) > 0 {
+		s.met.steps.Inc()
+		s.met.stepTokens.Observe(float64(rows))
+		if err := s.forward(ctx, seqs); err != nil {
+			if ctx.Err() != nil {
+				return // Run ends; stop cancels everything
+			}
+			s.met.forwardErrors.Inc()
+			s.log.Error("serve: batched forward failed; its requests finish with error", "sequences", len(seqs), "err", err)
+			for _, q := range s.running {
+				if q.chunk >= 0 {
+					s.finish(q, FinishError, fmt.Errorf("serve: request %s: forward: %w", q.r.ID, err))
+				}
+			}
+		} else {
+			for _, q := range s.running {
+				if q.chunk >= 0 {
+					s.handle(q)
+				}
+			}
+		}
+	}
+	kept = s.running[:0]
+	for _, q := range s.running {
+		if !q.finished {
+			kept = append(kept, q)
+		}
+	}
+	clear(s.running[len(kept):])
+	s.running = kept
+	s.updateGauges()
+}
+
+// admit moves queued requests into the running batch, strict FIFO (see
+// Scheduler). Queued requests whose ctx ended (or all, when cut) finish
+// "cancelled" first.
+func (s *Scheduler) admit(cut bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.queue[:0]
+	for _, q := range s.queue {
+		if cut || q.ctx.Err() != nil {
+			s.finish(q, FinishCancelled, nil)
+			continue
+		}
+		kept = append(kept, q)
+	}
+	clear(s.queue[len(kept):])
+	s.queue = kept
+	for len(s.queue) > 0 && len(s.running) < s.opt.MaxBatch {
+		q := s.queue[0]
+		s.poolMu.Lock()
+		fits := s.pool.BytesFor(q.need) <= s.pool.Stats().FreeBytes
+		var c runtime.KVCache
+		var err error
+		if fits || len(s.running) == 0 {
+			c, err = s.pool.NewCache(q.need)
+		}
+		s.poolMu.Unlock()
+		if c == nil {
+			if len(s.running) > 0 {
+				break // waits for running sequences to release memory
+			}
+			if err == nil {
+				err = errors.New("pool returned no cache")
+			}
+			// Nothing runs, so the pool is as free as it gets.
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+			s.finish(q, FinishError, fmt.Errorf("serve: request %s: KV cache of %d tokens: %w", q.r.ID, q.need, err))
+			continue
+		}
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		q.cache = c
+		q.logits = make([]float32, s.vocab)
+		q.sampler = runtime.NewSampler(q.r.Temperature, q.r.TopP, q.r.Seed)
+		q.sampler.TopK = q.r.TopK
+		s.running = append(s.running, q)
+		s.log.Debug("serve: admitted", "id", q.r.ID, "prompt_tokens", len(q.r.Prompt), "max_tokens", q.r.MaxTokens,
+			"queued_s", time.Since(q.submitted).Seconds())
+	}
+	s.met.queueDepth.Set(float64(len(s.queue)))
+}
+
+// forward runs seqs in one batched call; a panic inside it becomes its
+// error.
+func (s *Scheduler) forward(ctx context.Context, seqs []runtime.Seq) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic in ForwardBatch: %v", p)
+			s.log.Error("serve: panic in ForwardBatch", "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	return runtime.ForwardBatch(ctx, s.m, seqs)
+}
+
+// handle takes q's results of this step: the prompt tokens prefilled and,
+// when its logits row is one it needs, its next token. A panic here fails
+// q alone with Finish "error".
+func (s *Scheduler) handle(q *request) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.met.requestPanics.Inc()
+			s.log.Error("serve: panic while handling a request; it finishes with error", "id", q.r.ID, "panic", p, "stack", string(debug.Stack()))
+			s.finish(q, FinishError, fmt.Errorf("serve: request %s: internal error: %v", q.r.ID, p))
+		}
+	}()
+	if q.chunk > 0 {
+		q.done += q.chunk
+		s.met.promptTokens.Add(float64(q.chunk))
+		if q.done < len(q.r.Prompt) {
+			return // a chunk that does not end the prompt: its logits are not needed
+		}
+	}
+	tok := q.sampler.Sample(q.logits)
+	now := time.Now()
+	if q.gen == 0 {
+		s.met.ttft.Observe(now.Sub(q.submitted).Seconds())
+	} else {
+		s.met.itl.Observe(now.Sub(q.last).Seconds())
+	}
+	q.last = now
+	q.gen++
+	s.met.genTokens.Inc()
+	if s.onSample != nil {
+		s.onSample(q.r)
+	}
+	if s.isStop(q.r, tok) {
+		s.finish(q, FinishStop, nil)
+		return
+	}
+	ev := Event{Token: tok}
+	if q.r.TopLogprobs >= 0 {
+		ev.Logprob, ev.Top = logprobs(q.logits, tok, q.r.TopLogprobs)
+	}
+	q.ch <- ev // never blocks: capacity MaxTokens+1
+	if q.gen >= q.r.MaxTokens {
+		s.finish(q, FinishLength, nil)
+		return
+	}
+	q.next[0] = tok
+}
+
+// isStop reports whether tok ends r with finish "stop".
+func (s *Scheduler) isStop(r *GenRequest, tok int) bool {
+	for _, id := range r.StopTokenIDs {
+		if id == tok {
+			return true
+		}
+	}
+	if !r.IgnoreEOS {
+		for _, id := range s.eos {
+			if id == tok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// finish ends q once: its last event (reason, err) is sent and its channel
+// closed, then its cache goes back to the pool.
+func (s *Scheduler) finish(q *request, reason string, err error) {
+	if q.finished {
+		return
+	}
+	q.finished = true
+	q.ch <- Event{Finish: reason, Err: err}
+	close(q.ch)
+	s.met.finished.WithLabelValues(reason).Inc()
+	s.log.Debug("serve: finished", "id", q.r.ID, "finish", reason, "prompt_tokens", len(q.r.Prompt),
+		"generated_tokens", q.gen, "duration_s", time.Since(q.submitted).Seconds())
+	if q.cache != nil {
+		c := q.cache
+		q.cache = nil
+		s.poolMu.Lock()
+		defer s.poolMu.Unlock()
+		s.pool.Release(c)
+	}
+}
+
+// updateGauges sets the gauges after a step and checks the pool's
+// invariant (panics on a violation: admission must never exceed the
+// budget).
+func (s *Scheduler) updateGauges() {
+	s.poolMu.Lock()
+	st := s.pool.Stats()
+	s.poolMu.Unlock()
+	s.met.setPool(st)
+	s.met.running.Set(float64(len(s.running)))
+	if err := checkPool(st); err != nil {
+		s.log.Error(err.Error())
+		panic(err)
+	}
+}
+
+// logprobs returns the log-softmax (float64, of the raw logits) of tok and
+// the k most likely ids with theirs, most likely first, ties to the lowest
+// id.
+func logprobs(logits []float32, tok, k int) (float32, []TokenLogprob) {
+	mx := float64(logits[runtime.Argmax(logits)])
+	var sum float64
+	for _, l := range logits {
+		sum += math.Exp(float64(l) - mx)
+	}
+	lse := mx + math.Log(sum)
+	lp := float32(float64(logits[tok]) - lse)
+	if k == 0 {
+		return lp, nil
+	}
+	better := func(a, b int) bool {
+		if logits[a] != logits[b] {
+			return logits[a] > logits[b]
+		}
+		return a < b
+	}
+	var ids []int
+	if k >= 32 {
+		ids = make([]int, len(logits))
+		for i := range ids {
+			ids[i] = i
+		}
+		sort.Slice(ids, func(a, b int) bool { return better(ids[a], ids[b]) })
+		ids = ids[:k]
+	} else {
+		ids = make([]int, 0, k+1)
+		for i := range logits {
+			if len(ids) == k && !better(i, ids[k-1]) {
+				continue
+			}
+			j := len(ids)
+			if j < k {
+				ids = append(ids, i)
+			} else {
+				j = k - 1
+				ids[j] = i
+			}
+			for ; j > 0 && better(ids[j], ids[j-1]); j-- {
+				ids[j], ids[j-1] = ids[j-1], ids[j]
+			}
+		}
+	}
+	top := make([]TokenLogprob, len(ids))
+	for i, id := range ids {
+		top[i] = TokenLogprob{ID: id, Logprob: float32(float64(logits[id]) - lse)}
+	}
+	return lp, top
+}
