@@ -442,9 +442,12 @@ func chatModel(t *testing.T, src string) string {
 	return dir
 }
 
-// chatTemplate is the test's Jinja2 chat template; renderChat is what it
-// renders to (add_generation_prompt true).
-const chatTemplate = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+// chatTemplate is the test's Jinja2 chat template: BOS, "role: content"
+// lines, then "assistant:"; renderChat is what it renders to after the BOS
+// (add_generation_prompt true), the prompt `lmpack run` gets (run adds the
+// BOS itself). Servers tokenize a rendered chat without adding special
+// tokens (the template writes them), as transformers and vLLM do.
+const chatTemplate = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 
 func renderChat(msgs []map[string]string) string {
 	var b strings.Builder

@@ -78,14 +78,14 @@ func TestServeOpenAIClient(t *testing.T) {
 	s := startServeKey(t, 0, "sk-lmpack-test", model, "--served-model-name", servedName, "--api-key-file", keyFile, "--threads", "1")
 
 	const prompt, n = "Once upon a time", 40
-	const longN = 300 // long enough that greedy decoding reaches EOS ("stop")
+	const stop = " park" // a stop string inside the greedy text
 	msgs := []map[string]string{{"role": "user", "content": "Tell me a story about a cat."}}
 	const chatN = 30
 	refText, refPrompt, refGen := runGreedy(t, model, prompt, n)
-	longText, longPrompt, longGen := runGreedy(t, model, prompt, longN)
 	chatText, chatPrompt, chatGen := runGreedy(t, model, renderChat(msgs), chatN)
-	if longGen >= longN {
-		t.Fatalf("lmpack run generated %d of %d tokens without EOS: the \"stop\" case needs a larger max_tokens", longGen, longN)
+	cut := strings.Index(refText, stop)
+	if cut < 0 {
+		t.Fatalf("lmpack run's greedy text %q lacks the stop string %q", refText, stop)
 	}
 
 	comp := map[string]any{"model": servedName, "prompt": prompt, "max_tokens": n, "temperature": 0}
@@ -104,7 +104,8 @@ func TestServeOpenAIClient(t *testing.T) {
 	cases := []openaijs.Case{
 		{Name: "models", Kind: "models"},
 		{Name: "completion", Kind: "completion", Params: comp},
-		{Name: "completion_eos", Kind: "completion", Params: with(comp, "max_tokens", longN)},
+		{Name: "completion_stop", Kind: "completion", Params: with(comp, "stop", []string{stop})},
+		{Name: "completion_stop_stream", Kind: "completion_stream", Params: with(comp, "stop", []string{"zzz", stop}, "stream_options", incl)},
 		{Name: "completion_stream", Kind: "completion_stream", Params: with(comp, "stream_options", incl)},
 		{Name: "chat", Kind: "chat", Params: chat},
 		{Name: "chat_stream", Kind: "chat_stream", Params: with(chat, "stream_options", incl)},
@@ -193,7 +194,42 @@ func TestServeOpenAIClient(t *testing.T) {
 		return &c
 	}
 	checkCompletion("completion", "text_completion", ok("completion"), refText, refPrompt, refGen, n)
-	checkCompletion("completion_eos", "text_completion", ok("completion_eos"), longText, longPrompt, longGen, longN)
+	// A stop string: the greedy text up to it, finish_reason "stop".
+	for _, name := range []string{"completion_stop", "completion_stop_stream"} {
+		r := ok(name)
+		if !r.OK {
+			continue
+		}
+		var text, finish string
+		var u *usage
+		if r.Chunks != nil {
+			res := &sseResult{}
+			for _, raw := range r.Chunks {
+				var c map[string]any
+				if decode(name, raw, &c) {
+					res.chunks = append(res.chunks, c)
+				}
+			}
+			var um map[string]any
+			text, finish, um = res.streamText()
+			if um != nil {
+				u = &usage{int(um["prompt_tokens"].(float64)), int(um["completion_tokens"].(float64)), int(um["total_tokens"].(float64))}
+			}
+		} else {
+			var c completionResp
+			if !decode(name, r.Response, &c) || len(c.Choices) != 1 || c.Choices[0].FinishReason == nil {
+				t.Errorf("%s: %s", name, r.Response)
+				continue
+			}
+			text, finish, u = c.Choices[0].Text, *c.Choices[0].FinishReason, c.Usage
+		}
+		if text != refText[:cut] || finish != "stop" {
+			t.Errorf("%s: text %q finish_reason %q, want the greedy text up to %q: %q, \"stop\"", name, text, finish, stop, refText[:cut])
+		}
+		if u == nil || u.PromptTokens != refPrompt || u.CompletionTokens < 1 || u.CompletionTokens > n || u.TotalTokens != u.PromptTokens+u.CompletionTokens {
+			t.Errorf("%s: usage %+v, want prompt_tokens %d and 1..%d completion tokens", name, u, refPrompt, n)
+		}
+	}
 	checkCompletion("chat", "chat.completion", ok("chat"), chatText, chatPrompt, chatGen, chatN)
 
 	checkStream := func(name, object string, r openaijs.Result, text string, pt, ct, max int) {
