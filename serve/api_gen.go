@@ -322,7 +322,7 @@ func (s *Server) generate(ctx context.Context, info *reqInfo, req *GenRequest, s
 			if ctx.Err() != nil {
 				return res, ctx.Err()
 			}
-			return res, fmt.Errorf("%w: the request was cancelled by the server", errGenerate)
+			return res, fmt.Errorf("%w: the request was cut by the server's shutdown", ErrShuttingDown) // cancelled with ctx alive: only Drain's deadline or Run's end (503, not 500)
 		default:
 			return res, fmt.Errorf("%w: %v", errGenerate, ev.Err)
 		}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -131,34 +132,62 @@ func TestServeSlowHeaders(t *testing.T) {
 	t.Errorf("the server kept a connection sending one header byte per 200 ms open for %v (no header timeout)", maxSlow)
 }
 
-// TestServeSIGTERMUnderLoad: SIGTERM while 16 clients stream long
-// generations: the server exits 0 within --shutdown-timeout, and every
-// stream that ended cleanly is complete ([DONE] seen, finish_reason set).
+// TestServeSIGTERMUnderLoad: SIGTERM while 48 clients stream long
+// generations (more work than the drain allows, so some are cut): the
+// server exits 0 within --shutdown-timeout, and every stream that ended
+// cleanly is complete ([DONE] seen, finish_reason set) or says it was cut
+// (an error event in OpenAI's shape, then [DONE], as vLLM ends a failed
+// stream): none is silently truncated. A request the shutting-down server
+// refuses (503) or no longer accepts (connection refused) is not an
+// error; any other status is.
 func TestServeSIGTERMUnderLoad(t *testing.T) {
 	t.Parallel()
-	const timeout = 3 * time.Second
+	const timeout = 2 * time.Second
 	s := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--shutdown-timeout", timeout.String(), "--threads", "1")
-	const clients = 16
+	// 8 short requests (max_tokens 100 + i) start first, then 40 long
+	// ones (400 + i, more work than the drain allows); SIGTERM once every
+	// short one and 4 long ones stream text.
+	const short, clients, signalAfter = 8, 48, 12
+	maxTokens := func(i int) int {
+		if i < short {
+			return 100 + i
+		}
+		return 400 + i
+	}
 	var started sync.WaitGroup
-	started.Add(clients)
+	started.Add(signalAfter)
+	var shortStarted sync.WaitGroup
+	shortStarted.Add(short)
+	var nStarted atomic.Int32
 	results := make([]*sseResult, clients)
 	var wg sync.WaitGroup
 	for i := 0; i < clients; i++ {
+		if i == short {
+			shortStarted.Wait()
+		}
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
 			once := false
 			results[i] = stream(context.Background(), &http.Client{}, s.base+"/v1/completions",
-				map[string]any{"model": servedName, "prompt": "Once upon a time", "max_tokens": 400 + 5*i, "ignore_eos": true,
+				map[string]any{"model": servedName, "prompt": "Once upon a time", "max_tokens": maxTokens(i), "ignore_eos": true,
 					"temperature": 0.8, "seed": i, "stream_options": map[string]any{"include_usage": true}},
 				func(n int, c map[string]any) bool {
 					if !once && chunkHasText(c) {
 						once = true
-						started.Done()
+						if i < short {
+							shortStarted.Done()
+						}
+						if nStarted.Add(1) <= signalAfter {
+							started.Done()
+						}
 					}
 					return true
 				})
-			if !once {
+			if !once && i < short {
+				shortStarted.Done()
+			}
+			if !once && nStarted.Add(1) <= signalAfter {
 				started.Done()
 			}
 		}(i)
@@ -175,24 +204,35 @@ func TestServeSIGTERMUnderLoad(t *testing.T) {
 	if took > timeout+time.Second {
 		t.Errorf("exited %v after SIGTERM, want within --shutdown-timeout %v", took, timeout)
 	}
-	complete, cut := 0, 0
+	complete, cut, errored, refused := 0, 0, 0, 0
 	for i, r := range results {
 		text, finish, u := r.streamText()
 		switch {
+		case r.status == 0 || r.status == 503:
+			refused++
 		case r.status != 200:
 			t.Errorf("client %d: HTTP %d %s", i, r.status, r.body)
+		case r.readErr == nil && r.done && len(r.chunks) > 0 && r.chunks[len(r.chunks)-1]["error"] != nil:
+			errored++
 		case r.readErr == nil && (!r.done || finish == ""):
-			t.Errorf("client %d: the stream ended cleanly but incomplete: [DONE] %v, finish_reason %q, %d chars", i, r.done, finish, len(text))
+			last, _ := json.Marshal(r.chunks[max(0, len(r.chunks)-2):])
+			t.Errorf("client %d: the stream ended cleanly but incomplete: [DONE] %v, finish_reason %q, %d chars; last chunks %s", i, r.done, finish, len(text), last)
 		case r.readErr == nil:
 			complete++
-			if finish == "length" && (u == nil || u["completion_tokens"] != float64(400+5*i)) {
-				t.Errorf("client %d: finish_reason length with usage %v, want %d completion tokens", i, u, 400+5*i)
+			if finish != "length" || u == nil || u["completion_tokens"] != float64(maxTokens(i)) {
+				t.Errorf("client %d: finish_reason %q usage %v, want length after %d completion tokens (ignore_eos)", i, finish, u, maxTokens(i))
 			}
 		default:
 			cut++
+			if cut == 1 {
+				t.Logf("client %d: cut: %v", i, r.readErr)
+			}
 		}
 	}
-	t.Logf("%d streams complete, %d cut by the shutdown", complete, cut)
+	t.Logf("%d streams complete, %d ended with an error event, %d cut by the shutdown, %d refused", complete, errored, cut, refused)
+	if complete < short {
+		t.Errorf("%d streams completed, want at least the %d short ones (running when SIGTERM came, %d tokens at most)", complete, short, maxTokens(short-1))
+	}
 	if _, err := http.Get(s.base + "/health"); err == nil {
 		t.Errorf("the port still answers after the exit")
 	}

@@ -91,6 +91,16 @@ func startServeKey(t testing.TB, port int, key, model string, args ...string) *s
 			s.cmd.Process.Kill()
 			<-s.done
 		}
+		if t.Failed() {
+			// The server's warnings and errors, for the failure's cause.
+			var b strings.Builder
+			for _, l := range strings.Split(s.stderr.String(), "\n") {
+				if l != "" && !strings.Contains(l, `"level":"INFO"`) {
+					b.WriteString(l + "\n")
+				}
+			}
+			t.Logf("lmpack %s: stderr lines above INFO:\n%s", strings.Join(s.args, " "), abbrev(b.String()))
+		}
 		if strings.Contains(s.stderr.String(), "panic:") {
 			t.Errorf("lmpack %s: Go panic in stderr:\n%s", strings.Join(s.args, " "), abbrev(s.stderr.String()))
 		}
