@@ -58,13 +58,21 @@ func TestServeCapacity(t *testing.T) {
 	wantOK(t, lmpack(t, nil, "calibrate", model, "--data", shared.Path(t, "tinystories-valid", "calib.txt"), "--tokens", "4096", "-o", calib))
 	wantOK(t, lmpack(t, nil, "quantize", "kv", model, "--calib", calib, "-o", rot))
 	wantOK(t, lmpack(t, nil, "pack", model, "-o", art, "--kv-rotations", rot, "--kv-cache", "oscar2", "--kv-window", "0,0"))
+	// What windows cost: the same with fp16 sink 16 + recent 64 tokens.
+	artWin := filepath.Join(dir, "tiny1m-oscar2-w16-64.lmpk")
+	wantOK(t, lmpack(t, nil, "pack", model, "-o", artWin, "--kv-rotations", rot, "--kv-cache", "oscar2", "--kv-window", "16,64"))
 
 	const requests = 80
 	common := []string{"--served-model-name", servedName, "--kv-memory", strconv.FormatInt(budget, 10), "--max-batch", "256",
 		"--max-queue", "256", "--max-model-len", strconv.Itoa(ctxLen), "--threads", "1"}
 	fp16 := admitted(t, startServe(t, 0, model, append([]string{"--kv", "fp16"}, common...)...), requests, ctxLen)
 	oscar2 := admitted(t, startServe(t, 0, art, common...), requests, ctxLen)
-	t.Logf("full-context sequences admitted at once in %d bytes: fp16 %d, oscar2 %d (%.2f×)", budget, fp16, oscar2, float64(oscar2)/float64(fp16))
+	windowed := admitted(t, startServe(t, 0, artWin, common...), requests, ctxLen)
+	t.Logf("full-context sequences admitted at once in %d bytes: fp16 %d, oscar2 %d (%.2f×), oscar2 with fp16 windows 16,64: %d (%.2f×)",
+		budget, fp16, oscar2, float64(oscar2)/float64(fp16), windowed, float64(windowed)/float64(fp16))
+	if windowed >= oscar2 || windowed < fp16 {
+		t.Errorf("oscar2 with fp16 windows 16,64 admitted %d, want fewer than without (%d) and at least fp16's %d", windowed, oscar2, fp16)
+	}
 	if fp16 != fp16Seqs {
 		t.Errorf("fp16 admitted %d full-context sequences, want %d (the budget is fp16's for exactly %d)", fp16, fp16Seqs, fp16Seqs)
 	}
