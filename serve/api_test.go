@@ -19,6 +19,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ardanlabs/jinja"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
@@ -910,5 +911,43 @@ func TestClientDisconnect(t *testing.T) {
 	}
 	if m := ts.do(t, "GET", "/metrics", ""); !strings.Contains(string(m.body), `lmpack_http_requests_total{endpoint="completions",status="499"} 1`) {
 		t.Errorf("metrics:\n%s", m.body)
+	}
+}
+
+// TestQwen3ChatTemplate renders the real Qwen3 chat_template (shared
+// qwen3-tokenizer's tokenizer_config.json: namespace, reversed slices,
+// string methods, loop variables) to the text transformers'
+// apply_chat_template produces for these messages with
+// add_generation_prompt.
+func TestQwen3ChatTemplate(t *testing.T) {
+	cfg, err := os.ReadFile(shared.Path(t, "qwen3-tokenizer", "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := parseChatTemplate(cfg)
+	if err != nil || src == "" {
+		t.Fatalf("chat_template: %q, %v", src, err)
+	}
+	tmpl, err := jinja.Compile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &chatTemplate{t: tmpl, eos: "<|im_end|>"}
+	got, err := c.render([]chatMessage{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "Hi"},
+		{Role: "assistant", Content: "Hello!"}, {Role: "user", Content: "Bye"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n" +
+		"<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+	if got != want {
+		t.Errorf("rendered\n%q\nwant\n%q", got, want)
+	}
+	// The list form of chat_template picks "default".
+	if s, err := parseChatTemplate([]byte(`{"chat_template":[{"name":"tool_use","template":"T"},{"name":"default","template":"D"}]}`)); s != "D" || err != nil {
+		t.Errorf("list form: %q %v", s, err)
+	}
+	if s, err := parseChatTemplate([]byte(`{"bos_token":"<s>"}`)); s != "" || err != nil {
+		t.Errorf("no template: %q %v", s, err)
 	}
 }
