@@ -19,6 +19,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ardanlabs/jinja"
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
@@ -78,6 +79,7 @@ type fakeSub struct {
 	finish string // after all tokens; default "stop"
 	err    error  // returned by Submit
 	panics bool
+	hang   bool // after the tokens, wait for ctx instead of finishing
 
 	mu      sync.Mutex
 	reqs    []*GenRequest
@@ -123,6 +125,14 @@ func (f *fakeSub) Submit(ctx context.Context, r *GenRequest) (<-chan Event, erro
 			f.mu.Lock()
 			f.sent++
 			f.mu.Unlock()
+		}
+		if f.hang {
+			<-ctx.Done()
+			f.mu.Lock()
+			f.stopped = true
+			f.mu.Unlock()
+			ch <- Event{Finish: "cancelled"}
+			return
 		}
 		fin := f.finish
 		if fin == "" {
@@ -868,5 +878,76 @@ func TestSlowHeaders(t *testing.T) {
 	b, _ := io.ReadAll(c)
 	if len(b) > 0 && !strings.Contains(string(b), "408") {
 		t.Errorf("slow headers answered %q", b)
+	}
+}
+
+// TestClientDisconnect: a streaming client that goes away cancels its
+// request's ctx (the scheduler then frees its blocks); the request is
+// logged and counted with status 499.
+func TestClientDisconnect(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	ts.sub.hang = true
+	statuses := make(chan int, 1)
+	ts.s.afterRequest = func(endpoint string, status int) { statuses <- status }
+	resp, err := http.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Once upon a time","stream":true,"max_tokens":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	resp.Body.Close()
+	ts.sub.wait() // returns only once the request's ctx ended
+	ts.sub.mu.Lock()
+	stopped := ts.sub.stopped
+	ts.sub.mu.Unlock()
+	if !stopped {
+		t.Fatal("the request's ctx did not end when the client left")
+	}
+	if st := <-statuses; st != statusClientClosed {
+		t.Errorf("status %d, want %d", st, statusClientClosed)
+	}
+	if m := ts.do(t, "GET", "/metrics", ""); !strings.Contains(string(m.body), `lmpack_http_requests_total{endpoint="completions",status="499"} 1`) {
+		t.Errorf("metrics:\n%s", m.body)
+	}
+}
+
+// TestQwen3ChatTemplate renders the real Qwen3 chat_template (shared
+// qwen3-tokenizer's tokenizer_config.json: namespace, reversed slices,
+// string methods, loop variables) to the text transformers'
+// apply_chat_template produces for these messages with
+// add_generation_prompt.
+func TestQwen3ChatTemplate(t *testing.T) {
+	cfg, err := os.ReadFile(shared.Path(t, "qwen3-tokenizer", "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := parseChatTemplate(cfg)
+	if err != nil || src == "" {
+		t.Fatalf("chat_template: %q, %v", src, err)
+	}
+	tmpl, err := jinja.Compile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &chatTemplate{t: tmpl, eos: "<|im_end|>"}
+	got, err := c.render([]chatMessage{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "Hi"},
+		{Role: "assistant", Content: "Hello!"}, {Role: "user", Content: "Bye"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n" +
+		"<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+	if got != want {
+		t.Errorf("rendered\n%q\nwant\n%q", got, want)
+	}
+	// The list form of chat_template picks "default".
+	if s, err := parseChatTemplate([]byte(`{"chat_template":[{"name":"tool_use","template":"T"},{"name":"default","template":"D"}]}`)); s != "D" || err != nil {
+		t.Errorf("list form: %q %v", s, err)
+	}
+	if s, err := parseChatTemplate([]byte(`{"bos_token":"<s>"}`)); s != "" || err != nil {
+		t.Errorf("no template: %q %v", s, err)
 	}
 }

@@ -94,6 +94,9 @@ type Server struct {
 	requests *prometheus.CounterVec
 	now      func() time.Time
 	handler  http.Handler
+	// afterRequest, when set (tests), is called with each request's
+	// final status once it is counted.
+	afterRequest func(endpoint string, status int)
 }
 
 // New builds the server for the opened model e (its tokenizer, its
@@ -319,6 +322,9 @@ func (s *Server) finish(rec *recorder, r *http.Request, info *reqInfo) {
 		status = http.StatusOK
 	}
 	s.requests.WithLabelValues(info.endpoint, strconv.Itoa(status)).Inc()
+	if s.afterRequest != nil {
+		s.afterRequest(info.endpoint, status)
+	}
 	if info.endpoint == "health" || info.endpoint == "metrics" {
 		return // probes would flood the log
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -122,5 +124,45 @@ func TestServeEndToEnd(t *testing.T) {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) || err != nil {
 		t.Errorf("after SIGTERM: %v, want exit 0", err)
+	}
+}
+
+// TestServeFlagsAreCLIOnly: every flag of serve is listed as CLI-only in
+// recipes/README.md (serve has no recipe keys) and named in the README's
+// Serving section.
+func TestServeFlagsAreCLIOnly(t *testing.T) {
+	recipes, err := os.ReadFile("../../recipes/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(recipes), "`lmpack serve` is not a stage")
+	j := strings.Index(string(readme), "## Serving")
+	if i < 0 || j < 0 {
+		t.Fatal("recipes/README.md or README.md lacks its serve paragraph")
+	}
+	root, _ := newRoot()
+	cmd, _, err := root.Find([]string{"serve"})
+	if err != nil || cmd.Name() != "serve" {
+		t.Fatalf("serve command: %v", err)
+	}
+	n := 0
+	cmd.NonInheritedFlags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		n++
+		if !strings.Contains(string(recipes[i:]), "`--"+f.Name+"`") {
+			t.Errorf("serve --%s is not on recipes/README.md's CLI-only list", f.Name)
+		}
+		if !strings.Contains(string(readme[j:]), "--"+f.Name) {
+			t.Errorf("serve --%s is not in README.md's Serving section", f.Name)
+		}
+	})
+	if n < 15 {
+		t.Errorf("visited %d serve flags", n)
 	}
 }
