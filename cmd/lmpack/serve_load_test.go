@@ -254,27 +254,31 @@ func checkLoad(t *testing.T, name string, s *serveProc, st *loadStats) {
 
 // TestServeLoadShort: 16 streaming clients for 5 s on stories260K, a
 // quarter of the requests disconnecting mid-stream: zero errors, KV bytes
-// within the budget throughout, every block back after the run.
+// within the budget throughout, every block back after the run. The
+// budget (1 MiB of fp32 KV: about 10 of these requests) is smaller than
+// the clients need, so requests wait for KV memory.
 func TestServeLoadShort(t *testing.T) {
 	t.Parallel()
 	model := modelDir(t)
-	s := startServe(t, 0, model, "--served-model-name", servedName, "--max-queue", "256", "--max-batch", "16")
+	s := startServe(t, 0, model, "--served-model-name", servedName, "--max-queue", "256", "--max-batch", "16", "--kv-memory", "1MiB")
 	st := runLoad(t, s, model, loadConfig{clients: 16, duration: 5 * time.Second, maxRequests: 1000, maxTokens: 48, disconnectEvery: 4})
 	checkLoad(t, "stories260K 16 clients 5s", s, st)
 }
 
 // TestServeLoad is the load acceptance (LMPACK_LOAD=1, make load):
-// 64 streaming clients for 60 s on stories260K and on tiny1m.
+// 64 streaming clients for 60 s on stories260K and on tiny1m, with KV
+// budgets (fp32) smaller than 64 of the longest requests need (8 MiB:
+// about 40 on stories260K; 16 MiB: about 25 on tiny1m).
 func TestServeLoad(t *testing.T) {
 	if os.Getenv("LMPACK_LOAD") != "1" {
 		t.Skip("the 60 s load runs need LMPACK_LOAD=1 (make load)")
 	}
-	for _, c := range []struct{ name, dir string }{
-		{"stories260K", modelDir(t)},
-		{"tiny1m", tiny1mDir(t)},
+	for _, c := range []struct{ name, dir, kvMemory string }{
+		{"stories260K", modelDir(t), "8MiB"},
+		{"tiny1m", tiny1mDir(t), "16MiB"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := startServe(t, 0, c.dir, "--served-model-name", servedName, "--max-queue", "256", "--max-batch", "64")
+			s := startServe(t, 0, c.dir, "--served-model-name", servedName, "--max-queue", "256", "--max-batch", "64", "--kv-memory", c.kvMemory)
 			st := runLoad(t, s, c.dir, loadConfig{clients: 64, duration: 60 * time.Second, maxRequests: 100000, maxTokens: 128, disconnectEvery: 4})
 			checkLoad(t, c.name+" 64 clients 60s", s, st)
 			code, took := s.stop(t)
