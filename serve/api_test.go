@@ -951,3 +951,37 @@ func TestQwen3ChatTemplate(t *testing.T) {
 		t.Errorf("no template: %q %v", s, err)
 	}
 }
+
+// TestHostileInputs: a 10 MB body (default 4 MiB limit), 100,000-token
+// prompts (ids and text) and a body that stops arriving get errors.
+func TestHostileInputs(t *testing.T) {
+	ts := newTestServer(t, "", Options{BodyTimeout: 50 * 1e6})
+	r := ts.post(t, "/v1/completions", `{"prompt":"`+strings.Repeat("a", 10<<20)+`"}`)
+	if r.status != 413 || !strings.Contains(decode[errResp](t, r.body).Error.Message, "4194304 bytes") {
+		t.Errorf("10 MB body: %d %s", r.status, r.body)
+	}
+	ids := "[" + strings.Repeat("403,", 99999) + "403]"
+	r = ts.post(t, "/v1/completions", `{"prompt":`+ids+`}`)
+	if e := decode[errResp](t, r.body); r.status != 400 || e.Error.Param == nil || *e.Error.Param != "prompt" || !strings.Contains(e.Error.Message, "100000 tokens") {
+		t.Errorf("100,000 token ids: %d %s", r.status, r.body)
+	}
+	r = ts.post(t, "/v1/completions", `{"prompt":"`+strings.Repeat(" a", 100000)+`"}`)
+	if e := decode[errResp](t, r.body); r.status != 400 || e.Error.Param == nil || *e.Error.Param != "prompt" || !strings.Contains(e.Error.Message, "512 tokens") {
+		t.Errorf("100,000-token text: %d %s", r.status, r.body)
+	}
+	// A body that stops arriving: 400 once BodyTimeout passes.
+	c, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "timeout") {
+		t.Errorf("stalled body: %d %s", resp.StatusCode, b)
+	}
+}

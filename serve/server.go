@@ -366,8 +366,18 @@ func (s *Server) unauthorized(w http.ResponseWriter) {
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (fields, *apiError) {
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(s.opt.BodyTimeout))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes))
-	rc.SetReadDeadline(time.Time{}) // no deadline while generating: see Serve
+	mw := w // the server's own writer, so that a body over the limit closes the connection
+	if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); ok {
+		mw = u.Unwrap()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(mw, r.Body, s.opt.MaxBodyBytes))
+	if err != nil {
+		// The rest of the body is not read: close the connection after the
+		// answer (net/http would otherwise try to drain it first).
+		w.Header().Set("Connection", "close")
+	} else {
+		rc.SetReadDeadline(time.Time{}) // no deadline while generating: see Serve
+	}
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
