@@ -79,7 +79,8 @@ type fakeSub struct {
 	finish string // after all tokens; default "stop"
 	err    error  // returned by Submit
 	panics bool
-	hang   bool // after the tokens, wait for ctx instead of finishing
+	hang   bool // after the tokens, wait for ctx (or cut) instead of finishing
+	cut    chan struct{}
 
 	mu      sync.Mutex
 	reqs    []*GenRequest
@@ -127,7 +128,10 @@ func (f *fakeSub) Submit(ctx context.Context, r *GenRequest) (<-chan Event, erro
 			f.mu.Unlock()
 		}
 		if f.hang {
-			<-ctx.Done()
+			select {
+			case <-ctx.Done():
+			case <-f.cut: // the scheduler cancels it (Drain at its deadline)
+			}
 			f.mu.Lock()
 			f.stopped = true
 			f.mu.Unlock()
@@ -983,5 +987,50 @@ func TestHostileInputs(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "timeout") {
 		t.Errorf("stalled body: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestShutdownCutsStream: a stream still running when the shutdown
+// timeout ends is cut by drain and gets an error event and [DONE]; Serve
+// returns nil.
+func TestShutdownCutsStream(t *testing.T) {
+	e := testEngine(t, "")
+	sub := &fakeSub{tokens: lily[:2], hang: true, cut: make(chan struct{})}
+	s, err := New(e, sub, nil, Options{ShutdownTimeout: 20 * 1e6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- s.Serve(ctx, ln, func(dctx context.Context) error {
+			<-dctx.Done() // the request does not finish by itself
+			close(sub.cut)
+			return dctx.Err()
+		})
+	}()
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"Once upon a time","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	cancel()
+	rest, _ := io.ReadAll(br)
+	resp.Body.Close()
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	evs := events(t, append([]byte("data: {}\n\n"), rest[1:]...))
+	last := decode[errResp](t, []byte(evs[len(evs)-1]))
+	if last.Error.Code == nil || *last.Error.Code != "shutting_down" {
+		t.Errorf("stream end after the cut:\n%s", rest)
 	}
 }
