@@ -226,6 +226,10 @@ type genResult struct {
 // scheduler's "error" event).
 var errGenerate = errors.New("serve: generation failed")
 
+// errCut is a request the scheduler cancelled while its client still
+// waited: a shutdown past its timeout (Drain) or the scheduler stopping.
+var errCut = errors.New("serve: the server cut the request while shutting down")
+
 // submitError maps the Submitter's errors to HTTP errors: 503 with
 // Retry-After for a full queue or a shutdown, 400 for a request that can
 // never fit (naming max_tokens), 500 otherwise.
@@ -263,7 +267,7 @@ func submitError(err error) *apiError {
 // CompletionTokens counts every token sampled, those after a stop
 // string's start included (they were generated).
 // Errors: a Submit error (returned before sink is ever called), ctx's
-// end (the client went away), errGenerate, or sink's error.
+// end (the client went away), errCut, errGenerate, or sink's error.
 func (s *Server) generate(ctx context.Context, info *reqInfo, req *GenRequest, stops []string, sink func(text string, toks []tokOut) error) (genResult, error) {
 	res := genResult{PromptTokens: len(req.Prompt)}
 	info.promptTokens = len(req.Prompt)
@@ -322,7 +326,7 @@ func (s *Server) generate(ctx context.Context, info *reqInfo, req *GenRequest, s
 			if ctx.Err() != nil {
 				return res, ctx.Err()
 			}
-			return res, fmt.Errorf("%w: the request was cut by the server's shutdown", ErrShuttingDown) // cancelled with ctx alive: only Drain's deadline or Run's end (503, not 500)
+			return res, errCut
 		default:
 			return res, fmt.Errorf("%w: %v", errGenerate, ev.Err)
 		}

@@ -38,6 +38,9 @@ func (s *Server) generateFailed(w http.ResponseWriter, info *reqInfo, err error)
 		writeError(w, ae)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		info.status = statusClientClosed
+	case errors.Is(err, errCut):
+		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
+			Message: "the server shut down before the request finished; retry"})
 	case errors.Is(err, errGenerate):
 		s.logger.Error("generation failed", "id", info.id, "err", err)
 		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the generation failed on the server"})
@@ -108,9 +111,13 @@ func (s *sse) fail(srv *Server, info *reqInfo, err error) {
 		info.status = statusClientClosed
 		return
 	}
-	srv.logger.Error("generation failed mid-stream", "id", info.id, "err", err)
-	info.status = http.StatusInternalServerError
 	e := &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the generation failed on the server"}
+	if errors.Is(err, errCut) {
+		e = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down", Message: "the server shut down before the request finished"}
+	} else {
+		srv.logger.Error("generation failed mid-stream", "id", info.id, "err", err)
+	}
+	info.status = e.Status
 	s.send(e.body())
 	s.done()
 }

@@ -79,7 +79,8 @@ type fakeSub struct {
 	finish string // after all tokens; default "stop"
 	err    error  // returned by Submit
 	panics bool
-	hang   bool // after the tokens, wait for ctx instead of finishing
+	hang   bool // after the tokens, wait for ctx (or cut) instead of finishing
+	cut    chan struct{}
 
 	mu      sync.Mutex
 	reqs    []*GenRequest
@@ -127,7 +128,10 @@ func (f *fakeSub) Submit(ctx context.Context, r *GenRequest) (<-chan Event, erro
 			f.mu.Unlock()
 		}
 		if f.hang {
-			<-ctx.Done()
+			select {
+			case <-ctx.Done():
+			case <-f.cut: // the scheduler cancels it (Drain at its deadline)
+			}
 			f.mu.Lock()
 			f.stopped = true
 			f.mu.Unlock()
@@ -949,5 +953,84 @@ func TestQwen3ChatTemplate(t *testing.T) {
 	}
 	if s, err := parseChatTemplate([]byte(`{"bos_token":"<s>"}`)); s != "" || err != nil {
 		t.Errorf("no template: %q %v", s, err)
+	}
+}
+
+// TestHostileInputs: a 10 MB body (default 4 MiB limit), 100,000-token
+// prompts (ids and text) and a body that stops arriving get errors.
+func TestHostileInputs(t *testing.T) {
+	ts := newTestServer(t, "", Options{BodyTimeout: 50 * 1e6})
+	r := ts.post(t, "/v1/completions", `{"prompt":"`+strings.Repeat("a", 10<<20)+`"}`)
+	if r.status != 413 || !strings.Contains(decode[errResp](t, r.body).Error.Message, "4194304 bytes") {
+		t.Errorf("10 MB body: %d %s", r.status, r.body)
+	}
+	ids := "[" + strings.Repeat("403,", 99999) + "403]"
+	r = ts.post(t, "/v1/completions", `{"prompt":`+ids+`}`)
+	if e := decode[errResp](t, r.body); r.status != 400 || e.Error.Param == nil || *e.Error.Param != "prompt" || !strings.Contains(e.Error.Message, "100000 tokens") {
+		t.Errorf("100,000 token ids: %d %s", r.status, r.body)
+	}
+	r = ts.post(t, "/v1/completions", `{"prompt":"`+strings.Repeat(" a", 100000)+`"}`)
+	if e := decode[errResp](t, r.body); r.status != 400 || e.Error.Param == nil || *e.Error.Param != "prompt" || !strings.Contains(e.Error.Message, "512 tokens") {
+		t.Errorf("100,000-token text: %d %s", r.status, r.body)
+	}
+	// A body that stops arriving: 400 once BodyTimeout passes.
+	c, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "timeout") {
+		t.Errorf("stalled body: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestShutdownCutsStream: a stream still running when the shutdown
+// timeout ends is cut by drain and gets an error event and [DONE]; Serve
+// returns nil.
+func TestShutdownCutsStream(t *testing.T) {
+	e := testEngine(t, "")
+	sub := &fakeSub{tokens: lily[:2], hang: true, cut: make(chan struct{})}
+	s, err := New(e, sub, nil, Options{ShutdownTimeout: 20 * 1e6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- s.Serve(ctx, ln, func(dctx context.Context) error {
+			<-dctx.Done() // the request does not finish by itself
+			close(sub.cut)
+			return dctx.Err()
+		})
+	}()
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"Once upon a time","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	cancel()
+	rest, _ := io.ReadAll(br)
+	resp.Body.Close()
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	evs := events(t, append([]byte("data: {}\n\n"), rest[1:]...))
+	last := decode[errResp](t, []byte(evs[len(evs)-1]))
+	if last.Error.Code == nil || *last.Error.Code != "shutting_down" {
+		t.Errorf("stream end after the cut:\n%s", rest)
 	}
 }

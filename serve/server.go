@@ -39,6 +39,10 @@ const (
 	DefaultIdleTimeout       = 120 * time.Second
 )
 
+// shutdownGrace is how long after ShutdownTimeout Serve still waits for
+// handlers to answer the requests drain cut.
+const shutdownGrace = 2 * time.Second
+
 // statusClientClosed is the status logged (and counted) for a request
 // whose client went away before an answer (nginx's 499).
 const statusClientClosed = 499
@@ -366,8 +370,18 @@ func (s *Server) unauthorized(w http.ResponseWriter) {
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (fields, *apiError) {
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(s.opt.BodyTimeout))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opt.MaxBodyBytes))
-	rc.SetReadDeadline(time.Time{}) // no deadline while generating: see Serve
+	mw := w // the server's own writer, so that a body over the limit closes the connection
+	if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); ok {
+		mw = u.Unwrap()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(mw, r.Body, s.opt.MaxBodyBytes))
+	if err != nil {
+		// The rest of the body is not read: close the connection after the
+		// answer (net/http would otherwise try to drain it first).
+		w.Header().Set("Connection", "close")
+	} else {
+		rc.SetReadDeadline(time.Time{}) // no deadline while generating: see Serve
+	}
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
@@ -444,8 +458,9 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 // /health turns 503 and the listener closes (no new connections), drain
 // (the scheduler's: stop admitting, finish or cut the running requests)
 // runs with a deadline of ShutdownTimeout while the HTTP server waits for
-// the open requests within the same deadline; connections still open
-// then are closed. It returns nil after a shutdown, or the error that
+// the open requests (a request cut at the timeout answers 503, or an
+// error event in a stream); connections still open 2 s after the timeout
+// are closed. It returns nil after a shutdown, or the error that
 // stopped serving otherwise.
 //
 // The http.Server has ReadHeaderTimeout (slowloris) and IdleTimeout; a
@@ -474,8 +489,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, drain func(context.
 	s.logger.Info("shutting down", "timeout", s.opt.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), s.opt.ShutdownTimeout)
 	defer cancel()
+	// The HTTP server waits a little longer than drain, so that requests
+	// drain cuts at the timeout still send their last event.
+	hctx, hcancel := context.WithTimeout(context.Background(), s.opt.ShutdownTimeout+shutdownGrace)
+	defer hcancel()
 	shut := make(chan error, 1)
-	go func() { shut <- hs.Shutdown(sctx) }()
+	go func() { shut <- hs.Shutdown(hctx) }()
 	if drain != nil {
 		if err := drain(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.logger.Warn("drain", "err", err)
