@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZTIME ?= 10s
 
-.PHONY: build test bench lint cross fuzz ci gpu-check kernels
+.PHONY: build test bench lint cross fuzz ci gpu-check kernels load
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/lmpack ./cmd/lmpack
@@ -11,6 +11,13 @@ build:
 # Unit, integration and acceptance tests (reads ../shared/data).
 test: build
 	$(GO) test -count=1 -timeout 40m ./...
+
+# The load acceptance of lmpack serve (loopback only; stops by itself): 64
+# streaming clients for 60 s on stories260K and on tiny1m, a quarter of the
+# requests disconnecting mid-stream; logs errors, p50/p99 time to first
+# token and inter-token latency, aggregate tokens/s and the KV metrics.
+load:
+	LMPACK_LOAD=1 $(GO) test -count=1 -timeout 20m -v -run '^TestServeLoad$$' ./cmd/lmpack/
 
 # Benchmarks: decode/prefill tokens/s, matmul GFLOP/s, tokenizer MB/s.
 bench:

@@ -46,7 +46,7 @@ forbids the network.`,
 		},
 	}
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log line format: text or json")
-	root.AddCommand(newInspectCmd(g), newRunCmd(g), newEvalCmd(g), newCalibrateCmd(g), newQuantizeCmd(g), newPruneCmd(g), newPackCmd(g), newVerifyCmd(g), newCompressCmd(g), newExportCmd(g))
+	root.AddCommand(newInspectCmd(g), newRunCmd(g), newEvalCmd(g), newCalibrateCmd(g), newQuantizeCmd(g), newPruneCmd(g), newPackCmd(g), newVerifyCmd(g), newCompressCmd(g), newExportCmd(g), newServeCmd(g))
 	return root, g
 }
 

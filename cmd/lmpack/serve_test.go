@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{
+		"4GiB": 4 << 30, "512MiB": 512 << 20, "1073741824": 1 << 30, "2GB": 2e9, "1.5KiB": 1536, "100 MiB": 100 << 20, "64B": 64,
+	} {
+		if got, err := parseBytes("--kv-memory", in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1GiB", "4GiBs", "lots", "1e30"} {
+		if _, err := parseBytes("--kv-memory", in); err == nil || !strings.Contains(err.Error(), "--kv-memory") {
+			t.Errorf("parseBytes(%q): error %v, want one naming --kv-memory", in, err)
+		}
+	}
+}
+
+func TestReadAPIKeys(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keys")
+	os.WriteFile(p, []byte("  alpha \n\nbeta\r\n"), 0o600)
+	keys, err := readAPIKeys(p)
+	if err != nil || len(keys) != 2 || string(keys[0]) != "alpha" || string(keys[1]) != "beta" {
+		t.Errorf("keys %q, %v", keys, err)
+	}
+	os.WriteFile(p, []byte("\n \n"), 0o600)
+	if _, err := readAPIKeys(p); err == nil || !strings.Contains(err.Error(), "no key") {
+		t.Errorf("empty key file: %v", err)
+	}
+}
+
+// TestServeFlagErrors: bad flags are refused before the model loads,
+// naming the flag.
+func TestServeFlagErrors(t *testing.T) {
+	m := modelDir(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kv-memory", "lots"}, "--kv-memory"},
+		{[]string{"--port", "70000"}, "--port"},
+		{[]string{"--kv-window", "64"}, "--kv-window"},
+		{[]string{"--max-batch", "0"}, "--max-batch"},
+		{[]string{"--max-queue", "-3"}, "--max-queue"},
+		{[]string{"--shutdown-timeout", "0s"}, "--shutdown-timeout"},
+		{[]string{"--device", "cuda"}, "--device cuda"},
+		{[]string{"--api-key-file", filepath.Join(t.TempDir(), "missing")}, "--api-key-file"},
+		{[]string{"--kv", "nosuch"}, "--kv nosuch"},
+		{[]string{"--max-model-len", "100000"}, "--max-model-len 100000"},
+	} {
+		wantError(t, lmpack(t, nil, append([]string{"serve", m}, tc.args...)...), tc.want)
+	}
+}
+
+// TestServeEndToEnd: lmpack serve on stories260K answers a greedy
+// completion with the text lmpack run generates, and SIGTERM exits 0.
+func TestServeEndToEnd(t *testing.T) {
+	m := modelDir(t)
+	run := lmpack(t, nil, "run", m, "--prompt", "Once upon a time", "--max-tokens", "24", "--temperature", "0")
+	wantOK(t, run)
+	cmd := exec.Command(lmpackBin, "serve", m, "--port", "0", "--kv-memory", "16MiB", "--threads", "1")
+	cmd.Env = isolatedEnv(t)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	// The "serving" log line names the address (port 0: any free port).
+	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
+	sc := bufio.NewScanner(stderr)
+	addr := ""
+	var log []string
+	for addr == "" && sc.Scan() {
+		log = append(log, sc.Text())
+		if mm := addrRE.FindStringSubmatch(sc.Text()); mm != nil {
+			addr = mm[1]
+		}
+	}
+	if addr == "" {
+		t.Fatalf("no serving line in the log:\n%s", strings.Join(log, "\n"))
+	}
+	go io.Copy(io.Discard, stderr)
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"Once upon a time","max_tokens":24,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&c)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || len(c.Choices) != 1 {
+		t.Fatalf("completion: %d %v %+v", resp.StatusCode, err, c)
+	}
+	if want := strings.TrimSuffix(run.stdout, "\n"); c.Choices[0].Text != want {
+		t.Errorf("served text %q, lmpack run %q", c.Choices[0].Text, want)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) || err != nil {
+		t.Errorf("after SIGTERM: %v, want exit 0", err)
+	}
+}
+
+// TestServeFlagsAreCLIOnly: every flag of serve is listed as CLI-only in
+// recipes/README.md (serve has no recipe keys) and named in the README's
+// Serving section.
+func TestServeFlagsAreCLIOnly(t *testing.T) {
+	recipes, err := os.ReadFile("../../recipes/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(recipes), "`lmpack serve` is not a stage")
+	j := strings.Index(string(readme), "## Serving")
+	if i < 0 || j < 0 {
+		t.Fatal("recipes/README.md or README.md lacks its serve paragraph")
+	}
+	root, _ := newRoot()
+	cmd, _, err := root.Find([]string{"serve"})
+	if err != nil || cmd.Name() != "serve" {
+		t.Fatalf("serve command: %v", err)
+	}
+	n := 0
+	cmd.NonInheritedFlags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		n++
+		if !strings.Contains(string(recipes[i:]), "`--"+f.Name+"`") {
+			t.Errorf("serve --%s is not on recipes/README.md's CLI-only list", f.Name)
+		}
+		if !strings.Contains(string(readme[j:]), "--"+f.Name) {
+			t.Errorf("serve --%s is not in README.md's Serving section", f.Name)
+		}
+	})
+	if n < 15 {
+		t.Errorf("visited %d serve flags", n)
+	}
+}
