@@ -25,11 +25,11 @@ import (
 // keys).
 type serveFlags struct {
 	host, kvMemory, kv, kvWindow, kvRot, device, apiKeyFile, servedName string
-	port, blockTokens, threads                                   int
-	sched                                                        serve.SchedOptions
-	maxModelLen                                                  int
-	logPrompts                                                   bool
-	shutdownTimeout, headerTimeout                               time.Duration
+	port, blockTokens, threads                                          int
+	sched                                                               serve.SchedOptions
+	maxModelLen                                                         int
+	logPrompts                                                          bool
+	shutdownTimeout, headerTimeout                                      time.Duration
 }
 
 // schedFlagNames renames serve.SchedOptions' fields in its errors.
