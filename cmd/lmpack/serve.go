@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -215,6 +216,9 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, st
 		}
 	}
 	p, err := kvcache.NewPool(method, kvcache.LayersOf(e.Desc), opt, kvMem, bt)
+	if errors.Is(err, kvcache.ErrNoRotations) {
+		return nil, "", fmt.Errorf("--kv %s needs --kv-rotations ROT (a rotation file from lmpack quantize kv): %w", method, err)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("--kv %s (--kv-memory %s, --kv-block-tokens %d): %w", method, fl.kvMemory, bt, err)
 	}
