@@ -27,10 +27,10 @@ type LoadOptions struct {
 	// weight (docs/QUANT.md) to float32 at load: 32 bits per weight in
 	// memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
-	// linear weights stay packed (runtime/qlinear.go): prefill dequantizes
-	// tiles inside each matmul (bit-identical logits on one thread), decode
-	// runs a fused dequantize-and-dot GEMV (logits within 1e-5·max|logit|;
-	// docs/QUANT.md "Runtime"). The CUDA backend ignores it.
+	// linear weights stay packed (runtime/qlinear.go): every matmul
+	// dequantizes tiles inside it, with logits bit-identical to those of
+	// DequantizeWeights on any number of threads and for any batch
+	// (ForwardBatch). The CUDA backend ignores it.
 	DequantizeWeights bool
 	// ConvertPerBlock makes the CPU backend keep the float weights of the
 	// decoder blocks' linear maps (q, k, v, o; gate, up, down of the MLP,

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"fmt"
 	"math"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -58,6 +57,12 @@ type cpuModel struct {
 	layers    []cpuLayer
 	s         scratch
 	attn      attnTask
+
+	// The sequences of the running call (batch_cpu.go): their rows are
+	// [bs[i].r0, bs[i].r0+bs[i].T) of the activations, rows in all.
+	bs   []batchSeq
+	rows int
+	one  [1]Seq // Forward's sequence, kept here so that Forward allocates nothing
 
 	// Packed matmuls (qlinear.go): the task and, per pool thread, the
 	// tile scratch [qScratchFloats(max k)], code and row scratch [max k].
@@ -340,7 +345,8 @@ func (m *cpuModel) SetObserver(o any) {
 	m.obsAttnOut, _ = o.(AttnOutputObserver)
 }
 
-// scratch holds the activations of one Forward call; it grows to the
+// scratch holds the activations of one Forward or ForwardBatch call (T
+// rows: every sequence's new tokens); it grows to the
 // largest call seen and is reused, so steady-state decode allocates nothing.
 type scratch struct {
 	T, ctx    int
@@ -362,7 +368,8 @@ type scratch struct {
 	moeP      []float32 // [E]
 	moeTok    [][]int32 // [E][<=T]
 	moeWt     [][]float32
-	logitsRow []float32 // [H]
+	logitsRow []float32 // [T, H]
+	logits    []float32 // [T, V] when several sequences want logits
 }
 
 func grow(b []float32, n int) []float32 {
@@ -423,89 +430,14 @@ func (m *cpuModel) ensureScratch(T, ctxLen int) {
 	}
 }
 
-// Forward implements Model.
-func (m *cpuModel) Forward(ctx context.Context, tokens []int, cache KVCache, logits []float32, allLogits bool) error {
-	T := len(tokens)
-	if T == 0 {
-		return fmt.Errorf("runtime: Forward: no tokens")
-	}
-	d := m.d
-	H, V := d.HiddenSize, d.VocabSize
-	pos := cache.Len()
-	if pos+T > cache.Cap() {
-		return fmt.Errorf("runtime: Forward: %d tokens at position %d exceed the KV cache capacity %d", T, pos, cache.Cap())
-	}
-	want := V
-	if allLogits {
-		want = T * V
-	}
-	if len(logits) < want {
-		return fmt.Errorf("runtime: Forward: logits has %d elements, want %d", len(logits), want)
-	}
-	for i, id := range tokens {
-		if id < 0 || id >= V {
-			return fmt.Errorf("runtime: Forward: token %d at index %d out of range [0,%d)", id, i, V)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	// Scratch is sized for the cache's capacity so that decode steps never
-	// reallocate.
-	m.ensureScratch(T, cache.Cap())
-	// Caches made outside NewCache (quantized ones) may be larger than any
-	// seen so far: extend the RoPE tables (no work once they cover it).
-	for i := range m.layers {
-		m.layers[i].rope.ensure(cache.Cap())
-	}
-	s := &m.s
-	x := s.x[:T*H]
-	for i, id := range tokens {
-		copy(x[i*H:(i+1)*H], m.embed[id*H:(id+1)*H])
-	}
-	eps := float32(d.RMSNormEps)
-	for li := range m.layers {
-		if li > 0 {
-			if err := ctx.Err(); err != nil {
-				cache.Truncate(pos)
-				return err
-			}
-		}
-		l := &m.layers[li]
-		if m.obsBlock != nil {
-			m.obsBlock.BlockInput(li, pos, T, x)
-		}
-		if m.perBlock {
-			m.convertBlock(l)
-		}
-		m.attention(li, l, pos, T, cache, eps)
-		m.ffn(li, l, pos, T, eps)
-		if m.perBlock {
-			m.releaseBlock(l)
-		}
-		if m.obsBlock != nil {
-			m.obsBlock.BlockOutput(li, pos, T, x)
-		}
-	}
-	cache.Commit(T)
-	// Final norm and lm_head on the rows that need logits.
-	first := T - 1
-	if allLogits {
-		first = 0
-	}
-	rows := T - first
-	xn := s.logitsRow[:rows*H]
-	for i := 0; i < rows; i++ {
-		kernels.RMSNorm(xn[i*H:(i+1)*H], x[(first+i)*H:(first+i+1)*H], m.finalNorm, eps)
-	}
-	m.matMul(rows, V, H, xn, H, &m.lmHead, logits, V)
-	return nil
-}
-
-// attention runs the attention half of block li on x (in place: x += attn).
-func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps float32) {
+// attention runs the attention half of block li on the rows of the call's
+// sequences m.bs, x [T, H] with T = m.rows (in place: x += attn): the
+// linear maps once over all rows, RoPE at each row's own position, the
+// attention itself per sequence against its own cache (attendSeq).
+func (m *cpuModel) attention(li int, l *cpuLayer, eps float32) {
 	s := &m.s
 	H := m.d.HiddenSize
+	T, pos := m.rows, m.bs[0].pos // pos: for the observers (one sequence)
 	x, xn := s.x[:T*H], s.xn[:T*H]
 	for i := 0; i < T; i++ {
 		kernels.RMSNorm(xn[i*H:(i+1)*H], x[i*H:(i+1)*H], l.attnNorm, eps)
@@ -516,7 +448,11 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 	qkv := s.qkv[:T*l.qkvdim]
 	m.matMul(T, l.qkvdim, H, xn, H, &l.wqkv, qkv, l.qkvdim)
 	k, v := s.k[:T*l.kvdim], s.v[:T*l.kvdim]
-	for i := 0; i < T; i++ {
+	for i, si := 0, 0; i < T; i++ {
+		for i >= m.bs[si].r0+m.bs[si].T {
+			si++
+		}
+		p0 := m.bs[si].pos + i - m.bs[si].r0 // the row's position in its sequence
 		row := qkv[i*l.qkvdim : (i+1)*l.qkvdim]
 		if l.bqkv != nil {
 			for j, b := range l.bqkv {
@@ -533,8 +469,8 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 				kernels.RMSNorm(kr[h*l.hd:(h+1)*l.hd], kr[h*l.hd:(h+1)*l.hd], l.kNorm, eps)
 			}
 		}
-		l.rope.apply(q, l.nh, pos+i)
-		l.rope.apply(kr, l.nkv, pos+i)
+		l.rope.apply(q, l.nh, p0)
+		l.rope.apply(kr, l.nkv, p0)
 		copy(k[i*l.kvdim:(i+1)*l.kvdim], kr)
 		copy(v[i*l.kvdim:(i+1)*l.kvdim], row[l.qdim+l.kvdim:])
 	}
@@ -546,22 +482,9 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 		}
 		m.obsQKV.QKV(li, pos, T, q, k, v)
 	}
-	n := pos + T
-	t := &m.attn
-	t.l, t.pos, t.T, t.n = l, pos, T, n
-	t.scale = float32(1 / math.Sqrt(float64(l.hd)))
-	t.ext, t.ra = 0, 0
-	if f, ok := cache.(F32KV); ok {
-		// float32 storage: the stored rows are the fresh ones.
-		cache.Write(li, pos, T, k, v)
-		t.k, t.v = f.F32(li)
-		t.ldkv = l.kvdim
-		t.direct = true
-		t.nk = n
-	} else {
-		m.splitKV(li, l, pos, T, cache, k, v)
+	for si := range m.bs {
+		m.attendSeq(li, l, &m.bs[si])
 	}
-	m.pool.Run(l.nh, t)
 	if m.groupMask != nil || m.obsAttnOut != nil {
 		m.attnOutputHook(li, l, pos, T)
 	}
@@ -585,11 +508,38 @@ func (m *cpuModel) attention(li int, l *cpuLayer, pos, T int, cache KVCache, eps
 	}
 }
 
+// attendSeq writes sequence bq's fresh keys and values (its rows of m.s.k,
+// m.s.v) into its cache and computes its rows of m.s.att from its rows of
+// m.s.qkv: attention over the sequence's own cache only, exactly as when
+// the sequence runs alone.
+func (m *cpuModel) attendSeq(li int, l *cpuLayer, bq *batchSeq) {
+	s := &m.s
+	pos, T, cache := bq.pos, bq.T, bq.cache
+	k, v := s.k[bq.r0*l.kvdim:(bq.r0+T)*l.kvdim], s.v[bq.r0*l.kvdim:(bq.r0+T)*l.kvdim]
+	n := pos + T
+	t := &m.attn
+	t.l, t.pos, t.T, t.n, t.r0 = l, pos, T, n, bq.r0
+	t.scale = float32(1 / math.Sqrt(float64(l.hd)))
+	t.ext, t.ra = 0, 0
+	if f, ok := cache.(F32KV); ok {
+		// float32 storage: the stored rows are the fresh ones.
+		cache.Write(li, pos, T, k, v)
+		t.k, t.v = f.F32(li)
+		t.ldkv = l.kvdim
+		t.direct = true
+		t.nk = n
+	} else {
+		m.splitKV(li, l, pos, T, cache, k, v)
+	}
+	m.pool.Run(l.nh, t)
+}
+
 // attnTask computes softmax(q·Kᵀ/√d + mask)·V for a range of heads.
 type attnTask struct {
 	m         *cpuModel
 	l         *cpuLayer
 	pos, T, n int
+	r0        int // the sequence's first row in m.s.qkv and m.s.att
 	scale     float32
 	k, v      []float32
 	ldkv      int
@@ -629,7 +579,7 @@ func (t *attnTask) Run(lo, hi int) {
 				nv = nk // and the extension rows
 			}
 			sc := s.scores[h*blk*nk : h*blk*nk+tb*nv]
-			q := s.qkv[i0*l.qkvdim+h*hd:]
+			q := s.qkv[(t.r0+i0)*l.qkvdim+h*hd:]
 			kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
 			for i := 0; i < tb; i++ {
 				p := t.pos + i0 + i // the query's position: keys [lo, p] are visible
@@ -657,7 +607,7 @@ func (t *attnTask) Run(lo, hi int) {
 				}
 				softmaxRanges(row, rs[:], t.scale)
 			}
-			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, s.att[i0*l.qdim+h*hd:], l.qdim)
+			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, s.att[(t.r0+i0)*l.qdim+h*hd:], l.qdim)
 		}
 	}
 }
@@ -748,9 +698,11 @@ func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v 
 	t.nk, t.ra, t.ext = nk, ra, ext
 }
 
-// ffn runs the FFN half of block li on x (in place: x += ffn).
-func (m *cpuModel) ffn(li int, l *cpuLayer, pos, T int, eps float32) {
+// ffn runs the FFN half of block li on x, the m.rows rows of the call's
+// sequences (in place: x += ffn).
+func (m *cpuModel) ffn(li int, l *cpuLayer, eps float32) {
 	s := &m.s
+	T, pos := m.rows, m.bs[0].pos // pos: for the observers (one sequence)
 	H := m.d.HiddenSize
 	x, xn := s.x[:T*H], s.xn[:T*H]
 	for i := 0; i < T; i++ {
@@ -799,7 +751,7 @@ func (m *cpuModel) moeFFN(li int, e *cpuMoE, pos, T int, x, out []float32) {
 	H := m.d.HiddenSize
 	E, K := len(e.experts), e.topK
 	logits := s.moeLogits[:T*E]
-	m.pool.MatMulNT(T, E, H, x, H, e.router, H, logits, E)
+	m.pool.MatMulNTRows(T, E, H, x, H, e.router, H, logits, E)
 	sel, wts := s.moeSel[:T*K], s.moeW[:T*K]
 	for ex := range s.moeTok {
 		s.moeTok[ex] = s.moeTok[ex][:0]

@@ -13,3 +13,11 @@ var (
 	BaseConfig      = baseConfig
 	With            = with
 )
+
+// Ragged-batch test helpers (batch_test.go).
+var (
+	CheckBatchAlone = checkBatchAlone
+	MixedPlan       = mixedPlan
+)
+
+type BatchPlan = batchPlan

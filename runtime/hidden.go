@@ -39,6 +39,12 @@ func (m *cpuModel) ForwardHidden(ctx context.Context, x []float32, T int, cache 
 		m.layers[i].rope.ensure(cache.Cap())
 	}
 	s := &m.s
+	m.bs = append(m.bs[:0], batchSeq{T: T, pos: pos, cache: cache})
+	m.rows = T
+	defer func() {
+		clear(m.bs)
+		m.bs = m.bs[:0]
+	}()
 	copy(s.x[:T*H], x)
 	eps := float32(m.d.RMSNormEps)
 	for li := range m.layers {
@@ -49,8 +55,8 @@ func (m *cpuModel) ForwardHidden(ctx context.Context, x []float32, T int, cache 
 		if m.perBlock {
 			m.convertBlock(l)
 		}
-		m.attention(li, l, pos, T, cache, eps)
-		m.ffn(li, l, pos, T, eps)
+		m.attention(li, l, eps)
+		m.ffn(li, l, eps)
 		if m.perBlock {
 			m.releaseBlock(l)
 		}

@@ -18,32 +18,28 @@ import (
 // act-order permutation, so these weights take about bits/32 of their
 // float32 size.
 //
-// A matmul y = x·Wᵀ with one row of x (decode) and a W whose quantized
-// parts are 1-4-bit codes in natural column order runs a fused GEMV
-// (qmmTask.gemvRows): every row of W is dotted with x straight from its
-// packed codes by kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups
-// of multiples of 16 codes, the rows split over the pool's threads. Each
-// packed byte is read once; each group's sum is accumulated in float32
-// and scaled once, so the result differs from the float path in rounding
-// (within 1e-5·max|logit| on the test models).
+// Every packed matmul dequantizes tiles of qTileRows(…) rows of W into a
+// per-thread scratch buffer, in the original column order and with exactly
+// the arithmetic of weights.Quantized.Dequantize, and runs the float32
+// kernel kernels.MatMulNTRows on each tile, the tiles spread over the
+// pool's threads. Rows of 1-4-bit codes are decoded by
+// kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32 arithmetic
+// is exact for integer zero-points; 1-bit rows (fractional zero-points)
+// use per-group tables computed in float64; act-order rows are decoded in
+// storage order and scattered by Perm. Since MatMulNTRows sums every
+// output in an order fixed by k alone, every output equals, bit for bit,
+// that of the dequantize-at-load path (LoadOptions.DequantizeWeights), on
+// any number of threads and whatever the other rows of x: a batched call
+// (ForwardBatch) gives each sequence the bits it gets alone.
 //
-// Every other packed matmul (prefill, act-order or 8-bit weights)
-// dequantizes tiles of qTileRows(…) rows of W into a per-thread scratch
-// buffer, in the original column order and with exactly the arithmetic of
-// weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
-// the tiles spread over the pool's threads. Rows of 1-4-bit codes are
-// decoded by kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32
-// arithmetic is exact for integer zero-points; 1-bit rows (fractional
-// zero-points) use per-group tables computed in float64; act-order rows are
-// decoded in storage order and scattered by Perm. Tiles are multiples of
-// 12 rows (the GEMV kernel's 4-row groups and the GEMM micro-kernel's
-// 3-column tiles), so on one thread every output is computed by the same
-// kernel code in the same summation order as on the dequantize-at-load
-// path (LoadOptions.DequantizeWeights): the prefill logits are
-// bit-identical. On several threads the float path's own split of a GEMM
-// over threads changes the rounding of a few outputs (Pool.MatMulNT is not
-// split-invariant for m >= 4 with m%4 != 0), so the two paths then agree
-// to about 1e-6 of max|logit| (tests: qlinear_ext_test.go).
+// A fused GEMV (qmmTask.gemvRows) is kept for 1-4-bit codes in natural
+// column order, behind qFusedMaxM (0: off): every row of W dotted with x
+// straight from its packed codes by kernels.DotQRow, or
+// kernels.DotU4RowIL for 4-bit groups of multiples of 16 codes, each
+// group's sum accumulated in float32 and scaled once. It is faster for one
+// row of x but rounds differently from the tiles (within 1e-5·max|logit|
+// on the test models), so it would make a row's result depend on the
+// batch; tests and benchmarks turn it on to measure it.
 
 // linear is the weight W [n, k] of one linear map y = x·Wᵀ: a float32
 // matrix f, or packed rows p. Exactly one is set, except for a weight of
@@ -67,11 +63,15 @@ type packedLinear struct {
 
 // qFusedMaxM is the most rows of x for which a packed matmul uses the
 // fused GEMV (kernels.DotQRow per row of W and row of x) when
-// packedLinear.fused; larger m (prefill) dequantizes tiles. The fused
-// GEMV decodes the codes once per row of x, so for m = 2 and 4 it is
-// slower than the tiles (BenchmarkPackedMatMul); it pays for m = 1 only.
-// Tests set it to 0 or 4 to exercise both paths.
-var qFusedMaxM = 1
+// packedLinear.fused; larger m dequantizes tiles. It is 0: the fused GEMV
+// rounds differently from the tiles, so with it a row's result would
+// depend on how many rows the call has, and a batched call
+// (ForwardBatch) must give each sequence the bits it gets alone. The
+// fused GEMV decodes the codes once per row of x, so for m = 2 and 4 it is
+// slower than the tiles (BenchmarkPackedMatMul); for m = 1 it is faster
+// (BenchmarkBatchDecode's "fused" case measures what decode gives up).
+// Tests set it to 1 or 4 to exercise the fused path.
+var qFusedMaxM = 0
 
 // fusable reports whether s can run kernels.DotQRow: float rows, or
 // 1-4-bit codes in natural column order (no act-order permutation).
@@ -226,7 +226,7 @@ func (t *qmmTask) Run(lo, hi int) {
 			r1 := min(r0+t.tile, w.n)
 			tb := buf[:(r1-r0)*k]
 			w.dequantRows(r0, r1, tb, codes, row)
-			kernels.MatMulNT(t.m, r1-r0, k, t.x, t.ldx, tb, k, t.y[r0:], t.ldy)
+			kernels.MatMulNTRows(t.m, r1-r0, k, t.x, t.ldx, tb, k, t.y[r0:], t.ldy)
 		}
 	}
 }
@@ -280,13 +280,14 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 }
 
 // matMul computes y = x·Wᵀ for x [m, k] (leading dimension ldx) into y
-// [m, n] (leading dimension ldy), with W = w [n, k]: the pool's float32
-// GEMM; for a packed W and m <= qFusedMaxM (decode) the fused GEMV, its
-// rows split over the pool's threads, when W allows it (packedLinear.fused);
-// otherwise tiles of a packed W dequantized on the fly.
+// [m, n] (leading dimension ldy), with W = w [n, k]: the pool's
+// row-independent float32 GEMM (kernels.Pool.MatMulNTRows); for a packed W
+// tiles dequantized on the fly, or, for m <= qFusedMaxM (0 unless a test
+// sets it), the fused GEMV, its rows split over the pool's threads, when W
+// allows it (packedLinear.fused).
 func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
 	if w.p == nil {
-		cm.pool.MatMulNT(m, n, k, x, ldx, w.f, k, y, ldy)
+		cm.pool.MatMulNTRows(m, n, k, x, ldx, w.f, k, y, ldy)
 		return
 	}
 	if m == 0 || n == 0 {

@@ -136,8 +136,9 @@ func heapInUse() uint64 {
 
 // BenchmarkQuantDecode measures single-token decode (the cache refilled
 // from empty every 128 tokens) of the synthetic model at each of
-// benchQuants, packed (default: the fused GEMV), packed with the fused
-// GEMV off (packed-tile: tiles dequantized into scratch) and dequantized
+// benchQuants, packed with the fused GEMV for decode (packed; not the
+// default since ForwardBatch, see qFusedMaxM), packed with the fused GEMV
+// off (packed-tile, the default: tiles dequantized into scratch) and dequantized
 // at load, in tokens/s, and reports the bytes
 // of the loaded linear weights (LinearWeightBytes) and the Go heap the
 // loaded model holds (HeapAlloc after load minus before, after GC).
@@ -146,9 +147,10 @@ func BenchmarkQuantDecode(b *testing.B) {
 		for _, mode := range []string{"packed", "packed-tile", "dequantized"} {
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%s/%s/threads=%d", bq.name, mode, threads), func(b *testing.B) {
+					defer func(old int) { qFusedMaxM = old }(qFusedMaxM)
+					qFusedMaxM = 1 // "packed": the fused GEMV for decode
 					if mode == "packed-tile" {
 						qFusedMaxM = 0
-						defer func() { qFusedMaxM = 1 }()
 					}
 					d, src := benchQuantModel(bq)
 					before := heapInUse()
@@ -238,11 +240,11 @@ func BenchmarkPackedMatMul(b *testing.B) {
 		y := make([]float32, m*n)
 		for _, path := range []string{"fused", "tile"} {
 			b.Run(fmt.Sprintf("m=%d/%s", m, path), func(b *testing.B) {
+				defer func(old int) { qFusedMaxM = old }(qFusedMaxM)
 				qFusedMaxM = 4 // fused for every m here
 				if path == "tile" {
 					qFusedMaxM = 0
 				}
-				defer func() { qFusedMaxM = 1 }()
 				for b.Loop() {
 					cm.matMul(m, n, k, x, k, w, y, n)
 				}

@@ -140,6 +140,7 @@ func TestPackedMatMulTiles(t *testing.T) {
 			}
 			for _, fusedMaxM := range []int{0, 4} {
 				for _, th := range []int{1, 2, 3} {
+					old := qFusedMaxM
 					qFusedMaxM = fusedMaxM
 					cm := &cpuModel{pool: kernels.NewPool(th), layers: []cpuLayer{{wqkv: linear{p: p}}}}
 					cm.allocPacked()
@@ -149,7 +150,7 @@ func TestPackedMatMulTiles(t *testing.T) {
 					}
 					cm.matMul(m, n, k, x, k, &linear{p: p}, got, n)
 					cm.pool.Close()
-					qFusedMaxM = 1
+					qFusedMaxM = old
 					var diff float64
 					for i := range got {
 						d := math.Abs(float64(got[i] - want[i]))

@@ -17,6 +17,10 @@ import (
 	"github.com/lmpack/lmpack/runtime"
 )
 
+// ErrSlowConsumer is the Err of a request finished with "error" because
+// its consumer left SchedOptions.EventBuffer token events unread.
+var ErrSlowConsumer = errors.New("serve: the request's events were not read (slow consumer)")
+
 // ErrInvalidRequest is wrapped by Submit for a GenRequest the HTTP layer
 // should have refused (no prompt, a token id out of range, max_tokens < 1,
 // a negative temperature, …); the error names the field.
@@ -42,6 +46,13 @@ type SchedOptions struct {
 	// EOS lists the end-of-sequence token ids (finish "stop" unless a
 	// request sets IgnoreEOS); nil means the model's eos_token_id list.
 	EOS []int
+	// EventBuffer bounds the token events buffered for one request's
+	// consumer: a request whose consumer leaves that many unread when the
+	// next token comes finishes with "error" (ErrSlowConsumer) and frees
+	// its cache. 0 means MaxTokens: the channel holds the whole output
+	// and no consumer is ever cut (memory: (MaxTokens+1) Events of about
+	// 72 bytes each, allocated at Submit, per queued or running request).
+	EventBuffer int
 	// Logger receives the scheduler's records (admission and finish at
 	// Debug, panics and forward errors at Error; never prompt text); nil
 	// means slog.Default().
@@ -78,10 +89,13 @@ type SchedOptions struct {
 // all (oldest admitted first), and each sequence that got a logits row it
 // needs (a chunk ending its prompt, a decode row) samples its next token.
 //
-// Events: every request's channel has capacity MaxTokens+1 (at most
-// MaxTokens token events and one finish event), so the step loop never
-// blocks on a slow consumer; a consumer that stops reading costs at most
-// that buffer until it cancels its ctx.
+// Events: the step loop never blocks on a consumer. A request's channel
+// has capacity min(MaxTokens, EventBuffer)+1, one slot always kept for the
+// finish event; by default (EventBuffer 0) that is MaxTokens+1, the whole
+// output, and a consumer that stops reading only costs that buffer until
+// it cancels its ctx. With EventBuffer > 0 a consumer that falls that many
+// tokens behind is cut: the request finishes "error" with
+// ErrSlowConsumer.
 type Scheduler struct {
 	m      runtime.Model
 	pool   KVPool
@@ -106,8 +120,9 @@ type Scheduler struct {
 	idle       chan struct{} // closed when draining and nothing is left
 	done       chan struct{} // closed when Run returns
 
-	// running is the step loop's (Run's goroutine only).
+	// running and seqs are the step loop's (Run's goroutine only).
 	running []*request
+	seqs    []runtime.Seq
 
 	// onSample, when set (tests), is called while handling a request's
 	// sampled token, inside that request's panic recovery.
@@ -119,6 +134,7 @@ type request struct {
 	r         *GenRequest
 	ctx       context.Context
 	ch        chan Event
+	tokCap    int // token events the channel may hold; one more slot for the finish
 	need      int // KV capacity: len(Prompt) + MaxTokens
 	cache     runtime.KVCache
 	logits    []float32 // [vocab]
@@ -158,6 +174,8 @@ func NewScheduler(m runtime.Model, pool KVPool, opt SchedOptions, reg *prometheu
 		err = field.New("MaxPrefillTokens", opt.MaxPrefillTokens, "≥ 1 token")
 	case opt.MaxQueue < 1:
 		err = field.New("MaxQueue", opt.MaxQueue, "≥ 1 request")
+	case opt.EventBuffer < 0:
+		err = field.New("EventBuffer", opt.EventBuffer, "≥ 0 events (0: MaxTokens)")
 	case opt.MaxModelLen < 1:
 		err = field.New("MaxModelLen", opt.MaxModelLen, "≥ 1 token (0: the model's max_position_embeddings, which it does not give)")
 	case d.MaxPositionEmbeddings > 0 && opt.MaxModelLen > d.MaxPositionEmbeddings:
@@ -208,7 +226,7 @@ func checkPool(st PoolStats) error {
 }
 
 // Submit implements Submitter: it checks r, queues it and returns the
-// channel of its events (capacity r.MaxTokens+1). r must not be changed
+// channel of its events (capacity min(r.MaxTokens, EventBuffer)+1). r must not be changed
 // afterwards. Errors (checked in this order): ErrInvalidRequest (wrapped,
 // naming the field), ErrTooLong (len(Prompt)+MaxTokens > MaxModelLen),
 // ErrNeverFits (pool.BytesFor(len(Prompt)+MaxTokens) > the whole budget),
@@ -237,7 +255,11 @@ func (s *Scheduler) Submit(ctx context.Context, r *GenRequest) (<-chan Event, er
 		return nil, fmt.Errorf("%w: request %s: %d tokens need %d bytes of KV memory, the whole budget is %d bytes",
 			ErrNeverFits, r.ID, need, b, s.budget)
 	}
-	q := &request{r: r, ctx: ctx, ch: make(chan Event, r.MaxTokens+1), need: need, submitted: time.Now()}
+	tokCap := r.MaxTokens
+	if s.opt.EventBuffer > 0 {
+		tokCap = min(tokCap, s.opt.EventBuffer)
+	}
+	q := &request{r: r, ctx: ctx, ch: make(chan Event, tokCap+1), tokCap: tokCap, need: need, submitted: time.Now()}
 	s.mu.Lock()
 	if s.draining || s.stopped {
 		s.mu.Unlock()
@@ -365,12 +387,28 @@ func (s *Scheduler) stop() {
 // when ctx ends, every request left is finished "cancelled" at the next
 // step boundary (its cache released). Drain returns when no request is
 // left: nil when all finished on their own, otherwise an error wrapping
-// ctx.Err(). Without a running Run (never started, or returned), queued
-// requests are finished "cancelled" at once.
+// ctx.Err(). Without Run (not started yet when ctx ends, or returned),
+// Drain itself finishes the queued requests "cancelled".
 func (s *Scheduler) Drain(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
-	if !s.started || s.stopped {
+	if s.stopped {
+		s.mu.Unlock()
+		return nil // stop finished everything
+	}
+	s.mu.Unlock()
+	s.wakeUp()
+	select {
+	case <-s.idle:
+		return nil
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+	}
+	err := fmt.Errorf("serve: drain: the requests left when the deadline came were cancelled: %w", ctx.Err())
+	s.mu.Lock()
+	s.cut = true
+	if !s.started {
 		left := s.queue
 		s.queue = nil
 		s.met.queueDepth.Set(0)
@@ -382,26 +420,15 @@ func (s *Scheduler) Drain(ctx context.Context) error {
 		for _, q := range left {
 			s.finish(q, FinishCancelled, nil)
 		}
-		return nil
+		return err
 	}
-	s.mu.Unlock()
-	s.wakeUp()
-	select {
-	case <-s.idle:
-		return nil
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-	}
-	s.mu.Lock()
-	s.cut = true
 	s.mu.Unlock()
 	s.wakeUp()
 	select {
 	case <-s.idle:
 	case <-s.done:
 	}
-	return fmt.Errorf("serve: drain: the requests left when the deadline came were cancelled: %w", ctx.Err())
+	return err
 }
 
 // step is one scheduler step (see Scheduler).
@@ -423,7 +450,7 @@ func (s *Scheduler) step(ctx context.Context) {
 	s.admit(cut)
 
 	// One batched forward over every running sequence.
-	seqs := make([]runtime.Seq, 0, len(s.running))
+	seqs := s.seqs[:0]
 	budget := s.opt.MaxPrefillTokens
 	var rows int
 	for _, q := range s.running {
@@ -443,6 +470,8 @@ func (s *Scheduler) step(ctx context.Context) {
 		seqs = append(seqs, runtime.Seq{Tokens: q.next[:], Cache: q.cache, Logits: q.logits})
 		rows++
 	}
+	s.seqs = seqs
+	defer clear(s.seqs) // drop the caches' references until the next step
 	if len(seqs) > 0 {
 		s.met.steps.Inc()
 		s.met.stepTokens.Observe(float64(rows))
@@ -575,11 +604,15 @@ func (s *Scheduler) handle(q *request) {
 		s.finish(q, FinishStop, nil)
 		return
 	}
+	if len(q.ch) >= q.tokCap {
+		s.finish(q, FinishError, fmt.Errorf("%w: request %s: %d token events unread", ErrSlowConsumer, q.r.ID, len(q.ch)))
+		return
+	}
 	ev := Event{Token: tok}
 	if q.r.TopLogprobs >= 0 {
 		ev.Logprob, ev.Top = logprobs(q.logits, tok, q.r.TopLogprobs)
 	}
-	q.ch <- ev // never blocks: capacity MaxTokens+1
+	q.ch <- ev // never blocks: fewer than tokCap are buffered, tokCap+1 fit
 	if q.gen >= q.r.MaxTokens {
 		s.finish(q, FinishLength, nil)
 		return
@@ -604,25 +637,37 @@ func (s *Scheduler) isStop(r *GenRequest, tok int) bool {
 	return false
 }
 
-// finish ends q once: its last event (reason, err) is sent and its channel
-// closed, then its cache goes back to the pool.
+// finish ends q once: its cache goes back to the pool, then its last
+// event (reason, err) is sent and its channel closed, so a consumer that
+// sees the finish event sees the blocks already freed.
 func (s *Scheduler) finish(q *request, reason string, err error) {
 	if q.finished {
 		return
 	}
 	q.finished = true
+	if q.cache != nil {
+		c := q.cache
+		q.cache = nil
+		s.release(q.r.ID, c)
+	}
 	q.ch <- Event{Finish: reason, Err: err}
 	close(q.ch)
 	s.met.finished.WithLabelValues(reason).Inc()
 	s.log.Debug("serve: finished", "id", q.r.ID, "finish", reason, "prompt_tokens", len(q.r.Prompt),
 		"generated_tokens", q.gen, "duration_s", time.Since(q.submitted).Seconds())
-	if q.cache != nil {
-		c := q.cache
-		q.cache = nil
-		s.poolMu.Lock()
-		defer s.poolMu.Unlock()
-		s.pool.Release(c)
-	}
+}
+
+// release returns c to the pool; a panic of the pool is logged (the
+// request still finishes).
+func (s *Scheduler) release(id string, c runtime.KVCache) {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("serve: panic in KVPool.Release", "id", id, "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	s.pool.Release(c)
 }
 
 // updateGauges sets the gauges after a step and checks the pool's

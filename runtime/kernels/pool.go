@@ -256,16 +256,21 @@ type matMulTask struct {
 	ldx, ldw, ldy int
 	unit          int  // columns or rows per unit
 	overM         bool // split over rows of x/y instead of columns
+	rows          bool // run matMulNTRows (Pool.MatMulNTRows)
 }
 
 func (t *matMulTask) Run(lo, hi int) {
+	mm := matMulNT
+	if t.rows {
+		mm = matMulNTRows
+	}
 	if t.overM {
 		i0, i1 := lo*t.unit, min(hi*t.unit, t.m)
-		matMulNT(i1-i0, t.n, t.k, t.x[i0*t.ldx:], t.ldx, t.w, t.ldw, t.y[i0*t.ldy:], t.ldy)
+		mm(i1-i0, t.n, t.k, t.x[i0*t.ldx:], t.ldx, t.w, t.ldw, t.y[i0*t.ldy:], t.ldy)
 		return
 	}
 	j0, j1 := lo*t.unit, min(hi*t.unit, t.n)
-	matMulNT(t.m, j1-j0, t.k, t.x, t.ldx, t.w[j0*t.ldw:], t.ldw, t.y[j0:], t.ldy)
+	mm(t.m, j1-j0, t.k, t.x, t.ldx, t.w[j0*t.ldw:], t.ldw, t.y[j0:], t.ldy)
 }
 
 // parallelMinMACs is the size m·n·k below which Pool.MatMulNT runs on the

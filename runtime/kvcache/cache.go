@@ -59,7 +59,7 @@ type cache struct {
 	sink, recent, block, ring int
 	// pg maps store indices to blocks; pool is the Pool the cache came
 	// from (nil for New), reserved the bytes it reserved there.
-	pg       pages
+	pg       *pages
 	pool     *Pool
 	reserved int64
 	// scratch: [chunkTokens, max kvDim] rows for K and V and their
@@ -158,15 +158,15 @@ func (s *privateSource) take() *block { return s.lay.newBlock() }
 // A cache released to a Pool is initialized again by reset.
 func (c *cache) init(sp spec, layers []Layer, capacity int, opt Options, bt, slack int) layout {
 	c.name, c.block = sp.name, sp.block
-	c.pg.bt = bt
+	c.pg = &pages{bt: bt}
 	lay := layout{bt: bt}
 	var maxKV, maxHD int
 	for i, l := range layers {
 		kvDim := l.NumKVHeads * l.HeadDim
 		maxKV, maxHD = max(maxKV, kvDim), max(maxHD, l.HeadDim)
 		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim}
-		L.k = newSide(sp.k, l, &lay, &c.pg, sp.block)
-		L.v = newSide(sp.v, l, &lay, &c.pg, sp.block)
+		L.k = newSide(sp.k, l, &lay, c.pg, sp.block)
+		L.v = newSide(sp.v, l, &lay, c.pg, sp.block)
 		if sp.needRot {
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]
@@ -438,7 +438,7 @@ func (c *cache) encode(L *layerState, sd *side, i0, t int, x, y []float32) {
 				s += float64(e) * float64(e)
 			}
 			nrm := float32(math.Sqrt(s))
-			c.pg.put(i0 + r).f32[sd.norms.at(&c.pg, 0, i0+r)] = nrm
+			c.pg.put(i0 + r).f32[sd.norms.at(c.pg, 0, i0+r)] = nrm
 			if nrm > 0 {
 				kernels.Scale(1/nrm, row)
 			}
@@ -473,7 +473,7 @@ func (c *cache) decode(L *layerState, sd *side, h, i0, i1 int, dst []float32) {
 		sd.st.get(h, a, b, x)
 		if sd.norm {
 			for r := 0; r < t; r++ {
-				kernels.Scale(c.pg.get(a + r).f32[sd.norms.at(&c.pg, 0, a+r)], x[r*hd:(r+1)*hd])
+				kernels.Scale(c.pg.get(a + r).f32[sd.norms.at(c.pg, 0, a+r)], x[r*hd:(r+1)*hd])
 			}
 		}
 		switch sd.rot {

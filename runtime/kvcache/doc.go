@@ -47,14 +47,23 @@
 //   - Write may start at any position up to the layer's length; starting
 //     earlier forgets the later tokens first. Truncate(n) forgets positions
 //     from n on and rebuilds the fp16 windows for the new length from the
-//     binary16 rows still held (always enough after a cancelled Forward of
-//     up to 32 tokens, which then leaves no trace); tokens whose rows are
+//     binary16 rows still held (for New's caches always enough after a
+//     cancelled Forward of up to 32 tokens, which then leaves no trace; a
+//     Pool's caches keep no such slack); tokens whose rows are
 //     gone stay quantized, and a per-channel key block cut in two whose rows
 //     are gone goes back to the window as its dequantized values.
 //     Truncate(0) resets the cache to its fresh state.
 //   - Write panics (a caller bug, like runtime.F32Cache) on positions past
 //     the capacity, a gap after the layer's length or short k, v; Read
 //     panics when asked for more tokens than the layer holds.
+//
+// Storage is paged (store.go): the quantized tokens of every store live
+// in blocks of a fixed number of tokens, each block holding those tokens
+// for every layer, K and V. New gives a cache one private block sized to
+// its capacity; a Pool (KV memory as a budget in bytes, for a server)
+// hands out blocks of BlockTokens tokens from a shared free list as
+// tokens are stored, within what each cache reserved (BytesFor). The
+// paging changes no decoded value.
 //
 // Not here: computing OSCAR's rotations and clipping ratios (calibration,
 // package quantize/oscar), the row quantizers themselves (quantize/kvq),

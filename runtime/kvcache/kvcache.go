@@ -201,7 +201,9 @@ func Methods() []string {
 // do not implement runtime.F32KV: Read dequantizes, and for rotated
 // methods un-rotates, so attention sees keys and values in the model's
 // original space. All of them implement Sizer. A cache is not safe for
-// concurrent use.
+// concurrent use. The storage of a cache is allocated here for its whole
+// capacity (one block of the paged storage; Pool shares blocks between
+// caches instead).
 //
 // Errors: ErrUnknownMethod for an unknown name, ErrNoRotations when
 // oscar2/oscar4 get none, ErrBadShape (wrapped, naming the layer and

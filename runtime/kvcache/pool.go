@@ -75,9 +75,11 @@ type Pool struct {
 	mu          sync.Mutex
 	total, used int64
 	held, seqs  int
-	free        []*block
-	spare       []*cache
-	live        map[*cache]bool
+	// made counts the blocks ever allocated (the rest came from free).
+	made  int
+	free  []*block
+	spare []*cache
+	live  map[*cache]bool
 }
 
 // fp32Spec is fp32 as a paged method: float32 rows, no windows (a pool's
@@ -212,8 +214,13 @@ func (p *Pool) Release(c runtime.KVCache) {
 	}
 	p.used -= cc.reserved
 	p.seqs--
-	cc.pool, cc.reserved, cc.pg.src = nil, 0, nil
-	p.spare = append(p.spare, cc)
+	// The buffers go to a new shell for reuse; c itself stays dead, so a
+	// stale handle can never alias a later cache.
+	shell := new(cache)
+	*shell = *cc
+	shell.pool, shell.reserved, shell.pg.src = nil, 0, nil
+	*cc = cache{name: cc.name + " (released)"}
+	p.spare = append(p.spare, shell)
 	p.check()
 }
 
@@ -254,6 +261,7 @@ func (s *poolSource) take() *block {
 		b, p.free = p.free[n-1], p.free[:n-1]
 	} else {
 		b = p.lay.newBlock()
+		p.made++
 	}
 	p.held++
 	p.check()
