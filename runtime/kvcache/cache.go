@@ -104,14 +104,18 @@ func windows(sp spec, capacity int, opt Options) (sink, recent int) {
 	return min(sink, capacity), recent
 }
 
-// ringSize is the fp16 ring of a cache: the window, at most
-// max(Recent, block−1) pending tokens, plus slack tokens, so that a
-// cancelled Forward of up to slack tokens finds the rows it pushed out of
-// the window (ringSlack for New's caches, 0 for a Pool's); 0 when no
-// token ever waits (per-token methods without a recent window, no
-// slack).
+// ringSize is the fp16 ring of a cache, at most capacity rows. New's
+// caches (slack ringSlack) hold max(Recent, block) + slack rows (at least
+// 1), so that a cancelled Forward of up to slack tokens finds the rows it
+// pushed out of the window. A Pool's (slack 0) hold exactly the window:
+// at most max(Recent, block−1) tokens are ever pending (Write quantizes
+// a block while more than Recent and at least a block are), so 0 rows
+// when no token ever waits (per-token methods without a recent window).
 func ringSize(sp spec, recent, slack, capacity int) int {
-	return min(max(recent, sp.block-1)+slack, capacity)
+	if slack > 0 {
+		return max(1, min(max(recent, sp.block)+slack, capacity))
+	}
+	return min(max(recent, sp.block-1), capacity)
 }
 
 // newCache returns an empty cache of sp for New: its pages come from a

@@ -3,6 +3,7 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -36,8 +37,8 @@ type PoolStats struct {
 // Pool is KV memory as a budget: caches of one method and model shape
 // whose storage is handed out in blocks of blockTokens tokens, so that
 // caches of different lengths share the budget without fragmentation
-// (paged KV memory, as vLLM's PagedAttention block manager hands out
-// blocks).
+// (paged KV memory: a cache's tokens need not be contiguous, only its
+// blocks' table is per cache).
 //
 // A block holds blockTokens tokens of every layer, K and V, of the
 // method's quantized storage: codes, binary16 scales and zero points and
@@ -56,9 +57,14 @@ type PoolStats struct {
 // cache would (documented Truncate behaviour: tokens whose rows are gone
 // stay quantized).
 //
+// The sink and ring are the cache's fixed bytes, reserved from the same
+// budget. Released caches keep their sink and ring buffers for a later
+// cache of the same window sizes, and released blocks stay on the free
+// list, while the memory so kept (blocks held or free, windows live or
+// spare) fits the budget; beyond it the pool gives spares up, so its
+// allocated KV memory never exceeds the budget (an internal assertion).
 // Working memory that is not KV data — page tables, scratch rows, ring
-// bookkeeping, rotation matrices — is not counted; released caches keep
-// theirs for reuse.
+// bookkeeping, rotation matrices — is not counted.
 //
 // A Pool is safe for concurrent use; each cache it returns is not.
 type Pool struct {
@@ -75,8 +81,13 @@ type Pool struct {
 	mu          sync.Mutex
 	total, used int64
 	held, seqs  int
-	// made counts the blocks ever allocated (the rest came from free).
-	made  int
+	// made counts the blocks ever allocated (the rest came from free),
+	// dropped those given up to the garbage collector.
+	made, dropped int
+	// phys is the memory the pool has allocated and keeps: every block
+	// (held or free) and the sink and ring buffers of every cache (live
+	// or spare); trim keeps it within the budget.
+	phys  int64
 	free  []*block
 	spare []*cache
 	live  map[*cache]bool
@@ -146,8 +157,9 @@ func (p *Pool) shape(capacity int) (sink, ring, blocks int) {
 // its fixed bytes, the fp16 sink and ring, (sink + ring)·4·Σ kvDim (K and
 // V, 2 bytes an element), plus ⌈(capacity − sink)/BlockTokens⌉ blocks of
 // BlockBytes (with sink = min(Sink, capacity), ring = min(max(Recent,
-// block−1), capacity); fp16 and fp32 have no windows, and per-token
-// methods without a recent window no ring). 0 for capacity < 1.
+// block−1), capacity), Recent as New resolves it (0 is 128 for kivi2 and
+// oscars2); fp16 and fp32 have no windows, and per-token methods without
+// a recent window no ring). 0 for capacity < 1.
 func (p *Pool) BytesFor(capacity int) int64 {
 	if capacity < 1 {
 		return 0
@@ -177,19 +189,29 @@ func (p *Pool) NewCache(capacity int) (runtime.KVCache, error) {
 	if need > p.total-p.used {
 		return nil, fmt.Errorf("%w: %s cache of %d tokens needs %d bytes, %d of %d free", ErrPoolFull, p.method, capacity, need, p.total-p.used, p.total)
 	}
+	// Reuse a released cache whose sink and ring have this capacity's
+	// sizes, so that a live cache's buffers are exactly what it reserved.
+	sink, ring, _ := p.shape(capacity)
 	var c *cache
-	if n := len(p.spare); n > 0 {
-		c, p.spare = p.spare[n-1], p.spare[:n-1]
-		c.reset(p.sp, capacity, p.opt, 0)
-	} else {
+	for i := len(p.spare) - 1; i >= 0; i-- {
+		if sp := p.spare[i]; sp.sink == sink && sp.ring == ring {
+			c = sp
+			p.spare = slices.Delete(p.spare, i, i+1)
+			c.reset(p.sp, capacity, p.opt, 0)
+			break
+		}
+	}
+	if c == nil {
 		c = &cache{}
 		c.init(p.sp, p.layers, capacity, p.opt, p.bt, 0)
+		p.phys += p.fixedBytes(c)
 	}
 	c.pool, c.reserved = p, need
 	c.pg.src = (*poolSource)(c)
 	p.used += need
 	p.seqs++
 	p.live[c] = true
+	p.trim()
 	p.check()
 	return c, nil
 }
@@ -232,15 +254,41 @@ func (p *Pool) Stats() PoolStats {
 		TotalBytes: p.total, UsedBytes: p.used, FreeBytes: p.total - p.used, Sequences: p.seqs}
 }
 
+// fixedBytes is the size of c's sink and ring buffers.
+func (p *Pool) fixedBytes(c *cache) int64 { return int64(c.sink+c.ring) * 4 * p.sumKV }
+
+// trim gives spare caches, then free blocks, to the garbage collector
+// while the pool's memory exceeds the budget (p.mu held). What live
+// caches hold is at most what they reserved, so this always ends within
+// the budget.
+func (p *Pool) trim() {
+	for p.phys > p.total && len(p.spare) > 0 {
+		n := len(p.spare) - 1
+		p.phys -= p.fixedBytes(p.spare[n])
+		p.spare[n] = nil
+		p.spare = p.spare[:n]
+	}
+	for p.phys > p.total && len(p.free) > 0 {
+		n := len(p.free) - 1
+		p.phys -= p.blockBytes
+		p.free[n] = nil
+		p.free = p.free[:n]
+		p.dropped++
+	}
+}
+
 // check asserts the pool's invariants (p.mu held): reservations within
-// the budget, blocks held within what is reserved. A violation is a bug
-// in this package: it panics.
+// the budget, blocks held within what is reserved, the pool's memory
+// within the budget. A violation is a bug in this package: it panics.
 func (p *Pool) check() {
 	if p.used < 0 || p.used > p.total {
 		panic(fmt.Sprintf("kvcache: Pool invariant violated: %d bytes reserved, budget %d", p.used, p.total))
 	}
 	if int64(p.held)*p.blockBytes > p.used {
 		panic(fmt.Sprintf("kvcache: Pool invariant violated: %d blocks of %d bytes held, only %d bytes reserved", p.held, p.blockBytes, p.used))
+	}
+	if p.phys > p.total {
+		panic(fmt.Sprintf("kvcache: Pool invariant violated: %d bytes of blocks and windows allocated, budget %d", p.phys, p.total))
 	}
 }
 
@@ -262,6 +310,8 @@ func (s *poolSource) take() *block {
 	} else {
 		b = p.lay.newBlock()
 		p.made++
+		p.phys += p.blockBytes
+		p.trim()
 	}
 	p.held++
 	p.check()
