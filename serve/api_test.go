@@ -650,9 +650,9 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestSubmitErrors: the Submitter's errors answer 503 with Retry-After
+// TestHTTPSubmitErrors: the Submitter's errors answer 503 with Retry-After
 // (queue full, shutting down), 400 (never fits, too long) or 500.
-func TestSubmitErrors(t *testing.T) {
+func TestHTTPSubmitErrors(t *testing.T) {
 	ts := newTestServer(t, "", Options{})
 	for _, tc := range []struct {
 		err    error
