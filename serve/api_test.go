@@ -650,9 +650,9 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestSubmitErrorsHTTP: the Submitter's errors answer 503 with Retry-After
+// TestHTTPSubmitErrors: the Submitter's errors answer 503 with Retry-After
 // (queue full, shutting down), 400 (never fits, too long) or 500.
-func TestSubmitErrorsHTTP(t *testing.T) {
+func TestHTTPSubmitErrors(t *testing.T) {
 	ts := newTestServer(t, "", Options{})
 	for _, tc := range []struct {
 		err    error
@@ -959,7 +959,7 @@ func TestQwen3ChatTemplate(t *testing.T) {
 // TestHostileInputs: a 10 MB body (default 4 MiB limit), 100,000-token
 // prompts (ids and text) and a body that stops arriving get errors.
 func TestHostileInputs(t *testing.T) {
-	ts := newTestServer(t, "", Options{BodyTimeout: 50 * 1e6})
+	ts := newTestServer(t, "", Options{})
 	r := ts.post(t, "/v1/completions", `{"prompt":"`+strings.Repeat("a", 10<<20)+`"}`)
 	if r.status != 413 || !strings.Contains(decode[errResp](t, r.body).Error.Message, "4194304 bytes") {
 		t.Errorf("10 MB body: %d %s", r.status, r.body)
@@ -974,6 +974,7 @@ func TestHostileInputs(t *testing.T) {
 		t.Errorf("100,000-token text: %d %s", r.status, r.body)
 	}
 	// A body that stops arriving: 400 once BodyTimeout passes.
+	ts = newTestServer(t, "", Options{BodyTimeout: 50 * 1e6})
 	c, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
 	if err != nil {
 		t.Fatal(err)

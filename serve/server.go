@@ -276,7 +276,9 @@ func (s *Server) buildHandler() http.Handler {
 		}},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		info := &reqInfo{start: s.now(), endpoint: "other"}
+		// Every request's log line has an id; generation requests replace
+		// it with their cmpl-/chatcmpl- id.
+		info := &reqInfo{start: s.now(), endpoint: "other", id: s.newID("req-")}
 		rec := &recorder{ResponseWriter: w}
 		defer s.finish(rec, r, info)
 		rt, ok := routes[r.URL.Path]

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/field"
+	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 	"github.com/lmpack/lmpack/serve"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,12 +25,12 @@ import (
 // serveFlags are lmpack serve's flags (CLI only: serve has no recipe
 // keys).
 type serveFlags struct {
-	host, kvMemory, kv, kvWindow, device, apiKeyFile, servedName string
-	port, blockTokens, threads                                   int
-	sched                                                        serve.SchedOptions
-	maxModelLen                                                  int
-	logPrompts                                                   bool
-	shutdownTimeout                                              time.Duration
+	host, kvMemory, kv, kvWindow, kvRot, device, apiKeyFile, servedName string
+	port, blockTokens, threads                                          int
+	sched                                                               serve.SchedOptions
+	maxModelLen                                                         int
+	logPrompts                                                          bool
+	shutdownTimeout, headerTimeout                                      time.Duration
 }
 
 // schedFlagNames renames serve.SchedOptions' fields in its errors.
@@ -62,6 +65,7 @@ SIGTERM or SIGINT stops admitting, lets running requests finish within
 	f.StringVar(&fl.kvMemory, "kv-memory", "1GiB", "KV cache memory budget of all sequences together: bytes, or with a unit (512MiB, 4GiB, 2GB)")
 	f.StringVar(&fl.kv, "kv", "", "KV cache method of a plain checkpoint ("+strings.Join(kvcache.Methods(), ", ")+"; default fp32); an artifact uses its own")
 	f.StringVar(&fl.kvWindow, "kv-window", "", "SINK,RECENT: fp16 windows of the first SINK and newest RECENT tokens (plain checkpoint with --kv)")
+	f.StringVar(&fl.kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv) for --kv oscar2/oscar4 on a plain checkpoint")
 	f.IntVar(&fl.blockTokens, "kv-block-tokens", 0, "tokens per KV block of the pool (default 16, or 32 for kivi2 and oscars2)")
 	f.IntVar(&fl.sched.MaxBatch, "max-batch", 32, "most sequences decoded together")
 	f.IntVar(&fl.sched.MaxPrefillTokens, "max-prefill-tokens", 512, "most prompt tokens prefilled in one step (chunked prefill)")
@@ -71,6 +75,7 @@ SIGTERM or SIGINT stops admitting, lets running requests finish within
 	f.StringVar(&fl.apiKeyFile, "api-key-file", "", "file of accepted API keys, one per line; requests to /v1/ then need Authorization: Bearer KEY")
 	f.BoolVar(&fl.logPrompts, "log-prompts", false, "include prompt text in the request log lines")
 	f.DurationVar(&fl.shutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "on SIGTERM, how long running requests may go on before they are cut")
+	f.DurationVar(&fl.headerTimeout, "header-timeout", serve.DefaultReadHeaderTimeout, "a request's headers must arrive within this time (slowloris)")
 	f.StringVar(&fl.servedName, "served-model-name", "", "model id of the API (default: the base name of MODEL)")
 	addCPUDeviceFlag(cmd, &fl.device, "serve (its KV pool is host memory)")
 	return cmd
@@ -155,6 +160,9 @@ func checkServeFlags(fl *serveFlags) (kvMem int64, err error) {
 	if fl.shutdownTimeout <= 0 {
 		return 0, fmt.Errorf("--shutdown-timeout %v: want > 0", fl.shutdownTimeout)
 	}
+	if fl.headerTimeout <= 0 {
+		return 0, fmt.Errorf("--header-timeout %v: want > 0", fl.headerTimeout)
+	}
 	if err := checkThreads(fl.threads); err != nil {
 		return 0, err
 	}
@@ -163,13 +171,15 @@ func checkServeFlags(fl *serveFlags) (kvMem int64, err error) {
 
 // servePool builds the KV pool: an artifact's own scheme (its manifest's
 // method, windows and rotations), or --kv and --kv-window for a plain
-// checkpoint (fp32 by default, the cache lmpack run uses).
+// checkpoint (fp32 by default, the cache lmpack run uses), with
+// --kv-rotations read (and checked against the model's fingerprint) for
+// oscar2/oscar4.
 func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, string, error) {
 	method := "fp32"
 	var opt kvcache.Options
 	if e.Artifact != nil {
-		if fl.kv != "" || fl.kvWindow != "" {
-			return nil, "", fmt.Errorf("--kv/--kv-window: %s is an artifact, which serves with its own KV cache scheme and rotations; drop the flags", e.Dir)
+		if fl.kv != "" || fl.kvWindow != "" || fl.kvRot != "" {
+			return nil, "", fmt.Errorf("--kv/--kv-window/--kv-rotations: %s is an artifact, which serves with its own KV cache scheme and rotations; drop the flags", e.Dir)
 		}
 		m, o, err := e.Artifact.KVCache()
 		if err != nil {
@@ -185,6 +195,18 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, st
 		if fl.kvWindow != "" {
 			opt.Sink, opt.Recent, _ = parseWindow(fl.kvWindow)
 		}
+		if fl.kvRot != "" {
+			fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
+			if err != nil {
+				return nil, "", err
+			}
+			r, _, err := oscar.ReadFile(fl.kvRot, model.Expect{ModelFingerprint: fp, Desc: e.Desc})
+			if err != nil {
+				return nil, "", fmt.Errorf("--kv-rotations: %w", err)
+			}
+			kr := kvcache.Rotations(*r)
+			opt.Rotations = &kr
+		}
 	}
 	bt := fl.blockTokens
 	if bt == 0 {
@@ -194,6 +216,9 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, st
 		}
 	}
 	p, err := kvcache.NewPool(method, kvcache.LayersOf(e.Desc), opt, kvMem, bt)
+	if errors.Is(err, kvcache.ErrNoRotations) {
+		return nil, "", fmt.Errorf("--kv %s needs --kv-rotations ROT (a rotation file from lmpack quantize kv): %w", method, err)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("--kv %s (--kv-memory %s, --kv-block-tokens %d): %w", method, fl.kvMemory, bt, err)
 	}
@@ -235,7 +260,7 @@ func runServe(ctx context.Context, g *globalFlags, name string, fl *serveFlags) 
 	}
 	srv, err := serve.New(e, sched, reg, serve.Options{
 		Host: fl.host, Port: fl.port, APIKeys: keys, ModelName: fl.servedName, MaxModelLen: fl.maxModelLen,
-		LogPrompts: fl.logPrompts, ShutdownTimeout: fl.shutdownTimeout, Logger: g.logger,
+		LogPrompts: fl.logPrompts, ShutdownTimeout: fl.shutdownTimeout, ReadHeaderTimeout: fl.headerTimeout, Logger: g.logger,
 	})
 	if err != nil {
 		return field.Rename(err, map[string]string{"MaxModelLen": "--max-model-len"})

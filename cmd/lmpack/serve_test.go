@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/spf13/pflag"
 )
 
@@ -68,13 +68,11 @@ func TestServeFlagErrors(t *testing.T) {
 	}
 }
 
-// TestServeEndToEnd: lmpack serve on stories260K answers a greedy
-// completion with the text lmpack run generates, and SIGTERM exits 0.
-func TestServeEndToEnd(t *testing.T) {
-	m := modelDir(t)
-	run := lmpack(t, nil, "run", m, "--prompt", "Once upon a time", "--max-tokens", "24", "--temperature", "0")
-	wantOK(t, run)
-	cmd := exec.Command(lmpackBin, "serve", m, "--port", "0", "--kv-memory", "16MiB", "--threads", "1")
+// startServeAddr starts lmpack serve with args on a free port and returns
+// its address, once the "serving" log line names it.
+func startServeAddr(t *testing.T, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(lmpackBin, append([]string{"serve", "--port", "0", "--threads", "1"}, args...)...)
 	cmd.Env = isolatedEnv(t)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -83,48 +81,82 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
-	// The "serving" log line names the address (port 0: any free port).
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	addrRE := regexp.MustCompile(`msg=serving addr=(\S+)`)
 	sc := bufio.NewScanner(stderr)
-	addr := ""
 	var log []string
-	for addr == "" && sc.Scan() {
+	for sc.Scan() {
 		log = append(log, sc.Text())
 		if mm := addrRE.FindStringSubmatch(sc.Text()); mm != nil {
-			addr = mm[1]
+			go io.Copy(io.Discard, stderr)
+			return mm[1], cmd
 		}
 	}
-	if addr == "" {
-		t.Fatalf("no serving line in the log:\n%s", strings.Join(log, "\n"))
-	}
-	go io.Copy(io.Discard, stderr)
-	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
-		strings.NewReader(`{"prompt":"Once upon a time","max_tokens":24,"temperature":0}`))
+	t.Fatalf("lmpack serve %v: no serving line in the log:\n%s", args, strings.Join(log, "\n"))
+	return "", nil
+}
+
+// complete posts a completion request and returns the choice's text.
+func complete(t *testing.T, addr, body string) string {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	var c struct {
 		Choices []struct {
 			Text string `json:"text"`
 		} `json:"choices"`
 	}
-	err = json.NewDecoder(resp.Body).Decode(&c)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != 200 || len(c.Choices) != 1 {
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != 200 || len(c.Choices) != 1 {
 		t.Fatalf("completion: %d %v %+v", resp.StatusCode, err, c)
 	}
-	if want := strings.TrimSuffix(run.stdout, "\n"); c.Choices[0].Text != want {
-		t.Errorf("served text %q, lmpack run %q", c.Choices[0].Text, want)
+	return c.Choices[0].Text
+}
+
+const greedyBody = `{"prompt":"Once upon a time","max_tokens":24,"temperature":0}`
+
+// TestServeEndToEnd: lmpack serve on stories260K answers a greedy
+// completion with the text lmpack run generates, and SIGTERM exits 0.
+func TestServeEndToEnd(t *testing.T) {
+	m := modelDir(t)
+	run := lmpack(t, nil, "run", m, "--prompt", "Once upon a time", "--max-tokens", "24", "--temperature", "0")
+	wantOK(t, run)
+	addr, cmd := startServeAddr(t, m, "--kv-memory", "16MiB")
+	if got, want := complete(t, addr, greedyBody), strings.TrimSuffix(run.stdout, "\n"); got != want {
+		t.Errorf("served text %q, lmpack run %q", got, want)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) || err != nil {
+	if err := cmd.Wait(); err != nil {
 		t.Errorf("after SIGTERM: %v, want exit 0", err)
 	}
+}
+
+// TestServeKVSchemes: an oscar2 artifact serves with its own scheme (the
+// greedy text lmpack run gives on it), the checkpoint with --kv oscar2
+// --kv-rotations ROT gives the same text, and --kv on an artifact is
+// refused.
+func TestServeKVSchemes(t *testing.T) {
+	dir := t.TempDir()
+	calib, rot := filepath.Join(dir, "calib.st"), filepath.Join(dir, "rot.st")
+	wantOK(t, lmpack(t, nil, "calibrate", modelDir(t), "--data", shared.Path(t, "tinystories-valid", "calib.txt"), "--tokens", "2048", "--ctx", "256", "-o", calib))
+	wantOK(t, lmpack(t, nil, "quantize", "kv", modelDir(t), "--calib", calib, "-o", rot))
+	art := packArtifact(t, "--kv-rotations", rot, "--kv-cache", "oscar2")
+	run := lmpack(t, nil, "run", art, "--prompt", "Once upon a time", "--max-tokens", "24", "--temperature", "0")
+	wantOK(t, run)
+	addr, _ := startServeAddr(t, art, "--kv-memory", "16MiB")
+	if got, want := complete(t, addr, greedyBody), strings.TrimSuffix(run.stdout, "\n"); got != want {
+		t.Errorf("artifact served %q, lmpack run %q", got, want)
+	}
+	addr, _ = startServeAddr(t, modelDir(t), "--kv", "oscar2", "--kv-rotations", rot, "--kv-memory", "16MiB")
+	if got, want := complete(t, addr, greedyBody), strings.TrimSuffix(run.stdout, "\n"); got != want {
+		t.Errorf("checkpoint --kv oscar2 served %q, the artifact %q", got, want)
+	}
+	wantError(t, lmpack(t, nil, "serve", art, "--kv", "fp16"), "artifact", "own KV cache scheme")
+	wantError(t, lmpack(t, nil, "serve", modelDir(t), "--kv", "oscar2"), "--kv oscar2 needs --kv-rotations")
 }
 
 // TestServeFlagsAreCLIOnly: every flag of serve is listed as CLI-only in

@@ -69,6 +69,13 @@ func (m *kvModel) NewCache(capacity int) runtime.KVCache {
 	return c
 }
 
+// ForwardBatch implements runtime.BatchForwarder: the wrapped model's
+// batched forward when it has one (the CPU backend's), one Forward per
+// sequence otherwise (runtime.ForwardBatch).
+func (m *kvModel) ForwardBatch(ctx context.Context, seqs []runtime.Seq) error {
+	return runtime.ForwardBatch(ctx, m.Model, seqs)
+}
+
 // deviceKV maps an artifact's KV-cache scheme (a runtime/kvcache method
 // and its options) to the CUDA backend's device cache. The device
 // implements fp16 and oscar2 (cuda.CacheOptions: the same Sink and Recent
