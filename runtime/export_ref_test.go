@@ -12,4 +12,7 @@ var (
 	Flatten         = flatten
 	BaseConfig      = baseConfig
 	With            = with
+	// Q8Width reports whether bits-bit weights decode on int8
+	// activations (q8Widths).
+	Q8Width = func(bits int) bool { return q8Widths[bits] }
 )

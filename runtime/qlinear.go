@@ -73,10 +73,31 @@ type packedLinear struct {
 // Tests set it to 0 or 4 to exercise both paths.
 var qFusedMaxM = 1
 
-// fusable reports whether s can run kernels.DotQRow: float rows, or
-// 1-4-bit codes in natural column order (no act-order permutation).
+// fusable reports whether s can run the fused GEMV: float rows, 1-4-bit
+// codes in natural column order (kernels.DotQRow), or any width on the
+// int8-activation path (q8).
 func (s *qseg) fusable() bool {
-	return s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil)
+	return s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil) || s.q8()
+}
+
+// q8Widths marks the widths whose decode GEMV runs on int8 activations
+// (kernels.QuantizeActQ8 once per matmul, kernels.DotQ8Rows per row of W)
+// instead of the float fused kernels (kernels.DotU4RowIL, DotQRow): the
+// faster of the two by kernels' BenchmarkQ8GEMV (one thread, asymmetric
+// group 32, m = 1, shared 2-core machine; GB/s of packed weight bytes):
+//
+//	8 bit: int8 (VNNI) 6.5–13 GB/s against 0.5–0.8 dequantizing
+//	       (no fused float kernel);
+//	4 bit: see q8Widths[4];
+//	1-3 bits: float (the int8 path has no assembly there).
+//
+// Act-order weights (a Perm) always take the int8 path: x is permuted
+// into storage order once per matmul, never the weights.
+var q8Widths = [9]bool{8: true}
+
+// q8 reports whether s's decode GEMV runs on int8 activations.
+func (s *qseg) q8() bool {
+	return s.q != nil && (q8Widths[s.q.Bits] || s.q.Perm != nil)
 }
 
 type qseg struct {
@@ -208,9 +229,43 @@ type qmmTask struct {
 	x, y              []float32
 	ldx, ldy          int
 	tile, tiles, unit int
-	buf               [][]float32 // per unit: [tile, k]
-	codes             [][]uint8   // per unit: [k]
-	row               [][]float32 // per unit: [k]
+	buf               [][]float32     // per unit: [tile, k]
+	codes             [][]uint8       // per unit: [k]
+	row               [][]float32     // per unit: [k]
+	acts              []kernels.Q8Act // per segment on the int8 path (q8)
+	xperm             []float32       // [m, k]: x in a segment's storage order
+}
+
+// quantizeActs fills t.acts[si] for every segment si of t.w on the int8
+// path: t.x quantised per kernels.ActBlock(group) block, permuted into
+// storage order first for an act-order weight (xp[j] = x[Perm[j]]).
+func (t *qmmTask) quantizeActs() {
+	w, k, m := t.w, t.w.k, t.m
+	if len(t.acts) < len(w.segs) {
+		t.acts = make([]kernels.Q8Act, len(w.segs))
+	}
+	for si := range w.segs {
+		s := &w.segs[si]
+		if !s.q8() {
+			continue
+		}
+		blk := kernels.ActBlock(s.q.GroupSize)
+		if s.q.Perm == nil {
+			kernels.QuantizeActQ8(&t.acts[si], t.x, t.ldx, m, k, blk)
+			continue
+		}
+		if cap(t.xperm) < m*k {
+			t.xperm = make([]float32, m*k)
+		}
+		xp := t.xperm[:m*k]
+		for i := 0; i < m; i++ {
+			x, d := t.x[i*t.ldx:i*t.ldx+k], xp[i*k:(i+1)*k]
+			for j, c := range s.q.Perm {
+				d[j] = x[c]
+			}
+		}
+		kernels.QuantizeActQ8(&t.acts[si], xp, k, m, k, blk)
+	}
 }
 
 func (t *qmmTask) Run(lo, hi int) {
@@ -255,6 +310,20 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 				continue
 			}
 			q := s.q
+			if s.q8() {
+				if i > 0 {
+					continue // all rows of x at once, below
+				}
+				for r := a; r < b; r++ {
+					lr := r - s.row0
+					var zeros []uint16
+					if !q.Symmetric {
+						zeros = q.Zeros[lr*s.ng : (lr+1)*s.ng]
+					}
+					kernels.DotQ8Rows(t.y[r:], t.ldy, &t.acts[si], q.Codes[lr*s.rb:(lr+1)*s.rb], q.Bits, q.Scales[lr*s.ng:(lr+1)*s.ng], zeros, q.GroupSize, float32(s.zsym))
+				}
+				continue
+			}
 			il := q.Bits == 4 && q.GroupSize%16 == 0
 			if il && !interleaved {
 				kernels.InterleaveU4(xi, x)
@@ -298,6 +367,7 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
 	if w.p.fused && m <= qFusedMaxM {
 		t.gemv = true
+		t.quantizeActs()
 		t.unit = min(th, n)
 		if m*n*k < qParallelMinMACs {
 			t.unit = 1

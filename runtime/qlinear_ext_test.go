@@ -79,6 +79,15 @@ func runLogits(t *testing.T, m runtime.Model, ids []int, n0 int) []float32 {
 	return out
 }
 
+// q8LogitTol bounds, relative to max|logit|, how far decode logits on
+// int8 activations (kernels.DotQ8Rows) may lie from the float path's.
+// Each such matmul rounds x to int8 per block, an error of at most
+// max|x_block|/254 per element (kernels.QuantizeActQ8), which the layers
+// propagate; measured 0.75% on stories260K GPTQ act-order 4-bit g32
+// (0.139 on max|logit| 18.5) and on the shared-expert Qwen2-MoE (0.031
+// on 4.05), so 2% leaves a margin of 2.6.
+const q8LogitTol = 2e-2
+
 // comparePackedDequant checks that the packed model's logits equal the
 // dequantize-at-load model's within 1e-5·max|logit| (prefill and decode,
 // 1 and 3 threads) and that the packed linear weights take less than a
@@ -88,7 +97,10 @@ func runLogits(t *testing.T, m runtime.Model, ids []int, n0 int) []float32 {
 // weights. Decode (m = 1) runs the fused GEMV (kernels.DotQRow) where the
 // weight allows it, whose summation order differs, so only the bound
 // applies; so does it to MoE prefill, whose experts see few tokens each.
-func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
+// When q8 is set some weight decodes on int8 activations
+// (kernels.DotQ8Rows: 8 bits, act-order, q8Widths), and the decode logits
+// are held to q8LogitTol·max|logit| instead.
+func comparePackedDequant(t *testing.T, label, dir string, prefillExact, q8 bool) {
 	t.Helper()
 	ids := make([]int, 40)
 	for i := range ids {
@@ -97,11 +109,14 @@ func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
 	for _, th := range []int{1, 3} {
 		pm, dm := loadQ(t, dir, th, false), loadQ(t, dir, th, true)
 		a, b := runLogits(t, pm, ids, 33), runLogits(t, dm, ids, 33)
-		var diff, mx float64
+		var diff, mx, prefillDiff float64
 		identical, prefillIdentical := true, true
 		V := pm.Description().VocabSize
 		for i := range a {
 			diff = math.Max(diff, math.Abs(float64(a[i]-b[i])))
+			if i < 33*V {
+				prefillDiff = diff
+			}
 			mx = math.Max(mx, math.Abs(float64(b[i])))
 			identical = identical && a[i] == b[i]
 			if i < 33*V {
@@ -111,8 +126,12 @@ func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
 		pb, db := runtime.LinearWeightBytes(pm), runtime.LinearWeightBytes(dm)
 		t.Logf("%s threads %d: max|logit diff| %.3g (max|logit| %.3g, bit-identical %v, prefill %v); linear weights %d bytes packed, %d dequantized",
 			label, th, diff, mx, identical, prefillIdentical, pb, db)
-		if !(mx > 0) || diff > 1e-5*mx {
-			t.Errorf("%s threads %d: packed logits differ from dequantized by %g (bound %g)", label, th, diff, 1e-5*mx)
+		tol := 1e-5
+		if q8 {
+			tol = q8LogitTol
+		}
+		if !(mx > 0) || prefillDiff > 1e-5*mx || diff > tol*mx {
+			t.Errorf("%s threads %d: packed logits differ from dequantized by %g in prefill (bound %g), %g overall (bound %g)", label, th, prefillDiff, 1e-5*mx, diff, tol*mx)
 		}
 		// On one thread the prefill runs the same kernels in the same
 		// summation order on both paths (tiles of 12 rows; qlinear.go).
@@ -170,7 +189,7 @@ func TestPackedLogitsMatchDequantized(t *testing.T) {
 					t.Fatal("GPTQ act-order checkpoint has no permuted tensor: the test would not cover perm")
 				}
 			}
-			comparePackedDequant(t, tc.label, dir, true)
+			comparePackedDequant(t, tc.label, dir, true, tc.opt.ActOrder || runtime.Q8Width(tc.opt.Bits))
 		})
 	}
 }
@@ -200,7 +219,8 @@ func TestPackedMoEMatchesDequantized(t *testing.T) {
 		t.Fatal("no MoE layer")
 	}
 	dir := quantizeShared(t, name, calibFor(t, name), wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32, PerTensor: per})
-	comparePackedDequant(t, fmt.Sprintf("moe, %d expert weights at 1-4 bits", len(per)), dir, false)
+	comparePackedDequant(t, fmt.Sprintf("moe, %d expert weights at 1-4 bits", len(per)), dir, false,
+		runtime.Q8Width(1) || runtime.Q8Width(2) || runtime.Q8Width(3) || runtime.Q8Width(4))
 }
 
 // A steady-state decode step of a packed model allocates nothing.
