@@ -16,12 +16,17 @@ import "math"
 // with S[i, b] = max_{j in b} |x[i, j]| / 127 (0 for an all-zero block)
 // and Q[i, j] = round(x[i, j] / S[i, b]) in [−127, 127], so that
 // |x[i, j] − S[i, b]·Q[i, j]| ≤ S[i, b]/2. Sum[i, b] = S[i, b]·Σ_{j in b}
-// Q[i, j] (float32) is the block's term of the zero-point fold. A Q8Act is
+// Q[i, j] (float32) is the block's term of the zero-point fold. For
+// Block = 32, QI holds Q with every block reordered to its 16 even then
+// its 16 odd columns (QI[i, 32b+t] = Q[i, 32b+2t], QI[i, 32b+16+t] =
+// Q[i, 32b+2t+1], t < 16), the order in which the 4-bit kernels split a
+// block's 16 bytes into nibbles. A Q8Act is
 // reusable scratch: QuantizeActQ8 grows its slices only when they are
 // short, so a decode loop allocates once.
 type Q8Act struct {
 	M, K, Block int
 	Q           []int8    // [M, K]
+	QI          []int8    // [M, K] when Block = 32, else empty
 	S           []float32 // [M, K/Block] block scales
 	Sum         []float32 // [M, K/Block] S·ΣQ per block
 }
@@ -55,6 +60,13 @@ func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 		a.S, a.Sum = make([]float32, m*nb), make([]float32, m*nb)
 	}
 	a.Q, a.S, a.Sum = a.Q[:m*k], a.S[:m*nb], a.Sum[:m*nb]
+	a.QI = a.QI[:0]
+	if block == 32 {
+		if cap(a.QI) < m*k {
+			a.QI = make([]int8, m*k)
+		}
+		a.QI = a.QI[:m*k]
+	}
 	for i := 0; i < m; i++ {
 		xr := x[i*ldx : i*ldx+k]
 		for b := 0; b < nb; b++ {
@@ -79,6 +91,14 @@ func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 				sum += c
 			}
 			a.S[i*nb+b], a.Sum[i*nb+b] = d, d*float32(sum)
+		}
+	}
+	if block == 32 {
+		for o := 0; o < m*k; o += 32 {
+			q, qi := a.Q[o:o+32:o+32], a.QI[o:o+32:o+32]
+			for t := 0; t < 16; t++ {
+				qi[t], qi[16+t] = q[2*t], q[2*t+1]
+			}
 		}
 	}
 }
@@ -129,6 +149,9 @@ func DotQ8Rows(y []float32, ldy int, a *Q8Act, src []byte, bits int, scales, zer
 		bpg := group / 32
 		for i := 0; i < m; i++ {
 			q, s, sm := &a.Q[i*k], &a.S[i*nb], &a.Sum[i*nb]
+			if bits == 4 {
+				q = &a.QI[i*k]
+			}
 			var r float32
 			switch {
 			case bits == 8 && hasVNNI:

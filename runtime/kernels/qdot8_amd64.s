@@ -4,25 +4,33 @@
 
 // Integer dot products of one packed weight row with one int8 activation
 // row (qdot8.go, DotQ8Rows). Arguments of every kernel:
-//   xq     int8 activations [ng·bpg·32]
-//   xs     block scales S [ng·bpg], xsum S·ΣQ per block [ng·bpg]
-//   src    the row's packed codes (8-bit: 32 bytes, 4-bit: 16 bytes a block)
+//   xq     int8 activations [ng·bpg·32]: Q (8-bit kernels), or QI, each
+//          block of 32 as its 16 even then its 16 odd columns (4-bit)
+//   xs     block scales S [ng·bpg]; xsum S·ΣQ per block [ng·bpg]
+//   src    the row's packed codes (8-bit: 32 bytes a block, 4-bit: 16)
 //   scales, zeros  float16 per group (zeros nil: zsym for every group)
 //   ng >= 1 groups of bpg >= 1 blocks of 32 codes
 // Per block the 32 code·Q products are summed exactly into eight int32
-// lanes, converted to float32 and multiplied by s_g·S_b into a vector
-// accumulator (FMA); per group the zero term s_g·z_g·Σ_b xsum_b is
-// accumulated in a scalar; the result is the horizontal sum minus it.
+// lanes and converted to float32. With one block per group (group 32),
+// eight groups at a time: their scales and zero-points are converted in
+// one vcvtph2ps each, d_b = s_b·S_b is kept in an 8-float stack buffer and
+// broadcast from it into an FMA per block, and the zero terms
+// s_b·z_b·xsum_b are accumulated as a vector. Otherwise (and for the
+// groups left over), per group: each block's lanes are FMAed with S_b
+// (broadcast from memory) into a group accumulator, scaled by s_g into the
+// total at the end of the group, and the zero term s_g·z_g·Σ_b xsum_b is
+// accumulated in a scalar. The result is the horizontal sum of the total
+// minus the zero terms.
 // Registers: DI xq, R12 xs, R13 xsum, SI src, R8 scales, R9 zeros,
-// R10 groups left, R11 bpg, CX blocks left; X0 s_g, X1 z_g, X2 zoff,
-// X7 Σ xsum of the group, Y12 total, X13 zero term, Y14 int16 ones,
-// Y15 the byte constant.
+// R10 groups left, R11 bpg, CX blocks left; Y12, Y11 totals, Y10 vector
+// zero terms, X13 scalar zero terms, Y14 int16 ones or the nibble shifts,
+// Y15 the byte constant, Y9 int16 ones, X2 zoff; Y0-Y8 scratch.
 
 // 8-bit codes, AVX2: c − 128 as signed bytes (so zsym and the zeros come
 // shifted by zoff = 128), |c−128| times Q·sign(c−128) by vpmaddubsw
 // (pairs ≤ 2·128·127, no saturation), vpmaddwd into int32.
 // func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32) float32
-TEXT ·dotQ8x8AVX2(SB), NOSPLIT, $0-76
+TEXT ·dotQ8x8AVX2(SB), NOSPLIT, $32-76
 	MOVQ xq+0(FP), DI
 	MOVQ xs+8(FP), R12
 	MOVQ xsum+16(FP), R13
@@ -31,21 +39,141 @@ TEXT ·dotQ8x8AVX2(SB), NOSPLIT, $0-76
 	MOVQ zeros+40(FP), R9
 	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
-	MOVSS zsym+64(FP), X1
-	MOVSS zoff+68(FP), X2
+	VBROADCASTSS zoff+68(FP), Y2
 	MOVL $0x80, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
+	VPCMPEQW Y9, Y9, Y9
+	VPSRLW $15, Y9, Y9
+	VMOVDQU Y9, Y14
 	VXORPS Y12, Y12, Y12
+	VXORPS Y11, Y11, Y11
+	VXORPS Y10, Y10, Y10
 	VXORPS X13, X13, X13
+	CMPQ R11, $1
+	JNE  dotQ8x8AVX2_group
+
+dotQ8x8AVX2_oct:
+	CMPQ R10, $8
+	JLT  dotQ8x8AVX2_tail
+	VCVTPH2PS (R8), Y0
+	VMULPS (R12), Y0, Y1
+	VMOVUPS Y1, tmp-32(SP)
+	TESTQ R9, R9
+	JZ   dotQ8x8AVX2_octsym
+	VCVTPH2PS (R9), Y1
+	VSUBPS Y2, Y1, Y1
+	JMP  dotQ8x8AVX2_octz
+
+dotQ8x8AVX2_octsym:
+	VBROADCASTSS zsym+64(FP), Y1
+
+dotQ8x8AVX2_octz:
+	VMULPS Y0, Y1, Y1
+	VFMADD231PS (R13), Y1, Y10
+	VMOVDQU 0(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 0(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-32(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 32(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 32(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-28(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VMOVDQU 64(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 64(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-24(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 96(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 96(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-20(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VMOVDQU 128(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 128(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-16(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 160(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 160(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-12(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VMOVDQU 192(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 192(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-8(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 224(SI), Y4
+	VPXOR Y15, Y4, Y4
+	VMOVDQU 224(DI), Y8
+	VPSIGNB Y4, Y4, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
+	VPMADDWD Y14, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-4(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	ADDQ $16, R8
+	TESTQ R9, R9
+	JZ   dotQ8x8AVX2_octnext
+	ADDQ $16, R9
+
+dotQ8x8AVX2_octnext:
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $256, DI
+	ADDQ $256, SI
+	SUBQ $8, R10
+	JMP  dotQ8x8AVX2_oct
+
+dotQ8x8AVX2_tail:
+	TESTQ R10, R10
+	JZ   dotQ8x8AVX2_done
 
 dotQ8x8AVX2_group:
 	MOVWLZX (R8), AX
 	VMOVD AX, X0
 	VCVTPH2PS X0, X0
 	ADDQ $2, R8
+	VMOVSS zsym+64(FP), X1
 	TESTQ R9, R9
 	JZ   dotQ8x8AVX2_blocks
 	MOVWLZX (R9), AX
@@ -57,19 +185,19 @@ dotQ8x8AVX2_group:
 dotQ8x8AVX2_blocks:
 	MOVQ R11, CX
 	VXORPS X7, X7, X7
+	VXORPS Y5, Y5, Y5
 
 dotQ8x8AVX2_block:
-	VMOVDQU (SI), Y4
+	VMOVDQU 0(SI), Y4
 	VPXOR Y15, Y4, Y4
-	VMOVDQU (DI), Y5
+	VMOVDQU 0(DI), Y8
 	VPSIGNB Y4, Y4, Y3
-	VPSIGNB Y4, Y5, Y5
-	VPMADDUBSW Y5, Y3, Y3
+	VPSIGNB Y4, Y8, Y8
+	VPMADDUBSW Y8, Y3, Y3
 	VPMADDWD Y14, Y3, Y3
 	VCVTDQ2PS Y3, Y3
-	VMULSS (R12), X0, X6
-	VBROADCASTSS X6, Y6
-	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTSS (R12), Y6
+	VFMADD231PS Y6, Y3, Y5
 	VADDSS (R13), X7, X7
 	ADDQ $4, R12
 	ADDQ $4, R13
@@ -78,13 +206,20 @@ dotQ8x8AVX2_block:
 	DECQ CX
 	JNZ  dotQ8x8AVX2_block
 
+	VBROADCASTSS X0, Y6
+	VFMADD231PS Y6, Y5, Y12
 	VMULSS X1, X7, X7
 	VFMADD231SS X0, X7, X13
 	DECQ R10
 	JNZ  dotQ8x8AVX2_group
 
+dotQ8x8AVX2_done:
+	VADDPS Y11, Y12, Y12
 	VEXTRACTF128 $1, Y12, X3
 	VADDPS X3, X12, X12
+	VEXTRACTF128 $1, Y10, X3
+	VADDPS X3, X10, X10
+	VSUBPS X10, X12, X12
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
@@ -94,7 +229,7 @@ dotQ8x8AVX2_block:
 
 // 8-bit codes, AVX-512 VNNI (VL): vpdpbusd of the unsigned codes and Q.
 // func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
-TEXT ·dotQ8x8VNNI(SB), NOSPLIT, $0-76
+TEXT ·dotQ8x8VNNI(SB), NOSPLIT, $32-76
 	MOVQ xq+0(FP), DI
 	MOVQ xs+8(FP), R12
 	MOVQ xsum+16(FP), R13
@@ -103,20 +238,107 @@ TEXT ·dotQ8x8VNNI(SB), NOSPLIT, $0-76
 	MOVQ zeros+40(FP), R9
 	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
-	MOVSS zsym+64(FP), X1
 	MOVL $0x80, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
+	VPCMPEQW Y9, Y9, Y9
+	VPSRLW $15, Y9, Y9
+	VMOVDQU Y9, Y14
 	VXORPS Y12, Y12, Y12
+	VXORPS Y11, Y11, Y11
+	VXORPS Y10, Y10, Y10
 	VXORPS X13, X13, X13
+	CMPQ R11, $1
+	JNE  dotQ8x8VNNI_group
+
+dotQ8x8VNNI_oct:
+	CMPQ R10, $8
+	JLT  dotQ8x8VNNI_tail
+	VCVTPH2PS (R8), Y0
+	VMULPS (R12), Y0, Y1
+	VMOVUPS Y1, tmp-32(SP)
+	TESTQ R9, R9
+	JZ   dotQ8x8VNNI_octsym
+	VCVTPH2PS (R9), Y1
+	JMP  dotQ8x8VNNI_octz
+
+dotQ8x8VNNI_octsym:
+	VBROADCASTSS zsym+64(FP), Y1
+
+dotQ8x8VNNI_octz:
+	VMULPS Y0, Y1, Y1
+	VFMADD231PS (R13), Y1, Y10
+	VMOVDQU 0(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 0(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-32(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 32(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 32(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-28(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VMOVDQU 64(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 64(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-24(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 96(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 96(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-20(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VMOVDQU 128(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 128(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-16(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 160(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 160(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-12(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VMOVDQU 192(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 192(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-8(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VMOVDQU 224(SI), Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 224(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-4(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	ADDQ $16, R8
+	TESTQ R9, R9
+	JZ   dotQ8x8VNNI_octnext
+	ADDQ $16, R9
+
+dotQ8x8VNNI_octnext:
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $256, DI
+	ADDQ $256, SI
+	SUBQ $8, R10
+	JMP  dotQ8x8VNNI_oct
+
+dotQ8x8VNNI_tail:
+	TESTQ R10, R10
+	JZ   dotQ8x8VNNI_done
 
 dotQ8x8VNNI_group:
 	MOVWLZX (R8), AX
 	VMOVD AX, X0
 	VCVTPH2PS X0, X0
 	ADDQ $2, R8
+	VMOVSS zsym+64(FP), X1
 	TESTQ R9, R9
 	JZ   dotQ8x8VNNI_blocks
 	MOVWLZX (R9), AX
@@ -127,15 +349,15 @@ dotQ8x8VNNI_group:
 dotQ8x8VNNI_blocks:
 	MOVQ R11, CX
 	VXORPS X7, X7, X7
+	VXORPS Y5, Y5, Y5
 
 dotQ8x8VNNI_block:
-	VMOVDQU (SI), Y4
+	VMOVDQU 0(SI), Y4
 	VPXOR Y3, Y3, Y3
-	VPDPBUSD (DI), Y4, Y3
+	VPDPBUSD 0(DI), Y4, Y3
 	VCVTDQ2PS Y3, Y3
-	VMULSS (R12), X0, X6
-	VBROADCASTSS X6, Y6
-	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTSS (R12), Y6
+	VFMADD231PS Y6, Y3, Y5
 	VADDSS (R13), X7, X7
 	ADDQ $4, R12
 	ADDQ $4, R13
@@ -144,13 +366,20 @@ dotQ8x8VNNI_block:
 	DECQ CX
 	JNZ  dotQ8x8VNNI_block
 
+	VBROADCASTSS X0, Y6
+	VFMADD231PS Y6, Y5, Y12
 	VMULSS X1, X7, X7
 	VFMADD231SS X0, X7, X13
 	DECQ R10
 	JNZ  dotQ8x8VNNI_group
 
+dotQ8x8VNNI_done:
+	VADDPS Y11, Y12, Y12
 	VEXTRACTF128 $1, Y12, X3
 	VADDPS X3, X12, X12
+	VEXTRACTF128 $1, Y10, X3
+	VADDPS X3, X10, X10
+	VSUBPS X10, X12, X12
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
@@ -158,10 +387,11 @@ dotQ8x8VNNI_block:
 	MOVSS X12, ret+72(FP)
 	RET
 
-// 4-bit codes, AVX2: 16 bytes split into nibbles and re-interleaved in
-// code order, vpmaddubsw with Q (pairs ≤ 2·15·127), vpmaddwd into int32.
+// 4-bit codes, AVX2: the 16 bytes in both lanes, the upper lane shifted
+// right by 4 (vpsrlvq), masked to nibbles: even codes, then odd codes, the
+// order of QI; vpmaddubsw with QI (pairs ≤ 2·15·127), vpmaddwd into int32.
 // func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
-TEXT ·dotQ8x4AVX2(SB), NOSPLIT, $0-76
+TEXT ·dotQ8x4AVX2(SB), NOSPLIT, $32-76
 	MOVQ xq+0(FP), DI
 	MOVQ xs+8(FP), R12
 	MOVQ xsum+16(FP), R13
@@ -170,20 +400,125 @@ TEXT ·dotQ8x4AVX2(SB), NOSPLIT, $0-76
 	MOVQ zeros+40(FP), R9
 	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
-	MOVSS zsym+64(FP), X1
 	MOVL $0x0f, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
+	VPCMPEQW Y9, Y9, Y9
+	VPSRLW $15, Y9, Y9
+	MOVQ $4, AX
+	VMOVQ AX, X14
+	VPERMQ $0x05, Y14, Y14
 	VXORPS Y12, Y12, Y12
+	VXORPS Y11, Y11, Y11
+	VXORPS Y10, Y10, Y10
 	VXORPS X13, X13, X13
+	CMPQ R11, $1
+	JNE  dotQ8x4AVX2_group
+
+dotQ8x4AVX2_oct:
+	CMPQ R10, $8
+	JLT  dotQ8x4AVX2_tail
+	VCVTPH2PS (R8), Y0
+	VMULPS (R12), Y0, Y1
+	VMOVUPS Y1, tmp-32(SP)
+	TESTQ R9, R9
+	JZ   dotQ8x4AVX2_octsym
+	VCVTPH2PS (R9), Y1
+	JMP  dotQ8x4AVX2_octz
+
+dotQ8x4AVX2_octsym:
+	VBROADCASTSS zsym+64(FP), Y1
+
+dotQ8x4AVX2_octz:
+	VMULPS Y0, Y1, Y1
+	VFMADD231PS (R13), Y1, Y10
+	VBROADCASTI128 0(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 0(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-32(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 16(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 32(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-28(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VBROADCASTI128 32(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 64(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-24(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 48(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 96(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-20(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VBROADCASTI128 64(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 128(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-16(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 80(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 160(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-12(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VBROADCASTI128 96(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 192(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-8(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 112(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 224(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-4(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	ADDQ $16, R8
+	TESTQ R9, R9
+	JZ   dotQ8x4AVX2_octnext
+	ADDQ $16, R9
+
+dotQ8x4AVX2_octnext:
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $256, DI
+	ADDQ $128, SI
+	SUBQ $8, R10
+	JMP  dotQ8x4AVX2_oct
+
+dotQ8x4AVX2_tail:
+	TESTQ R10, R10
+	JZ   dotQ8x4AVX2_done
 
 dotQ8x4AVX2_group:
 	MOVWLZX (R8), AX
 	VMOVD AX, X0
 	VCVTPH2PS X0, X0
 	ADDQ $2, R8
+	VMOVSS zsym+64(FP), X1
 	TESTQ R9, R9
 	JZ   dotQ8x4AVX2_blocks
 	MOVWLZX (R9), AX
@@ -194,21 +529,17 @@ dotQ8x4AVX2_group:
 dotQ8x4AVX2_blocks:
 	MOVQ R11, CX
 	VXORPS X7, X7, X7
+	VXORPS Y5, Y5, Y5
 
 dotQ8x4AVX2_block:
-	VMOVDQU (SI), X4
-	VPSRLW $4, X4, X5
-	VPAND X15, X4, X4
-	VPAND X15, X5, X5
-	VPUNPCKLBW X5, X4, X3
-	VPUNPCKHBW X5, X4, X6
-	VINSERTI128 $1, X6, Y3, Y4
-	VPMADDUBSW (DI), Y4, Y3
-	VPMADDWD Y14, Y3, Y3
+	VBROADCASTI128 0(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPMADDUBSW 0(DI), Y4, Y3
+	VPMADDWD Y9, Y3, Y3
 	VCVTDQ2PS Y3, Y3
-	VMULSS (R12), X0, X6
-	VBROADCASTSS X6, Y6
-	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTSS (R12), Y6
+	VFMADD231PS Y6, Y3, Y5
 	VADDSS (R13), X7, X7
 	ADDQ $4, R12
 	ADDQ $4, R13
@@ -217,13 +548,20 @@ dotQ8x4AVX2_block:
 	DECQ CX
 	JNZ  dotQ8x4AVX2_block
 
+	VBROADCASTSS X0, Y6
+	VFMADD231PS Y6, Y5, Y12
 	VMULSS X1, X7, X7
 	VFMADD231SS X0, X7, X13
 	DECQ R10
 	JNZ  dotQ8x4AVX2_group
 
+dotQ8x4AVX2_done:
+	VADDPS Y11, Y12, Y12
 	VEXTRACTF128 $1, Y12, X3
 	VADDPS X3, X12, X12
+	VEXTRACTF128 $1, Y10, X3
+	VADDPS X3, X10, X10
+	VSUBPS X10, X12, X12
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
@@ -233,7 +571,7 @@ dotQ8x4AVX2_block:
 
 // 4-bit codes, AVX-512 VNNI (VL): the nibbles as for dotQ8x4AVX2, vpdpbusd.
 // func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
-TEXT ·dotQ8x4VNNI(SB), NOSPLIT, $0-76
+TEXT ·dotQ8x4VNNI(SB), NOSPLIT, $32-76
 	MOVQ xq+0(FP), DI
 	MOVQ xs+8(FP), R12
 	MOVQ xsum+16(FP), R13
@@ -242,20 +580,125 @@ TEXT ·dotQ8x4VNNI(SB), NOSPLIT, $0-76
 	MOVQ zeros+40(FP), R9
 	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
-	MOVSS zsym+64(FP), X1
 	MOVL $0x0f, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
+	VPCMPEQW Y9, Y9, Y9
+	VPSRLW $15, Y9, Y9
+	MOVQ $4, AX
+	VMOVQ AX, X14
+	VPERMQ $0x05, Y14, Y14
 	VXORPS Y12, Y12, Y12
+	VXORPS Y11, Y11, Y11
+	VXORPS Y10, Y10, Y10
 	VXORPS X13, X13, X13
+	CMPQ R11, $1
+	JNE  dotQ8x4VNNI_group
+
+dotQ8x4VNNI_oct:
+	CMPQ R10, $8
+	JLT  dotQ8x4VNNI_tail
+	VCVTPH2PS (R8), Y0
+	VMULPS (R12), Y0, Y1
+	VMOVUPS Y1, tmp-32(SP)
+	TESTQ R9, R9
+	JZ   dotQ8x4VNNI_octsym
+	VCVTPH2PS (R9), Y1
+	JMP  dotQ8x4VNNI_octz
+
+dotQ8x4VNNI_octsym:
+	VBROADCASTSS zsym+64(FP), Y1
+
+dotQ8x4VNNI_octz:
+	VMULPS Y0, Y1, Y1
+	VFMADD231PS (R13), Y1, Y10
+	VBROADCASTI128 0(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 0(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-32(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 16(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 32(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-28(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VBROADCASTI128 32(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 64(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-24(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 48(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 96(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-20(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VBROADCASTI128 64(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 128(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-16(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 80(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 160(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-12(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	VBROADCASTI128 96(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 192(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-8(SP), Y6
+	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTI128 112(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
+	VPXOR Y3, Y3, Y3
+	VPDPBUSD 224(DI), Y4, Y3
+	VCVTDQ2PS Y3, Y3
+	VBROADCASTSS tmp-4(SP), Y6
+	VFMADD231PS Y6, Y3, Y11
+	ADDQ $16, R8
+	TESTQ R9, R9
+	JZ   dotQ8x4VNNI_octnext
+	ADDQ $16, R9
+
+dotQ8x4VNNI_octnext:
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $256, DI
+	ADDQ $128, SI
+	SUBQ $8, R10
+	JMP  dotQ8x4VNNI_oct
+
+dotQ8x4VNNI_tail:
+	TESTQ R10, R10
+	JZ   dotQ8x4VNNI_done
 
 dotQ8x4VNNI_group:
 	MOVWLZX (R8), AX
 	VMOVD AX, X0
 	VCVTPH2PS X0, X0
 	ADDQ $2, R8
+	VMOVSS zsym+64(FP), X1
 	TESTQ R9, R9
 	JZ   dotQ8x4VNNI_blocks
 	MOVWLZX (R9), AX
@@ -266,21 +709,17 @@ dotQ8x4VNNI_group:
 dotQ8x4VNNI_blocks:
 	MOVQ R11, CX
 	VXORPS X7, X7, X7
+	VXORPS Y5, Y5, Y5
 
 dotQ8x4VNNI_block:
-	VMOVDQU (SI), X4
-	VPSRLW $4, X4, X5
-	VPAND X15, X4, X4
-	VPAND X15, X5, X5
-	VPUNPCKLBW X5, X4, X3
-	VPUNPCKHBW X5, X4, X6
-	VINSERTI128 $1, X6, Y3, Y4
+	VBROADCASTI128 0(SI), Y4
+	VPSRLVQ Y14, Y4, Y4
+	VPAND Y15, Y4, Y4
 	VPXOR Y3, Y3, Y3
-	VPDPBUSD (DI), Y4, Y3
+	VPDPBUSD 0(DI), Y4, Y3
 	VCVTDQ2PS Y3, Y3
-	VMULSS (R12), X0, X6
-	VBROADCASTSS X6, Y6
-	VFMADD231PS Y6, Y3, Y12
+	VBROADCASTSS (R12), Y6
+	VFMADD231PS Y6, Y3, Y5
 	VADDSS (R13), X7, X7
 	ADDQ $4, R12
 	ADDQ $4, R13
@@ -289,13 +728,20 @@ dotQ8x4VNNI_block:
 	DECQ CX
 	JNZ  dotQ8x4VNNI_block
 
+	VBROADCASTSS X0, Y6
+	VFMADD231PS Y6, Y5, Y12
 	VMULSS X1, X7, X7
 	VFMADD231SS X0, X7, X13
 	DECQ R10
 	JNZ  dotQ8x4VNNI_group
 
+dotQ8x4VNNI_done:
+	VADDPS Y11, Y12, Y12
 	VEXTRACTF128 $1, Y12, X3
 	VADDPS X3, X12, X12
+	VEXTRACTF128 $1, Y10, X3
+	VADDPS X3, X10, X10
+	VSUBPS X10, X12, X12
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
