@@ -81,23 +81,28 @@ func (s *qseg) fusable() bool {
 }
 
 // q8Widths marks the widths whose decode GEMV runs on int8 activations
-// (kernels.QuantizeActQ8 once per matmul, kernels.DotQ8Rows per row of W)
-// instead of the float fused kernels (kernels.DotU4RowIL, DotQRow): the
-// faster of the two by kernels' BenchmarkQ8GEMV (one thread, asymmetric
-// group 32, m = 1, shared 2-core machine; GB/s of packed weight bytes):
+// (kernels.QuantizeActQ8 once per matmul, kernels.DotQ8Matrix over W)
+// instead of the float fused kernels (kernels.DotU4RowIL, DotQRow) or,
+// for 8 bits, dequantized tiles: the faster by kernels' BenchmarkQ8GEMV
+// (one thread, asymmetric group 32, m = 1, the 22M model's shapes, best
+// of 3 on the shared 2-core machine; GB/s of packed bytes read):
 //
-//	8 bit: int8 (VNNI) 6.5–13 GB/s against 0.5–0.8 dequantizing
-//	       (no fused float kernel);
-//	4 bit: see q8Widths[4];
-//	1-3 bits: float (the int8 path has no assembly there).
+//	8 bit: int8 (VNNI) 12–22 GB/s against 0.3 dequantizing row by row
+//	       (there is no fused float kernel);
+//	4 bit: int8 (VNNI) 5.0 GB/s at [512, 512] and 4.3 at [512, 1408]
+//	       against 2.3 and 1.7 for DotU4RowIL (same run);
+//	1-3 bits: float; DotQ8Rows has no assembly there and its Go loop
+//	       is 20-50× slower than DotQRow's AVX2 loop.
 //
-// Act-order weights (a Perm) always take the int8 path: x is permuted
-// into storage order once per matmul, never the weights.
-var q8Widths = [9]bool{8: true}
+// The int8 path also takes act-order weights of these widths (x is
+// permuted into storage order once per matmul, never the weights); 1-3-bit
+// act-order weights stay on the tiles. 4 bits take it only where
+// kernels.Q8Asm reports assembly (without it the float Go loop is faster).
+var q8Widths = [9]bool{4: true, 8: true}
 
 // q8 reports whether s's decode GEMV runs on int8 activations.
 func (s *qseg) q8() bool {
-	return s.q != nil && (q8Widths[s.q.Bits] || s.q.Perm != nil)
+	return s.q != nil && q8Widths[s.q.Bits] && (s.q.Bits == 8 || kernels.Q8Asm(s.q.Bits, kernels.ActBlock(s.q.GroupSize)))
 }
 
 type qseg struct {
@@ -314,14 +319,12 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 				if i > 0 {
 					continue // all rows of x at once, below
 				}
-				for r := a; r < b; r++ {
-					lr := r - s.row0
-					var zeros []uint16
-					if !q.Symmetric {
-						zeros = q.Zeros[lr*s.ng : (lr+1)*s.ng]
-					}
-					kernels.DotQ8Rows(t.y[r:], t.ldy, &t.acts[si], q.Codes[lr*s.rb:(lr+1)*s.rb], q.Bits, q.Scales[lr*s.ng:(lr+1)*s.ng], zeros, q.GroupSize, float32(s.zsym))
+				la, lb := a-s.row0, b-s.row0
+				var zeros []uint16
+				if !q.Symmetric {
+					zeros = q.Zeros[la*s.ng : lb*s.ng]
 				}
+				kernels.DotQ8Matrix(t.y[a:], t.ldy, &t.acts[si], q.Codes[la*s.rb:lb*s.rb], s.rb, b-a, q.Bits, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
 				continue
 			}
 			il := q.Bits == 4 && q.GroupSize%16 == 0

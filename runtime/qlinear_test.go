@@ -155,11 +155,15 @@ func TestPackedMatMulTiles(t *testing.T) {
 			full = append(full, f...)
 		}
 		p.setFused()
-		// Every width and act-order runs fused: 1-4 bits in natural
-		// order on the float kernels or int8 activations, 8 bits and
-		// act-order on int8 activations (q8Widths).
-		if !p.fused {
-			t.Errorf("case %d: not fused", ci)
+		// 1-4 bits in natural order run fused on the float kernels or
+		// int8 activations, 8 bits and act-order where the width runs
+		// on int8 activations (q8Widths).
+		wantFused := true
+		for _, s := range p.segs {
+			wantFused = wantFused && (s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil) || s.q8())
+		}
+		if p.fused != wantFused {
+			t.Errorf("case %d: fused %v, want %v", ci, p.fused, wantFused)
 		}
 		n := p.n
 		for _, m := range []int{1, 2, 4, 7} {

@@ -140,36 +140,86 @@ func DotQ8Rows(y []float32, ldy int, a *Q8Act, src []byte, bits int, scales, zer
 	if m == 0 || ng == 0 {
 		return
 	}
-	nb := k / blk
-	if useAsm && hasF16C && blk == 32 && (bits == 8 || bits == 4) {
+	if Q8Asm(bits, blk) {
 		var zp *uint16
 		if zeros != nil {
 			zp = &zeros[0]
 		}
-		bpg := group / 32
-		for i := 0; i < m; i++ {
-			q, s, sm := &a.Q[i*k], &a.S[i*nb], &a.Sum[i*nb]
-			if bits == 4 {
-				q = &a.QI[i*k]
-			}
-			var r float32
-			switch {
-			case bits == 8 && hasVNNI:
-				r = dotQ8x8VNNI(q, s, sm, &src[0], &scales[0], zp, ng, bpg, zsym)
-			case bits == 8:
-				// The AVX2 kernel takes the codes as c − 128 (signed):
-				// the zero-point is shifted to match.
-				r = dotQ8x8AVX2(q, s, sm, &src[0], &scales[0], zp, ng, bpg, zsym-128, 128)
-			case hasVNNI:
-				r = dotQ8x4VNNI(q, s, sm, &src[0], &scales[0], zp, ng, bpg, zsym)
-			default:
-				r = dotQ8x4AVX2(q, s, sm, &src[0], &scales[0], zp, ng, bpg, zsym)
-			}
-			y[i*ldy] = r
-		}
+		dotQ8RowAsm(y, ldy, a, &src[0], bits, &scales[0], zp, ng, group/32, zsym)
 		return
 	}
 	dotQ8RowsGo(y, ldy, a, src, bits, scales, zeros, group, zsym)
+}
+
+// Q8Asm reports whether DotQ8Rows and DotQ8Matrix run in assembly for
+// bits-bit codes and activation block blk in this build on this CPU
+// (AVX2, F16C; 8 or 4 bits; blk = 32), rather than in portable Go.
+func Q8Asm(bits, blk int) bool {
+	return useAsm && hasF16C && blk == 32 && (bits == 8 || bits == 4)
+}
+
+// dotQ8RowAsm is DotQ8Rows' assembly dispatch for one packed row, its
+// arguments checked by the caller.
+func dotQ8RowAsm(y []float32, ldy int, a *Q8Act, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32) {
+	k, nb := a.K, a.K/32
+	for i := 0; i < a.M; i++ {
+		s, sm := &a.S[i*nb], &a.Sum[i*nb]
+		var r float32
+		switch {
+		case bits == 8 && hasVNNI:
+			r = dotQ8x8VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym)
+		case bits == 8:
+			// The AVX2 kernel takes the codes as c − 128 (signed): the
+			// zero-point is shifted to match.
+			r = dotQ8x8AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128)
+		case hasVNNI:
+			r = dotQ8x4VNNI(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym)
+		default:
+			r = dotQ8x4AVX2(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym)
+		}
+		y[i*ldy] = r
+	}
+}
+
+// DotQ8Matrix is DotQ8Rows for the rows consecutive packed rows of a
+// weight: row r's codes are codes[r·rowBytes:], its scales
+// scales[r·ng : (r+1)·ng] and zeros (nil when symmetric) likewise, ng =
+// a.K/group, and its outputs go to y[i·ldy + r] for activation row i <
+// a.M. The same sum and bounds as DotQ8Rows, with the argument checks
+// done once for the whole matrix. It panics (a programmer error) on a
+// bad width or inconsistent lengths.
+func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows int, bits int, scales, zeros []uint16, group int, zsym float32) {
+	k := a.K
+	if rows <= 0 {
+		return
+	}
+	if group <= 0 || k%group != 0 || group%a.Block != 0 || (bits != 8 && (bits < 1 || bits > 4)) || rowBytes < (k*bits+7)/8 {
+		panicf("DotQ8Matrix: %d-bit rows of %d bytes, group %d, %d columns, activation block %d", bits, rowBytes, group, k, a.Block)
+	}
+	ng := k / group
+	if len(codes) < (rows-1)*rowBytes+(k*bits+7)/8 || len(scales) < rows*ng || (zeros != nil && len(zeros) < rows*ng) || (a.M > 0 && len(y) < (a.M-1)*ldy+rows) {
+		panicf("DotQ8Matrix: %d code bytes, %d scales, %d zeros, %d outputs for %d rows of %d groups", len(codes), len(scales), len(zeros), len(y), rows, ng)
+	}
+	if a.M == 0 || ng == 0 {
+		return
+	}
+	if !Q8Asm(bits, a.Block) {
+		for r := 0; r < rows; r++ {
+			var zs []uint16
+			if zeros != nil {
+				zs = zeros[r*ng : (r+1)*ng]
+			}
+			dotQ8RowsGo(y[r:], ldy, a, codes[r*rowBytes:], bits, scales[r*ng:(r+1)*ng], zs, group, zsym)
+		}
+		return
+	}
+	for r := 0; r < rows; r++ {
+		var zp *uint16
+		if zeros != nil {
+			zp = &zeros[r*ng]
+		}
+		dotQ8RowAsm(y[r:], ldy, a, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, group/32, zsym)
+	}
 }
 
 // dotQ8RowsGo is DotQ8Rows' portable loop: per block an int32 Σ c·Q, per

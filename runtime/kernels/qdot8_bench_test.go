@@ -10,7 +10,7 @@ import (
 // BenchmarkQ8GEMV is one decode GEMV y = x·Wᵀ of a packed W at the
 // synthetic model's shapes (benchShapes), one thread, asymmetric group
 // 32, for every stored width and m = 1 and 4 activation rows: "int8"
-// quantises x once (QuantizeActQ8) and runs DotQ8Rows per row of W;
+// quantises x once (QuantizeActQ8) and runs DotQ8Matrix over W;
 // "float" runs the float fused kernels per row of W and row of x
 // (DotU4RowIL on x interleaved once for 4 bits, DotQRow for 1-3 bits; for
 // 8 bits, which have no fused float kernel, DequantBitsRow's Go loop into
@@ -45,9 +45,7 @@ func BenchmarkQ8GEMV(b *testing.B) {
 						for b.Loop() {
 							if path == "int8" {
 								QuantizeActQ8(&a, x, s.k, m, s.k, ActBlock(group))
-								for n := 0; n < s.n; n++ {
-									DotQ8Rows(y[n:], s.n, &a, codes[n*rb:(n+1)*rb], bits, scales[n*ng:(n+1)*ng], zeros[n*ng:(n+1)*ng], group, zsym)
-								}
+								DotQ8Matrix(y, s.n, &a, codes, rb, s.n, bits, scales, zeros, group, zsym)
 								continue
 							}
 							for i := 0; i < m; i++ {

@@ -63,7 +63,7 @@ func codeAt(src []byte, bits, j int) float64 {
 	return float64(v)
 }
 
-// DotQ8Rows (the AVX2 and VNNI kernels for 8- and 4-bit blocks of 32, and
+// DotQ8Rows and DotQ8Matrix (the AVX2 and VNNI kernels for 8- and 4-bit blocks of 32, and
 // the Go loop for every width and block) agrees, for every activation row
 // of 1-, 3- and 7-row batches and each of 7 weight rows:
 //   - with the float64 sum Σ_j s_g·(c_j − z_g)·S_b·Q_j on the quantised
@@ -134,6 +134,20 @@ func TestDotQ8Rows(t *testing.T) {
 								zs = zeros[r*ng : (r+1)*ng]
 							}
 							DotQ8Rows(y[r:], rows, &a, codes[r*rb:(r+1)*rb:(r+1)*rb], bits, scales[r*ng:(r+1)*ng], zs, c.group, zsym)
+						}
+						// The whole matrix at once: the same kernels, so
+						// the same values bit for bit.
+						ym := make([]float32, m*rows)
+						var zm []uint16
+						if !sym {
+							zm = zeros
+						}
+						DotQ8Matrix(ym, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+						for i := range ym {
+							if ym[i] != y[i] {
+								t.Errorf("%s: DotQ8Matrix y[%d] = %g, DotQ8Rows %g", label, i, ym[i], y[i])
+								break
+							}
 						}
 						for i := 0; i < m; i++ {
 							for r := 0; r < rows; r++ {
