@@ -281,14 +281,18 @@ func BenchmarkPackedMatMul(b *testing.B) {
 
 // BenchmarkQuantDecode22M measures single-token decode (cache refilled
 // from empty every 128 tokens) of the 22M synthetic Llama (quant22M) at
-// 8-bit and 4-bit group 32 (asymmetric), in tokens/s and GB/s of packed
-// linear weights read per token: "packed" is the runtime's choice per
-// width (q8Widths), "float" the float fused kernels with 8-bit rows on
-// the tile path (q8Widths all false: the decode path before the int8
-// kernels).
+// 8-bit and 4-bit group 32 (asymmetric): "packed" is the runtime's choice
+// per width (q8Widths: int8 activations), "float" the float fused kernels
+// with 8-bit rows on the tile path (q8Widths all false: the decode path
+// before the int8 kernels), "f32" the same weights dequantized at load
+// (the F32 decode they are compared with). It reports tokens/s (wall),
+// tokens per CPU-second of the process (tokens/cpu-s: on one thread the
+// decode's own rate, which other load on a shared machine does not
+// dilute; GC and the pool's idle spinning count in it) and GB/s of linear
+// weights read per wall second.
 func BenchmarkQuantDecode22M(b *testing.B) {
 	for _, o := range []weights.Options{{Bits: 8, GroupSize: 32}, {Bits: 4, GroupSize: 32}} {
-		for _, mode := range []string{"packed", "float"} {
+		for _, mode := range []string{"packed", "float", "f32"} {
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%dbit-g%d/%s/threads=%d", o.Bits, o.GroupSize, mode, threads), func(b *testing.B) {
 					if mode == "float" {
@@ -297,7 +301,7 @@ func BenchmarkQuantDecode22M(b *testing.B) {
 						defer func() { q8Widths = saved }()
 					}
 					d, src := buildQuant22M(o)
-					m, err := NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: threads})
+					m, err := NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: threads, DequantizeWeights: mode == "f32"})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -307,6 +311,7 @@ func BenchmarkQuantDecode22M(b *testing.B) {
 					tok := []int{1}
 					ctx := context.Background()
 					b.ResetTimer()
+					cpu0 := processCPUSeconds()
 					for i := 0; i < b.N; i++ {
 						if c.Len() == 128 {
 							c.Truncate(0)
@@ -316,7 +321,11 @@ func BenchmarkQuantDecode22M(b *testing.B) {
 						}
 						tok[0] = Argmax(logits)
 					}
+					cpu := processCPUSeconds() - cpu0
 					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+					if cpu0 >= 0 && cpu > 0 {
+						b.ReportMetric(float64(b.N)/cpu, "tokens/cpu-s")
+					}
 					b.ReportMetric(float64(LinearWeightBytes(m))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 				})
 			}

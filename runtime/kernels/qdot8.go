@@ -145,7 +145,9 @@ func DotQ8Rows(y []float32, ldy int, a *Q8Act, src []byte, bits int, scales, zer
 		if zeros != nil {
 			zp = &zeros[0]
 		}
-		dotQ8RowAsm(y, ldy, a, &src[0], bits, &scales[0], zp, ng, group/32, zsym)
+		for i := 0; i < m; i++ {
+			dotQ8Asm(a, i, &src[0], bits, &scales[0], zp, ng, group/32, zsym, &y[i*ldy], 1)
+		}
 		return
 	}
 	dotQ8RowsGo(y, ldy, a, src, bits, scales, zeros, group, zsym)
@@ -158,26 +160,23 @@ func Q8Asm(bits, blk int) bool {
 	return useAsm && hasF16C && blk == 32 && (bits == 8 || bits == 4)
 }
 
-// dotQ8RowAsm is DotQ8Rows' assembly dispatch for one packed row, its
-// arguments checked by the caller.
-func dotQ8RowAsm(y []float32, ldy int, a *Q8Act, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32) {
+// dotQ8Asm is the assembly dispatch of DotQ8Rows and DotQ8Matrix, its
+// arguments checked by the caller: rows consecutive packed rows from src
+// (with their scales and zeros) against activation row i, into y[r].
+func dotQ8Asm(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, rows int) {
 	k, nb := a.K, a.K/32
-	for i := 0; i < a.M; i++ {
-		s, sm := &a.S[i*nb], &a.Sum[i*nb]
-		var r float32
-		switch {
-		case bits == 8 && hasVNNI:
-			r = dotQ8x8VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym)
-		case bits == 8:
-			// The AVX2 kernel takes the codes as c − 128 (signed): the
-			// zero-point is shifted to match.
-			r = dotQ8x8AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128)
-		case hasVNNI:
-			r = dotQ8x4VNNI(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym)
-		default:
-			r = dotQ8x4AVX2(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym)
-		}
-		y[i*ldy] = r
+	s, sm := &a.S[i*nb], &a.Sum[i*nb]
+	switch {
+	case bits == 8 && hasVNNI:
+		dotQ8x8VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	case bits == 8:
+		// The AVX2 kernel takes the codes as c − 128 (signed): the
+		// zero-point is shifted to match.
+		dotQ8x8AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, rows)
+	case hasVNNI:
+		dotQ8x4VNNI(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	default:
+		dotQ8x4AVX2(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
 	}
 }
 
@@ -213,12 +212,26 @@ func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows in
 		}
 		return
 	}
+	var zp *uint16
+	if zeros != nil {
+		zp = &zeros[0]
+	}
+	bpg := group / 32
+	if a.M == 1 && rowBytes == k*bits/8 {
+		// One activation row and contiguous packed rows: one kernel
+		// call streams the whole matrix.
+		dotQ8Asm(a, 0, &codes[0], bits, &scales[0], zp, ng, bpg, zsym, &y[0], rows)
+		return
+	}
+	// Several activation rows: each packed row against all of them in
+	// turn, so that it is read from memory once and from L1 after.
 	for r := 0; r < rows; r++ {
-		var zp *uint16
 		if zeros != nil {
 			zp = &zeros[r*ng]
 		}
-		dotQ8RowAsm(y[r:], ldy, a, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, group/32, zsym)
+		for i := 0; i < a.M; i++ {
+			dotQ8Asm(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], 1)
+		}
 	}
 }
 

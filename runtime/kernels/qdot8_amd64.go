@@ -9,18 +9,19 @@ import "golang.org/x/sys/cpu"
 // dotQ8x8VNNI and dotQ8x4VNNI use.
 var hasVNNI = cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL && hasAsm
 
-// Integer dot kernels of DotQ8Rows (qdot8_amd64.s): Σ_g s_g·Σ_b
+// Integer dot kernels of DotQ8Rows (qdot8_amd64.s): y[r] = Σ_g s_g·Σ_b
 // (xs_b·Σ c·q − (z_g − zoff)·xsum_b) over ng groups of bpg blocks of 32
-// codes.
+// codes, for rows consecutive packed rows against one activation row
+// (zoff: the 8-bit AVX2 kernel only).
 
 //go:noescape
-func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32) float32
+func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
 
 //go:noescape
-func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
+func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
 
 //go:noescape
-func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
+func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
 
 //go:noescape
-func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
+func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)

@@ -10,6 +10,10 @@
 //   src    the row's packed codes (8-bit: 32 bytes a block, 4-bit: 16)
 //   scales, zeros  float16 per group (zeros nil: zsym for every group)
 //   ng >= 1 groups of bpg >= 1 blocks of 32 codes
+//   y, rows  rows >= 1 consecutive packed rows (codes, scales and zeros
+//          each contiguous from row to row), y[r] the result of row r
+//          against the same activation row; zoff unused but by the
+//          8-bit AVX2 kernel
 // Per block the 32 code·Q products are summed exactly into eight int32
 // lanes and converted to float32. With one block per group (group 32),
 // eight groups at a time: their scales and zero-points are converted in
@@ -20,8 +24,9 @@
 // (broadcast from memory) into a group accumulator, scaled by s_g into the
 // total at the end of the group, and the zero term s_g·z_g·Σ_b xsum_b is
 // accumulated in a scalar. The result is the horizontal sum of the total
-// minus the zero terms.
-// Registers: DI xq, R12 xs, R13 xsum, SI src, R8 scales, R9 zeros,
+// minus the zero terms. Between rows the weight pointers run on, the
+// activation pointers restart.
+// Registers: DX y, BX rows left, DI xq, R12 xs, R13 xsum, SI src, R8 scales, R9 zeros,
 // R10 groups left, R11 bpg, CX blocks left; Y12, Y11 totals, Y10 vector
 // zero terms, X13 scalar zero terms, Y14 int16 ones or the nibble shifts,
 // Y15 the byte constant, Y9 int16 ones, X2 zoff; Y0-Y8 scratch.
@@ -29,16 +34,14 @@
 // 8-bit codes, AVX2: c − 128 as signed bytes (so zsym and the zeros come
 // shifted by zoff = 128), |c−128| times Q·sign(c−128) by vpmaddubsw
 // (pairs ≤ 2·128·127, no saturation), vpmaddwd into int32.
-// func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32) float32
-TEXT ·dotQ8x8AVX2(SB), NOSPLIT, $32-76
-	MOVQ xq+0(FP), DI
-	MOVQ xs+8(FP), R12
-	MOVQ xsum+16(FP), R13
+// func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+TEXT ·dotQ8x8AVX2(SB), NOSPLIT, $32-88
 	MOVQ src+24(FP), SI
 	MOVQ scales+32(FP), R8
 	MOVQ zeros+40(FP), R9
-	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
+	MOVQ y+72(FP), DX
+	MOVQ rows+80(FP), BX
 	VBROADCASTSS zoff+68(FP), Y2
 	MOVL $0x80, AX
 	VMOVD AX, X15
@@ -46,6 +49,12 @@ TEXT ·dotQ8x8AVX2(SB), NOSPLIT, $32-76
 	VPCMPEQW Y9, Y9, Y9
 	VPSRLW $15, Y9, Y9
 	VMOVDQU Y9, Y14
+
+dotQ8x8AVX2_row:
+	MOVQ xq+0(FP), DI
+	MOVQ xs+8(FP), R12
+	MOVQ xsum+16(FP), R13
+	MOVQ ng+48(FP), R10
 	VXORPS Y12, Y12, Y12
 	VXORPS Y11, Y11, Y11
 	VXORPS Y10, Y10, Y10
@@ -223,27 +232,34 @@ dotQ8x8AVX2_done:
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
+	VMOVSS X12, (DX)
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  dotQ8x8AVX2_row
 	VZEROUPPER
-	MOVSS X12, ret+72(FP)
 	RET
 
 // 8-bit codes, AVX-512 VNNI (VL): vpdpbusd of the unsigned codes and Q.
-// func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
-TEXT ·dotQ8x8VNNI(SB), NOSPLIT, $32-76
-	MOVQ xq+0(FP), DI
-	MOVQ xs+8(FP), R12
-	MOVQ xsum+16(FP), R13
+// func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+TEXT ·dotQ8x8VNNI(SB), NOSPLIT, $32-88
 	MOVQ src+24(FP), SI
 	MOVQ scales+32(FP), R8
 	MOVQ zeros+40(FP), R9
-	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
+	MOVQ y+72(FP), DX
+	MOVQ rows+80(FP), BX
 	MOVL $0x80, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
 	VPCMPEQW Y9, Y9, Y9
 	VPSRLW $15, Y9, Y9
 	VMOVDQU Y9, Y14
+
+dotQ8x8VNNI_row:
+	MOVQ xq+0(FP), DI
+	MOVQ xs+8(FP), R12
+	MOVQ xsum+16(FP), R13
+	MOVQ ng+48(FP), R10
 	VXORPS Y12, Y12, Y12
 	VXORPS Y11, Y11, Y11
 	VXORPS Y10, Y10, Y10
@@ -383,23 +399,24 @@ dotQ8x8VNNI_done:
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
+	VMOVSS X12, (DX)
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  dotQ8x8VNNI_row
 	VZEROUPPER
-	MOVSS X12, ret+72(FP)
 	RET
 
 // 4-bit codes, AVX2: the 16 bytes in both lanes, the upper lane shifted
 // right by 4 (vpsrlvq), masked to nibbles: even codes, then odd codes, the
 // order of QI; vpmaddubsw with QI (pairs ≤ 2·15·127), vpmaddwd into int32.
-// func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
-TEXT ·dotQ8x4AVX2(SB), NOSPLIT, $32-76
-	MOVQ xq+0(FP), DI
-	MOVQ xs+8(FP), R12
-	MOVQ xsum+16(FP), R13
+// func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+TEXT ·dotQ8x4AVX2(SB), NOSPLIT, $32-88
 	MOVQ src+24(FP), SI
 	MOVQ scales+32(FP), R8
 	MOVQ zeros+40(FP), R9
-	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
+	MOVQ y+72(FP), DX
+	MOVQ rows+80(FP), BX
 	MOVL $0x0f, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
@@ -408,6 +425,12 @@ TEXT ·dotQ8x4AVX2(SB), NOSPLIT, $32-76
 	MOVQ $4, AX
 	VMOVQ AX, X14
 	VPERMQ $0x05, Y14, Y14
+
+dotQ8x4AVX2_row:
+	MOVQ xq+0(FP), DI
+	MOVQ xs+8(FP), R12
+	MOVQ xsum+16(FP), R13
+	MOVQ ng+48(FP), R10
 	VXORPS Y12, Y12, Y12
 	VXORPS Y11, Y11, Y11
 	VXORPS Y10, Y10, Y10
@@ -565,21 +588,22 @@ dotQ8x4AVX2_done:
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
+	VMOVSS X12, (DX)
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  dotQ8x4AVX2_row
 	VZEROUPPER
-	MOVSS X12, ret+72(FP)
 	RET
 
 // 4-bit codes, AVX-512 VNNI (VL): the nibbles as for dotQ8x4AVX2, vpdpbusd.
-// func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym float32) float32
-TEXT ·dotQ8x4VNNI(SB), NOSPLIT, $32-76
-	MOVQ xq+0(FP), DI
-	MOVQ xs+8(FP), R12
-	MOVQ xsum+16(FP), R13
+// func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+TEXT ·dotQ8x4VNNI(SB), NOSPLIT, $32-88
 	MOVQ src+24(FP), SI
 	MOVQ scales+32(FP), R8
 	MOVQ zeros+40(FP), R9
-	MOVQ ng+48(FP), R10
 	MOVQ bpg+56(FP), R11
+	MOVQ y+72(FP), DX
+	MOVQ rows+80(FP), BX
 	MOVL $0x0f, AX
 	VMOVD AX, X15
 	VPBROADCASTB X15, Y15
@@ -588,6 +612,12 @@ TEXT ·dotQ8x4VNNI(SB), NOSPLIT, $32-76
 	MOVQ $4, AX
 	VMOVQ AX, X14
 	VPERMQ $0x05, Y14, Y14
+
+dotQ8x4VNNI_row:
+	MOVQ xq+0(FP), DI
+	MOVQ xs+8(FP), R12
+	MOVQ xsum+16(FP), R13
+	MOVQ ng+48(FP), R10
 	VXORPS Y12, Y12, Y12
 	VXORPS Y11, Y11, Y11
 	VXORPS Y10, Y10, Y10
@@ -745,6 +775,9 @@ dotQ8x4VNNI_done:
 	VHADDPS X12, X12, X12
 	VHADDPS X12, X12, X12
 	VSUBSS X13, X12, X12
+	VMOVSS X12, (DX)
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  dotQ8x4VNNI_row
 	VZEROUPPER
-	MOVSS X12, ret+72(FP)
 	RET
