@@ -18,16 +18,25 @@ import (
 // act-order permutation, so these weights take about bits/32 of their
 // float32 size.
 //
-// A matmul y = x·Wᵀ with one row of x (decode) and a W whose quantized
-// parts are 1-4-bit codes in natural column order runs a fused GEMV
-// (qmmTask.gemvRows): every row of W is dotted with x straight from its
-// packed codes by kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups
-// of multiples of 16 codes, the rows split over the pool's threads. Each
-// packed byte is read once; each group's sum is accumulated in float32
-// and scaled once, so the result differs from the float path in rounding
-// (within 1e-5·max|logit| on the test models).
+// A matmul y = x·Wᵀ with one row of x (decode) runs a fused GEMV
+// (qmmTask.gemvRows), the rows of W split over the pool's threads, when
+// every quantized part of W allows it (packedLinear.fused). Each packed
+// byte is read once per token, on one of two paths chosen per width by
+// benchmark (q8Widths):
+//   - int8 activations (4 and 8 bits, act-order included, where the
+//     assembly runs): x is permuted into storage order for an act-order
+//     weight and quantized to int8 per block of 32 (kernels.QuantizeActQ8)
+//     once per matmul, and kernels.DotQ8Matrix sums code·q in int32 per
+//     block (AVX2 vpmaddubsw or AVX-512 VNNI vpdpbusd) and scales each
+//     block once; the activation rounding moves each output by at most
+//     Σ_j |ŵ_j|·max|x_block|/254 (logits within 2e-2·max|logit| on the
+//     test models, qlinear_ext_test.go);
+//   - float activations (1-3 bits, and 4 bits without the assembly):
+//     kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups of
+//     multiples of 16 codes, each group's sum accumulated in float32 and
+//     scaled once (within 1e-5·max|logit|).
 //
-// Every other packed matmul (prefill, act-order or 8-bit weights)
+// Every other packed matmul (prefill; act-order 1-3-bit weights)
 // dequantizes tiles of qTileRows(…) rows of W into a per-thread scratch
 // buffer, in the original column order and with exactly the arithmetic of
 // weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
@@ -292,10 +301,12 @@ func (t *qmmTask) Run(lo, hi int) {
 }
 
 // gemvRows computes y[i, r] = x[i]·W[r] for rows r in [r0, r1) of W and
-// every row i < t.m of x: kernels.DotQRow on the packed codes of quantized
-// rows (each packed byte read once per row of x) — for 4-bit groups of
-// multiples of 16 codes kernels.DotU4RowIL on x interleaved once into xi
-// [k] (scratch) — and kernels.Dot on float rows.
+// every row i < t.m of x: on segments of the int8 path (qseg.q8)
+// kernels.DotQ8Matrix on t.acts (quantizeActs), all rows of x at once;
+// otherwise kernels.DotQRow on the packed codes of quantized rows (each
+// packed byte read once per row of x) — for 4-bit groups of multiples of
+// 16 codes kernels.DotU4RowIL on x interleaved once into xi [k]
+// (scratch) — and kernels.Dot on float rows.
 func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 	w, k := t.w, t.w.k
 	for i := 0; i < t.m; i++ {

@@ -3,8 +3,9 @@ package kernels
 import "math"
 
 // Integer GEMV over packed low-bit weights (docs/QUANT.md "Runtime"): the
-// activation rows are quantised once per token to int8 per block, as
-// llama.cpp's Q8_0 activations (docs/QUANT.md cites the scheme), and each
+// activation rows are quantised once per token to int8 per block of 32,
+// as llama.cpp's q8_0 (docs/METHODS.md §3: blocks of 32, one scale each),
+// and each
 // packed weight row is dotted with them in integer arithmetic, one int32
 // sum per block, scaled once per block and group in float32.
 
