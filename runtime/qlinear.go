@@ -23,20 +23,21 @@ import (
 // every quantized part of W allows it (packedLinear.fused). Each packed
 // byte is read once per token, on one of two paths chosen per width by
 // benchmark (q8Widths):
-//   - int8 activations (4 and 8 bits, act-order included, where the
-//     assembly runs): x is permuted into storage order for an act-order
+//   - int8 activations (1, 2, 4 and 8 bits, act-order included, where
+//     the assembly runs): x is permuted into storage order for an act-order
 //     weight and quantized to int8 per block of 32 (kernels.QuantizeActQ8)
 //     once per matmul, and kernels.DotQ8Matrix sums code·q in int32 per
 //     block (AVX2 vpmaddubsw or AVX-512 VNNI vpdpbusd) and scales each
 //     block once; the activation rounding moves each output by at most
 //     Σ_j |ŵ_j|·max|x_block|/254 (logits within 2e-2·max|logit| on the
 //     test models, qlinear_ext_test.go);
-//   - float activations (1-3 bits, and 4 bits without the assembly):
+//   - float activations (3 bits, and 1, 2 and 4 bits without the
+//     assembly):
 //     kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups of
 //     multiples of 16 codes, each group's sum accumulated in float32 and
 //     scaled once (within 1e-5·max|logit|).
 //
-// Every other packed matmul (prefill; act-order 1-3-bit weights)
+// Every other packed matmul (prefill; act-order 3-bit weights)
 // dequantizes tiles of qTileRows(…) rows of W into a per-thread scratch
 // buffer, in the original column order and with exactly the arithmetic of
 // weights.Quantized.Dequantize, and runs the float32 kernel on each tile,
@@ -93,21 +94,23 @@ func (s *qseg) fusable() bool {
 // (kernels.QuantizeActQ8 once per matmul, kernels.DotQ8Matrix over W)
 // instead of the float fused kernels (kernels.DotU4RowIL, DotQRow) or,
 // for 8 bits, dequantized tiles: the faster by kernels' BenchmarkQ8GEMV
-// (one thread, asymmetric group 32, m = 1, the 22M model's shapes, best
-// of 3 on the shared 2-core machine; GB/s of packed bytes read):
+// (one thread, asymmetric group 32, m = 1, the 22M model's shapes
+// [512, 512], [1408, 512], [512, 1408]; GB/s of packed bytes read, range
+// of 3 runs on the shared, heavily loaded 2-core machine, int8 / float):
 //
-//	8 bit: int8 (VNNI) 12–22 GB/s against 0.3 dequantizing row by row
-//	       (there is no fused float kernel);
-//	4 bit: int8 (VNNI) 5.0 GB/s at [512, 512] and 4.3 at [512, 1408]
-//	       against 2.3 and 1.7 for DotU4RowIL (same run);
-//	1-3 bits: float; DotQ8Rows has no assembly there and its Go loop
-//	       is 20-50× slower than DotQRow's AVX2 loop.
+//	8 bit: 5.3–13, 8.9–12, 4.4–5.4 (VNNI) / 0.18, 0.15, 0.15 (there is
+//	       no fused float kernel: a Go dequantizing loop and Dot);
+//	4 bit: 13–14, 18, 3.3–12 / 0.9–4.6, 1.0–1.3, 1.1–4.2;
+//	2 bit: 1.5–7.9, 9.6–10.6, 0.6–1.5 / 1.8–2.5, 0.4–1.1, 0.3–0.75;
+//	1 bit: 1.4–1.6, 1.6–2.0, 0.6–1.2 / 0.30–0.33, 0.19–0.30, 0.2–0.65;
+//	3 bits: float; DotQ8Rows has no assembly there and its Go loop is
+//	       20-50× slower than DotQRow's AVX2 loop.
 //
 // The int8 path also takes act-order weights of these widths (x is
-// permuted into storage order once per matmul, never the weights); 1-3-bit
-// act-order weights stay on the tiles. 4 bits take it only where
+// permuted into storage order once per matmul, never the weights); 3-bit
+// act-order weights stay on the tiles. 1, 2 and 4 bits take it only where
 // kernels.Q8Asm reports assembly (without it the float Go loop is faster).
-var q8Widths = [9]bool{4: true, 8: true}
+var q8Widths = [9]bool{1: true, 2: true, 4: true, 8: true}
 
 // q8 reports whether s's decode GEMV runs on int8 activations.
 func (s *qseg) q8() bool {
@@ -266,6 +269,7 @@ func (t *qmmTask) quantizeActs() {
 		blk := kernels.ActBlock(s.q.GroupSize)
 		if s.q.Perm == nil {
 			kernels.QuantizeActQ8(&t.acts[si], t.x, t.ldx, m, k, blk)
+			t.acts[si].Prepare(s.q.Bits)
 			continue
 		}
 		if cap(t.xperm) < m*k {
@@ -279,6 +283,7 @@ func (t *qmmTask) quantizeActs() {
 			}
 		}
 		kernels.QuantizeActQ8(&t.acts[si], xp, k, m, k, blk)
+		t.acts[si].Prepare(s.q.Bits)
 	}
 }
 

@@ -17,19 +17,62 @@ import "math"
 // with S[i, b] = max_{j in b} |x[i, j]| / 127 (0 for an all-zero block)
 // and Q[i, j] = round(x[i, j] / S[i, b]) in [−127, 127], so that
 // |x[i, j] − S[i, b]·Q[i, j]| ≤ S[i, b]/2. Sum[i, b] = S[i, b]·Σ_{j in b}
-// Q[i, j] (float32) is the block's term of the zero-point fold. For
-// Block = 32, QI holds Q with every block reordered to its 16 even then
-// its 16 odd columns (QI[i, 32b+t] = Q[i, 32b+2t], QI[i, 32b+16+t] =
-// Q[i, 32b+2t+1], t < 16), the order in which the 4-bit kernels split a
-// block's 16 bytes into nibbles. A Q8Act is
-// reusable scratch: QuantizeActQ8 grows its slices only when they are
-// short, so a decode loop allocates once.
+// Q[i, j] (float32) is the block's term of the zero-point fold. The
+// assembly kernels for 4, 2 and 1 bits take Q with every block of 32
+// reordered the way they split the block's bytes into codes (Prepare). A
+// Q8Act is reusable scratch: QuantizeActQ8 grows its slices only when
+// they are short, so a decode loop allocates once.
 type Q8Act struct {
 	M, K, Block int
 	Q           []int8    // [M, K]
-	QI          []int8    // [M, K] when Block = 32, else empty
 	S           []float32 // [M, K/Block] block scales
 	Sum         []float32 // [M, K/Block] S·ΣQ per block
+
+	perm  [5][]int8 // [bits]: Q in the bits-bit kernels' order (Prepare)
+	ready [5]bool
+}
+
+// Prepare readies a for DotQ8Rows and DotQ8Matrix on bits-bit codes:
+// for 4-, 2- and 1-bit codes and a.Block = 32 (the assembly's case) it writes
+// Q reordered within each block of 32 into the order of the codes the
+// kernel extracts from a block's bytes with one shift per lane (4 bits:
+// the 16 even columns, then the 16 odd ones; 2 bits: columns 4i+t at
+// 8t+i; 1 bit: columns 8i+t at 4t+i); otherwise it does nothing. Call it
+// once after QuantizeActQ8 and before the dot products, which may then
+// run on several goroutines; they panic (a programmer error) on a Q8Act
+// not prepared for their width.
+func (a *Q8Act) Prepare(bits int) {
+	if bits < 1 || bits > 4 || bits == 3 || a.ready[bits] || a.Block != 32 {
+		return
+	}
+	n := len(a.Q)
+	if cap(a.perm[bits]) < n {
+		a.perm[bits] = make([]int8, n)
+	}
+	d := a.perm[bits][:n]
+	a.perm[bits] = d
+	for o := 0; o < n; o += 32 {
+		q, p := a.Q[o:o+32:o+32], d[o:o+32:o+32]
+		switch bits {
+		case 4:
+			for t := 0; t < 16; t++ {
+				p[t], p[16+t] = q[2*t], q[2*t+1]
+			}
+		case 2:
+			for t := 0; t < 4; t++ {
+				for i := 0; i < 8; i++ {
+					p[8*t+i] = q[4*i+t]
+				}
+			}
+		case 1:
+			for t := 0; t < 8; t++ {
+				for i := 0; i < 4; i++ {
+					p[4*t+i] = q[8*i+t]
+				}
+			}
+		}
+	}
+	a.ready[bits] = true
 }
 
 // ActBlock returns the activation block QuantizeActQ8 should use for a
@@ -61,13 +104,7 @@ func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 		a.S, a.Sum = make([]float32, m*nb), make([]float32, m*nb)
 	}
 	a.Q, a.S, a.Sum = a.Q[:m*k], a.S[:m*nb], a.Sum[:m*nb]
-	a.QI = a.QI[:0]
-	if block == 32 {
-		if cap(a.QI) < m*k {
-			a.QI = make([]int8, m*k)
-		}
-		a.QI = a.QI[:m*k]
-	}
+	a.ready = [5]bool{}
 	for i := 0; i < m; i++ {
 		xr := x[i*ldx : i*ldx+k]
 		for b := 0; b < nb; b++ {
@@ -94,14 +131,6 @@ func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 			a.S[i*nb+b], a.Sum[i*nb+b] = d, d*float32(sum)
 		}
 	}
-	if block == 32 {
-		for o := 0; o < m*k; o += 32 {
-			q, qi := a.Q[o:o+32:o+32], a.QI[o:o+32:o+32]
-			for t := 0; t < 16; t++ {
-				qi[t], qi[16+t] = q[2*t], q[2*t+1]
-			}
-		}
-	}
 }
 
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
@@ -123,9 +152,11 @@ func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) 
 // S·|Q| (tests: qdot8_test.go). Against the float64 dot product with
 // the unquantised x the activation rounding adds at most
 // Σ_j |s_g·(c_j − z_g)|·S[i,b]/2. With AVX2 (and AVX-512 VNNI where the
-// CPU has it) 8-bit and 4-bit rows with a.Block = 32 run in assembly:
-// vpmaddubsw/vpmaddwd (or vpdpbusd) on the codes and Q. It panics (a
-// programmer error) on a bad width or inconsistent lengths.
+// CPU has it) 8-, 4-, 2- and 1-bit rows with a.Block = 32 run in
+// assembly: vpmaddubsw/vpmaddwd (or vpdpbusd) on the codes and Q; a must
+// then be prepared for the width (Q8Act.Prepare). It panics (a
+// programmer error) on a bad width, inconsistent lengths or activations
+// not prepared.
 func DotQ8Rows(y []float32, ldy int, a *Q8Act, src []byte, bits int, scales, zeros []uint16, group int, zsym float32) {
 	k, m, blk := a.K, a.M, a.Block
 	if bits != 8 && (bits < 1 || bits > 4) {
@@ -146,6 +177,7 @@ func DotQ8Rows(y []float32, ldy int, a *Q8Act, src []byte, bits int, scales, zer
 		if zeros != nil {
 			zp = &zeros[0]
 		}
+		a.checkPrepared(bits)
 		for i := 0; i < m; i++ {
 			dotQ8Asm(a, i, &src[0], bits, &scales[0], zp, ng, group/32, zsym, &y[i*ldy], 1)
 		}
@@ -156,9 +188,9 @@ func DotQ8Rows(y []float32, ldy int, a *Q8Act, src []byte, bits int, scales, zer
 
 // Q8Asm reports whether DotQ8Rows and DotQ8Matrix run in assembly for
 // bits-bit codes and activation block blk in this build on this CPU
-// (AVX2, F16C; 8 or 4 bits; blk = 32), rather than in portable Go.
+// (AVX2, F16C; 8, 4, 2 or 1 bits; blk = 32), rather than in portable Go.
 func Q8Asm(bits, blk int) bool {
-	return useAsm && hasF16C && blk == 32 && (bits == 8 || bits == 4)
+	return useAsm && hasF16C && blk == 32 && (bits == 8 || bits == 4 || bits == 2 || bits == 1)
 }
 
 // dotQ8Asm is the assembly dispatch of DotQ8Rows and DotQ8Matrix, its
@@ -167,17 +199,38 @@ func Q8Asm(bits, blk int) bool {
 func dotQ8Asm(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, rows int) {
 	k, nb := a.K, a.K/32
 	s, sm := &a.S[i*nb], &a.Sum[i*nb]
-	switch {
-	case bits == 8 && hasVNNI:
-		dotQ8x8VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
-	case bits == 8:
+	if bits == 8 {
+		if hasVNNI {
+			dotQ8x8VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+			return
+		}
 		// The AVX2 kernel takes the codes as c − 128 (signed): the
 		// zero-point is shifted to match.
 		dotQ8x8AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, rows)
+		return
+	}
+	q := &a.perm[bits][i*k]
+	switch {
+	case bits == 4 && hasVNNI:
+		dotQ8x4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	case bits == 4:
+		dotQ8x4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	case bits == 2 && hasVNNI:
+		dotQ8x2VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	case bits == 2:
+		dotQ8x2AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
 	case hasVNNI:
-		dotQ8x4VNNI(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+		dotQ8x1VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
 	default:
-		dotQ8x4AVX2(&a.QI[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+		dotQ8x1AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	}
+}
+
+// checkPrepared panics unless a is ready for the assembly on bits-bit
+// codes (Prepare).
+func (a *Q8Act) checkPrepared(bits int) {
+	if bits != 8 && !a.ready[bits] {
+		panicf("DotQ8Rows: activations not prepared for %d-bit codes (call Q8Act.Prepare)", bits)
 	}
 }
 
@@ -213,6 +266,7 @@ func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows in
 		}
 		return
 	}
+	a.checkPrepared(bits)
 	var zp *uint16
 	if zeros != nil {
 		zp = &zeros[0]

@@ -45,6 +45,7 @@ func BenchmarkQ8GEMV(b *testing.B) {
 						for b.Loop() {
 							if path == "int8" {
 								QuantizeActQ8(&a, x, s.k, m, s.k, ActBlock(group))
+								a.Prepare(bits)
 								DotQ8Matrix(y, s.n, &a, codes, rb, s.n, bits, scales, zeros, group, zsym)
 								continue
 							}

@@ -63,7 +63,8 @@ func codeAt(src []byte, bits, j int) float64 {
 	return float64(v)
 }
 
-// DotQ8Rows and DotQ8Matrix (the AVX2 and VNNI kernels for 8- and 4-bit blocks of 32, and
+// DotQ8Rows and DotQ8Matrix (the AVX2 and VNNI kernels for 8-, 4-, 2- and
+// 1-bit blocks of 32, and
 // the Go loop for every width and block) agrees, for every activation row
 // of 1-, 3- and 7-row batches and each of 7 weight rows:
 //   - with the float64 sum Σ_j s_g·(c_j − z_g)·S_b·Q_j on the quantised
@@ -122,6 +123,7 @@ func TestDotQ8Rows(t *testing.T) {
 				}
 				var a Q8Act
 				QuantizeActQ8(&a, x, c.k, m, c.k, block)
+				a.Prepare(bits)
 				zsym := float32(int(1) << uint(bits-1))
 				for _, sym := range []bool{false, true} {
 					for _, p := range paths {
