@@ -29,9 +29,9 @@ type LoadOptions struct {
 	// (+16/group_size for zero-points). By default (false) the quantized
 	// linear weights stay packed (runtime/qlinear.go): prefill dequantizes
 	// tiles inside each matmul (bit-identical logits on one thread), decode
-	// runs a fused GEMV (logits within 1e-5·max|logit| for 1-3 bits, 2e-2
-	// for 4 and 8 bits on int8 activations; docs/QUANT.md "Runtime"). The
-	// CUDA backend ignores it.
+	// runs a fused GEMV (logits within 1e-5·max|logit| for 3 bits, about
+	// 2e-2 for 1, 2, 4 and 8 bits on int8 activations; docs/QUANT.md
+	// "Runtime"). The CUDA backend ignores it.
 	DequantizeWeights bool
 	// ConvertPerBlock makes the CPU backend keep the float weights of the
 	// decoder blocks' linear maps (q, k, v, o; gate, up, down of the MLP,

@@ -29,8 +29,8 @@ import (
 //     once per matmul, and kernels.DotQ8Matrix sums code·q in int32 per
 //     block (AVX2 vpmaddubsw or AVX-512 VNNI vpdpbusd) and scales each
 //     block once; the activation rounding moves each output by at most
-//     Σ_j |ŵ_j|·max|x_block|/254 (logits within 2e-2·max|logit| on the
-//     test models, qlinear_ext_test.go);
+//     Σ_j |ŵ_j|·max|x_block|/254 (logits within 2e-2·max|logit|, 5e-2 for
+//     1-2-bit models, on the test models: qlinear_ext_test.go);
 //   - float activations (3 bits, and 1, 2 and 4 bits without the
 //     assembly):
 //     kernels.DotQRow, or kernels.DotU4RowIL for 4-bit groups of

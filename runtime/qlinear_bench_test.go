@@ -245,7 +245,7 @@ func BenchmarkQuantPrefill(b *testing.B) {
 
 // BenchmarkPackedMatMul measures one packed matmul y = x·Wᵀ, W [1024,
 // 1024] 4-bit with groups of 32, x [m, 1024], on one thread, with the
-// fused GEMV (kernels.DotQRow) and with dequantized tiles, in GB/s of
+// fused GEMV (int8 activations, kernels.DotQ8Matrix) and with dequantized tiles, in GB/s of
 // packed bytes (codes, scales, zero-points) read per matmul.
 func BenchmarkPackedMatMul(b *testing.B) {
 	const n, k = 1024, 1024
