@@ -250,26 +250,39 @@ type qmmTask struct {
 	codes             [][]uint8       // per unit: [k]
 	row               [][]float32     // per unit: [k]
 	acts              []kernels.Q8Act // per segment on the int8 path (q8)
+	actOf             []int           // per segment: its index into acts
 	xperm             []float32       // [m, k]: x in a segment's storage order
 }
 
-// quantizeActs fills t.acts[si] for every segment si of t.w on the int8
-// path: t.x quantised per kernels.ActBlock(group) block, permuted into
-// storage order first for an act-order weight (xp[j] = x[Perm[j]]).
+// quantizeActs fills t.acts[t.actOf[si]] for every segment si of t.w on
+// the int8 path: t.x quantised per kernels.ActBlock(group) block,
+// permuted into storage order first for an act-order weight (xp[j] =
+// x[Perm[j]]), and prepared for the segment's width. Segments in natural
+// order with the same block share one quantisation.
 func (t *qmmTask) quantizeActs() {
 	w, k, m := t.w, t.w.k, t.m
 	if len(t.acts) < len(w.segs) {
-		t.acts = make([]kernels.Q8Act, len(w.segs))
+		t.acts, t.actOf = make([]kernels.Q8Act, len(w.segs)), make([]int, len(w.segs))
 	}
 	for si := range w.segs {
 		s := &w.segs[si]
+		t.actOf[si] = si
 		if !s.q8() {
 			continue
 		}
 		blk := kernels.ActBlock(s.q.GroupSize)
 		if s.q.Perm == nil {
-			kernels.QuantizeActQ8(&t.acts[si], t.x, t.ldx, m, k, blk)
-			t.acts[si].Prepare(s.q.Bits)
+			shared := false
+			for sj := 0; sj < si && !shared; sj++ {
+				o := &w.segs[sj]
+				if o.q8() && o.q.Perm == nil && kernels.ActBlock(o.q.GroupSize) == blk {
+					t.actOf[si], shared = t.actOf[sj], true
+				}
+			}
+			if !shared {
+				kernels.QuantizeActQ8(&t.acts[si], t.x, t.ldx, m, k, blk)
+			}
+			t.acts[t.actOf[si]].Prepare(s.q.Bits)
 			continue
 		}
 		if cap(t.xperm) < m*k {
@@ -340,7 +353,7 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 				if !q.Symmetric {
 					zeros = q.Zeros[la*s.ng : lb*s.ng]
 				}
-				kernels.DotQ8Matrix(t.y[a:], t.ldy, &t.acts[si], q.Codes[la*s.rb:lb*s.rb], s.rb, b-a, q.Bits, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
+				kernels.DotQ8Matrix(t.y[a:], t.ldy, &t.acts[t.actOf[si]], q.Codes[la*s.rb:lb*s.rb], s.rb, b-a, q.Bits, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
 				continue
 			}
 			il := q.Bits == 4 && q.GroupSize%16 == 0
