@@ -27,10 +27,13 @@ type LoadOptions struct {
 	// weight (docs/QUANT.md) to float32 at load: 32 bits per weight in
 	// memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
-	// linear weights stay packed (runtime/qlinear.go): every matmul
-	// dequantizes tiles inside it, with logits bit-identical to those of
-	// DequantizeWeights on any number of threads and for any batch
-	// (ForwardBatch). The CUDA backend ignores it.
+	// linear weights stay packed (runtime/qlinear.go): weights of 1, 2, 4
+	// or 8 bits run on int8 activations (logits within about 2e-2·
+	// max|logit|, 5e-2 for 1-2-bit models; docs/QUANT.md "Runtime"), the
+	// others dequantize tiles inside each matmul (bit-identical to
+	// DequantizeWeights); either way a sequence's logits in a batched call
+	// (ForwardBatch) equal those it gets alone, on any number of threads.
+	// The CUDA backend ignores it.
 	DequantizeWeights bool
 	// ConvertPerBlock makes the CPU backend keep the float weights of the
 	// decoder blocks' linear maps (q, k, v, o; gate, up, down of the MLP,

@@ -262,8 +262,9 @@ func packedSource(t testing.TB, cfg map[string]any, seed uint64, o weights.Optio
 
 // TestForwardBatchPackedMatchesAlone: packed quantized weights (4-bit g32
 // asymmetric, 3-bit g32 symmetric, 8-bit g32, 2-bit per channel, 1-bit
-// g32; dense and MoE) give each sequence of a batch the bits it gets alone, and the
-// same bits as the weights dequantized at load.
+// g32; dense and MoE) give each sequence of a batch the bits it gets alone
+// (on 1 and 2 threads), and, on the tile path, the same bits as the
+// weights dequantized at load.
 func TestForwardBatchPackedMatchesAlone(t *testing.T) {
 	small := func(a string) map[string]any {
 		return with(baseConfig(a), "num_hidden_layers", 2, "hidden_size", 64, "num_attention_heads", 4, "intermediate_size", 96)
@@ -299,7 +300,12 @@ func TestForwardBatchPackedMatchesAlone(t *testing.T) {
 				t.Fatalf("weights not packed: %d bytes packed, %d dequantized", LinearWeightBytes(ma), LinearWeightBytes(mdq))
 			}
 			checkBatchAlone(t, c.name, ma, mb, mixedPlan, f32Caches)
-			checkBatchAlone(t, c.name+" vs dequantized at load", mdq, mb, mixedPlan, f32Caches)
+			// Weights on the tile path (3 bits here) are also bit for bit
+			// the weights dequantized at load; those on int8 activations
+			// (qlinear.go) are within the bound of qlinear_ext_test.go.
+			if !Q8Width(c.o.Bits) {
+				checkBatchAlone(t, c.name+" vs dequantized at load", mdq, mb, mixedPlan, f32Caches)
+			}
 		})
 	}
 }

@@ -18,28 +18,39 @@ import (
 // act-order permutation, so these weights take about bits/32 of their
 // float32 size.
 //
-// Every packed matmul dequantizes tiles of qTileRows(…) rows of W into a
-// per-thread scratch buffer, in the original column order and with exactly
-// the arithmetic of weights.Quantized.Dequantize, and runs the float32
-// kernel kernels.MatMulNTRows on each tile, the tiles spread over the
-// pool's threads. Rows of 1-4-bit codes are decoded by
-// kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32 arithmetic
-// is exact for integer zero-points; 1-bit rows (fractional zero-points)
-// use per-group tables computed in float64; act-order rows are decoded in
-// storage order and scattered by Perm. Since MatMulNTRows sums every
-// output in an order fixed by k alone, every output equals, bit for bit,
-// that of the dequantize-at-load path (LoadOptions.DequantizeWeights), on
-// any number of threads and whatever the other rows of x: a batched call
-// (ForwardBatch) gives each sequence the bits it gets alone.
+// Which kernel runs must not depend on the number of rows of x: a
+// batched call (ForwardBatch) gives each sequence the bits it gets alone.
+// So each packed weight has one path for every m, fixed at load:
+//   - int8 activations (packedLinear.q8, every quantized segment of 1, 2,
+//     4 or 8 bits with the assembly: qseg.q8, chosen per width by
+//     benchmark, q8Widths), for decode and prefill alike: every row of x
+//     is permuted into storage order for an act-order weight and
+//     quantized to int8 per block of 32 (kernels.QuantizeActQ8) once per
+//     matmul, and kernels.DotQ8Matrix sums code·q in int32 per block
+//     (AVX2 vpmaddubsw or AVX-512 VNNI vpdpbusd), scales each block once
+//     and reads each packed row once for all rows of x; each output is
+//     computed by the same kernel arithmetic whatever m is. The
+//     activation rounding moves each output by at most
+//     Σ_j |ŵ_j|·max|x_block|/254 (logits within 2e-2·max|logit|, 5e-2
+//     for 1-2-bit models, on the test models: qlinear_ext_test.go).
+//   - otherwise (3-bit segments, other groups, builds without the
+//     assembly) every matmul dequantizes tiles of qTileRows(…) rows of W
+//     into a per-thread scratch buffer, in the original column order and
+//     with exactly the arithmetic of weights.Quantized.Dequantize, and
+//     runs kernels.MatMulNTRows on each tile, the tiles spread over the
+//     pool's threads. Rows of 1-4-bit codes are decoded by
+//     kernels.DequantU4Row / DequantBitsRow (AVX2), whose float32
+//     arithmetic is exact for integer zero-points; 1-bit rows (fractional
+//     zero-points) use per-group tables computed in float64; act-order
+//     rows are decoded in storage order and scattered by Perm. Since
+//     MatMulNTRows sums every output in an order fixed by k alone, every
+//     output equals, bit for bit, that of the dequantize-at-load path
+//     (LoadOptions.DequantizeWeights), on any number of threads.
 //
-// A fused GEMV (qmmTask.gemvRows) is kept for 1-4-bit codes in natural
-// column order, behind qFusedMaxM (0: off): every row of W dotted with x
-// straight from its packed codes by kernels.DotQRow, or
-// kernels.DotU4RowIL for 4-bit groups of multiples of 16 codes, each
-// group's sum accumulated in float32 and scaled once. It is faster for one
-// row of x but rounds differently from the tiles (within 1e-5·max|logit|
-// on the test models), so it would make a row's result depend on the
-// batch; tests and benchmarks turn it on to measure it.
+// The float fused GEMV (kernels.DotQRow, kernels.DotU4RowIL: each group's
+// sum accumulated in float32 and scaled once) is kept behind qFusedMaxM
+// (0: off) for tests and benchmarks: it rounds differently from the tiles
+// (within 1e-5·max|logit|), so with it a row's result would depend on m.
 
 // linear is the weight W [n, k] of one linear map y = x·Wᵀ: a float32
 // matrix f, or packed rows p. Exactly one is set, except for a weight of
@@ -59,6 +70,9 @@ type packedLinear struct {
 	n, k  int
 	segs  []qseg
 	fused bool // every quantized segment suits kernels.DotQRow
+	// q8: every quantized segment runs on int8 activations (qseg.q8):
+	// the GEMV path for every m.
+	q8 bool
 }
 
 // qFusedMaxM is the most rows of x for which a packed matmul uses the
@@ -73,10 +87,38 @@ type packedLinear struct {
 // Tests set it to 1 or 4 to exercise the fused path.
 var qFusedMaxM = 0
 
-// fusable reports whether s can run kernels.DotQRow: float rows, or
-// 1-4-bit codes in natural column order (no act-order permutation).
+// fusable reports whether s can run the fused GEMV: float rows, 1-4-bit
+// codes in natural column order (kernels.DotQRow), or any width on the
+// int8-activation path (q8).
 func (s *qseg) fusable() bool {
-	return s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil)
+	return s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil) || s.q8()
+}
+
+// q8Widths marks the widths whose decode GEMV runs on int8 activations
+// (kernels.QuantizeActQ8 once per matmul, kernels.DotQ8Matrix over W)
+// instead of the float fused kernels (kernels.DotU4RowIL, DotQRow) or,
+// for 8 bits, dequantized tiles: the faster by kernels' BenchmarkQ8GEMV
+// (one thread, asymmetric group 32, m = 1, the 22M model's shapes
+// [512, 512], [1408, 512], [512, 1408]; GB/s of packed bytes read, range
+// of 3 runs on the shared, heavily loaded 2-core machine, int8 / float):
+//
+//	8 bit: 5.3–13, 8.9–12, 4.4–5.4 (VNNI) / 0.18, 0.15, 0.15 (there is
+//	       no fused float kernel: a Go dequantizing loop and Dot);
+//	4 bit: 13–14, 18, 3.3–12 / 0.9–4.6, 1.0–1.3, 1.1–4.2;
+//	2 bit: 1.5–7.9, 9.6–10.6, 0.6–1.5 / 1.8–2.5, 0.4–1.1, 0.3–0.75;
+//	1 bit: 1.4–1.6, 1.6–2.0, 0.6–1.2 / 0.30–0.33, 0.19–0.30, 0.2–0.65;
+//	3 bits: float; DotQ8Rows has no assembly there and its Go loop is
+//	       20-50× slower than DotQRow's AVX2 loop.
+//
+// The int8 path also takes act-order weights of these widths (x is
+// permuted into storage order once per matmul, never the weights); 3-bit
+// act-order weights stay on the tiles. 1, 2 and 4 bits take it only where
+// kernels.Q8Asm reports assembly (without it the float Go loop is faster).
+var q8Widths = [9]bool{1: true, 2: true, 4: true, 8: true}
+
+// q8 reports whether s's decode GEMV runs on int8 activations.
+func (s *qseg) q8() bool {
+	return s.q != nil && q8Widths[s.q.Bits] && (s.q.Bits == 8 || kernels.Q8Asm(s.q.Bits, kernels.ActBlock(s.q.GroupSize)))
 }
 
 type qseg struct {
@@ -191,9 +233,12 @@ func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
 
 // setFused sets w.fused from its segments.
 func (w *packedLinear) setFused() {
-	w.fused = true
+	w.fused, w.q8 = true, true
 	for i := range w.segs {
 		w.fused = w.fused && w.segs[i].fusable()
+		if w.segs[i].q != nil && !w.segs[i].q8() {
+			w.q8 = false
+		}
 	}
 }
 
@@ -208,9 +253,58 @@ type qmmTask struct {
 	x, y              []float32
 	ldx, ldy          int
 	tile, tiles, unit int
-	buf               [][]float32 // per unit: [tile, k]
-	codes             [][]uint8   // per unit: [k]
-	row               [][]float32 // per unit: [k]
+	buf               [][]float32     // per unit: [tile, k]
+	codes             [][]uint8       // per unit: [k]
+	row               [][]float32     // per unit: [k]
+	acts              []kernels.Q8Act // per segment on the int8 path (q8)
+	actOf             []int           // per segment: its index into acts
+	xperm             []float32       // [m, k]: x in a segment's storage order
+}
+
+// quantizeActs fills t.acts[t.actOf[si]] for every segment si of t.w on
+// the int8 path: t.x quantised per kernels.ActBlock(group) block,
+// permuted into storage order first for an act-order weight (xp[j] =
+// x[Perm[j]]), and prepared for the segment's width. Segments in natural
+// order with the same block share one quantisation.
+func (t *qmmTask) quantizeActs() {
+	w, k, m := t.w, t.w.k, t.m
+	if len(t.acts) < len(w.segs) {
+		t.acts, t.actOf = make([]kernels.Q8Act, len(w.segs)), make([]int, len(w.segs))
+	}
+	for si := range w.segs {
+		s := &w.segs[si]
+		t.actOf[si] = si
+		if !s.q8() {
+			continue
+		}
+		blk := kernels.ActBlock(s.q.GroupSize)
+		if s.q.Perm == nil {
+			shared := false
+			for sj := 0; sj < si && !shared; sj++ {
+				o := &w.segs[sj]
+				if o.q8() && o.q.Perm == nil && kernels.ActBlock(o.q.GroupSize) == blk {
+					t.actOf[si], shared = t.actOf[sj], true
+				}
+			}
+			if !shared {
+				kernels.QuantizeActQ8(&t.acts[si], t.x, t.ldx, m, k, blk)
+			}
+			t.acts[t.actOf[si]].Prepare(s.q.Bits)
+			continue
+		}
+		if cap(t.xperm) < m*k {
+			t.xperm = make([]float32, m*k)
+		}
+		xp := t.xperm[:m*k]
+		for i := 0; i < m; i++ {
+			x, d := t.x[i*t.ldx:i*t.ldx+k], xp[i*k:(i+1)*k]
+			for j, c := range s.q.Perm {
+				d[j] = x[c]
+			}
+		}
+		kernels.QuantizeActQ8(&t.acts[si], xp, k, m, k, blk)
+		t.acts[si].Prepare(s.q.Bits)
+	}
 }
 
 func (t *qmmTask) Run(lo, hi int) {
@@ -232,10 +326,12 @@ func (t *qmmTask) Run(lo, hi int) {
 }
 
 // gemvRows computes y[i, r] = x[i]·W[r] for rows r in [r0, r1) of W and
-// every row i < t.m of x: kernels.DotQRow on the packed codes of quantized
-// rows (each packed byte read once per row of x) — for 4-bit groups of
-// multiples of 16 codes kernels.DotU4RowIL on x interleaved once into xi
-// [k] (scratch) — and kernels.Dot on float rows.
+// every row i < t.m of x: on segments of the int8 path (qseg.q8)
+// kernels.DotQ8Matrix on t.acts (quantizeActs), all rows of x at once;
+// otherwise kernels.DotQRow on the packed codes of quantized rows (each
+// packed byte read once per row of x) — for 4-bit groups of multiples of
+// 16 codes kernels.DotU4RowIL on x interleaved once into xi [k]
+// (scratch) — and kernels.Dot on float rows.
 func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 	w, k := t.w, t.w.k
 	for i := 0; i < t.m; i++ {
@@ -255,6 +351,18 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 				continue
 			}
 			q := s.q
+			if s.q8() {
+				if i > 0 {
+					continue // all rows of x at once, below
+				}
+				la, lb := a-s.row0, b-s.row0
+				var zeros []uint16
+				if !q.Symmetric {
+					zeros = q.Zeros[la*s.ng : lb*s.ng]
+				}
+				kernels.DotQ8Matrix(t.y[a:], t.ldy, &t.acts[t.actOf[si]], q.Codes[la*s.rb:lb*s.rb], s.rb, b-a, q.Bits, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
+				continue
+			}
 			il := q.Bits == 4 && q.GroupSize%16 == 0
 			if il && !interleaved {
 				kernels.InterleaveU4(xi, x)
@@ -282,9 +390,10 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 // matMul computes y = x·Wᵀ for x [m, k] (leading dimension ldx) into y
 // [m, n] (leading dimension ldy), with W = w [n, k]: the pool's
 // row-independent float32 GEMM (kernels.Pool.MatMulNTRows); for a packed W
-// tiles dequantized on the fly, or, for m <= qFusedMaxM (0 unless a test
-// sets it), the fused GEMV, its rows split over the pool's threads, when W
-// allows it (packedLinear.fused).
+// the int8-activation GEMV for every m when W runs on it (packedLinear.q8),
+// otherwise tiles dequantized on the fly, or, for m <= qFusedMaxM (0
+// unless a test sets it), the float fused GEMV; GEMV rows are split over
+// the pool's threads.
 func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
 	if w.p == nil {
 		cm.pool.MatMulNTRows(m, n, k, x, ldx, w.f, k, y, ldy)
@@ -297,8 +406,9 @@ func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []flo
 	th := len(cm.qbuf)
 	t.w, t.m, t.x, t.ldx, t.y, t.ldy = w.p, m, x, ldx, y, ldy
 	t.buf, t.codes, t.row = cm.qbuf, cm.qcodes, cm.qrow
-	if w.p.fused && m <= qFusedMaxM {
+	if w.p.q8 || (w.p.fused && m <= qFusedMaxM) {
 		t.gemv = true
+		t.quantizeActs()
 		t.unit = min(th, n)
 		if m*n*k < qParallelMinMACs {
 			t.unit = 1

@@ -83,6 +83,33 @@ func buildBenchQuantModel(o weights.Options) (*arch.Description, memSource) {
 		"num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 512, "rms_norm_eps": 1e-5,
 		"max_position_embeddings": 1024, "rope_theta": 10000.0, "tie_word_embeddings": true,
 	}
+	return buildQuantLlama(cfg, o)
+}
+
+// quant22M is the 22M-parameter synthetic Llama (hidden 512, 8
+// layers, 8 heads, 2 KV heads, FFN 1408, vocab 512, tied embeddings; the
+// shapes of writeSyntheticLlama) RTN-quantized with o, built once per o.
+var quant22M = map[weights.Options]func() (*arch.Description, memSource){}
+
+func buildQuant22M(o weights.Options) (*arch.Description, memSource) {
+	benchModelMu.Lock()
+	f, ok := quant22M[o]
+	if !ok {
+		cfg := map[string]any{
+			"architectures": []string{"LlamaForCausalLM"}, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
+			"num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 512, "rms_norm_eps": 1e-5,
+			"max_position_embeddings": 1024, "rope_theta": 10000.0, "tie_word_embeddings": true,
+		}
+		f = sync.OnceValues(func() (*arch.Description, memSource) { return buildQuantLlama(cfg, o) })
+		quant22M[o] = f
+	}
+	benchModelMu.Unlock()
+	return f()
+}
+
+// buildQuantLlama builds the Llama of config cfg with N(0, 1/fan_in)
+// weights from a fixed seed, its linear weights RTN-quantized with o.
+func buildQuantLlama(cfg map[string]any, o weights.Options) (*arch.Description, memSource) {
 	raw, _ := json.Marshal(cfg)
 	d, err := arch.Parse(raw)
 	if err != nil {
@@ -220,7 +247,7 @@ func BenchmarkQuantPrefill(b *testing.B) {
 
 // BenchmarkPackedMatMul measures one packed matmul y = x·Wᵀ, W [1024,
 // 1024] 4-bit with groups of 32, x [m, 1024], on one thread, with the
-// fused GEMV (kernels.DotQRow) and with dequantized tiles, in GB/s of
+// fused GEMV (int8 activations, kernels.DotQ8Matrix) and with dequantized tiles, in GB/s of
 // packed bytes (codes, scales, zero-points) read per matmul.
 func BenchmarkPackedMatMul(b *testing.B) {
 	const n, k = 1024, 1024
@@ -250,6 +277,60 @@ func BenchmarkPackedMatMul(b *testing.B) {
 				}
 				b.ReportMetric(float64(q.Bytes())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 			})
+		}
+	}
+}
+
+// BenchmarkQuantDecode22M measures single-token decode (cache refilled
+// from empty every 128 tokens) of the 22M synthetic Llama (quant22M) at
+// 8-bit and 4-bit group 32 (asymmetric): "packed" is the runtime's choice
+// per width (q8Widths: int8 activations), "float" the float fused kernels
+// with 8-bit rows on the tile path (q8Widths all false: the decode path
+// before the int8 kernels), "f32" the same weights dequantized at load
+// (the F32 decode they are compared with). It reports tokens/s (wall),
+// tokens per CPU-second of the process (tokens/cpu-s: on one thread the
+// decode's own rate, which other load on a shared machine does not
+// dilute; GC and the pool's idle spinning count in it) and GB/s of linear
+// weights read per wall second.
+func BenchmarkQuantDecode22M(b *testing.B) {
+	for _, o := range []weights.Options{{Bits: 8, GroupSize: 32}, {Bits: 4, GroupSize: 32}} {
+		for _, mode := range []string{"packed", "float", "f32"} {
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%dbit-g%d/%s/threads=%d", o.Bits, o.GroupSize, mode, threads), func(b *testing.B) {
+					if mode == "float" {
+						saved := q8Widths
+						q8Widths = [9]bool{}
+						defer func() { q8Widths = saved }()
+					}
+					d, src := buildQuant22M(o)
+					m, err := NewCPU().Load(context.Background(), d, src, LoadOptions{Threads: threads, DequantizeWeights: mode == "f32"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer m.Close()
+					c := m.NewCache(129)
+					logits := make([]float32, d.VocabSize)
+					tok := []int{1}
+					ctx := context.Background()
+					b.ResetTimer()
+					cpu0 := processCPUSeconds()
+					for i := 0; i < b.N; i++ {
+						if c.Len() == 128 {
+							c.Truncate(0)
+						}
+						if err := m.Forward(ctx, tok, c, logits, false); err != nil {
+							b.Fatal(err)
+						}
+						tok[0] = Argmax(logits)
+					}
+					cpu := processCPUSeconds() - cpu0
+					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+					if cpu0 >= 0 && cpu > 0 {
+						b.ReportMetric(float64(b.N)/cpu, "tokens/cpu-s")
+					}
+					b.ReportMetric(float64(LinearWeightBytes(m))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
 		}
 	}
 }

@@ -79,16 +79,41 @@ func runLogits(t *testing.T, m runtime.Model, ids []int, n0 int) []float32 {
 	return out
 }
 
+// q8LogitTol bounds, relative to max|logit|, how far decode logits on
+// int8 activations (kernels.DotQ8Rows) may lie from the float path's.
+// Each such matmul rounds x to int8 per block, an error of at most
+// max|x_block|/254 per element (kernels.QuantizeActQ8), which the layers
+// propagate. Measured on stories260K: 0.57% (RTN 4-bit g32, 0.107 on
+// max|logit| 18.7), 0.75% (GPTQ act-order 4-bit g32, 0.139 on 18.5),
+// 0.78% (the MoE at 1-4 bits, 0.12 on 15.4); 1.0% on the shared-expert
+// Qwen2-MoE (0.041 on 4.05); 2% leaves a margin of at least 2.
+const q8LogitTol = 2e-2
+
+// q8LowBitLogitTol is q8LogitTol for models whose every weight has 1 or
+// 2 bits: their logits react more to the same activation rounding
+// (measured 1.9% for RTN 1-bit g32, 0.292 on 15.1, and 2.6% for RTN 2-bit
+// per channel, 0.44 on 17.2); 5% leaves a margin of 1.9.
+const q8LowBitLogitTol = 5e-2
+
+// q8Tol returns tol when bits-bit weights decode on int8 activations
+// (runtime.Q8Width), else 1e-5.
+func q8Tol(bits int, tol float64) float64 {
+	if runtime.Q8Width(bits) {
+		return tol
+	}
+	return 1e-5
+}
+
 // comparePackedDequant checks that the packed model's logits equal the
-// dequantize-at-load model's within 1e-5·max|logit| (prefill and decode,
-// 1 and 3 threads) and that the packed linear weights take less than a
-// quarter of the float32 bytes. When prefillExact is set, the prefill
-// logits must also be bit for bit equal on one thread: prefill runs the
-// tile path, the same kernels in the same summation order as the float
-// weights. Decode (m = 1) runs the fused GEMV (kernels.DotQRow) where the
-// weight allows it, whose summation order differs, so only the bound
-// applies; so does it to MoE prefill, whose experts see few tokens each.
-func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
+// dequantize-at-load model's within decodeTol·max|logit| (prefill and
+// decode, 1 and 3 threads) and that the packed linear weights take less
+// than a quarter of the float32 bytes. decodeTol is 1e-5 for a model on
+// the tile path, whose prefill logits must also be bit for bit equal when
+// prefillExact is set (the same kernels in the same summation order as
+// the float weights); q8LogitTol or q8LowBitLogitTol when some weight runs
+// on int8 activations (kernels.DotQ8Matrix; q8Widths), for prefill and
+// decode alike.
+func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool, decodeTol float64) {
 	t.Helper()
 	ids := make([]int, 40)
 	for i := range ids {
@@ -97,11 +122,14 @@ func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
 	for _, th := range []int{1, 3} {
 		pm, dm := loadQ(t, dir, th, false), loadQ(t, dir, th, true)
 		a, b := runLogits(t, pm, ids, 33), runLogits(t, dm, ids, 33)
-		var diff, mx float64
+		var diff, mx, prefillDiff float64
 		identical, prefillIdentical := true, true
 		V := pm.Description().VocabSize
 		for i := range a {
 			diff = math.Max(diff, math.Abs(float64(a[i]-b[i])))
+			if i < 33*V {
+				prefillDiff = diff
+			}
 			mx = math.Max(mx, math.Abs(float64(b[i])))
 			identical = identical && a[i] == b[i]
 			if i < 33*V {
@@ -111,12 +139,16 @@ func comparePackedDequant(t *testing.T, label, dir string, prefillExact bool) {
 		pb, db := runtime.LinearWeightBytes(pm), runtime.LinearWeightBytes(dm)
 		t.Logf("%s threads %d: max|logit diff| %.3g (max|logit| %.3g, bit-identical %v, prefill %v); linear weights %d bytes packed, %d dequantized",
 			label, th, diff, mx, identical, prefillIdentical, pb, db)
-		if !(mx > 0) || diff > 1e-5*mx {
-			t.Errorf("%s threads %d: packed logits differ from dequantized by %g (bound %g)", label, th, diff, 1e-5*mx)
+		// A weight runs on one path for every number of rows (qlinear.go):
+		// on int8 activations (decodeTol > 1e-5) prefill and decode share
+		// the bound; on the tiles both are within 1e-5 and prefill is bit
+		// for bit the dequantized model's.
+		tol := decodeTol
+		onTiles := decodeTol <= 1e-5
+		if !(mx > 0) || prefillDiff > tol*mx || diff > tol*mx {
+			t.Errorf("%s threads %d: packed logits differ from dequantized by %g in prefill, %g overall (bound %g)", label, th, prefillDiff, diff, tol*mx)
 		}
-		// On one thread the prefill runs the same kernels in the same
-		// summation order on both paths (tiles of 12 rows; qlinear.go).
-		if th == 1 && prefillExact && !prefillIdentical {
+		if th == 1 && prefillExact && onTiles && !prefillIdentical {
 			t.Errorf("%s: one thread: packed prefill logits are not bit-identical to dequantized", label)
 		}
 		if pb <= 0 || pb >= db/4 {
@@ -146,12 +178,13 @@ func TestPackedLogitsMatchDequantized(t *testing.T) {
 	for _, tc := range []struct {
 		label string
 		opt   wquant.Options
+		tol   float64 // decode logits, relative to max|logit|
 	}{
-		{"rtn 4-bit g32", wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32}},
-		{"rtn 3-bit g64 sym", wquant.Options{Method: wquant.MethodRTN, Bits: 3, GroupSize: 64, Symmetric: true}},
-		{"rtn 2-bit per-channel", wquant.Options{Method: wquant.MethodRTN, Bits: 2, GroupSize: 0}},
-		{"rtn 1-bit g32", wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32, PerTensor: oneBit}},
-		{"gptq act-order 4-bit g32", wquant.Options{Method: wquant.MethodGPTQ, Bits: 4, GroupSize: 32, ActOrder: true}},
+		{"rtn 4-bit g32", wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32}, q8Tol(4, q8LogitTol)},
+		{"rtn 3-bit g64 sym", wquant.Options{Method: wquant.MethodRTN, Bits: 3, GroupSize: 64, Symmetric: true}, q8Tol(3, q8LogitTol)},
+		{"rtn 2-bit per-channel", wquant.Options{Method: wquant.MethodRTN, Bits: 2, GroupSize: 0}, q8Tol(2, q8LowBitLogitTol)},
+		{"rtn 1-bit g32", wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32, PerTensor: oneBit}, q8Tol(1, q8LowBitLogitTol)},
+		{"gptq act-order 4-bit g32", wquant.Options{Method: wquant.MethodGPTQ, Bits: 4, GroupSize: 32, ActOrder: true}, q8Tol(4, q8LogitTol)},
 	} {
 		t.Run(tc.label, func(t *testing.T) {
 			dir := quantizeShared(t, name, calib, tc.opt)
@@ -170,7 +203,7 @@ func TestPackedLogitsMatchDequantized(t *testing.T) {
 					t.Fatal("GPTQ act-order checkpoint has no permuted tensor: the test would not cover perm")
 				}
 			}
-			comparePackedDequant(t, tc.label, dir, true)
+			comparePackedDequant(t, tc.label, dir, true, tc.tol)
 		})
 	}
 }
@@ -200,7 +233,12 @@ func TestPackedMoEMatchesDequantized(t *testing.T) {
 		t.Fatal("no MoE layer")
 	}
 	dir := quantizeShared(t, name, calibFor(t, name), wquant.Options{Method: wquant.MethodRTN, Bits: 4, GroupSize: 32, PerTensor: per})
-	comparePackedDequant(t, fmt.Sprintf("moe, %d expert weights at 1-4 bits", len(per)), dir, false)
+	// A third of the experts have 1- or 2-bit weights: the low-bit bound.
+	tol := 1e-5
+	for b := 1; b <= 4; b++ {
+		tol = max(tol, q8Tol(b, q8LowBitLogitTol))
+	}
+	comparePackedDequant(t, fmt.Sprintf("moe, %d expert weights at 1-4 bits", len(per)), dir, false, tol)
 }
 
 // A steady-state decode step of a packed model allocates nothing.

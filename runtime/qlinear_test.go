@@ -70,12 +70,48 @@ func TestUnpackCodesMatchesUnpackRow(t *testing.T) {
 	}
 }
 
+// q8Bound returns the bound on the int8 activation rounding of y[r] =
+// x·W[r] (x [k]) when row r of p's W decodes on int8 activations
+// (qseg.q8), else 0: Σ_j |ŵ[r, perm(j)]|·S_b/2 over storage columns j,
+// S_b = max|x| over activation block b of x in storage order / 127
+// (kernels.QuantizeActQ8), ŵ = full [n, k] the dequantized W in original
+// column order; widened by 1e-6 relative for the float32 scale.
+func q8Bound(p *packedLinear, x, full []float32, r int) float64 {
+	k := p.k
+	for si := range p.segs {
+		s := &p.segs[si]
+		if r < s.row0 || r >= s.row0+s.rows || !s.q8() {
+			continue
+		}
+		col := func(j int) int {
+			if s.q.Perm != nil {
+				return int(s.q.Perm[j])
+			}
+			return j
+		}
+		blk := kernels.ActBlock(s.q.GroupSize)
+		var bound float64
+		for b := 0; b < k; b += blk {
+			var mx, w float64
+			for j := b; j < b+blk; j++ {
+				mx = math.Max(mx, math.Abs(float64(x[col(j)])))
+				w += math.Abs(float64(full[r*k+col(j)]))
+			}
+			bound += w * mx / 127 / 2
+		}
+		return bound * (1 + 1e-6)
+	}
+	return 0
+}
+
 // A packed matmul (tiles of rows dequantized per thread) equals the float
 // GEMM on the matrix weights.Quantized.Dequantize gives, for row counts
 // that are not multiples of the tile, every width, permutations, stacked
 // segments of mixed widths and float rows, decode and prefill shapes, and
-// 1-3 threads, with the fused GEMV (kernels.DotQRow) for m <= 4 where the
-// weight allows it and with tiles only; both within 1e-5·max|y|.
+// 1-3 threads, with the fused GEMV for m <= 4 and with tiles only; both
+// within 1e-5·max|y|, plus, for rows that the fused GEMV runs on int8
+// activations (8 bits, act-order; q8Widths), the activation rounding
+// bound q8Bound.
 func TestPackedMatMulTiles(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	type part struct {
@@ -119,9 +155,12 @@ func TestPackedMatMulTiles(t *testing.T) {
 			full = append(full, f...)
 		}
 		p.setFused()
+		// 1-4 bits in natural order run fused on the float kernels or
+		// int8 activations, 8 bits and act-order where the width runs
+		// on int8 activations (q8Widths).
 		wantFused := true
-		for _, pt := range c.parts {
-			wantFused = wantFused && (pt.float || (pt.bits <= 4 && !pt.perm))
+		for _, s := range p.segs {
+			wantFused = wantFused && (s.q == nil || (s.q.Bits <= 4 && s.q.Perm == nil) || s.q8())
 		}
 		if p.fused != wantFused {
 			t.Errorf("case %d: fused %v, want %v", ci, p.fused, wantFused)
@@ -151,15 +190,15 @@ func TestPackedMatMulTiles(t *testing.T) {
 					cm.matMul(m, n, k, x, k, &linear{p: p}, got, n)
 					cm.pool.Close()
 					qFusedMaxM = old
-					var diff float64
 					for i := range got {
-						d := math.Abs(float64(got[i] - want[i]))
-						if !(d <= diff) {
-							diff = d
+						bound := 1e-5 * mx
+						if p.q8 || fusedMaxM > 0 {
+							bound += q8Bound(p, x[i/n*k:(i/n+1)*k], full, i%n)
 						}
-					}
-					if !(diff <= 1e-5*mx) {
-						t.Errorf("case %d (n %d, k %d) m %d threads %d fused m<=%d: max diff %g, bound %g", ci, n, k, m, th, fusedMaxM, diff, 1e-5*mx)
+						if d := math.Abs(float64(got[i] - want[i])); !(d <= bound) {
+							t.Errorf("case %d (n %d, k %d) m %d threads %d fused m<=%d: y[%d, %d] = %g, want %g: diff %g > bound %g", ci, n, k, m, th, fusedMaxM, i/n, i%n, got[i], want[i], d, bound)
+							break
+						}
 					}
 				}
 			}

@@ -56,16 +56,21 @@ func TestPackedSharedExpertsMatchDequantized(t *testing.T) {
 	for _, th := range []int{1, 3} {
 		pm, dm := loadQ(t, out, th, false), loadQ(t, out, th, true)
 		a, b := runLogits(t, pm, ids, 33), runLogits(t, dm, ids, 33)
-		var diff, mx float64
+		var diff, mx, prefillDiff float64
 		for i := range a {
 			diff = math.Max(diff, math.Abs(float64(a[i]-b[i])))
 			mx = math.Max(mx, math.Abs(float64(b[i])))
+			if i < 33*synthmoe.Vocab {
+				prefillDiff = diff
+			}
 		}
 		pb, db := runtime.LinearWeightBytes(pm), runtime.LinearWeightBytes(dm)
 		t.Logf("threads %d: max|logit diff| %.3g (max|logit| %.3g); linear weights %d bytes packed, %d dequantized, %d saved by the report",
 			th, diff, mx, pb, db, saved)
-		if !(mx > 0) || diff > 1e-5*mx {
-			t.Errorf("threads %d: packed logits differ from dequantized by %g (bound %g)", th, diff, 1e-5*mx)
+		// The act-order weights run on int8 activations for prefill and
+		// decode alike (q8LogitTol).
+		if !(mx > 0) || prefillDiff > q8LogitTol*mx || diff > q8LogitTol*mx {
+			t.Errorf("threads %d: packed logits differ from dequantized by %g in prefill, %g overall (bound %g)", th, prefillDiff, diff, q8LogitTol*mx)
 		}
 		if db-pb != saved {
 			t.Errorf("threads %d: packing saves %d bytes, want %d (a quantized weight is not packed)", th, db-pb, saved)

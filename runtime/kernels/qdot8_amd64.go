@@ -1,0 +1,39 @@
+//go:build !purego
+
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// hasVNNI reports whether the CPU and OS support the AVX-512 VNNI
+// instructions on 256-bit registers (AVX512VNNI with AVX512VL) that
+// dotQ8x8VNNI and dotQ8x4VNNI use.
+var hasVNNI = cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL && hasAsm
+
+// Integer dot kernels of DotQ8Rows (qdot8_amd64.s): y[r] = Σ_g s_g·Σ_b
+// (xs_b·Σ c·q − (z_g − zoff)·xsum_b) over ng groups of bpg blocks of 32
+// codes, for rows consecutive packed rows against one activation row
+// (zoff: the 8-bit AVX2 kernel only).
+
+//go:noescape
+func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x1AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x1VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)

@@ -1,0 +1,84 @@
+package kernels
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
+)
+
+// BenchmarkQ8GEMV is one decode GEMV y = x·Wᵀ of a packed W at the
+// synthetic model's shapes (benchShapes), one thread, asymmetric group
+// 32, for every stored width and m = 1 and 4 activation rows: "int8"
+// quantises x once (QuantizeActQ8) and runs DotQ8Matrix over W;
+// "float" runs the float fused kernels per row of W and row of x
+// (DotU4RowIL on x interleaved once for 4 bits, DotQRow for 1-3 bits; for
+// 8 bits, which have no fused float kernel, DequantBitsRow's Go loop into
+// a row buffer and Dot, the shape of the runtime's 8-bit tile path). It
+// reports GB/s of packed weight bytes (codes, scales, zero-points) read
+// per GEMV and rows of W per second.
+func BenchmarkQ8GEMV(b *testing.B) {
+	const group = 32
+	for _, bits := range []int{8, 4, 3, 2, 1} {
+		for _, s := range benchShapes {
+			for _, m := range []int{1, 4} {
+				for _, path := range []string{"int8", "float"} {
+					b.Run(fmt.Sprintf("bits=%d/%s/n=%d/k=%d/m=%d/%s", bits, s.name, s.n, s.k, m, path), func(b *testing.B) {
+						r := newRand(uint64(7 + bits))
+						rb := (s.k*bits + 7) / 8
+						ng := s.k / group
+						codes := make([]byte, s.n*rb)
+						for i := range codes {
+							codes[i] = byte(r.IntN(256))
+						}
+						scales, zeros := make([]uint16, s.n*ng), make([]uint16, s.n*ng)
+						for i := range scales {
+							scales[i] = safetensors.F16FromFloat32(0.01 + 0.01*r.Float32())
+							zeros[i] = safetensors.F16FromFloat32(float32(r.IntN(1 << uint(bits))))
+						}
+						x := randSlice(r, m*s.k)
+						y := make([]float32, m*s.n)
+						xi := make([]float32, s.k)
+						row := make([]float32, s.k)
+						zsym := float32(int(1) << uint(bits-1))
+						var a Q8Act
+						for b.Loop() {
+							if path == "int8" {
+								QuantizeActQ8(&a, x, s.k, m, s.k, ActBlock(group))
+								a.Prepare(bits)
+								DotQ8Matrix(y, s.n, &a, codes, rb, s.n, bits, scales, zeros, group, zsym)
+								continue
+							}
+							for i := 0; i < m; i++ {
+								xr := x[i*s.k : (i+1)*s.k]
+								if bits == 4 {
+									InterleaveU4(xi, xr)
+								}
+								for n := 0; n < s.n; n++ {
+									src, sc, zs := codes[n*rb:], scales[n*ng:(n+1)*ng], zeros[n*ng:(n+1)*ng]
+									switch bits {
+									case 8:
+										for g := 0; g < ng; g++ {
+											sg, zg := f16ToF32(sc[g]), f16ToF32(zs[g])
+											for j := g * group; j < (g+1)*group; j++ {
+												row[j] = (float32(src[j]) - zg) * sg
+											}
+										}
+										y[i*s.n+n] = Dot(xr, row)
+									case 4:
+										y[i*s.n+n] = DotU4RowIL(xi, src, sc, zs, group, zsym)
+									default:
+										y[i*s.n+n] = DotQRow(xr, src, bits, sc, zs, group, zsym)
+									}
+								}
+							}
+						}
+						per := float64(len(codes) + 2*len(scales) + 2*len(zeros))
+						b.ReportMetric(per*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+						b.ReportMetric(float64(s.n*b.N)/b.Elapsed().Seconds(), "rows/s")
+					})
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,37 @@
+//go:build !amd64 || purego
+
+package kernels
+
+var hasVNNI = false
+
+func dotQ8x8AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x8VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x1AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x1VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}

@@ -1,0 +1,186 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lmpack/lmpack/formats/safetensors"
+)
+
+// QuantizeActQ8 keeps every value within half a block scale, uses the
+// full int8 range [−127, 127] in every non-zero block, and stores
+// Sum = S·ΣQ; an all-zero block gets S = 0 and Q = 0.
+func TestQuantizeActQ8(t *testing.T) {
+	rng := rand.New(rand.NewPCG(81, 82))
+	for _, c := range []struct{ m, k, block, ldx int }{{1, 32, 32, 32}, {7, 96, 32, 100}, {3, 30, 10, 30}, {2, 640, 640, 641}} {
+		x := make([]float32, (c.m-1)*c.ldx+c.k)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64() * 3)
+		}
+		clear(x[:c.block]) // one all-zero block
+		var a Q8Act
+		QuantizeActQ8(&a, x, c.ldx, c.m, c.k, c.block)
+		nb := c.k / c.block
+		for i := 0; i < c.m; i++ {
+			for b := 0; b < nb; b++ {
+				s := float64(a.S[i*nb+b])
+				var sum, mq int
+				for j := b * c.block; j < (b+1)*c.block; j++ {
+					q := int(a.Q[i*c.k+j])
+					xv := float64(x[i*c.ldx+j])
+					if q < -127 || q > 127 || math.Abs(xv-s*float64(q)) > s/2*(1+1e-6) {
+						t.Fatalf("%+v row %d col %d: x %g, S %g, Q %d: |x − S·Q| > S/2", c, i, j, xv, s, q)
+					}
+					sum += q
+					mq = max(mq, q, -q)
+				}
+				if i == 0 && b == 0 {
+					if s != 0 || mq != 0 {
+						t.Errorf("%+v: all-zero block has S %g, max|Q| %d", c, s, mq)
+					}
+					continue
+				}
+				if mq != 127 {
+					t.Errorf("%+v row %d block %d: max|Q| %d, want 127", c, i, b, mq)
+				}
+				if got, want := a.Sum[i*nb+b], float32(s)*float32(sum); got != want {
+					t.Errorf("%+v row %d block %d: Sum %g, want %g", c, i, b, got, want)
+				}
+			}
+		}
+	}
+}
+
+// codeAt decodes code j of an LSB-first bit stream bit by bit.
+func codeAt(src []byte, bits, j int) float64 {
+	var v int
+	for i := 0; i < bits; i++ {
+		p := j*bits + i
+		v |= int(src[p>>3]>>uint(p&7)&1) << uint(i)
+	}
+	return float64(v)
+}
+
+// DotQ8Rows and DotQ8Matrix (the AVX2 and VNNI kernels for 8-, 4-, 2- and
+// 1-bit blocks of 32, and
+// the Go loop for every width and block) agrees, for every activation row
+// of 1-, 3- and 7-row batches and each of 7 weight rows:
+//   - with the float64 sum Σ_j s_g·(c_j − z_g)·S_b·Q_j on the quantised
+//     activations to (k/block + 16)·2^−23 of Σ_j |s_g|·(c_j + |z_g|)·S_b·|Q_j|
+//     (float32 scaling and accumulation only: the block sums are exact);
+//   - with the float64 dot product of the dequantised row with x itself to
+//     that plus the activation rounding bound Σ_j |s_g·(c_j − z_g)|·S_b/2;
+//
+// for 1, 2, 3, 4 and 8 bits, groups 32, 64, 128 and per channel, groups
+// of 8, 10 and 16 (activation block = group, so k is not a multiple of
+// 32 and the Go loop runs), symmetric and asymmetric grids (1 bit:
+// fractional zero-points).
+func TestDotQ8Rows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(83, 84))
+	type path struct {
+		name      string
+		asm, vnni bool
+	}
+	paths := []path{{"go", false, false}}
+	if hasAsm && hasF16C {
+		paths = append(paths, path{"avx2", true, false})
+		if hasVNNI {
+			paths = append(paths, path{"vnni", true, true})
+		}
+	}
+	t.Logf("paths: %v", paths)
+	defer func(a, v bool) { useAsm, hasVNNI = a, v }(useAsm, hasVNNI)
+	for _, bits := range []int{1, 2, 3, 4, 8} {
+		for _, c := range []struct{ k, group int }{{32, 32}, {256, 32}, {1024, 64}, {384, 128}, {640, 640}, {1408, 1408}, {96, 8}, {30, 10}, {48, 16}} {
+			const rows = 7
+			rb := (c.k*bits + 7) / 8
+			ng := c.k / c.group
+			codes := make([]byte, rows*rb)
+			for i := range codes {
+				codes[i] = byte(rng.IntN(256))
+			}
+			if pad := c.k * bits % 8; pad != 0 { // unused high bits are zero
+				for r := 0; r < rows; r++ {
+					codes[(r+1)*rb-1] &= byte(1)<<uint(pad) - 1
+				}
+			}
+			scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
+			for g := range scales {
+				scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
+				z := float32(rng.IntN(1 << uint(bits)))
+				if bits == 1 {
+					z = float32(rng.NormFloat64())
+				}
+				zeros[g] = safetensors.F16FromFloat32(z)
+			}
+			block := ActBlock(c.group)
+			for _, m := range []int{1, 3, 7} {
+				x := make([]float32, m*c.k)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				var a Q8Act
+				QuantizeActQ8(&a, x, c.k, m, c.k, block)
+				a.Prepare(bits)
+				zsym := float32(int(1) << uint(bits-1))
+				for _, sym := range []bool{false, true} {
+					for _, p := range paths {
+						useAsm, hasVNNI = p.asm, p.vnni
+						label := fmt.Sprintf("%s bits %d k %d group %d m %d sym %v", p.name, bits, c.k, c.group, m, sym)
+						y := make([]float32, m*rows)
+						for r := 0; r < rows; r++ {
+							var zs []uint16
+							if !sym {
+								zs = zeros[r*ng : (r+1)*ng]
+							}
+							DotQ8Rows(y[r:], rows, &a, codes[r*rb:(r+1)*rb:(r+1)*rb], bits, scales[r*ng:(r+1)*ng], zs, c.group, zsym)
+						}
+						// The whole matrix at once: the same kernels, so
+						// the same values bit for bit.
+						ym := make([]float32, m*rows)
+						var zm []uint16
+						if !sym {
+							zm = zeros
+						}
+						DotQ8Matrix(ym, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+						for i := range ym {
+							if ym[i] != y[i] {
+								t.Errorf("%s: DotQ8Matrix y[%d] = %g, DotQ8Rows %g", label, i, ym[i], y[i])
+								break
+							}
+						}
+						for i := 0; i < m; i++ {
+							for r := 0; r < rows; r++ {
+								var refQ, refX, absQ, actBound float64
+								for j := 0; j < c.k; j++ {
+									g, b := j/c.group, j/block
+									s := float64(safetensors.F16ToFloat32(scales[r*ng+g]))
+									z := float64(zsym)
+									if !sym {
+										z = float64(safetensors.F16ToFloat32(zeros[r*ng+g]))
+									}
+									cj := codeAt(codes[r*rb:], bits, j)
+									S, q := float64(a.S[i*(c.k/block)+b]), float64(a.Q[i*c.k+j])
+									refQ += s * (cj - z) * S * q
+									refX += s * (cj - z) * float64(x[i*c.k+j])
+									absQ += math.Abs(s) * (cj + math.Abs(z)) * S * math.Abs(q)
+									actBound += math.Abs(s*(cj-z)) * S / 2
+								}
+								got := float64(y[i*rows+r])
+								tol := float64(c.k/block+16) * 0x1p-23 * absQ
+								if e := math.Abs(got - refQ); !(e <= tol) {
+									t.Errorf("%s row %d/%d: %g, quantised-activation reference %g: error %.3g > %.3g", label, i, r, got, refQ, e, tol)
+								}
+								if e := math.Abs(got - refX); !(e <= tol+actBound*(1+1e-6)) {
+									t.Errorf("%s row %d/%d: %g, float64 reference %g: error %.3g > bound %.3g", label, i, r, got, refX, e, tol+actBound)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
