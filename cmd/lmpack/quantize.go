@@ -277,7 +277,7 @@ func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 func writeKVReport(cmd *cobra.Command, opt oscar.KVOptions, s *oscar.KVSummary) error {
 	var b strings.Builder
 	if s.PerLayer == nil {
-		fmt.Fprintf(&b, "wrote %s: %s rotations for %d layers, clip_k %g, clip_v %g (2-bit sides)\n", s.Path, opt.Method, s.Layers, opt.ClipK, opt.ClipV)
+		fmt.Fprintf(&b, "wrote %s: %s rotations for %d layers, clip_k %g, clip_v %g\n", s.Path, opt.Method, s.Layers, opt.ClipK, opt.ClipV)
 		_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
 		return err
 	}

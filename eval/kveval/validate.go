@@ -36,7 +36,7 @@ func (opt *Options) Validate() error {
 		}
 		seen[m] = true
 	}
-	rot := seen["oscar2"] || seen["oscar4"]
+	rot := seen["oscar2"] || seen["oscar4"] || seen["oscar-mixed"]
 	switch {
 	case rot && opt.Rotations == "":
 		return field.New("Rotations", nil, "an OSCAR rotation file for oscar2/oscar4 in {Methods} (lmpack calibrate, then lmpack quantize kv)")

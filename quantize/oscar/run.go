@@ -11,7 +11,6 @@ import (
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/model"
-	"github.com/lmpack/lmpack/quantize/alloc"
 )
 
 // KVOptions configures QuantizeKV.
@@ -275,44 +274,22 @@ func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Cal
 	if opt.KVBits <= 0 {
 		return nil
 	}
-	S := opt.ServingCtx
-	if S == 0 {
-		S = DefaultServingCtx
-	}
-	var items []alloc.Item
-	var params []int64
-	s.UniformError, s.UniformBitsPerElement = map[string]float64{}, map[string]float64{}
-	uniCost := make([]int64, len(Widths))
+	wl := make([]WidthLayer, L)
 	for l, dl := range desc.Layers {
-		for side, name := range []string{"k", "v"} {
-			it := alloc.Item{Name: fmt.Sprintf("layer %d %s", l, name), Group: -1}
-			for wi, bits := range Widths {
-				c := sideCost(dl.NumKVHeads, dl.HeadDim, bits, S, opt.Sink, opt.Recent)
-				it.Options = append(it.Options, alloc.Option{Bits: float64(bits), Cost: c, Error: errAt[l][side][wi]})
-				uniCost[wi] += c
-				s.UniformError[fmt.Sprint(bits)] += errAt[l][side][wi]
-			}
-			items = append(items, it)
-			params = append(params, int64(S)*int64(dl.NumKVHeads*dl.HeadDim))
-		}
+		wl[l] = WidthLayer{NumKVHeads: dl.NumKVHeads, HeadDim: dl.HeadDim, ErrK: errAt[l][0], ErrV: errAt[l][1]}
 	}
-	budget := alloc.BudgetForBPW(params, opt.KVBits)
-	plan, err := alloc.SolveDP(items, budget, alloc.DPOptions{})
+	p, err := ChooseWidths(wl, opt.KVBits, opt.ServingCtx, opt.Sink, opt.Recent)
 	if err != nil {
-		return fmt.Errorf("oscar: --kv-bits %g at serving context %d (windows %d,%d): %w", opt.KVBits, S, opt.Sink, opt.Recent, err)
-	}
-	for wi, bits := range Widths {
-		s.UniformBitsPerElement[fmt.Sprint(bits)] = float64(uniCost[wi]) / float64(sum(params))
+		return err
 	}
 	for l := 0; l < L; l++ {
-		bk, bv := Widths[plan.Choice[2*l]], Widths[plan.Choice[2*l+1]]
-		h.BitsK, h.BitsV = append(h.BitsK, bk), append(h.BitsV, bv)
-		s.PerLayer[l].K.Bits, s.PerLayer[l].V.Bits = bk, bv
+		s.PerLayer[l].K.Bits, s.PerLayer[l].V.Bits = p.BitsK[l], p.BitsV[l]
 	}
-	h.KVBits, h.KVServingCtx, h.KVSink, h.KVRecent = opt.KVBits, S, opt.Sink, opt.Recent
-	s.KVBits, s.ServingCtx, s.Sink, s.Recent = opt.KVBits, S, opt.Sink, opt.Recent
-	s.BitsPerElement = plan.BitsPerWeight(params)
-	s.PredictedError = plan.Error
+	h.BitsK, h.BitsV = p.BitsK, p.BitsV
+	h.KVBits, h.KVServingCtx, h.KVSink, h.KVRecent = opt.KVBits, p.ServingCtx, opt.Sink, opt.Recent
+	s.KVBits, s.ServingCtx, s.Sink, s.Recent = opt.KVBits, p.ServingCtx, opt.Sink, opt.Recent
+	s.BitsPerElement, s.PredictedError = p.BitsPerElement, p.Error
+	s.UniformError, s.UniformBitsPerElement = p.UniformError, p.UniformBitsPerElement
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/lmpack/lmpack/quantize/alloc"
 	"github.com/lmpack/lmpack/quantize/kvq"
 	lmrt "github.com/lmpack/lmpack/runtime"
 )
@@ -306,4 +307,76 @@ func sideCost(nkv, hd, bits, S, sink, recent int) int64 {
 	win := min(S, sink+recent)
 	nq := int64(S - win)
 	return nq*int64(nkv)*int64(hd*bits+32) + int64(win)*int64(nkv*hd)*16
+}
+
+// WidthLayer is one layer of ChooseWidths: its num_key_value_heads and
+// head_dim, and the error of its K and V side at each width of Widths
+// (any non-negative unit, the same for every layer; QuantizeKV's measured
+// attention-output errors).
+type WidthLayer struct {
+	NumKVHeads, HeadDim int
+	ErrK, ErrV          [3]float64
+}
+
+// WidthPlan is ChooseWidths' result: the widths per layer, the cost and
+// budget in bits at ServingCtx tokens, the achieved average bits per
+// element (Cost / (2·ServingCtx·Σ kvDim), windows included), the summed
+// error, and the same for every layer at one width (keys "2", "4", "8").
+type WidthPlan struct {
+	BitsK, BitsV          []int
+	ServingCtx            int
+	Cost, Budget          int64
+	BitsPerElement, Error float64
+	UniformError          map[string]float64
+	UniformBitsPerElement map[string]float64
+}
+
+// ChooseWidths gives every layer's K and V a width of Widths minimising
+// the summed error with the average bits per element at servingCtx tokens
+// (0: DefaultServingCtx) at most kvBits, by exact DP (alloc.SolveDP) over
+// the 2·layers items (layer × {K, V}). An item's cost is sideCost: the
+// quantized tokens (servingCtx − sink − recent) at bits + 32/head_dim
+// bits per element (asymmetric codes per (token, head) row, fp16 scale
+// and zero), plus the fp16 windows at 16 bits, the same at every width
+// (fixed window bytes amortised over servingCtx). The budget is
+// ⌊kvBits · 2 · servingCtx · Σ kvDim⌋ bits (alloc.BudgetForBPW).
+//
+// Errors: alloc's ErrInvalid (no layers, NaN or negative errors) and
+// ErrInfeasible (kvBits below the all-2-bit cost), wrapped with the
+// budget.
+func ChooseWidths(layers []WidthLayer, kvBits float64, servingCtx, sink, recent int) (*WidthPlan, error) {
+	S := servingCtx
+	if S == 0 {
+		S = DefaultServingCtx
+	}
+	p := &WidthPlan{ServingCtx: S, UniformError: map[string]float64{}, UniformBitsPerElement: map[string]float64{}}
+	var items []alloc.Item
+	var params []int64
+	uniCost := make([]int64, len(Widths))
+	for l, ly := range layers {
+		for side, e := range [2][3]float64{ly.ErrK, ly.ErrV} {
+			it := alloc.Item{Name: fmt.Sprintf("layer %d %s", l, [2]string{"k", "v"}[side]), Group: -1}
+			for wi, bits := range Widths {
+				c := sideCost(ly.NumKVHeads, ly.HeadDim, bits, S, sink, recent)
+				it.Options = append(it.Options, alloc.Option{Bits: float64(bits), Cost: c, Error: e[wi]})
+				uniCost[wi] += c
+				p.UniformError[fmt.Sprint(bits)] += e[wi]
+			}
+			items = append(items, it)
+			params = append(params, int64(S)*int64(ly.NumKVHeads*ly.HeadDim))
+		}
+	}
+	p.Budget = alloc.BudgetForBPW(params, kvBits)
+	plan, err := alloc.SolveDP(items, p.Budget, alloc.DPOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("oscar: --kv-bits %g (%d bits) at serving context %d, windows %d,%d: %w", kvBits, p.Budget, S, sink, recent, err)
+	}
+	for wi, bits := range Widths {
+		p.UniformBitsPerElement[fmt.Sprint(bits)] = float64(uniCost[wi]) / float64(sum(params))
+	}
+	for l := range layers {
+		p.BitsK, p.BitsV = append(p.BitsK, Widths[plan.Choice[2*l]]), append(p.BitsV, Widths[plan.Choice[2*l+1]])
+	}
+	p.Cost, p.Error, p.BitsPerElement = plan.Cost, plan.Error, plan.BitsPerWeight(params)
+	return p, nil
 }
