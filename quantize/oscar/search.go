@@ -27,9 +27,8 @@ const DefaultServingCtx = 32768
 // capture is the QKV observer of the search: per window, per layer, the
 // post-RoPE q ([T, num_heads*head_dim]), k and v ([T, kvDim]) float32.
 type capture struct {
-	win      int
-	q, k, v  [][][]float32 // [window][layer]
-	nWindows int
+	win     int
+	q, k, v [][][]float32 // [window][layer]
 }
 
 // QKV implements runtime.QKVObserver.
@@ -54,19 +53,20 @@ type errTable struct {
 }
 
 // attnWindows gives the served semantics of the measurement: a query at
-// position t reads its own key and value fresh (float32), keys j < sink
-// and j > t − recent from the fp16 windows (taken as exact), and the
-// others quantized.
+// position t (decoding, the cache holding positions [0, t)) reads its own
+// key and value fresh (float32), keys j < sink and the newest recent
+// ones (t − recent ≤ j < t) from the fp16 windows (taken as exact), and
+// the others quantized.
 type attnWindows struct{ sink, recent int }
 
-func (w attnWindows) quantized(j, t int) bool { return j < t && j >= w.sink && j <= t-max(w.recent, 1) }
+func (w attnWindows) quantized(j, t int) bool { return j >= w.sink && j < t-w.recent }
 
-// fakeQuant returns x ([T, kvDim], nkv heads of hd) quantized as
+// fakeQuant returns x ([T, kvDim], heads of hd) quantized as
 // oscar's store does one side: per (token, head) row x·R, clipped at
 // ratio (kvq.Clip, ratio < 1), asymmetric min-max at bits with fp16 scale
 // and zero (kvq), dequantized and un-rotated (·Rᵀ), in float64 for the
 // rotation.
-func fakeQuant(x []float32, nkv, hd int, r []float32, ratio float64, bits int) []float32 {
+func fakeQuant(x []float32, hd int, r []float32, ratio float64, bits int) []float32 {
 	out := make([]float32, len(x))
 	y := make([]float32, hd)
 	codes := make([]byte, kvq.PackedLen(hd, bits))
@@ -95,7 +95,6 @@ func fakeQuant(x []float32, nkv, hd int, r []float32, ratio float64, bits int) [
 			o[i] = float32(s)
 		}
 	}
-	_ = nkv
 	return out
 }
 
@@ -183,9 +182,9 @@ func measure(ld *layerData, rk, rv []float32, clips [2][][]float64, w attnWindow
 				for win := range ld.k {
 					kq, vq := ld.k[win], ld.v[win]
 					if side == 0 {
-						kq = fakeQuant(ld.k[win], ld.nkv, ld.hd, r, ratio, bits)
+						kq = fakeQuant(ld.k[win], ld.hd, r, ratio, bits)
 					} else {
-						vq = fakeQuant(ld.v[win], ld.nkv, ld.hd, r, ratio, bits)
+						vq = fakeQuant(ld.v[win], ld.hd, r, ratio, bits)
 					}
 					s += attnError(ld, win, kq, vq, w)
 				}
@@ -224,7 +223,7 @@ func measureAll(ctx context.Context, m lmrt.Model, windows [][]int, maxTokens in
 		wins = append(wins, win)
 		n += len(win)
 	}
-	c := &capture{nWindows: len(wins)}
+	c := &capture{}
 	for range wins {
 		c.q, c.k, c.v = append(c.q, make([][]float32, L)), append(c.k, make([][]float32, L)), append(c.v, make([][]float32, L))
 	}

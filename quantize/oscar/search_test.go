@@ -122,8 +122,8 @@ func TestFakeQuantMatchesCache(t *testing.T) {
 		}
 		c.Write(l, 0, T, k, v)
 		c.Commit(0)
-		wk := fakeQuant(k, nkv, hd, rot.K[l], clip[rot.BitsK[l]][0], rot.BitsK[l])
-		wv := fakeQuant(v, nkv, hd, rot.V[l], clip[rot.BitsV[l]][1], rot.BitsV[l])
+		wk := fakeQuant(k, hd, rot.K[l], clip[rot.BitsK[l]][0], rot.BitsK[l])
+		wv := fakeQuant(v, hd, rot.V[l], clip[rot.BitsV[l]][1], rot.BitsV[l])
 		gk, gv := make([]float32, T*hd), make([]float32, T*hd)
 		for h := 0; h < nkv; h++ {
 			c.Read(l, h, T, gk, gv)
@@ -204,3 +204,34 @@ func TestQuantizeKVSearch(t *testing.T) {
 		t.Errorf("without the search and without 4-/8-bit ratios the file holds %v %v", h1.ClipK4, h1.ClipV8)
 	}
 }
+
+// The measurement's windows are the cache's: a query at position t reads
+// key j quantized exactly when oscar2 holding t tokens has j in
+// [sink, QuantizedEnd).
+func TestAttnWindowsMatchCache(t *testing.T) {
+	layers := []kvcache.Layer{{NumKVHeads: 1, HeadDim: 8}}
+	h := make([]float32, 64)
+	for j, x := range kvq.HadamardMatrix(8) {
+		h[j] = float32(x)
+	}
+	for _, w := range []attnWindows{{0, 0}, {2, 3}, {0, 5}, {4, 0}} {
+		c, err := kvcache.New("oscar2", layers, 40, kvcache.Options{Sink: w.sink, Recent: w.recent, Rotations: &kvcache.Rotations{K: [][]float32{h}, V: [][]float32{h}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := make([]float32, 8)
+		for tok := 0; tok < 40; tok++ {
+			q := c.(lmrtQuantizedKV).QuantizedEnd(0, tok)
+			for j := 0; j < tok; j++ {
+				if got, want := w.quantized(j, tok), j >= w.sink && j < q; got != want {
+					t.Errorf("windows %+v, query %d, key %d: quantized %v, cache %v (watermark %d)", w, tok, j, got, want, q)
+				}
+			}
+			c.Write(0, tok, 1, x, x)
+			c.Commit(1)
+		}
+	}
+}
+
+// lmrtQuantizedKV is runtime.QuantizedKV's method.
+type lmrtQuantizedKV interface{ QuantizedEnd(layer, n int) int }
