@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzManifest$$' -fuzztime $(FUZZTIME) ./pack/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRecipe$$' -fuzztime $(FUZZTIME) ./compress/
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./formats/gguf/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFile$$' -fuzztime $(FUZZTIME) ./quantize/oscar/
 
 # Compile every embedded CUDA kernel through NVRTC for sm_80 and sm_90 and
 # print the PTX sizes and register counts (no GPU needed; CI runs this).

@@ -71,9 +71,12 @@ func semRotations(layers []kvcache.Layer) *kvcache.Rotations {
 		return out
 	}
 	r := &kvcache.Rotations{}
-	for _, l := range layers {
+	for i, l := range layers {
 		r.K, r.V = append(r.K, orth(l.HeadDim)), append(r.V, orth(l.HeadDim))
 		r.ClipK, r.ClipV = append(r.ClipK, 0.96), append(r.ClipV, 0.92)
+		// oscar-mixed: every width in {2, 4, 8} on some layer and side.
+		r.BitsK = append(r.BitsK, kvcache.MixedWidths[i%len(kvcache.MixedWidths)])
+		r.BitsV = append(r.BitsV, kvcache.MixedWidths[(i+1)%len(kvcache.MixedWidths)])
 	}
 	return r
 }

@@ -30,7 +30,8 @@ type FromOptions struct {
 	KVRotations string
 	// KVCache is the runtime/kvcache method run and eval build for the
 	// artifact (Manifest.KV.Cache); empty means "oscar2" when KVRotations
-	// is set and no KV scheme (float32 cache) otherwise.
+	// is set ("oscar-mixed" when the file has per-layer widths) and no KV
+	// scheme (float32 cache) otherwise.
 	KVCache string
 	// KVSink and KVRecent are the fp16 windows in tokens
 	// (kvcache.Options), recorded with KVCache.
@@ -204,6 +205,13 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 		kv := m.KV
 		kv.Method, kv.ModelFingerprint, kv.CalibrationFingerprint = h.Method, h.ModelFingerprint, h.CalibrationFingerprint
 		kv.ClipK, kv.ClipV = rot.ClipK, rot.ClipV
+		kv.ClipK4, kv.ClipV4, kv.ClipK8, kv.ClipV8 = rot.ClipK4, rot.ClipV4, rot.ClipK8, rot.ClipV8
+		kv.BitsK, kv.BitsV = rot.BitsK, rot.BitsV
+		// A rotation file with per-layer widths (quantize kv --kv-bits)
+		// runs as oscar-mixed unless a cache is named.
+		if opt.KVCache == "" && rot.BitsK != nil {
+			kv.Cache = "oscar-mixed"
+		}
 		kr := kvcache.Rotations(*rot)
 		kvOpt.Rotations = &kr
 		m.Provenance.CalibrationFingerprint = h.CalibrationFingerprint

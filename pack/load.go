@@ -262,9 +262,10 @@ func (r *Reader) TensorInfos() []safetensors.TensorInfo {
 //
 // Errors (ErrFormat, wrapped, naming the artifact and the layer or
 // tensor): a scheme without a cache method; rotations for a method that
-// does not take them (only oscar2 and oscar4 do, kvcache.Options) or none
-// for one that needs them; rotations out of layer order, or not one per
-// layer of the manifest model; clip ratios without rotations; a rotation
+// does not take them (only oscar2, oscar4 and oscar-mixed do,
+// kvcache.NeedsRotations) or none for one that needs them; rotations out
+// of layer order, or not one per layer of the manifest model; clip ratios
+// or per-layer widths without rotations; a rotation
 // tensor that is not F32 [head_dim, head_dim] for its layer; and the
 // Tensor errors (a missing tensor, ErrChecksum).
 func (r *Reader) KVCache() (string, kvcache.Options, error) {
@@ -279,14 +280,17 @@ func (r *Reader) KVCache() (string, kvcache.Options, error) {
 		return bad("no cache method (want one of %s)", strings.Join(kvcache.Methods(), ", "))
 	}
 	opt := kvcache.Options{Sink: kv.Sink, Recent: kv.Recent}
-	takesRot := kv.Cache == "oscar2" || kv.Cache == "oscar4"
+	takesRot := kvcache.NeedsRotations(kv.Cache)
+	clips := len(kv.ClipK) > 0 || len(kv.ClipV) > 0 || len(kv.ClipK4) > 0 || len(kv.ClipV4) > 0 || len(kv.ClipK8) > 0 || len(kv.ClipV8) > 0
 	switch {
 	case len(kv.Rotations) > 0 && !takesRot:
-		return bad("cache %q does not take rotations, yet the manifest lists %d (only oscar2 and oscar4 use them)", kv.Cache, len(kv.Rotations))
+		return bad("cache %q does not take rotations, yet the manifest lists %d (only oscar2, oscar4 and oscar-mixed use them)", kv.Cache, len(kv.Rotations))
 	case len(kv.Rotations) == 0 && takesRot:
 		return bad("cache %q needs per-layer rotations; the manifest lists none", kv.Cache)
-	case len(kv.Rotations) == 0 && (len(kv.ClipK) > 0 || len(kv.ClipV) > 0):
+	case len(kv.Rotations) == 0 && clips:
 		return bad("clip ratios without rotations (cache %q would ignore them)", kv.Cache)
+	case len(kv.Rotations) == 0 && (len(kv.BitsK) > 0 || len(kv.BitsV) > 0):
+		return bad("per-layer widths bits_k/bits_v without rotations (cache %q would ignore them)", kv.Cache)
 	case len(kv.Rotations) == 0:
 		return kv.Cache, opt, nil
 	}
@@ -294,7 +298,9 @@ func (r *Reader) KVCache() (string, kvcache.Options, error) {
 	if len(kv.Rotations) != len(layers) {
 		return bad("%d rotation pairs for %d layers, want one per layer", len(kv.Rotations), len(layers))
 	}
-	rot := &kvcache.Rotations{ClipK: slices.Clone(kv.ClipK), ClipV: slices.Clone(kv.ClipV)}
+	rot := &kvcache.Rotations{ClipK: slices.Clone(kv.ClipK), ClipV: slices.Clone(kv.ClipV),
+		ClipK4: slices.Clone(kv.ClipK4), ClipV4: slices.Clone(kv.ClipV4), ClipK8: slices.Clone(kv.ClipK8), ClipV8: slices.Clone(kv.ClipV8),
+		BitsK: slices.Clone(kv.BitsK), BitsV: slices.Clone(kv.BitsV)}
 	for i, e := range kv.Rotations {
 		if e.Layer != i {
 			return bad("rotation entry %d is for layer %d, want layer %d (entries in layer order)", i, e.Layer, i)

@@ -128,7 +128,10 @@ type FileEntry struct {
 // ("oscar") when Rotations are present, else empty. Rotations lists, per
 // layer in order 0..L-1, the sections of the key and value rotations (F32
 // [head_dim, head_dim] row-major, applied as k·R); only oscar2 and oscar4
-// take them. ClipK, ClipV are per-layer clip ratios in (0, 1]. Sink and
+// take them (and oscar-mixed). ClipK, ClipV are per-layer clip ratios in
+// (0, 1] of the 2-bit sides; ClipK4 … ClipV8 those of the 4- and 8-bit
+// sides (nil: no clipping); BitsK, BitsV the per-layer widths (2, 4 or
+// 8) of oscar-mixed (kvcache.Rotations' fields of the same names). Sink and
 // Recent are the fp16 windows in tokens (kvcache.Options; 0 = none, or
 // the method's default residual).
 type KVScheme struct {
@@ -139,6 +142,12 @@ type KVScheme struct {
 	Rotations              []KVRotations `json:"rotations,omitempty"`
 	ClipK                  []float64     `json:"clip_k,omitempty"`
 	ClipV                  []float64     `json:"clip_v,omitempty"`
+	ClipK4                 []float64     `json:"clip_k4,omitempty"`
+	ClipV4                 []float64     `json:"clip_v4,omitempty"`
+	ClipK8                 []float64     `json:"clip_k8,omitempty"`
+	ClipV8                 []float64     `json:"clip_v8,omitempty"`
+	BitsK                  []int         `json:"bits_k,omitempty"`
+	BitsV                  []int         `json:"bits_v,omitempty"`
 	Sink                   int           `json:"sink,omitempty"`
 	Recent                 int           `json:"recent,omitempty"`
 }

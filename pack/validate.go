@@ -13,7 +13,8 @@ import (
 // Validate checks opt's KV scheme without opening anything: KVSink and
 // KVRecent >= 0 and only with a KV cache (KVCache, or KVRotations, which
 // implies oscar2); KVCache one of kvcache.Methods; KVRotations given
-// exactly when the cache takes rotations (oscar2, oscar4). Model-dependent
+// exactly when the cache takes rotations (kvcache.NeedsRotations: oscar2,
+// oscar4, oscar-mixed). Model-dependent
 // limits are ValidateModel's.
 //
 // Errors: a *field.Error naming the Go field (cmd/lmpack and compress
@@ -35,7 +36,7 @@ func (opt *FromOptions) Validate() error {
 	case !slices.Contains(kvcache.Methods(), cache):
 		return field.New("KVCache", cache, "a known method: "+strings.Join(kvcache.Methods(), ", "))
 	}
-	takesRot := cache == "oscar2" || cache == "oscar4"
+	takesRot := kvcache.NeedsRotations(cache)
 	switch {
 	case takesRot && opt.KVRotations == "":
 		return field.New("KVCache", cache, "{KVRotations}: it needs a rotation file (lmpack quantize kv)")

@@ -69,17 +69,19 @@ func randOrth(rng *rand.Rand, d int) []float32 {
 }
 
 // semOptions returns kvcache options for method: the given windows and,
-// for oscar2/oscar4, random rotations with clipping that bites at
-// head_dim 8.
+// for oscar2/oscar4/oscar-mixed, random rotations with clipping that
+// bites at head_dim 8 and per-layer widths.
 func semOptions(method string, layers []kvcache.Layer, sink, recent int) kvcache.Options {
 	opt := kvcache.Options{Sink: sink, Recent: recent}
 	if strings.HasPrefix(method, "oscar") && method != "oscars2" {
 		rng := rand.New(rand.NewPCG(5, 6))
 		r := &kvcache.Rotations{}
-		for _, l := range layers {
+		for i, l := range layers {
 			r.K = append(r.K, randOrth(rng, l.HeadDim))
 			r.V = append(r.V, randOrth(rng, l.HeadDim))
 			r.ClipK, r.ClipV = append(r.ClipK, 0.8), append(r.ClipV, 0.9)
+			// oscar-mixed: every width on K and on V across the layers.
+			r.BitsK, r.BitsV = append(r.BitsK, kvcache.MixedWidths[i%3]), append(r.BitsV, kvcache.MixedWidths[(i+1)%3])
 		}
 		opt.Rotations = r
 	}

@@ -89,6 +89,12 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 		{[]string{"quantize", "kv", moe, "--calib", cal, "-o", other}, []string{cal, "calibration file is from another model", c.Header.ModelFingerprint}},
 		{[]string{"quantize", "kv", modelDir(t), "--calib", filepath.Join(modelDir(t), "model.safetensors"), "-o", other}, []string{"not an lmpack calibration file"}},
 		{[]string{"quantize", "kv", modelDir(t), "--calib", rot, "-o", other}, []string{`kind "lmpack-kv-rotation"`}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--clip-k4", "1.5", "-o", other}, []string{"--clip-k4 1.5: want 0 (no clipping) or a ratio in (0, 1]"}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "1", "-o", other}, []string{"--kv-bits 1: want 0 (uniform widths) or average bits per element in [2, 16]"}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-window", "16", "-o", other}, []string{`--kv-window "16": want SINK,RECENT`}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-serving-ctx", "64", "--kv-window", "16,64", "-o", other}, []string{"--kv-serving-ctx 64: want a context above the windows' 80 tokens"}},
+		// head_dim 8: all-2-bit sides store 6 bits per element.
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--search-tokens", "64", "-o", other}, []string{"--kv-bits 3", "infeasible"}},
 	} {
 		wantError(t, lmpack(t, nil, c.args...), c.want...)
 	}

@@ -23,20 +23,36 @@ func newQuantizeCmd(g *globalFlags) *cobra.Command {
 
 // kvFlags names oscar.KVOptions' fields as flags of quantize kv
 // (field.Rename of Validate's errors).
-var kvFlags = map[string]string{"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Method": "--method", "ClipK": "--clip-k", "ClipV": "--clip-v"}
+var kvFlags = map[string]string{"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Method": "--method", "ClipK": "--clip-k", "ClipV": "--clip-v",
+	"ClipK4": "--clip-k4", "ClipV4": "--clip-v4", "ClipK8": "--clip-k8", "ClipV8": "--clip-v8", "ClipSearch": "--clip-search",
+	"KVBits": "--kv-bits", "ServingCtx": "--kv-serving-ctx", "Sink": "--kv-window", "Recent": "--kv-window", "SearchTokens": "--search-tokens", "Threads": "--threads"}
 
 func newQuantizeKVCmd(g *globalFlags) *cobra.Command {
 	var (
 		opt    oscar.KVOptions
 		asJSON bool
+		window string
 	)
 	cmd := &cobra.Command{
-		Use:   "kv MODEL --calib CALIB -o ROT",
+		Use:   "kv MODEL --calib CALIB -o ROT [--clip-search] [--kv-bits B [--kv-serving-ctx N] [--kv-window SINK,RECENT]]",
 		Short: "KV-cache rotations for a 2-bit cache (OSCAR) from a calibration file",
 		Long: `kv computes, per layer, the OSCAR rotations of keys and values (eigenvectors of
 the calibrated covariances, a Walsh–Hadamard transform, a bit-reversal
 permutation) and writes them with the clipping ratios to a rotation file.
-CALIB must come from "lmpack calibrate" on the same MODEL.`,
+CALIB must come from "lmpack calibrate" on the same MODEL.
+
+--clip-k/--clip-v (OSCAR's 0.96/0.92) are INT2 ratios: they apply to 2-bit
+sides only; 4- and 8-bit sides clip only with --clip-k4/--clip-v4/
+--clip-k8/--clip-v8. --clip-search instead picks every layer's K and V
+ratio at each width from {1, 0.99, 0.98, 0.96, 0.94, 0.92, 0.90, 0.85} by
+the attention-output error ||softmax(qK^T)V - softmax(qK'^T)V'||^2 measured
+on CALIB's token ids (the first --search-tokens) run through MODEL, each
+query reading its own token and the --kv-window windows exact.
+
+--kv-bits B gives every layer's K and V a width in {2, 4, 8} (cache
+"oscar-mixed"), chosen by exact DP on those measured errors, so that the
+average bits per element at --kv-serving-ctx tokens (fp16 --kv-window
+windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Calib == "" {
@@ -46,6 +62,14 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 				return fmt.Errorf("-o ROT is required (the rotation file to write)")
 			}
 			if err := checkOutput("-o", opt.Out, args[0], opt.Calib); err != nil {
+				return err
+			}
+			if window != "" {
+				if n, err := fmt.Sscanf(window, "%d,%d", &opt.Sink, &opt.Recent); n != 2 || err != nil || fmt.Sprintf("%d,%d", opt.Sink, opt.Recent) != window {
+					return fmt.Errorf("--kv-window %q: want SINK,RECENT (two non-negative token counts, e.g. 16,64)", window)
+				}
+			}
+			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
 			if err := opt.Validate(); err != nil {
@@ -59,9 +83,7 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(s)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s rotations for %d layers, clip_k %g, clip_v %g\n",
-				s.Path, opt.Method, s.Layers, opt.ClipK, opt.ClipV)
-			return err
+			return writeKVReport(cmd, opt, s)
 		},
 	}
 	f := cmd.Flags()
@@ -69,6 +91,16 @@ CALIB must come from "lmpack calibrate" on the same MODEL.`,
 	f.StringVar(&opt.Method, "method", oscar.Method, "rotation method: oscar")
 	f.Float64Var(&opt.ClipK, "clip-k", oscar.DefaultClipK, "key clipping ratio in (0, 1]")
 	f.Float64Var(&opt.ClipV, "clip-v", oscar.DefaultClipV, "value clipping ratio in (0, 1]")
+	f.Float64Var(&opt.ClipK4, "clip-k4", 0, "4-bit key clipping ratio in (0, 1] (default: none)")
+	f.Float64Var(&opt.ClipV4, "clip-v4", 0, "4-bit value clipping ratio in (0, 1] (default: none)")
+	f.Float64Var(&opt.ClipK8, "clip-k8", 0, "8-bit key clipping ratio in (0, 1] (default: none)")
+	f.Float64Var(&opt.ClipV8, "clip-v8", 0, "8-bit value clipping ratio in (0, 1] (default: none)")
+	f.BoolVar(&opt.ClipSearch, "clip-search", false, "pick per-layer K and V ratios at every width by the attention-output error on CALIB")
+	f.Float64Var(&opt.KVBits, "kv-bits", 0, "per-layer K and V widths in {2,4,8} (cache oscar-mixed) within this many bits per element")
+	f.IntVar(&opt.ServingCtx, "kv-serving-ctx", oscar.DefaultServingCtx, "context in tokens at which --kv-bits counts bits per element")
+	f.StringVar(&window, "kv-window", "", "SINK,RECENT fp16 windows the cache will run with (counted in --kv-bits; read exact when measuring)")
+	f.IntVar(&opt.SearchTokens, "search-tokens", oscar.DefaultSearchTokens, "calibration tokens the error measurement runs")
+	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	f.StringVarP(&opt.Out, "output", "o", "", "rotation file to write")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -234,6 +266,57 @@ func writeWeightsReport(cmd *cobra.Command, r *wquant.Report) error {
 		if r.MoE == nil || !slices.Contains(r.MoE.Warnings, w) {
 			fmt.Fprintf(&b, "warning: %s\n", w)
 		}
+	}
+	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
+	return err
+}
+
+// writeKVReport prints quantize kv's summary: the file, and when errors
+// were measured a row per layer with the K and V ratio and error at each
+// width (and the chosen widths), then the budget and achieved bits.
+func writeKVReport(cmd *cobra.Command, opt oscar.KVOptions, s *oscar.KVSummary) error {
+	var b strings.Builder
+	if s.PerLayer == nil {
+		fmt.Fprintf(&b, "wrote %s: %s rotations for %d layers, clip_k %g, clip_v %g\n", s.Path, opt.Method, s.Layers, opt.ClipK, opt.ClipV)
+		_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
+		return err
+	}
+	how := "given ratios"
+	if s.ClipSearch {
+		how = "clip search"
+	}
+	fmt.Fprintf(&b, "wrote %s: %s rotations for %d layers; %s, attention-output error on %d calibration tokens (windows %d,%d exact)\n",
+		s.Path, opt.Method, s.Layers, how, s.SearchTokens, opt.Sink, opt.Recent)
+	fmt.Fprintf(&b, "%-5s %-4s", "layer", "side")
+	for _, w := range oscar.Widths {
+		fmt.Fprintf(&b, " %6s %11s", fmt.Sprintf("clip%d", w), fmt.Sprintf("error%d", w))
+	}
+	if s.KVBits > 0 {
+		fmt.Fprintf(&b, " %4s", "bits")
+	}
+	b.WriteString("\n")
+	for _, l := range s.PerLayer {
+		for _, sd := range []struct {
+			name string
+			r    oscar.SideReport
+		}{{"k", l.K}, {"v", l.V}} {
+			fmt.Fprintf(&b, "%-5d %-4s", l.Layer, sd.name)
+			for i := range oscar.Widths {
+				fmt.Fprintf(&b, " %6.2f %11.4g", sd.r.Clip[i], sd.r.Error[i])
+			}
+			if s.KVBits > 0 {
+				fmt.Fprintf(&b, " %4d", sd.r.Bits)
+			}
+			b.WriteString("\n")
+		}
+	}
+	if s.KVBits > 0 {
+		fmt.Fprintf(&b, "kv-bits %g at serving context %d (windows %d,%d amortised): %.4f bits/element, predicted error %.4g", s.KVBits, s.ServingCtx, s.Sink, s.Recent, s.BitsPerElement, s.PredictedError)
+		for _, w := range oscar.Widths {
+			k := fmt.Sprint(w)
+			fmt.Fprintf(&b, "; uniform %d-bit %.4f bits/element, error %.4g", w, s.UniformBitsPerElement[k], s.UniformError[k])
+		}
+		b.WriteString("\n")
 	}
 	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
 	return err

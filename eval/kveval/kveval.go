@@ -84,7 +84,7 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 	}
 	var rot *kvcache.Rotations
 	for _, name := range opt.Methods {
-		if (name == "oscar2" || name == "oscar4") && rot == nil {
+		if kvcache.NeedsRotations(name) && rot == nil {
 			fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
 			if err != nil {
 				return nil, err

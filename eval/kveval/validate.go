@@ -40,7 +40,7 @@ func (opt *Options) Validate() error {
 		}
 		seen[m] = true
 	}
-	rot := seen["oscar2"] || seen["oscar4"]
+	rot := seen["oscar2"] || seen["oscar4"] || seen["oscar-mixed"]
 	fake := opt.Protocol == eval.ProtocolFakeQuant
 	switch {
 	case rot && opt.Rotations == "":

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
@@ -25,6 +26,10 @@ const Method = "oscar"
 // from a file (float32 rounding of an orthogonal matrix gives about 1e-7).
 const MaxOrthogonalityError = 1e-4
 
+// Widths are the per-layer K and V widths in bits of a mixed-width cache
+// (RotationHeader.BitsK/BitsV; kvcache's oscar-mixed).
+var Widths = []int{2, 4, 8}
+
 // Sentinel errors of ReadFile, wrapped with the file and tensor or field.
 var (
 	// ErrNotRotation: not an lmpack KV rotation file (no "lmpack"
@@ -37,8 +42,9 @@ var (
 	// ErrVersion: format_version is not FormatVersion.
 	ErrVersion = errors.New("unsupported rotation format version")
 	// ErrBadRotation: a rotation tensor is missing, has the wrong dtype or
-	// shape, holds NaN/Inf or is not orthogonal; or a clip ratio is out of
-	// (0, 1].
+	// shape, holds NaN/Inf or is not orthogonal; a clip ratio is out of
+	// (0, 1]; a width is not 2, 4 or 8; or a per-layer list has the wrong
+	// length.
 	ErrBadRotation = errors.New("bad rotation")
 )
 
@@ -53,9 +59,29 @@ type RotationHeader struct {
 	// CalibrationFingerprint is the sha256 (hex) of the calibration file's
 	// bytes the rotations were computed from.
 	CalibrationFingerprint string `json:"calibration_fingerprint"`
-	// ClipK, ClipV: per-layer clipping ratios in (0, 1].
+	// ClipK, ClipV: per-layer clipping ratios in (0, 1] of the 2-bit
+	// sides (oscar2, and the 2-bit layers of oscar-mixed).
 	ClipK []float64 `json:"clip_k"`
 	ClipV []float64 `json:"clip_v"`
+	// ClipK4, ClipV4, ClipK8, ClipV8: per-layer ratios in (0, 1] of the 4-
+	// and 8-bit sides; absent (nil) means no clipping at that width. Set
+	// by --clip-search, or when a ratio is given for the width.
+	ClipK4 []float64 `json:"clip_k4,omitempty"`
+	ClipV4 []float64 `json:"clip_v4,omitempty"`
+	ClipK8 []float64 `json:"clip_k8,omitempty"`
+	ClipV8 []float64 `json:"clip_v8,omitempty"`
+	// BitsK, BitsV: per-layer K and V widths in {2, 4, 8} chosen by
+	// --kv-bits (cache "oscar-mixed"); absent when none were chosen. Both
+	// or neither are present.
+	BitsK []int `json:"bits_k,omitempty"`
+	BitsV []int `json:"bits_v,omitempty"`
+	// KVBits is the --kv-bits budget the widths were chosen for (average
+	// bits per element at KVServingCtx tokens with the fp16 windows
+	// KVSink and KVRecent); 0 without widths.
+	KVBits       float64 `json:"kv_bits,omitempty"`
+	KVServingCtx int     `json:"kv_serving_ctx,omitempty"`
+	KVSink       int     `json:"kv_sink,omitempty"`
+	KVRecent     int     `json:"kv_recent,omitempty"`
 	// LmpackVersion is the version of the lmpack that wrote the file.
 	LmpackVersion string `json:"lmpack_version"`
 }
@@ -70,19 +96,18 @@ func TensorName(layer int, which string) string {
 // deterministically (safetensors.WriteFile): tensors TensorName(l, "r_k")
 // and TensorName(l, "r_v"), F32 [d, d] row-major (x_rot = x·R), and h as
 // JSON under "lmpack" with Kind, FormatVersion and Method filled in.
-// h.ClipK and h.ClipV must have one ratio in (0, 1] per layer. Errors:
-// mismatched lengths, bad ratios, non-finite or non-orthogonal rotations
-// (ErrBadRotation, naming the layer), I/O errors.
+// h.ClipK and h.ClipV must have one ratio in (0, 1] per layer, and so
+// must the 4- and 8-bit lists when present; BitsK and BitsV, when
+// present, one width in {2, 4, 8} per layer each. Errors: mismatched
+// lengths, bad ratios or widths, non-finite or non-orthogonal rotations
+// (ErrBadRotation, naming the layer and field), I/O errors.
 func WriteFile(path string, h RotationHeader, layers []Layer) error {
 	h.Kind, h.FormatVersion, h.Method = Kind, FormatVersion, Method
-	if len(h.ClipK) != len(layers) || len(h.ClipV) != len(layers) {
-		return fmt.Errorf("oscar: %s: %d clip_k and %d clip_v ratios for %d layers: %w", path, len(h.ClipK), len(h.ClipV), len(layers), ErrBadRotation)
+	if err := checkHeader(path, &h, len(layers)); err != nil {
+		return err
 	}
 	var ts []safetensors.WriteTensor
 	for l, ly := range layers {
-		if err := checkClips(path, &h, l); err != nil {
-			return err
-		}
 		for _, r := range []struct {
 			which string
 			m     []float64
@@ -111,7 +136,10 @@ func WriteFile(path string, h RotationHeader, layers []Layer) error {
 // ReadFile reads and validates the rotation file at path: a safetensors
 // file with a RotationHeader of Kind, FormatVersion and Method;
 // model_fingerprint equal to want.ModelFingerprint when set; one clip_k
-// and clip_v ratio in (0, 1] per layer; and per layer r_k and r_v, F32,
+// and clip_v ratio in (0, 1] per layer, and so for the optional 4- and
+// 8-bit lists (clip_k4, clip_v4, clip_k8, clip_v8); optional bits_k and
+// bits_v (both or neither) with one width in {2, 4, 8} per layer; and per
+// layer r_k and r_v, F32,
 // [d, d] with d the layer's head_dim (want.Desc; when nil any square
 // size), finite and orthogonal (max|R·Rᵀ − I| ≤ MaxOrthogonalityError).
 // The number of layers is want.Desc's, or that of the clip lists.
@@ -152,17 +180,15 @@ func ReadFile(path string, want model.Expect) (*Rotations, *RotationHeader, erro
 	if want.Desc != nil {
 		L = len(want.Desc.Layers)
 	}
-	if len(h.ClipK) != L || len(h.ClipV) != L {
-		return nil, nil, fmt.Errorf("oscar: %s: %d clip_k and %d clip_v ratios, want one per layer (%d): %w", path, len(h.ClipK), len(h.ClipV), L, ErrBadRotation)
+	if err := checkHeader(path, &h, L); err != nil {
+		return nil, nil, err
 	}
 	if n := len(f.Tensors()); n != 2*L {
 		return nil, nil, fmt.Errorf("oscar: %s: %d tensors, want r_k and r_v for %d layers (%d): %w", path, n, L, 2*L, ErrBadRotation)
 	}
-	r := &Rotations{K: make([][]float32, L), V: make([][]float32, L), ClipK: h.ClipK, ClipV: h.ClipV}
+	r := &Rotations{K: make([][]float32, L), V: make([][]float32, L), ClipK: h.ClipK, ClipV: h.ClipV,
+		ClipK4: h.ClipK4, ClipV4: h.ClipV4, ClipK8: h.ClipK8, ClipV8: h.ClipV8, BitsK: h.BitsK, BitsV: h.BitsV}
 	for l := 0; l < L; l++ {
-		if err := checkClips(path, &h, l); err != nil {
-			return nil, nil, err
-		}
 		d := 0
 		if want.Desc != nil {
 			d = want.Desc.Layers[l].HeadDim
@@ -177,14 +203,51 @@ func ReadFile(path string, want model.Expect) (*Rotations, *RotationHeader, erro
 	return r, &h, nil
 }
 
-func checkClips(path string, h *RotationHeader, l int) error {
+// checkHeader checks h's per-layer lists for L layers: clip_k and clip_v
+// required, the 4- and 8-bit ratios optional, all in (0, 1]; bits_k and
+// bits_v both or neither, widths in {2, 4, 8}. Errors name the field and
+// the layer (ErrBadRotation).
+func checkHeader(path string, h *RotationHeader, L int) error {
 	for _, c := range []struct {
-		name  string
-		ratio float64
-	}{{"clip_k", h.ClipK[l]}, {"clip_v", h.ClipV[l]}} {
-		if err := CheckClip(c.name, c.ratio); err != nil {
-			return fmt.Errorf("oscar: %s: layer %d: %s %v: want a ratio in (0, 1]: %w", path, l, c.name, c.ratio, ErrBadRotation)
+		name     string
+		r        []float64
+		required bool
+	}{{"clip_k", h.ClipK, true}, {"clip_v", h.ClipV, true}, {"clip_k4", h.ClipK4, false}, {"clip_v4", h.ClipV4, false},
+		{"clip_k8", h.ClipK8, false}, {"clip_v8", h.ClipV8, false}} {
+		if c.r == nil && !c.required {
+			continue
 		}
+		if len(c.r) != L {
+			return fmt.Errorf("oscar: %s: %d %s ratios, want one per layer (%d): %w", path, len(c.r), c.name, L, ErrBadRotation)
+		}
+		for l, x := range c.r {
+			if err := CheckClip(c.name, x); err != nil {
+				return fmt.Errorf("oscar: %s: layer %d: %s %v: want a ratio in (0, 1]: %w", path, l, c.name, x, ErrBadRotation)
+			}
+		}
+	}
+	if (h.BitsK == nil) != (h.BitsV == nil) {
+		return fmt.Errorf("oscar: %s: bits_k has %d and bits_v %d widths: want both (one per layer) or neither: %w", path, len(h.BitsK), len(h.BitsV), ErrBadRotation)
+	}
+	for _, c := range []struct {
+		name string
+		b    []int
+	}{{"bits_k", h.BitsK}, {"bits_v", h.BitsV}} {
+		if c.b == nil {
+			continue
+		}
+		if len(c.b) != L {
+			return fmt.Errorf("oscar: %s: %d %s widths, want one per layer (%d): %w", path, len(c.b), c.name, L, ErrBadRotation)
+		}
+		for l, b := range c.b {
+			if !slices.Contains(Widths, b) {
+				return fmt.Errorf("oscar: %s: layer %d: %s %d: want a width of 2, 4 or 8 bits: %w", path, l, c.name, b, ErrBadRotation)
+			}
+		}
+	}
+	if h.BitsK != nil && !(h.KVBits > 0 && h.KVServingCtx > 0 && h.KVSink >= 0 && h.KVRecent >= 0) {
+		return fmt.Errorf("oscar: %s: per-layer widths with kv_bits %v, kv_serving_ctx %d, kv_sink %d, kv_recent %d: want a budget > 0, a serving context > 0 and windows ≥ 0: %w",
+			path, h.KVBits, h.KVServingCtx, h.KVSink, h.KVRecent, ErrBadRotation)
 	}
 	return nil
 }

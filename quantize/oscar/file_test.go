@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -263,7 +264,42 @@ func TestReadFileBad(t *testing.T) {
 			h := hdr
 			h.ClipK = h.ClipK[:4]
 			write(p, tensors(), h)
-		}, ErrBadRotation, []string{"4 clip_k and 5 clip_v"}},
+		}, ErrBadRotation, []string{"4 clip_k ratios, want one per layer (5)"}},
+		{"4-bit clip out of range", func(p string) {
+			h := hdr
+			h.ClipK4 = []float64{1, 1, 0.9, 0, 1}
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"layer 3", "clip_k4 0"}},
+		{"8-bit clip negative", func(p string) {
+			h := hdr
+			h.ClipV8 = []float64{1, 1, 0.9, 1, -0.5}
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"layer 4", "clip_v8 -0.5"}},
+		{"8-bit clip count", func(p string) {
+			h := hdr
+			h.ClipK8 = []float64{1, 1}
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"2 clip_k8 ratios, want one per layer (5)"}},
+		{"width not 2, 4 or 8", func(p string) {
+			h := mixedHeader(hdr)
+			h.BitsV[2] = 3
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"layer 2", "bits_v 3", "2, 4 or 8"}},
+		{"width count", func(p string) {
+			h := mixedHeader(hdr)
+			h.BitsK = h.BitsK[:3]
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"3 bits_k widths, want one per layer (5)"}},
+		{"bits_k without bits_v", func(p string) {
+			h := mixedHeader(hdr)
+			h.BitsV = nil
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"bits_k has 5 and bits_v 0"}},
+		{"widths without a budget", func(p string) {
+			h := mixedHeader(hdr)
+			h.KVBits = 0
+			write(p, tensors(), h)
+		}, ErrBadRotation, []string{"kv_bits 0"}},
 		{"calibration file", func(p string) { os.WriteFile(p, mustRead(t, cal), 0o644) }, ErrNotRotation, []string{`kind "lmpack-calibration"`}},
 		{"no metadata", func(p string) { write(p, tensors(), nil) }, ErrNotRotation, nil},
 		{"other method", func(p string) {
@@ -307,4 +343,59 @@ func mustRead(t *testing.T, p string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// mixedHeader is h (5 layers) with per-layer widths and their budget.
+func mixedHeader(h RotationHeader) RotationHeader {
+	h.BitsK, h.BitsV = []int{2, 4, 8, 2, 2}, []int{4, 2, 2, 8, 2}
+	h.KVBits, h.KVServingCtx, h.KVSink, h.KVRecent = 3, 32768, 16, 64
+	return h
+}
+
+// The new header fields (4- and 8-bit clip ratios, per-layer widths and
+// their budget) survive WriteFile and ReadFile, and reach Rotations.
+func TestFileRoundTripWidthsAndClips(t *testing.T) {
+	cal := calibFile(t)
+	_, d, fp := modelInfo(t, "stories260K-hf")
+	c, err := calibrate.Read(cal, model.Expect{ModelFingerprint: fp, Desc: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := Compute(c.OSCAR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mixedHeader(RotationHeader{ModelFingerprint: fp, CalibrationFingerprint: "cafe", LmpackVersion: "test",
+		ClipK: []float64{0.96, 0.95, 0.94, 0.93, 0.92}, ClipV: []float64{0.92, 0.9, 0.88, 0.86, 0.85},
+		ClipK4: []float64{1, 0.99, 0.98, 1, 0.97}, ClipV4: []float64{0.99, 1, 1, 0.98, 1},
+		ClipK8: []float64{1, 1, 0.999, 1, 1}, ClipV8: []float64{1, 0.995, 1, 1, 1}})
+	p := filepath.Join(t.TempDir(), "r.safetensors")
+	if err := WriteFile(p, h, layers); err != nil {
+		t.Fatal(err)
+	}
+	r, got, err := ReadFile(p, model.Expect{ModelFingerprint: fp, Desc: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := h
+	want.Kind, want.FormatVersion, want.Method = Kind, FormatVersion, Method
+	gj, _ := json.Marshal(got)
+	wj, _ := json.Marshal(want)
+	if string(gj) != string(wj) {
+		t.Errorf("header read back\n%s\nwant\n%s", gj, wj)
+	}
+	for _, x := range []struct {
+		name      string
+		got, want any
+	}{{"ClipK", r.ClipK, h.ClipK}, {"ClipV4", r.ClipV4, h.ClipV4}, {"ClipK8", r.ClipK8, h.ClipK8}, {"BitsK", r.BitsK, h.BitsK}, {"BitsV", r.BitsV, h.BitsV}} {
+		if fmt.Sprint(x.got) != fmt.Sprint(x.want) {
+			t.Errorf("Rotations.%s = %v, want %v", x.name, x.got, x.want)
+		}
+	}
+	// WriteFile refuses what ReadFile would refuse.
+	bad := h
+	bad.BitsK = []int{2, 4, 16, 2, 2}
+	if err := WriteFile(filepath.Join(t.TempDir(), "bad.safetensors"), bad, layers); !errors.Is(err, ErrBadRotation) || !strings.Contains(err.Error(), "layer 2: bits_k 16") {
+		t.Errorf("WriteFile with a 16-bit width: %v", err)
+	}
 }

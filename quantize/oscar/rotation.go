@@ -12,9 +12,11 @@ import (
 	"gonum.org/v1/gonum/mat"
 )
 
-// Published default clipping ratios (docs/METHODS.md §1): per rotated
-// (token, head) row, τ = sorted(|x|)[⌊ratio·d⌋] and x is clamped to
-// [−τ, τ] before INT2 quantisation.
+// Published default clipping ratios (docs/METHODS.md §1), for INT2 only:
+// per rotated (token, head) row, τ = sorted(|x|)[⌊ratio·d⌋] and x is
+// clamped to [−τ, τ] before INT2 quantisation. 4- and 8-bit sides do not
+// clip unless ratios are given for them (RotationHeader.ClipK4 …) or
+// searched (KVOptions.ClipSearch).
 const (
 	DefaultClipK = 0.96
 	DefaultClipV = 0.92
@@ -132,11 +134,16 @@ func Rotation(cov []float64, d int) (R []float64, eigenvalues []float64, err err
 // Rotations are the per-layer KV rotations and clipping ratios a quantized
 // KV cache applies: keys and queries are multiplied by K[l] after RoPE,
 // values by V[l] (x_rot = x·R). K[l] and V[l] are [head_dim*head_dim]
-// row-major float32; ClipK[l], ClipV[l] are ratios in (0, 1]. Its fields
-// match runtime/kvcache's Rotations, so one converts to the other.
+// row-major float32; ClipK[l], ClipV[l] are the 2-bit sides' ratios in
+// (0, 1], ClipK4 … ClipV8 those of the 4- and 8-bit sides (nil: no
+// clipping); BitsK[l], BitsV[l] the widths of a mixed-width cache (nil:
+// none chosen). Its fields match runtime/kvcache's Rotations, so one
+// converts to the other.
 type Rotations struct {
-	K, V         [][]float32
-	ClipK, ClipV []float64
+	K, V                           [][]float32
+	ClipK, ClipV                   []float64
+	ClipK4, ClipV4, ClipK8, ClipV8 []float64
+	BitsK, BitsV                   []int
 }
 
 // Layer is one layer's rotations in float64, with the eigenvalues of C_Q

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/lmpack/lmpack/calibrate"
+	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/internal/fsx"
 	"github.com/lmpack/lmpack/model"
 )
@@ -23,9 +24,36 @@ type KVOptions struct {
 	// Method is the rotation method: "oscar" (the empty string means
 	// "oscar").
 	Method string
-	// ClipK, ClipV are the clipping ratios for every layer, in (0, 1]
-	// (DefaultClipK 0.96, DefaultClipV 0.92).
+	// ClipK, ClipV are the 2-bit sides' clipping ratios for every layer,
+	// in (0, 1] (DefaultClipK 0.96, DefaultClipV 0.92).
 	ClipK, ClipV float64
+	// ClipK4, ClipV4, ClipK8, ClipV8 are the 4- and 8-bit sides' ratios
+	// for every layer, in (0, 1]; 0 (the default) means no clipping at
+	// that width (the file then holds no list for it).
+	ClipK4, ClipV4, ClipK8, ClipV8 float64
+	// ClipSearch picks every layer's K and V ratio at each width from
+	// ClipGrid by the attention-output error measured on the calibration
+	// tokens (see QuantizeKV), instead of the ratios above.
+	ClipSearch bool
+	// KVBits, when > 0, chooses every layer's K and V width in {2, 4, 8}
+	// (cache "oscar-mixed") so that the average bits per element at
+	// ServingCtx tokens, fp16 windows Sink and Recent counted, stays ≤
+	// KVBits, minimising the summed measured error by exact DP
+	// (quantize/alloc.SolveDP).
+	KVBits float64
+	// ServingCtx is the context of the KVBits budget in tokens; 0 means
+	// DefaultServingCtx (32768).
+	ServingCtx int
+	// Sink and Recent are the fp16 windows (tokens) the cache will run
+	// with: they enter the KVBits budget (amortised over ServingCtx) and
+	// the error measurement (those keys are read exact). 0 = none.
+	Sink, Recent int
+	// SearchTokens caps the calibration tokens the error measurement runs
+	// (the first windows of the calibration file); 0 means
+	// DefaultSearchTokens.
+	SearchTokens int
+	// Threads is the CPU worker count of the measurement; ≤ 0: all cores.
+	Threads int
 	// Out is the rotation file to write.
 	Out string
 	// Version is the lmpack version recorded in the file.
@@ -44,6 +72,26 @@ type KVSummary struct {
 	// KeyEigenvalueShare is, per layer, the fraction of trace(C_Q) held by
 	// its largest eigenvalue (how concentrated key importance is).
 	KeyEigenvalueShare []float64 `json:"key_eigenvalue_share"`
+	// ClipSearch and the fields below are set when the errors were
+	// measured (KVOptions.ClipSearch or KVBits): SearchTokens calibration
+	// tokens; PerLayer the clip ratios and errors per layer, side and
+	// width (the error unit of SideReport).
+	ClipSearch   bool          `json:"clip_search,omitempty"`
+	SearchTokens int           `json:"search_tokens,omitempty"`
+	PerLayer     []LayerReport `json:"per_layer,omitempty"`
+	// KVBits, ServingCtx, Sink, Recent: the budget of the mixed widths;
+	// BitsPerElement the achieved average bits per element at ServingCtx
+	// (windows amortised), PredictedError the summed error of the chosen
+	// widths, UniformError and UniformBitsPerElement the same for every
+	// layer at 2, 4 and 8 bits (keys "2", "4", "8").
+	KVBits                float64            `json:"kv_bits,omitempty"`
+	ServingCtx            int                `json:"kv_serving_ctx,omitempty"`
+	Sink                  int                `json:"kv_sink,omitempty"`
+	Recent                int                `json:"kv_recent,omitempty"`
+	BitsPerElement        float64            `json:"bits_per_element,omitempty"`
+	PredictedError        float64            `json:"predicted_error,omitempty"`
+	UniformError          map[string]float64 `json:"uniform_error,omitempty"`
+	UniformBitsPerElement map[string]float64 `json:"uniform_bits_per_element,omitempty"`
 }
 
 // QuantizeKV is `lmpack quantize kv --method oscar`: it reads the model's
@@ -52,11 +100,31 @@ type KVSummary struct {
 // rotations (Compute) and writes the rotation file opt.Out (WriteFile) with
 // the clip ratios and both fingerprints.
 //
+// With ClipSearch or KVBits it also measures, per layer, side and width
+// in {2, 4, 8}, the attention-output error of quantising that side alone:
+// the calibration file's token ids (the first SearchTokens, in its
+// windows) run through the model on the CPU, the post-RoPE q, k, v of
+// every layer are captured, and for each ratio tried the side is
+// quantised as the oscar caches store it (rotation, clip, asymmetric
+// codes per (token, head) row with fp16 scale and zero) and
+// ‖softmax(qKᵀ/√d)V − softmax(qK̂ᵀ/√d)V̂‖² is summed over causal queries
+// and query heads and averaged over tokens, each query reading its own
+// token and the Sink/Recent windows exact, as served (the C_Q/C_S
+// statistics give the rotations, not this error: it needs the tokens).
+// ClipSearch keeps per layer, side and width the ratio of ClipGrid with
+// the least error; otherwise the 2-bit ratios are ClipK/ClipV and the
+// 4-/8-bit ones ClipK4…ClipV8 (0: none). KVBits then chooses the widths
+// by alloc.SolveDP over the 2·layers items (cost: sideCost at
+// ServingCtx; error: the measured error at the kept ratio) and records
+// them (RotationHeader.BitsK/BitsV).
+//
 // Errors: invalid options (Validate: a *field.Error); the output
 // directory missing; an output inside the model directory
 // (fsx.CheckOutside, also the cache snapshot of a hub id); model errors; calibration errors (another model:
-// model.ErrModelMismatch; no "oscar" statistics); a head_dim that is not
-// a power of two (ErrBadCovariance); write errors.
+// model.ErrModelMismatch; no "oscar" statistics; no token ids when the
+// errors are measured); a head_dim that is not a power of two
+// (ErrBadCovariance); a KVBits below the all-2-bit cost (alloc's
+// ErrInfeasible, naming that cost); write errors.
 func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 	if err := opt.Validate(); err != nil {
 		return nil, fmt.Errorf("oscar: %w", err)
@@ -101,9 +169,24 @@ func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 	}
 	s := &KVSummary{Path: opt.Out, Layers: len(layers)}
 	h := RotationHeader{ModelFingerprint: fp, CalibrationFingerprint: calibrate.Fingerprint(cb), LmpackVersion: opt.Version}
+	if opt.ClipSearch || opt.KVBits > 0 {
+		if err := searchKV(ctx, opt, dir, cal, desc, layers, &h, s); err != nil {
+			return nil, err
+		}
+	} else {
+		for range layers {
+			h.ClipK, h.ClipV = append(h.ClipK, opt.ClipK), append(h.ClipV, opt.ClipV)
+			for _, c := range []struct {
+				dst   *[]float64
+				ratio float64
+			}{{&h.ClipK4, opt.ClipK4}, {&h.ClipV4, opt.ClipV4}, {&h.ClipK8, opt.ClipK8}, {&h.ClipV8, opt.ClipV8}} {
+				if c.ratio > 0 {
+					*c.dst = append(*c.dst, c.ratio)
+				}
+			}
+		}
+	}
 	for _, ly := range layers {
-		h.ClipK = append(h.ClipK, opt.ClipK)
-		h.ClipV = append(h.ClipV, opt.ClipV)
 		s.MaxOrthogonalityError = max(s.MaxOrthogonalityError, Orthogonality(ly.RK, ly.HeadDim), Orthogonality(ly.RV, ly.HeadDim))
 		var tr float64
 		for _, x := range ly.EigK {
@@ -119,8 +202,101 @@ func QuantizeKV(ctx context.Context, opt KVOptions) (*KVSummary, error) {
 		return nil, err
 	}
 	if opt.Logger != nil {
-		opt.Logger.Info("KV rotations written", "path", opt.Out, "method", Method, "layers", len(layers), "clip_k", opt.ClipK, "clip_v", opt.ClipV,
-			"max_orthogonality_error", s.MaxOrthogonalityError)
+		opt.Logger.Info("KV rotations written", "path", opt.Out, "method", Method, "layers", len(layers), "clip_k", h.ClipK, "clip_v", h.ClipV,
+			"bits_k", h.BitsK, "bits_v", h.BitsV, "max_orthogonality_error", s.MaxOrthogonalityError)
 	}
 	return s, nil
+}
+
+// searchKV measures the per-layer errors (measureAll), fills h's clip
+// ratios (searched or given) and, with opt.KVBits, its widths by exact
+// DP, and reports them in s.
+func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Calibration, desc *arch.Description, layers []Layer, h *RotationHeader, s *KVSummary) error {
+	wins := cal.CalibrationWindows()
+	if len(wins) == 0 {
+		return fmt.Errorf("oscar: %s holds no calibration token ids, which --clip-search and --kv-bits run through the model (calibrate again with this lmpack)", opt.Calib)
+	}
+	ld, err := model.Load(ctx, dir, model.LoadOptions{Threads: opt.Threads, Logger: opt.Logger})
+	if err != nil {
+		return fmt.Errorf("oscar: %w", err)
+	}
+	defer ld.Close()
+	given := [2][3]float64{{opt.ClipK, opt.ClipK4, opt.ClipK8}, {opt.ClipV, opt.ClipV4, opt.ClipV8}}
+	clips := func(int) [2][][]float64 {
+		var c [2][][]float64
+		for side := 0; side < 2; side++ {
+			for wi := range Widths {
+				switch {
+				case opt.ClipSearch:
+					c[side] = append(c[side], ClipGrid)
+				case given[side][wi] > 0:
+					c[side] = append(c[side], []float64{given[side][wi]})
+				default:
+					c[side] = append(c[side], []float64{1})
+				}
+			}
+		}
+		return c
+	}
+	maxTok := opt.SearchTokens
+	if maxTok == 0 {
+		maxTok = DefaultSearchTokens
+	}
+	w := attnWindows{sink: opt.Sink, recent: opt.Recent}
+	tabs, n, err := measureAll(ctx, ld.Model, wins, maxTok, layers, clips, w, opt.Threads)
+	if err != nil {
+		return err
+	}
+	s.ClipSearch, s.SearchTokens = opt.ClipSearch, n
+	// chosen[l][side][wi]: the index of the kept ratio.
+	L := len(layers)
+	lists := [2][3]*[]float64{{&h.ClipK, &h.ClipK4, &h.ClipK8}, {&h.ClipV, &h.ClipV4, &h.ClipV8}}
+	errAt := make([][2][3]float64, L)
+	for l, t := range tabs {
+		lr := LayerReport{Layer: l}
+		for side := 0; side < 2; side++ {
+			sr := &lr.K
+			if side == 1 {
+				sr = &lr.V
+			}
+			for wi := range Widths {
+				b := best(t.err[side][wi])
+				ratio := t.clips[side][wi][b]
+				errAt[l][side][wi] = t.err[side][wi][b]
+				sr.Clip, sr.Error = append(sr.Clip, ratio), append(sr.Error, t.err[side][wi][b])
+				if wi == 0 || opt.ClipSearch || given[side][wi] > 0 {
+					*lists[side][wi] = append(*lists[side][wi], ratio)
+				}
+			}
+		}
+		s.PerLayer = append(s.PerLayer, lr)
+	}
+	if opt.KVBits <= 0 {
+		return nil
+	}
+	wl := make([]WidthLayer, L)
+	for l, dl := range desc.Layers {
+		wl[l] = WidthLayer{NumKVHeads: dl.NumKVHeads, HeadDim: dl.HeadDim, ErrK: errAt[l][0], ErrV: errAt[l][1]}
+	}
+	p, err := ChooseWidths(wl, opt.KVBits, opt.ServingCtx, opt.Sink, opt.Recent)
+	if err != nil {
+		return err
+	}
+	for l := 0; l < L; l++ {
+		s.PerLayer[l].K.Bits, s.PerLayer[l].V.Bits = p.BitsK[l], p.BitsV[l]
+	}
+	h.BitsK, h.BitsV = p.BitsK, p.BitsV
+	h.KVBits, h.KVServingCtx, h.KVSink, h.KVRecent = opt.KVBits, p.ServingCtx, opt.Sink, opt.Recent
+	s.KVBits, s.ServingCtx, s.Sink, s.Recent = opt.KVBits, p.ServingCtx, opt.Sink, opt.Recent
+	s.BitsPerElement, s.PredictedError = p.BitsPerElement, p.Error
+	s.UniformError, s.UniformBitsPerElement = p.UniformError, p.UniformBitsPerElement
+	return nil
+}
+
+func sum(x []int64) int64 {
+	var s int64
+	for _, v := range x {
+		s += v
+	}
+	return s
 }

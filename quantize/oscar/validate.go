@@ -1,14 +1,17 @@
 package oscar
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/lmpack/lmpack/internal/field"
 )
 
 // Validate checks opt's values without opening anything: Method empty or
-// Method ("oscar"), ClipK and ClipV ratios in (0, 1], Calib and Out
-// given.
+// Method ("oscar"), ClipK and ClipV ratios in (0, 1], ClipK4 … ClipV8 0
+// or in (0, 1], KVBits 0 or in [2, 16], ServingCtx, Sink, Recent,
+// SearchTokens ≥ 0 (ServingCtx above Sink+Recent when given), Calib and
+// Out given.
 //
 // Errors: a *field.Error naming the Go field (cmd/lmpack and compress
 // rename it to their flag or recipe key).
@@ -21,6 +24,26 @@ func (opt *KVOptions) Validate() error {
 		return field.New("ClipK", opt.ClipK, "a ratio in (0, 1]")
 	case !ratio(opt.ClipV):
 		return field.New("ClipV", opt.ClipV, "a ratio in (0, 1]")
+	case !(opt.ClipK4 == 0 || ratio(opt.ClipK4)):
+		return field.New("ClipK4", opt.ClipK4, "0 (no clipping) or a ratio in (0, 1]")
+	case !(opt.ClipV4 == 0 || ratio(opt.ClipV4)):
+		return field.New("ClipV4", opt.ClipV4, "0 (no clipping) or a ratio in (0, 1]")
+	case !(opt.ClipK8 == 0 || ratio(opt.ClipK8)):
+		return field.New("ClipK8", opt.ClipK8, "0 (no clipping) or a ratio in (0, 1]")
+	case !(opt.ClipV8 == 0 || ratio(opt.ClipV8)):
+		return field.New("ClipV8", opt.ClipV8, "0 (no clipping) or a ratio in (0, 1]")
+	case !(opt.KVBits == 0 || opt.KVBits >= 2 && opt.KVBits <= 16):
+		return field.New("KVBits", opt.KVBits, "0 (uniform widths) or average bits per element in [2, 16]")
+	case opt.ServingCtx < 0:
+		return field.New("ServingCtx", opt.ServingCtx, "a context in tokens ≥ 0 (0: 32768)")
+	case opt.Sink < 0:
+		return field.New("Sink", opt.Sink, "a window in tokens ≥ 0")
+	case opt.Recent < 0:
+		return field.New("Recent", opt.Recent, "a window in tokens ≥ 0")
+	case opt.ServingCtx > 0 && opt.ServingCtx <= opt.Sink+opt.Recent:
+		return field.New("ServingCtx", opt.ServingCtx, fmt.Sprintf("a context above the windows' %d tokens", opt.Sink+opt.Recent))
+	case opt.SearchTokens < 0:
+		return field.New("SearchTokens", opt.SearchTokens, "a number of calibration tokens ≥ 0 (0: 2048)")
 	case opt.Calib == "":
 		return field.New("Calib", nil, "a calibration file (lmpack calibrate) of the model")
 	case opt.Out == "":

@@ -80,7 +80,7 @@ func checkSpec(sp spec, layers []Layer, opt Options) error {
 		if opt.Rotations == nil {
 			return fmt.Errorf("%w: method %q", ErrNoRotations, sp.name)
 		}
-		if err := checkRotations(opt.Rotations, layers); err != nil {
+		if err := checkRotations(opt.Rotations, layers, sp.mixed); err != nil {
 			return fmt.Errorf("method %q: %w", sp.name, err)
 		}
 	}
@@ -174,22 +174,28 @@ func (c *cache) init(sp spec, layers []Layer, capacity int, opt Options, bt, sla
 		kvDim := l.NumKVHeads * l.HeadDim
 		maxKV, maxHD = max(maxKV, kvDim), max(maxHD, l.HeadDim)
 		L := layerState{nkv: l.NumKVHeads, hd: l.HeadDim, kvDim: kvDim}
+		ks, vs := sp.k, sp.v
+		if sp.mixed {
+			ks.bits, vs.bits = opt.Rotations.BitsK[i], opt.Rotations.BitsV[i]
+		}
 		if sp.stores != nil {
-			ks, vs := sp.stores(i, len(layers), l, &lay, c.pg)
-			L.k, L.v = side{st: ks}, side{st: vs}
+			kst, vst := sp.stores(i, len(layers), l, &lay, c.pg)
+			L.k, L.v = side{st: kst}, side{st: vst}
 		} else {
-			L.k = newSide(sp.k, l, &lay, c.pg, sp.block)
-			L.v = newSide(sp.v, l, &lay, c.pg, sp.block)
+			L.k = newSide(ks, l, &lay, c.pg, sp.block)
+			L.v = newSide(vs, l, &lay, c.pg, sp.block)
 		}
 		if sp.needRot {
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]
 			L.k.rt, L.v.rt = transpose(r.K[i], l.HeadDim), transpose(r.V[i], l.HeadDim)
-			if r.ClipK != nil && sp.k.clip {
-				L.k.clip = r.ClipK[i]
+			// Each side clips with the ratios of its own width (the INT2
+			// ratios only at 2 bits).
+			if ck, _ := r.clipFor(ks.bits); ck != nil && ks.clip {
+				L.k.clip = ck[i]
 			}
-			if r.ClipV != nil && sp.v.clip {
-				L.v.clip = r.ClipV[i]
+			if _, cv := r.clipFor(vs.bits); cv != nil && vs.clip {
+				L.v.clip = cv[i]
 			}
 		}
 		c.layers = append(c.layers, L)

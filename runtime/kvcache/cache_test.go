@@ -13,13 +13,19 @@ import (
 
 var testLayers = []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 1, HeadDim: 16}, {NumKVHeads: 4, HeadDim: 8}}
 
+// testBits are the oscar-mixed widths the test rotations carry: layer i
+// has K at MixedWidths[i%3] and V at MixedWidths[(i+1)%3] bits.
+func testBits(i int) (k, v int) { return MixedWidths[i%3], MixedWidths[(i+1)%3] }
+
 // randRotations returns random orthogonal rotations for layers, with the
-// given clipping ratios (0: none).
+// given INT2 clipping ratios (0: none) and the widths of testBits.
 func randRotations(rng *rand.Rand, layers []Layer, clipK, clipV float64) *Rotations {
 	r := &Rotations{}
-	for _, l := range layers {
+	for i, l := range layers {
 		r.K = append(r.K, to32(randOrthogonal(rng, l.HeadDim)))
 		r.V = append(r.V, to32(randOrthogonal(rng, l.HeadDim)))
+		bk, bv := testBits(i)
+		r.BitsK, r.BitsV = append(r.BitsK, bk), append(r.BitsV, bv)
 		if clipK > 0 {
 			r.ClipK = append(r.ClipK, clipK)
 			r.ClipV = append(r.ClipV, clipV)
@@ -277,9 +283,13 @@ func TestBytesAndBitsPerElement(t *testing.T) {
 		// Independent formulas per method (head_dim 64 or 128, all
 		// multiples of 32).
 		want := map[string]int64{}
-		var oscar2, oscar4, naive, kivi, oscars int64
-		for _, l := range layers {
+		var oscar2, oscar4, naive, kivi, oscars, mixed int64
+		for i, l := range layers {
 			h, d := int64(l.NumKVHeads), int64(l.HeadDim)
+			// oscar-mixed: codes of each side's own width, fp16 scale and
+			// zero per (token, head).
+			bk, bv := testBits(i)
+			mixed += n*h*(d*int64(bk)/8+4) + n*h*(d*int64(bv)/8+4)
 			oscar2 += 2 * n * h * (d/4 + 4)
 			oscar4 += 2 * n * h * (d/2 + 4)
 			naive += 2 * n * h * (d/4 + 2)
@@ -292,9 +302,10 @@ func TestBytesAndBitsPerElement(t *testing.T) {
 			oscars += kiviK + oscarsV + res*h*d*4 + 4*q
 		}
 		want["oscar2"], want["oscar4"], want["int2-naive"], want["kivi2"], want["oscars2"], want["quarot2"] = oscar2, oscar4, naive, kivi, oscars, oscar2
-		for _, name := range []string{"oscar2", "oscar4", "int2-naive", "kivi2", "oscars2", "quarot2"} {
+		want["oscar-mixed"] = mixed
+		for _, name := range []string{"oscar2", "oscar4", "int2-naive", "kivi2", "oscars2", "quarot2", "oscar-mixed"} {
 			opt := Options{}
-			if name == "oscar2" || name == "oscar4" {
+			if NeedsRotations(name) {
 				opt.Rotations = hadamardRotations(layers, 0.96, 0.92)
 			}
 			got, bits := bytesOf(name, opt)
@@ -480,7 +491,8 @@ func TestNewErrors(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	good := randRotations(rng, testLayers, 0.96, 0.92)
 	bad := func(mod func(r *Rotations)) *Rotations {
-		r := &Rotations{K: slices.Clone(good.K), V: slices.Clone(good.V), ClipK: slices.Clone(good.ClipK), ClipV: slices.Clone(good.ClipV)}
+		r := &Rotations{K: slices.Clone(good.K), V: slices.Clone(good.V), ClipK: slices.Clone(good.ClipK), ClipV: slices.Clone(good.ClipV),
+			BitsK: slices.Clone(good.BitsK), BitsV: slices.Clone(good.BitsV)}
 		mod(r)
 		return r
 	}
@@ -507,6 +519,11 @@ func TestNewErrors(t *testing.T) {
 		{"not orthogonal", "oscar2", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.K[1] = notOrth })}, ErrBadShape},
 		{"clip ratio", "oscar2", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.ClipV[0] = 0 })}, ErrBadShape},
 		{"clip count", "oscar2", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.ClipK = r.ClipK[:1] })}, ErrBadShape},
+		{"4-bit clip ratio", "oscar4", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.ClipK4 = []float64{1, 1.5, 1} })}, ErrBadShape},
+		{"8-bit clip count", "oscar-mixed", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.ClipV8 = []float64{1} })}, ErrBadShape},
+		{"mixed width", "oscar-mixed", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.BitsV[1] = 3 })}, ErrBadShape},
+		{"mixed width count", "oscar-mixed", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.BitsK = r.BitsK[:2] })}, ErrBadShape},
+		{"mixed without widths", "oscar-mixed", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.BitsK, r.BitsV = nil, nil })}, ErrBadShape},
 	}
 	for _, c := range cases {
 		_, err := New(c.method, c.layers, c.cap, c.opt)
@@ -547,7 +564,7 @@ func TestWritePanicsOnCallerBugs(t *testing.T) {
 }
 
 func TestMethodsAndInterfaces(t *testing.T) {
-	want := []string{"fp16", "fp32", "fp8", "int2-naive", "int4", "int4_per_token_head", "int8", "kivi2", "oscar2", "oscar4", "oscars2",
+	want := []string{"fp16", "fp32", "fp8", "int2-naive", "int4", "int4_per_token_head", "int8", "kivi2", "oscar-mixed", "oscar2", "oscar4", "oscars2",
 		"q4_0", "q8_0", "quarot2", "turboquant_3bit_nc", "turboquant_3bit_nc-all", "turboquant_4bit_nc", "turboquant_4bit_nc-all",
 		"turboquant_k3v4_nc", "turboquant_k3v4_nc-all", "turboquant_k8v4", "turboquant_k8v4-all"}
 	if got := Methods(); !slices.Equal(got, want) {

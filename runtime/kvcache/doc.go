@@ -2,9 +2,11 @@
 // past keys and values that implement runtime.KVCache with packed low-bit
 // codes instead of float32, selected by name (New): fp32, fp16, int8,
 // int4, int2-naive, kivi2, quarot2, oscar2, oscar4 and oscars2, the
-// methods of docs/METHODS.md §1–3 that the eval runs side by side, and the
+// methods of docs/METHODS.md §1–3 that the eval runs side by side, the
 // caches serving engines ship (§3): vLLM's TurboQuant presets, fp8 and
-// int4_per_token_head, llama.cpp's q8_0 and q4_0.
+// int4_per_token_head, llama.cpp's q8_0 and q4_0, and oscar-mixed (OSCAR
+// with a width of 2, 4 or 8 bits per layer and side, chosen by lmpack
+// quantize kv --kv-bits).
 //
 // The caches hold codes, binary16 scales and zero points, fp32 token
 // norms and fp16 windows — never a float32 copy of a quantized token —

@@ -21,7 +21,7 @@ import (
 type fakeQuantCache struct {
 	f      *runtime.F32Cache
 	layers []Layer
-	bits   int
+	bits   int        // 0: per layer, from rot.BitsK/BitsV (oscar-mixed)
 	rot    *Rotations // nil: none
 }
 
@@ -38,17 +38,20 @@ func (f *fakeQuantCache) Write(layer, pos, n int, k, v []float32) {
 	qk, qv := make([]float32, len(k)), make([]float32, len(v))
 	for side, pair := range [][2][]float32{{k, qk}, {v, qv}} {
 		var r []float32
-		clip := 1.0
+		clip, bits := 1.0, f.bits
 		if f.rot != nil {
 			r = f.rot.K[layer]
 			if side == 1 {
 				r = f.rot.V[layer]
 			}
-			if f.rot.ClipK != nil {
-				clip = f.rot.ClipK[layer]
-				if side == 1 {
-					clip = f.rot.ClipV[layer]
-				}
+			if bits == 0 { // oscar-mixed: the layer's own widths
+				bits = [2][]int{f.rot.BitsK, f.rot.BitsV}[side][layer]
+			}
+			// Each width has its own ratios; the INT2 ones apply at 2
+			// bits only.
+			ratios := map[int][2][]float64{2: {f.rot.ClipK, f.rot.ClipV}, 4: {f.rot.ClipK4, f.rot.ClipV4}, 8: {f.rot.ClipK8, f.rot.ClipV8}}[bits]
+			if ratios[side] != nil {
+				clip = ratios[side][layer]
 			}
 		}
 		for row := 0; row < n*l.NumKVHeads; row++ {
@@ -69,10 +72,10 @@ func (f *fakeQuantCache) Write(layer, pos, n int, k, v []float32) {
 				kvq.Clip(y, clip)
 			}
 			lo, hi := kvq.MinMax(y)
-			s, z := kvq.AsymParamsF16(lo, hi, f.bits)
-			codes := make([]byte, kvq.PackedLen(hd, f.bits))
-			kvq.EncodeAsym(codes, y, f.bits, s, z)
-			kvq.DecodeAsym(y, codes, f.bits, s, z)
+			s, z := kvq.AsymParamsF16(lo, hi, bits)
+			codes := make([]byte, kvq.PackedLen(hd, bits))
+			kvq.EncodeAsym(codes, y, bits, s, z)
+			kvq.DecodeAsym(y, codes, bits, s, z)
 			out := pair[1][row*hd : (row+1)*hd]
 			if r != nil {
 				for i := 0; i < hd; i++ {
@@ -113,17 +116,26 @@ func TestMatchesFakeQuantization(t *testing.T) {
 	// 101 give ≤ 1.5e-4.)
 	rng := newRand(98)
 	calib := randRotations(rng, layers, 0.7, 0.8)
+	// The same rotations with 4- and 8-bit ratios of their own, and
+	// oscar-mixed at testBits' widths (every width on K and on V).
+	wide := *calib
+	for range layers {
+		wide.ClipK4, wide.ClipV4 = append(wide.ClipK4, 0.9), append(wide.ClipV4, 0.85)
+		wide.ClipK8, wide.ClipV8 = append(wide.ClipK8, 0.8), append(wide.ClipV8, 0.95)
+	}
+	mixed := wide // randRotations' widths: testBits
 	cases := []struct {
 		name string
 		bits int
 		rot  *Rotations
 	}{
 		{"int8", 8, nil}, {"int4", 4, nil}, {"quarot2", 2, rot}, {"oscar2", 2, calib}, {"oscar4", 4, calib},
+		{"oscar4", 4, &wide}, {"oscar-mixed", 0, &mixed},
 	}
 	for _, c := range cases {
 		ref := forwardSteps(t, m, V, &fakeQuantCache{runtime.NewF32Cache(kv, hds, T), layers, c.bits, c.rot}, toks, 32)
 		opt := Options{}
-		if c.name == "oscar2" || c.name == "oscar4" {
+		if NeedsRotations(c.name) {
 			opt.Rotations = c.rot
 		}
 		got := forwardSteps(t, m, V, mustNew(t, c.name, layers, T, opt), toks, 32)

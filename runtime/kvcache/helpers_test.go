@@ -86,13 +86,16 @@ func oscarRotation(q []float64, d int) []float32 {
 }
 
 // hadamardRotations returns Rotations with the normalized Hadamard matrix
-// for every layer (an identity-ish, uncalibrated choice).
+// for every layer (an identity-ish, uncalibrated choice), the given INT2
+// clipping ratios (0: none) and the widths of testBits.
 func hadamardRotations(layers []Layer, clipK, clipV float64) *Rotations {
 	r := &Rotations{}
-	for _, l := range layers {
+	for i, l := range layers {
 		h := to32(kvq.HadamardMatrix(l.HeadDim))
 		r.K = append(r.K, h)
 		r.V = append(r.V, h)
+		bk, bv := testBits(i)
+		r.BitsK, r.BitsV = append(r.BitsK, bk), append(r.BitsV, bv)
 		if clipK > 0 {
 			r.ClipK = append(r.ClipK, clipK)
 			r.ClipV = append(r.ClipV, clipV)

@@ -34,12 +34,40 @@ type Rotations struct {
 	// quantizes x_rot = x·R (x a [head_dim] row of one head) and
 	// un-rotates on Read with x = x_rot·Rᵀ.
 	K, V [][]float32
-	// ClipK and ClipV hold one clipping ratio per layer, in (0, 1]: after
-	// the rotation each (token, head) row is clamped to ±τ with τ =
-	// sorted(|x|)[⌊ratio·head_dim⌋] (kvq.Clip). Published defaults 0.96
-	// and 0.92. nil means no clipping (ratio 1).
+	// ClipK and ClipV hold one clipping ratio per layer, in (0, 1], for
+	// the 2-bit sides (oscar2, and the 2-bit layers of oscar-mixed):
+	// after the rotation each (token, head) row is clamped to ±τ with τ =
+	// sorted(|x|)[⌊ratio·head_dim⌋] (kvq.Clip). OSCAR's published INT2
+	// defaults are 0.96 and 0.92. nil means no clipping (ratio 1).
 	ClipK, ClipV []float64
+	// ClipK4, ClipV4 and ClipK8, ClipV8 are the same for the 4-bit
+	// (oscar4) and 8-bit sides; nil (the default) means no clipping: the
+	// INT2 ratios do not apply to wider codes.
+	ClipK4, ClipV4, ClipK8, ClipV8 []float64
+	// BitsK and BitsV give every layer's K and V width in {2, 4, 8} for
+	// oscar-mixed (required there, ignored by oscar2 and oscar4).
+	BitsK, BitsV []int
 }
+
+// clipFor returns the ratios of r for bits-bit K and V sides (nil: none).
+func (r *Rotations) clipFor(bits int) (k, v []float64) {
+	switch bits {
+	case 2:
+		return r.ClipK, r.ClipV
+	case 4:
+		return r.ClipK4, r.ClipV4
+	case 8:
+		return r.ClipK8, r.ClipV8
+	}
+	return nil, nil
+}
+
+// MixedWidths are the per-layer widths oscar-mixed accepts.
+var MixedWidths = []int{2, 4, 8}
+
+// NeedsRotations reports whether method takes (and requires)
+// Options.Rotations: oscar2, oscar4 and oscar-mixed.
+func NeedsRotations(method string) bool { return methods[method].needRot }
 
 // Options configure New.
 type Options struct {
@@ -141,6 +169,9 @@ type spec struct {
 	// check validates the layers, stores builds layer i's K and V stores.
 	check  func(layers []Layer) error
 	stores func(layer, nLayers int, l Layer, lay *layout, p *pages) (k, v store)
+	// mixed: the K and V widths of each layer come from
+	// Rotations.BitsK/BitsV.
+	mixed bool
 }
 
 var methods = map[string]spec{
@@ -167,6 +198,13 @@ var methods = map[string]spec{
 		k:     sideSpec{store: storeAsym, bits: 4, rot: rotMatrix, clip: true},
 		v:     sideSpec{store: storeAsym, bits: 4, rot: rotMatrix, clip: true},
 		block: 1, needRot: true,
+	},
+	// oscar-mixed: OSCAR with each layer's K and V width taken from
+	// Rotations.BitsK/BitsV (bits 0 here: per layer).
+	"oscar-mixed": {
+		k:     sideSpec{store: storeAsym, rot: rotMatrix, clip: true},
+		v:     sideSpec{store: storeAsym, rot: rotMatrix, clip: true},
+		block: 1, needRot: true, mixed: true,
 	},
 	"oscars2": {
 		k:     sideSpec{store: storeChannel, bits: 2, rot: rotHadamard, tokenNorm: true},
@@ -212,9 +250,13 @@ func Methods() []string {
 //	            of 32), fp16 scales and zeros, newest ≤128 tokens fp16     3 + 3 bits
 //	quarot2     QuaRot: normalized Hadamard along head_dim on K and V, then
 //	            asymmetric INT2 per (token, head) row                    2 + 32/head_dim bits
-//	oscar2/4    OSCAR: K·R_K and V·R_V (Options.Rotations), clipping, asymmetric INT2
-//	            (INT4) per (token, head) row, fp16 scale and zero; Sink and Recent
-//	            windows fp16                                             b + 32/head_dim bits
+//	oscar2/4    OSCAR: K·R_K and V·R_V (Options.Rotations), clipping (oscar2:
+//	            Rotations.ClipK/ClipV; oscar4: ClipK4/ClipV4, none by default),
+//	            asymmetric INT2 (INT4) per (token, head) row, fp16 scale and zero;
+//	            Sink and Recent windows fp16                             b + 32/head_dim bits
+//	oscar-mixed OSCAR as oscar2/4 with each layer's K and V width in {2, 4, 8} from
+//	            Rotations.BitsK/BitsV, each width with its own clip ratios
+//	                                                  Σ_l (b_l + 32/head_dim)/layers bits
 //	oscars2     OScaR: Hadamard on K and V, K divided by one fp32 ℓ2 norm per token
 //	            over all kv heads (32/kvDim bits), K per channel over 32-token blocks
 //	            (3 bits), V per (token, head) row (2 + 32/head_dim bits), all
@@ -251,13 +293,15 @@ func Methods() []string {
 // other windows apply as for every method but fp16.
 //
 // Errors: ErrUnknownMethod for an unknown name, ErrNoRotations when
-// oscar2/oscar4 get none, ErrBadShape (wrapped, naming the layer and
-// field) for capacity < 1, no layers, non-positive heads or head_dim,
-// negative windows, a head_dim that is not a power of two for Hadamard
-// methods, a head_dim the serving-engine kind does not take (q8_0/q4_0: a
-// multiple of 32; TurboQuant: a power of two ≥ 8; int4_per_token_head: a
-// power of two), and rotations with the wrong count or size, not orthogonal
-// (max|R·Rᵀ − I| > 1e-3) or with clipping ratios outside (0, 1].
+// oscar2/oscar4/oscar-mixed get none, ErrBadShape (wrapped, naming the
+// layer and field) for capacity < 1, no layers, non-positive heads or
+// head_dim, negative windows, a head_dim that is not a power of two for
+// Hadamard methods, a head_dim the serving-engine kind does not take
+// (q8_0/q4_0: a multiple of 32; TurboQuant: a power of two ≥ 8;
+// int4_per_token_head: a power of two), and rotations with the wrong count
+// or size, not orthogonal (max|R·Rᵀ − I| > 1e-3), with clipping ratios
+// outside (0, 1], or (oscar-mixed) without one width in {2, 4, 8} per
+// layer and side.
 func New(name string, layers []Layer, capacity int, opt Options) (runtime.KVCache, error) {
 	if err := checkLayers(layers, capacity, opt); err != nil {
 		return nil, err
@@ -295,15 +339,32 @@ func checkLayers(layers []Layer, capacity int, opt Options) error {
 	return nil
 }
 
-// checkRotations validates OSCAR rotations for layers.
-func checkRotations(r *Rotations, layers []Layer) error {
+// checkRotations validates OSCAR rotations for layers (mixed: per-layer
+// widths required).
+func checkRotations(r *Rotations, layers []Layer, mixed bool) error {
 	if len(r.K) != len(layers) || len(r.V) != len(layers) {
 		return fmt.Errorf("%w: Rotations has %d K and %d V matrices, want %d (one per layer)", ErrBadShape, len(r.K), len(r.V), len(layers))
 	}
 	for _, c := range []struct {
 		name string
+		b    []int
+	}{{"BitsK", r.BitsK}, {"BitsV", r.BitsV}} {
+		if c.b == nil && !mixed {
+			continue
+		}
+		if len(c.b) != len(layers) {
+			return fmt.Errorf("%w: Rotations.%s has %d widths, want %d (one per layer)", ErrBadShape, c.name, len(c.b), len(layers))
+		}
+		for i, b := range c.b {
+			if !slices.Contains(MixedWidths, b) {
+				return fmt.Errorf("%w: layer %d: Rotations.%s width %d, want 2, 4 or 8 bits", ErrBadShape, i, c.name, b)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name string
 		r    []float64
-	}{{"ClipK", r.ClipK}, {"ClipV", r.ClipV}} {
+	}{{"ClipK", r.ClipK}, {"ClipV", r.ClipV}, {"ClipK4", r.ClipK4}, {"ClipV4", r.ClipV4}, {"ClipK8", r.ClipK8}, {"ClipV8", r.ClipV8}} {
 		if c.r == nil {
 			continue
 		}

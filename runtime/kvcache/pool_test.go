@@ -158,10 +158,13 @@ func TestPagedMatchesOnePage(t *testing.T) {
 }
 
 // elementBits returns the bits per K and per V element of method on a
-// layer, from the table of New's doc comment.
-func elementBits(t *testing.T, method string, l Layer) (bk, bv float64) {
+// layer (index i), from the table of New's doc comment.
+func elementBits(t *testing.T, method string, i int, l Layer) (bk, bv float64) {
 	hd, kvDim := float64(l.HeadDim), float64(l.NumKVHeads*l.HeadDim)
 	switch method {
+	case "oscar-mixed":
+		k, v := testBits(i)
+		return float64(k) + 32/hd, float64(v) + 32/hd
 	case "fp32":
 		return 32, 32
 	case "fp16":
@@ -211,8 +214,8 @@ func TestBytesForMatchesFormulas(t *testing.T) {
 				// Bytes() by TestNewKindsBytes: a block is bt tokens of it.
 				want = float64(bt) * float64(fullBytes(t, name, pl, 64)) / 64
 			} else {
-				for _, l := range pl {
-					bk, bv := elementBits(t, name, l)
+				for i, l := range pl {
+					bk, bv := elementBits(t, name, i, l)
 					want += float64(bt) * float64(l.NumKVHeads*l.HeadDim) * (bk + bv) / 8
 				}
 			}
