@@ -59,6 +59,14 @@ func TestKVServingKindsTiny1M(t *testing.T) {
 			t.Errorf("%s: perplexity %v KL %v, want fp16's %v %v (boundary layers cover the 4-layer model)",
 				kv, num(kv, "perplexity"), num(kv, "kl"), num("fp16", "perplexity"), num("fp16", "kl"))
 		}
+		if nq, _ := row[kv]["nothing_quantized"].(bool); !nq {
+			t.Errorf("%s: row not marked nothing quantised (every layer of the 4-layer model is binary16): %v", kv, row[kv])
+		}
+	}
+	for _, kv := range []string{"int4", "turboquant_3bit_nc-all"} {
+		if nq, _ := row[kv]["nothing_quantized"].(bool); nq {
+			t.Errorf("%s: row marked nothing quantised", kv)
+		}
 	}
 	for _, pair := range [][2]string{{"q8_0", "q4_0"}, {"fp8", "int4_per_token_head"}, {"turboquant_4bit_nc-all", "turboquant_3bit_nc-all"},
 		{"turboquant_4bit_nc-all", "turboquant_k3v4_nc-all"}, {"turboquant_k8v4-all", "turboquant_4bit_nc-all"}} {

@@ -119,6 +119,14 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 			},
 			Quantized: func(ctx int) int {
 				q, _ := kvcache.QuantizedAt(name, o, ctx)
+				// A kind that keeps every layer in binary16 (vLLM's
+				// TurboQuant presets leave the first and last two layers
+				// unquantized: all of a 4-layer model) quantises nothing.
+				if name != "fp16" && name != "fp32" {
+					if b, err := kvcache.BitsAt(name, layers, o, ctx); err == nil && b >= 16 {
+						q = 0
+					}
+				}
 				return q
 			}})
 		return nil
