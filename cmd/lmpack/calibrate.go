@@ -51,7 +51,8 @@ bytes (per layer 8·((E+1)·H² + Σ I_e² + 2·Σ I_e·H) bytes: the Hessians a
 float64 copies of the gate/up weights; about 8.1e9 for Qwen3-30B-A3B).
 Each group is written to a temporary file beside -o and the file is
 assembled at the end; the output does not depend on the grouping.
---max-expert-memory 0 collects every layer in one pass in memory.`,
+--max-expert-memory 0 collects every layer in one pass in memory. The
+report prints the tokens routed to each expert, one row per MoE layer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Data == "" {
