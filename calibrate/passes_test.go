@@ -67,7 +67,8 @@ func TestExpertPasses(t *testing.T) {
 
 // TestRunExpertPasses: on stories260K-moe-hf, Run with a budget of one
 // layer (5 passes) or two layers (3 passes) writes a file byte-identical
-// to the unlimited single pass, reports and logs the passes, counts the
+// to the unlimited single pass, reports the same routing counts (every
+// layer's summing to tokens × top-2), reports and logs the passes, counts the
 // progress over every pass, and leaves no temporary file; a budget below
 // one layer fails naming the bytes needed and writes nothing.
 func TestRunExpertPasses(t *testing.T) {
@@ -95,6 +96,18 @@ func TestRunExpertPasses(t *testing.T) {
 		if s0.ExpertPasses != 1 || s0.ExpertLayers != 5 || total0 != 3*tokens || !strings.Contains(log0, "passes=1") {
 			t.Errorf("unlimited: %d passes, %d layers, progress total %d; want 1, 5, %d; log:\n%s", s0.ExpertPasses, s0.ExpertLayers, total0, 3*tokens, log0)
 		}
+		if len(s0.Routing) != 5 {
+			t.Fatalf("unlimited: routing of %d layers, want 5", len(s0.Routing))
+		}
+		for l, r := range s0.Routing {
+			var sum int64
+			for _, n := range r.Routed {
+				sum += n
+			}
+			if r.Layer != l || len(r.Routed) != 4 || sum != 2*tokens {
+				t.Errorf("routing %d: layer %d, %d experts, %d tokens; want layer %d, 4 experts, %d", l, r.Layer, len(r.Routed), sum, l, 2*tokens)
+			}
+		}
 		want, err := os.ReadFile(ref)
 		if err != nil {
 			t.Fatal(err)
@@ -105,7 +118,7 @@ func TestRunExpertPasses(t *testing.T) {
 		}{{one, 5}, {2 * one, 3}} {
 			name := "b" + strconv.FormatInt(c.budget, 10) + "-" + strconv.FormatBool(all)
 			out, s, log, last, total := run(name, c.budget, all)
-			if s.ExpertPasses != c.passes || s.ExpertLayers != 5 || !reflect.DeepEqual(s.SparseExperts, s0.SparseExperts) {
+			if s.ExpertPasses != c.passes || s.ExpertLayers != 5 || !reflect.DeepEqual(s.SparseExperts, s0.SparseExperts) || !reflect.DeepEqual(s.Routing, s0.Routing) {
 				t.Errorf("%s: %d passes, %d layers, sparse %v; want %d, 5, %v", name, s.ExpertPasses, s.ExpertLayers, s.SparseExperts, c.passes, s0.SparseExperts)
 			}
 			if w := (2 + c.passes) * tokens; last != w || total != w {

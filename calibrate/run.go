@@ -86,6 +86,20 @@ type Summary struct {
 	// tokens; their Hessians fall back as ExpertLayer.Hessians documents
 	// (not with AllExperts, where every expert sees every token).
 	SparseExperts []SparseExpert `json:"sparse_experts,omitempty"`
+	// Routing gives, per MoE layer in layer order, the calibration
+	// tokens the router sent to each expert (top-k routing, also with
+	// AllExperts; ExpertStat.Routed): the table `lmpack calibrate`
+	// prints. Each layer's counts sum to Tokens × top-k. Nil for a dense
+	// model.
+	Routing []ExpertRouting `json:"routing,omitempty"`
+}
+
+// ExpertRouting is one MoE layer's routing counts: Routed[e] is the
+// number of calibration tokens routed to expert e (length E, the layer's
+// expert count).
+type ExpertRouting struct {
+	Layer  int     `json:"layer"`
+	Routed []int64 `json:"routed"`
 }
 
 // Run is `lmpack calibrate`: it opens the model on the CPU backend (the
@@ -186,6 +200,7 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	}
 	var experts []ExpertLayer
 	var sparse []SparseExpert
+	var routing []ExpertRouting
 	var passFiles []string // with more than one expert pass
 	nExpertLayers := 0
 	if moe {
@@ -212,7 +227,7 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 		if err != nil {
 			return nil, err
 		}
-		experts, passFiles, nExpertLayers, sparse = er.experts, er.passFiles, er.layers, er.sparse
+		experts, passFiles, nExpertLayers, sparse, routing = er.experts, er.passFiles, er.layers, er.sparse, er.routing
 		for _, s := range sparse {
 			fb := "its Hessians fall back to the layer's pooled input Hessian (gate/up) and the identity (down)"
 			if opt.AllExperts {
@@ -249,7 +264,7 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 	}
 	s := &Summary{Path: opt.Out, ModelFingerprint: fp, DataFingerprint: c.Header.DataFingerprint,
 		Tokens: opt.Tokens, Windows: len(windows), Ctx: opt.Ctx, Seconds: secs, TokensPerSecond: float64(opt.Tokens) / secs,
-		ExpertLayers: nExpertLayers, ExpertPasses: len(groups), SparseExperts: sparse}
+		ExpertLayers: nExpertLayers, ExpertPasses: len(groups), SparseExperts: sparse, Routing: routing}
 	log.Info("calibration written", "path", opt.Out, "seconds", secs, "tokens_per_second", s.TokensPerSecond)
 	return s, nil
 }
@@ -266,6 +281,8 @@ type expertRun struct {
 	layers int
 	// sparse lists the sparse experts of every pass, in layer order.
 	sparse []SparseExpert
+	// routing holds every MoE layer's routing counts, in layer order.
+	routing []ExpertRouting
 }
 
 // collectExpertPasses runs CollectExperts once per group of MoE layers
@@ -297,6 +314,11 @@ func collectExpertPasses(ctx context.Context, e *model.Loaded, windows [][]int, 
 		r.layers += len(ls)
 		for i := range ls {
 			r.sparse = append(r.sparse, ls[i].Sparse(opt.MinExpertTokens)...)
+			er := ExpertRouting{Layer: ls[i].Layer, Routed: make([]int64, len(ls[i].Experts))}
+			for e, st := range ls[i].Experts {
+				er.Routed[e] = st.Routed
+			}
+			r.routing = append(r.routing, er)
 		}
 		if len(groups) == 1 {
 			r.experts = ls

@@ -77,6 +77,7 @@ func TestRecipeValues(t *testing.T) {
 		{"weights bits", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 5\n", "quantize.weights.bits 5", ErrRecipe},
 		{"weights bits and bpw", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    target_bpw: 3\n", "want exactly one of quantize.weights.bits and quantize.weights.target_bpw", ErrRecipe},
 		{"weights neither", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n", "want exactly one of quantize.weights.bits and quantize.weights.target_bpw", ErrRecipe},
+		{"moe budget without bits", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    moe_budget: 2.5\n", "quantize.weights.bits 0: want 2, 3, 4 or 8 with quantize.weights.moe_budget: the width of the non-expert weights", ErrRecipe},
 		{"weights group", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    group: 48\n", "quantize.weights.group 48", ErrRecipe},
 		{"weights group with bpw", "quantize:\n", "quantize:\n  weights:\n    method: gptq\n    target_bpw: 3.5\n    group: 32\n", "remove group", ErrRecipe},
 		{"weights act_order rtn", "quantize:\n", "quantize:\n  weights:\n    method: rtn\n    bits: 4\n    act_order: true\n", "quantize.weights.act_order: want quantize.weights.method gptq", ErrRecipe},

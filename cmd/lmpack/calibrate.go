@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
+	"strings"
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/field"
@@ -49,7 +51,8 @@ bytes (per layer 8·((E+1)·H² + Σ I_e² + 2·Σ I_e·H) bytes: the Hessians a
 float64 copies of the gate/up weights; about 8.1e9 for Qwen3-30B-A3B).
 Each group is written to a temporary file beside -o and the file is
 assembled at the end; the output does not depend on the grouping.
---max-expert-memory 0 collects every layer in one pass in memory.`,
+--max-expert-memory 0 collects every layer in one pass in memory. The
+report prints the tokens routed to each expert, one row per MoE layer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opt.Data == "" {
@@ -109,6 +112,9 @@ assembled at the end; the output does not depend on the grouping.
 						return err
 					}
 				}
+				if err = printRouting(cmd.OutOrStdout(), s.Routing); err != nil {
+					return err
+				}
 			}
 			return nil
 		},
@@ -125,4 +131,42 @@ assembled at the end; the output does not depend on the grouping.
 	f.Int64Var(&opt.MaxExpertBytes, "max-expert-memory", calibrate.DefaultMaxExpertBytes, "MoE: memory budget of the expert statistics in bytes, one pass per group of layers that fits (0: no limit, one pass)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// printRouting writes the routing counts of every MoE layer as a table:
+// a header naming the experts, then one row per layer with the tokens
+// routed to each expert and the smallest count over the mean (1 for a
+// perfectly balanced router).
+func printRouting(w io.Writer, rs []calibrate.ExpertRouting) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	E := 0
+	for _, r := range rs {
+		E = max(E, len(r.Routed))
+	}
+	var b strings.Builder
+	b.WriteString("tokens routed per expert (top-k):\nlayer")
+	for e := range E {
+		fmt.Fprintf(&b, " %7s", fmt.Sprintf("e%d", e))
+	}
+	b.WriteString("  min/mean\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "%5d", r.Layer)
+		var sum, lo int64
+		for e, n := range r.Routed {
+			fmt.Fprintf(&b, " %7d", n)
+			sum += n
+			if e == 0 || n < lo {
+				lo = n
+			}
+		}
+		ratio := 0.0
+		if sum > 0 {
+			ratio = float64(lo) * float64(len(r.Routed)) / float64(sum)
+		}
+		fmt.Fprintf(&b, "  %8.2f\n", ratio)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,7 +18,9 @@ import (
 // TestCalibrateExperts: `lmpack calibrate` on the MoE model writes the
 // expert statistics; with --calibrate-all-experts every expert's Hessians
 // come from every token while the routing counts stay those of the
-// model's own routing; --min-expert-tokens reports experts below it.
+// model's own routing; --min-expert-tokens reports experts below it; the
+// report prints the routing table, one row per layer with the counts the
+// file holds.
 func TestCalibrateExperts(t *testing.T) {
 	moe := shared.Path(t, "stories260K-moe-hf")
 	dir := t.TempDir()
@@ -27,6 +30,7 @@ func TestCalibrateExperts(t *testing.T) {
 	if !strings.Contains(r.stdout, "expert statistics for 5 MoE layers") {
 		t.Errorf("stdout lacks the expert report:\n%s", r.stdout)
 	}
+	report := r.stdout
 	// Every expert is below 1000 tokens of 256: all 20 reported.
 	r = lmpack(t, nil, "calibrate", moe, "--data", calibText(t), "--tokens", "256", "--ctx", "128", "--threads", "1",
 		"--calibrate-all-experts", "--min-expert-tokens", "1000", "-o", all)
@@ -44,6 +48,24 @@ func TestCalibrateExperts(t *testing.T) {
 	}
 	if len(a.Experts) != 5 || len(b.Experts) != 5 {
 		t.Fatalf("%d and %d expert layers, want 5", len(a.Experts), len(b.Experts))
+	}
+	if !strings.Contains(report, "tokens routed per expert (top-k):\nlayer      e0      e1      e2      e3  min/mean\n") {
+		t.Errorf("stdout lacks the routing table header:\n%s", report)
+	}
+	for l, el := range a.Experts {
+		row := fmt.Sprintf("%5d", el.Layer)
+		var sum, lo int64 = 0, -1
+		for _, s := range el.Experts {
+			row += fmt.Sprintf(" %7d", s.Routed)
+			sum += s.Routed
+			if lo < 0 || s.Routed < lo {
+				lo = s.Routed
+			}
+		}
+		row += fmt.Sprintf("  %8.2f\n", float64(lo)*4/float64(sum))
+		if !strings.Contains(report, "\n"+row) {
+			t.Errorf("layer %d: routing row %q not in stdout:\n%s", l, row, report)
+		}
 	}
 	for l := range a.Experts {
 		var sum int64

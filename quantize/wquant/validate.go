@@ -17,7 +17,7 @@ const MaxTargetBPW = 32
 // Validate checks opt's values without opening anything: Model, Calib
 // and Out given; Method rtn or gptq (ActOrder and TrueSequential need
 // gptq); exactly one of Bits (2, 3, 4, 8) and TargetBPW (in (0,
-// MaxTargetBPW]); GroupSize 32, 64, 128 or 0, and 0 with TargetBPW (the
+// MaxTargetBPW]), Bits with MoEBudget; GroupSize 32, 64, 128 or 0, and 0 with TargetBPW (the
 // allocator chooses groups); MoEBudget >= 0 and finite, not with
 // TargetBPW; MoEGroup, MoEWeighting, MoESolver, MoEMinTokens and MoERule
 // only with MoEBudget, each valid; Damp >= 0 and finite; Choices valid;
@@ -40,6 +40,8 @@ func (opt *Options) Validate() error {
 		return field.New("ActOrder", opt.ActOrder, "{Method} gptq")
 	case opt.TrueSequential && opt.Method != MethodGPTQ:
 		return field.New("TrueSequential", opt.TrueSequential, "{Method} gptq (it orders GPTQ's Hessian passes)")
+	case opt.MoEBudget > 0 && opt.Bits == 0 && opt.TargetBPW == 0:
+		return field.New("Bits", opt.Bits, "2, 3, 4 or 8 with {MoEBudget}: the width of the non-expert weights (attention, shared experts; the CLI's default is 4)")
 	case (opt.Bits != 0) == (opt.TargetBPW != 0):
 		return field.New("Bits", opt.Bits, "exactly one of {Bits} and {TargetBPW}")
 	case opt.Bits != 0 && !slices.Contains([]int{2, 3, 4, 8}, opt.Bits):
