@@ -30,7 +30,18 @@ type LoadOptions struct {
 	// linear weights stay packed (runtime/qlinear.go): every matmul
 	// dequantizes tiles inside it, with logits bit-identical to those of
 	// DequantizeWeights on any number of threads and for any batch
-	// (ForwardBatch). The CUDA backend ignores it.
+	// (ForwardBatch).
+	//
+	// It also widens BF16 and F16 weights: by default (false) the CPU
+	// backend keeps the linear weights (q, k, v, o; gate, up, down of
+	// MLPs and experts; lm_head) and the embedding of BF16/F16 tensors in
+	// place, as src's 16-bit data, 2 bytes per weight instead of a 4-byte
+	// float32 copy (runtime/halflinear.go), with logits bit-identical to
+	// the widened ones. src's tensors' data must then stay valid until
+	// the model is closed (a safetensors.Checkpoint left open). With
+	// DequantizeWeights every weight is float32 and src may be closed
+	// after Load. Norms, biases and routers are float32 either way. The
+	// CUDA backend ignores it.
 	DequantizeWeights bool
 	// ConvertPerBlock makes the CPU backend keep the float weights of the
 	// decoder blocks' linear maps (q, k, v, o; gate, up, down of the MLP,
@@ -44,7 +55,8 @@ type LoadOptions struct {
 	// bit-identical to the default. Load still checks every value (shape,
 	// dtype, NaN/Inf). The tensors' data must stay valid until the model is
 	// closed (a safetensors.Checkpoint left open). The embedding, lm_head,
-	// norms, biases and routers are converted at load as by default;
+	// norms, biases and routers are loaded as by default (BF16/F16
+	// embedding and lm_head in place unless DequantizeWeights);
 	// packed quantized weights stay packed. The CUDA backend ignores it.
 	ConvertPerBlock bool
 }

@@ -50,6 +50,7 @@ type linear struct {
 	f     []float32
 	p     *packedLinear
 	parts []*safetensors.Tensor
+	h     *halfLinear // BF16/F16 in place (halflinear.go)
 }
 
 // packedLinear is W [n, k] as row-stacked segments (q, k and v, or gate
@@ -91,6 +92,9 @@ type qseg struct {
 // and permutations, 4 bytes per element of float rows, and the source
 // tensors' data bytes of a weight converted per block.
 func (w *linear) bytes() int64 {
+	if w.h != nil {
+		return w.h.bytes()
+	}
 	if w.parts != nil {
 		var b int64
 		for _, t := range w.parts {
@@ -286,6 +290,10 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 // sets it), the fused GEMV, its rows split over the pool's threads, when W
 // allows it (packedLinear.fused).
 func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
+	if w.h != nil {
+		w.h.matMul(cm.pool, m, x, ldx, y, ldy)
+		return
+	}
 	if w.p == nil {
 		cm.pool.MatMulNTRows(m, n, k, x, ldx, w.f, k, y, ldy)
 		return

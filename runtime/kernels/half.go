@@ -114,6 +114,18 @@ func matMulNTHalf(kind HalfKind, m, n, k int, x []float32, ldx int, w []uint16, 
 	matMulNTHalfAsm(kind, m, n, k, x, ldx, w, ldw, y, ldy)
 }
 
+// WidenHalf writes the float32 values (exact) of the 16-bit floats src of
+// kind into dst[:len(src)]. It panics for an unknown kind or a short dst.
+func WidenHalf(kind HalfKind, dst []float32, src []uint16) {
+	if kind != BF16 && kind != F16 {
+		panicf("WidenHalf: unknown HalfKind %d", kind)
+	}
+	if len(dst) < len(src) {
+		panicf("WidenHalf: len(dst)=%d < len(src)=%d", len(dst), len(src))
+	}
+	widenRow(kind, dst, src)
+}
+
 // widenRow writes the float32 values of the 16-bit floats src into dst.
 func widenRow(kind HalfKind, dst []float32, src []uint16) {
 	dst = dst[:len(src)]
