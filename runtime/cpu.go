@@ -51,10 +51,9 @@ type cpuLayer struct {
 type cpuModel struct {
 	d         *arch.Description
 	pool      *kernels.Pool
-	embed     []float32   // [V, H], or nil when embedH is set
-	embedH    *halfLinear // [V, H] BF16/F16 in place (halflinear.go), or nil
-	finalNorm []float32   // [H]
-	lmHead    linear      // [V, H]
+	embed     []float32 // [V, H], or nil when embedH is set
+	finalNorm []float32 // [H]
+	lmHead    linear    // [V, H]
 	layers    []cpuLayer
 	s         scratch
 	attn      attnTask
@@ -87,6 +86,10 @@ type cpuModel struct {
 	// block's weights] (blockweights.go).
 	perBlock bool
 	blockBuf []float32
+
+	// embedH: a BF16/F16 embedding [V, H] used in place (halflinear.go),
+	// or nil (embed is set).
+	embedH *halfLinear
 }
 
 var _ Model = (*cpuModel)(nil)
