@@ -129,6 +129,14 @@ func WidenHalf(kind HalfKind, dst []float32, src []uint16) {
 // widenRow writes the float32 values of the 16-bit floats src into dst.
 func widenRow(kind HalfKind, dst []float32, src []uint16) {
 	dst = dst[:len(src)]
+	if n8 := len(src) &^ 7; n8 > 0 && halfAsm(kind) {
+		if kind == BF16 {
+			widenBF16AVX2(&dst[0], &src[0], n8)
+		} else {
+			widenF16AVX2(&dst[0], &src[0], n8)
+		}
+		dst, src = dst[n8:], src[n8:]
+	}
 	if kind == BF16 {
 		for i, v := range src {
 			dst[i] = math.Float32frombits(uint32(v) << 16)

@@ -387,3 +387,41 @@ DATA halfLanes<>+20(SB)/4, $5
 DATA halfLanes<>+24(SB)/4, $6
 DATA halfLanes<>+28(SB)/4, $7
 GLOBL halfLanes<>(SB), RODATA|NOPTR, $32
+
+// func widenBF16AVX2(dst *float32, src *uint16, n int)
+// dst[i] = float32 of bfloat16 src[i] for i < n, n a multiple of 8, n ≥ 8.
+TEXT ·widenBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+
+wbLoop:
+	VPMOVZXWD (SI), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ  wbLoop
+	VZEROUPPER
+	RET
+
+// func widenF16AVX2(dst *float32, src *uint16, n int)
+// dst[i] = float32 of binary16 src[i] for i < n, n a multiple of 8, n ≥ 8
+// (F16C).
+TEXT ·widenF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+
+whLoop:
+	VCVTPH2PS (SI), Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ  whLoop
+	VZEROUPPER
+	RET

@@ -154,3 +154,76 @@ func containsStr(s, sub string) bool {
 	}
 	return false
 }
+
+// BenchmarkMatMulNTHalf measures the decode GEMV (m = 1) and a 7-row GEMM
+// on W [2816, 512] (the 22M model's fused gate/up) stored as bf16, f16
+// and float32 (MatMulNTRows), one thread, in GB/s of weights read
+// (W's bytes per call / time).
+func BenchmarkMatMulNTHalf(b *testing.B) {
+	const n, k = 2816, 512
+	r := newRand(3)
+	wf := randSlice(r, n*k)
+	wb, wh := make([]uint16, n*k), make([]uint16, n*k)
+	for i, v := range wf {
+		wb[i], wh[i] = halfBits(BF16, v), halfBits(F16, v)
+	}
+	for _, m := range []int{1, 7} {
+		x := randSlice(r, m*k)
+		y := make([]float32, m*n)
+		for _, c := range []struct {
+			name  string
+			bytes int
+			run   func()
+		}{
+			{"bf16", 2, func() { MatMulNTHalf(BF16, m, n, k, x, k, wb, k, y, n) }},
+			{"f16", 2, func() { MatMulNTHalf(F16, m, n, k, x, k, wh, k, y, n) }},
+			{"f32", 4, func() { MatMulNTRows(m, n, k, x, k, wf, k, y, n) }},
+		} {
+			b.Run(fmt.Sprintf("m=%d/%s", m, c.name), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					c.run()
+				}
+				b.ReportMetric(float64(c.bytes*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "weight_GB/s")
+			})
+		}
+	}
+}
+
+// TestWidenHalf: WidenHalf widens every bf16 and f16 bit pattern as
+// safetensors' converters do (bit for bit for finite values and ±Inf;
+// NaN to a NaN), at lengths with and without a tail of 1..7.
+func TestWidenHalf(t *testing.T) {
+	src := make([]uint16, 1<<16)
+	for i := range src {
+		src[i] = uint16(i)
+	}
+	for _, kind := range []HalfKind{BF16, F16} {
+		ref := safetensors.BF16ToFloat32
+		if kind == F16 {
+			ref = safetensors.F16ToFloat32
+		}
+		bothPaths(t, func(t *testing.T) {
+			for _, n := range []int{len(src), len(src) - 3, 7, 9} {
+				s := src[len(src)-n:]
+				dst := make([]float32, n+1)
+				dst[n] = sentinel
+				WidenHalf(kind, dst, s)
+				if dst[n] != sentinel {
+					t.Fatalf("%v n=%d: wrote past len(src)", kind, n)
+				}
+				for i, v := range s {
+					got, want := dst[i], ref(v)
+					if want != want {
+						if got == got {
+							t.Fatalf("%v %#04x: %v, want NaN", kind, v, got)
+						}
+						continue
+					}
+					if math.Float32bits(got) != math.Float32bits(want) {
+						t.Fatalf("%v %#04x: %v (%#08x), want %v (%#08x)", kind, v, got, math.Float32bits(got), want, math.Float32bits(want))
+					}
+				}
+			}
+		})
+	}
+}
