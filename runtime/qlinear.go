@@ -504,7 +504,8 @@ func unpackCodes(dst []uint8, src []byte, bits int) {
 // LinearWeightBytes returns the bytes that the linear weights of a CPU
 // model (attention q/k/v/o, MLP and expert gate/up/down, and lm_head when
 // untied from the embedding) take in memory: 4 per element for float32
-// weights, the source tensors' bytes for weights converted per block
+// weights, 2 for BF16/F16 weights used in place (halflinear.go; their
+// pages are the mapped file's), the source tensors' bytes for weights converted per block
 // (LoadOptions.ConvertPerBlock), and for packed quantized weights their packed codes, F16
 // scales and zero-points and int32 permutations (weights.Quantized.Bytes).
 // It returns -1 for a model of another backend.
