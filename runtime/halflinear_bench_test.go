@@ -133,8 +133,9 @@ func halfDecodeRSS(b *testing.B, dir, mode string) map[string]int64 {
 // the model and cache hold (heap_MiB: KV cache and scratch in place, the
 // float32 copies too when widened), and rss_ratio = VmHWM / (file + heap)
 // and grow_ratio = (VmHWM − RSS before load) / (file + heap), the second
-// without the test binary's own pages. Run with -count ≥ 3 to interleave
-// the modes.
+// without the test binary's own pages. -count repeats each mode back to
+// back; to interleave the modes A/B/A/B, run the test binary (go test -c)
+// several times with -test.count=1.
 func BenchmarkHalfDecode(b *testing.B) {
 	for _, dt := range []safetensors.DType{safetensors.BF16, safetensors.F16} {
 		dir := writeSyntheticLlamaAs(b, dt)
