@@ -227,3 +227,25 @@ func TestWidenHalf(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolMatMulNTHalfNoAlloc: the pool's MatMulNTHalf allocates nothing
+// per call, split over threads (decode and a 7-row batch) or inline.
+func TestPoolMatMulNTHalfNoAlloc(t *testing.T) {
+	const n, k = 300, 200
+	r := newRand(5)
+	w := make([]uint16, n*k)
+	for i := range w {
+		w[i] = halfBits(BF16, float32(2*r.Float64()-1))
+	}
+	x := randSlice(r, 7*k)
+	y := make([]float32, 7*n)
+	for _, th := range []int{1, 3} {
+		p := NewPool(th)
+		for _, m := range []int{1, 7} {
+			if a := testing.AllocsPerRun(20, func() { p.MatMulNTHalf(BF16, m, n, k, x, k, w, k, y, n) }); a != 0 {
+				t.Errorf("threads %d m=%d: %v allocations per call", th, m, a)
+			}
+		}
+		p.Close()
+	}
+}
