@@ -23,25 +23,27 @@ type TensorSource interface {
 type LoadOptions struct {
 	// Threads is the number of worker threads; <= 0 means all cores.
 	Threads int
-	// DequantizeWeights makes the CPU backend dequantize every quantized
+	// DequantizeWeights asks the CPU backend for float32 copies of the
+	// weights it otherwise uses in place: BF16/F16 and quantized ones.
+	//
+	// BF16/F16: by default (false) the CPU backend keeps the linear
+	// weights (q, k, v, o; gate, up, down of MLPs and experts; lm_head)
+	// and the embedding of BF16/F16 tensors in place, as src's 16-bit
+	// data, 2 bytes per weight instead of a 4-byte float32 copy
+	// (runtime/halflinear.go), with logits bit-identical to the widened
+	// ones. src's tensors' data must then stay valid until the model is
+	// closed (a safetensors.Checkpoint left open); with DequantizeWeights
+	// src may be closed after Load. Norms, biases and routers are float32
+	// either way.
+	//
+	// Quantized: DequantizeWeights makes the CPU backend dequantize every quantized
 	// weight (docs/QUANT.md) to float32 at load: 32 bits per weight in
 	// memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
 	// linear weights stay packed (runtime/qlinear.go): every matmul
 	// dequantizes tiles inside it, with logits bit-identical to those of
 	// DequantizeWeights on any number of threads and for any batch
-	// (ForwardBatch).
-	//
-	// It also widens BF16 and F16 weights: by default (false) the CPU
-	// backend keeps the linear weights (q, k, v, o; gate, up, down of
-	// MLPs and experts; lm_head) and the embedding of BF16/F16 tensors in
-	// place, as src's 16-bit data, 2 bytes per weight instead of a 4-byte
-	// float32 copy (runtime/halflinear.go), with logits bit-identical to
-	// the widened ones. src's tensors' data must then stay valid until
-	// the model is closed (a safetensors.Checkpoint left open). With
-	// DequantizeWeights every weight is float32 and src may be closed
-	// after Load. Norms, biases and routers are float32 either way. The
-	// CUDA backend ignores it.
+	// (ForwardBatch). The CUDA backend ignores it.
 	DequantizeWeights bool
 	// ConvertPerBlock makes the CPU backend keep the float weights of the
 	// decoder blocks' linear maps (q, k, v, o; gate, up, down of the MLP,
