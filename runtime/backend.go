@@ -23,7 +23,20 @@ type TensorSource interface {
 type LoadOptions struct {
 	// Threads is the number of worker threads; <= 0 means all cores.
 	Threads int
-	// DequantizeWeights makes the CPU backend dequantize every quantized
+	// DequantizeWeights asks the CPU backend for float32 copies of the
+	// weights it otherwise uses in place: BF16/F16 and quantized ones.
+	//
+	// BF16/F16: by default (false) the CPU backend keeps the linear
+	// weights (q, k, v, o; gate, up, down of MLPs and experts; lm_head)
+	// and the embedding of BF16/F16 tensors in place, as src's 16-bit
+	// data, 2 bytes per weight instead of a 4-byte float32 copy
+	// (runtime/halflinear.go), with logits bit-identical to the widened
+	// ones. src's tensors' data must then stay valid until the model is
+	// closed (a safetensors.Checkpoint left open); with DequantizeWeights
+	// src may be closed after Load. Norms, biases and routers are float32
+	// either way.
+	//
+	// Quantized: DequantizeWeights makes the CPU backend dequantize every quantized
 	// weight (docs/QUANT.md) to float32 at load: 32 bits per weight in
 	// memory instead of about bits + 16/group_size
 	// (+16/group_size for zero-points). By default (false) the quantized
@@ -47,7 +60,8 @@ type LoadOptions struct {
 	// bit-identical to the default. Load still checks every value (shape,
 	// dtype, NaN/Inf). The tensors' data must stay valid until the model is
 	// closed (a safetensors.Checkpoint left open). The embedding, lm_head,
-	// norms, biases and routers are converted at load as by default;
+	// norms, biases and routers are loaded as by default (BF16/F16
+	// embedding and lm_head in place unless DequantizeWeights);
 	// packed quantized weights stay packed. The CUDA backend ignores it.
 	ConvertPerBlock bool
 }

@@ -161,7 +161,7 @@ func (m *cpuModel) forward(ctx context.Context, seqs []Seq, batch bool) error {
 	r := 0
 	for i := range seqs {
 		for _, id := range seqs[i].Tokens {
-			copy(x[r*H:(r+1)*H], m.embed[id*H:(id+1)*H])
+			m.embedRow(x[r*H:(r+1)*H], id)
 			r++
 		}
 	}

@@ -28,6 +28,13 @@ var llamaCpp = map[string]map[int][2]float64{ // model -> threads -> {decode, pr
 // N(0, 1/fan_in) weights from a fixed seed into a temp dir.
 func writeSyntheticLlama(b *testing.B) string {
 	b.Helper()
+	return writeSyntheticLlamaAs(b, safetensors.F32)
+}
+
+// writeSyntheticLlamaAs is writeSyntheticLlama with the tensors stored as
+// dtype (the same float32 draws, rounded by safetensors.FromFloat32As).
+func writeSyntheticLlamaAs(b *testing.B, dtype safetensors.DType) string {
+	b.Helper()
 	cfg := map[string]any{
 		"architectures": []string{"LlamaForCausalLM"}, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
 		"num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 512, "rms_norm_eps": 1e-5,
@@ -62,7 +69,11 @@ func writeSyntheticLlama(b *testing.B) string {
 				v[i] = float32(rng.NormFloat64() / math.Sqrt(float64(s[len(s)-1])))
 			}
 		}
-		ws = append(ws, safetensors.FromFloat32(n, s, v))
+		wt, err := safetensors.FromFloat32As(n, dtype, s, v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws = append(ws, wt)
 	}
 	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), ws, nil); err != nil {
 		b.Fatal(err)

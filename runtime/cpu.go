@@ -51,7 +51,7 @@ type cpuLayer struct {
 type cpuModel struct {
 	d         *arch.Description
 	pool      *kernels.Pool
-	embed     []float32 // [V, H]
+	embed     []float32 // [V, H], or nil when embedH is set
 	finalNorm []float32 // [H]
 	lmHead    linear    // [V, H]
 	layers    []cpuLayer
@@ -86,6 +86,10 @@ type cpuModel struct {
 	// block's weights] (blockweights.go).
 	perBlock bool
 	blockBuf []float32
+
+	// embedH: a BF16/F16 embedding [V, H] used in place (halflinear.go),
+	// or nil (embed is set).
+	embedH *halfLinear
 }
 
 var _ Model = (*cpuModel)(nil)
@@ -94,8 +98,9 @@ var _ Model = (*cpuModel)(nil)
 // shapes and finiteness, and fuses q/k/v and gate/up into single matrices.
 // Quantized weights of the attention projections, MLPs, experts and
 // lm_head stay packed (qlinear.go) unless opt.DequantizeWeights; any other
-// quantized weight is dequantized (quantized.go). With
-// opt.ConvertPerBlock the decoder blocks' float linear weights stay src's
+// quantized weight is dequantized (quantized.go). BF16/F16 linear weights
+// and embedding stay src's 16-bit data (halflinear.go) unless
+// opt.DequantizeWeights. With opt.ConvertPerBlock the decoder blocks' float linear weights stay src's
 // tensors and are converted when their block runs (blockweights.go).
 func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSource, opt LoadOptions) (Model, error) {
 	if err := d.Validate(); err != nil {
@@ -107,6 +112,12 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 	src = WithQuant(d, src) // quantized weights are dequantized (quantized.go)
 	packed := !opt.DequantizeWeights
 	lin := func(cols int, names []string, rows []int) (linear, error) {
+		if !opt.DequantizeWeights && !anyPacked(d, packed, names) {
+			// BF16/F16 weights stay in place (halflinear.go).
+			if w, ok, err := loadHalfLinear(src, cols, names, rows); ok || err != nil {
+				return w, err
+			}
+		}
 		return loadLinear(d, src, raw, packed, cols, names, rows)
 	}
 	m.perBlock = opt.ConvertPerBlock
@@ -130,13 +141,18 @@ func (cpuBackend) Load(ctx context.Context, d *arch.Description, src TensorSourc
 		return &cpuMLP{gu: gu, down: down, inter: s.IntermediateSize}, nil
 	}
 	var err error
-	if m.embed, err = loadF32(src, d.Embedding, V, H); err != nil {
+	if opt.DequantizeWeights {
+		m.embed, err = loadF32(src, d.Embedding, V, H)
+	} else {
+		m.embed, err = loadEmbedding(m, src, d.Embedding, V, H)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if m.finalNorm, err = loadF32(src, d.FinalNorm, H); err != nil {
 		return nil, err
 	}
-	m.lmHead = linear{f: m.embed}
+	m.lmHead = linear{f: m.embed, h: m.embedH}
 	if !d.TieWordEmbeddings {
 		if m.lmHead, err = lin(H, []string{d.LMHead}, []int{V}); err != nil {
 			return nil, err

@@ -24,7 +24,9 @@
 // from formats/arch. Weights listed in the description's quantization
 // block (docs/QUANT.md) are read as packed codes with fp16 scales
 // (ReadQuantized); the CPU backend keeps the linear ones packed unless
-// LoadOptions.DequantizeWeights.
+// LoadOptions.DequantizeWeights, and likewise uses BF16/F16 linear weights
+// and embeddings in place from the mapped file (halflinear.go,
+// kernels.MatMulNTHalf).
 // HiddenForwarder runs the blocks on given hidden states (sequential
 // compression stages load one block at a time).
 //

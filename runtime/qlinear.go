@@ -61,6 +61,7 @@ type linear struct {
 	f     []float32
 	p     *packedLinear
 	parts []*safetensors.Tensor
+	h     *halfLinear // BF16/F16 in place (halflinear.go)
 }
 
 // packedLinear is W [n, k] as row-stacked segments (q, k and v, or gate
@@ -133,6 +134,9 @@ type qseg struct {
 // and permutations, 4 bytes per element of float rows, and the source
 // tensors' data bytes of a weight converted per block.
 func (w *linear) bytes() int64 {
+	if w.h != nil {
+		return w.h.bytes()
+	}
 	if w.parts != nil {
 		var b int64
 		for _, t := range w.parts {
@@ -395,6 +399,10 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 // unless a test sets it), the float fused GEMV; GEMV rows are split over
 // the pool's threads.
 func (cm *cpuModel) matMul(m, n, k int, x []float32, ldx int, w *linear, y []float32, ldy int) {
+	if w.h != nil {
+		w.h.matMul(cm.pool, m, x, ldx, y, ldy)
+		return
+	}
 	if w.p == nil {
 		cm.pool.MatMulNTRows(m, n, k, x, ldx, w.f, k, y, ldy)
 		return
@@ -606,7 +614,8 @@ func unpackCodes(dst []uint8, src []byte, bits int) {
 // LinearWeightBytes returns the bytes that the linear weights of a CPU
 // model (attention q/k/v/o, MLP and expert gate/up/down, and lm_head when
 // untied from the embedding) take in memory: 4 per element for float32
-// weights, the source tensors' bytes for weights converted per block
+// weights, 2 for BF16/F16 weights used in place (halflinear.go; their
+// pages are the mapped file's), the source tensors' bytes for weights converted per block
 // (LoadOptions.ConvertPerBlock), and for packed quantized weights their packed codes, F16
 // scales and zero-points and int32 permutations (weights.Quantized.Bytes).
 // It returns -1 for a model of another backend.

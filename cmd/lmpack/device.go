@@ -42,3 +42,10 @@ func cpuOnly(device, what string, logger *slog.Logger) (string, error) {
 	}
 	return "cpu", nil
 }
+
+// addDequantizeFlag registers --dequantize on cmd
+// (engine.Options.DequantizeWeights).
+func addDequantizeFlag(cmd *cobra.Command, dequantize *bool) {
+	cmd.Flags().BoolVar(dequantize, "dequantize", false,
+		"CPU: keep float32 copies of the weights (packed quantized and BF16/F16 ones, which are otherwise used in place: 2-4x the memory, same results)")
+}

@@ -35,6 +35,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 		kvC     int
 		kvServe int
 	)
+	var dequantize bool // --dequantize
 	cmd := &cobra.Command{
 		Use:   "eval MODEL --data FILE",
 		Short: "Perplexity of a model on a text file (non-overlapping windows, BOS prepended)",
@@ -96,7 +97,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				}
 				device = d
 			}
-			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Device: device, Logger: g.logger, Artifacts: kv == nil})
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Device: device, Logger: g.logger, Artifacts: kv == nil, DequantizeWeights: dequantize})
 			if err != nil {
 				return err
 			}
@@ -166,6 +167,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.IntVar(&opt.MaxWindows, "max-windows", 0, "stop after K windows (0: all)")
 	f.IntVar(&threads, "threads", 0, "worker threads (default: all cores)")
 	addDeviceFlag(cmd, &device)
+	addDequantizeFlag(cmd, &dequantize)
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.StringVar(&kvList, "kv", "", "compare KV cache methods side by side, comma-separated: "+strings.Join(kvcache.Methods(), ","))
 	f.StringVar(&kvRot, "kv-rotations", "", "OSCAR rotation file (lmpack quantize kv), needed by oscar2/oscar4")

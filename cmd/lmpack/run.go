@@ -17,6 +17,7 @@ func newRunCmd(g *globalFlags) *cobra.Command {
 		noStop  bool
 		device  string
 	)
+	var dequantize bool // --dequantize
 	cmd := &cobra.Command{
 		Use:   "run MODEL",
 		Short: "Generate text from a prompt, streamed to stdout",
@@ -49,7 +50,7 @@ file.`,
 				return err
 			}
 			opt.StopAtEOS = !noStop
-			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Device: device, Logger: g.logger, Artifacts: true})
+			e, err := engine.Open(cmd.Context(), args[0], engine.Options{Threads: threads, Device: device, Logger: g.logger, Artifacts: true, DequantizeWeights: dequantize})
 			if err != nil {
 				return err
 			}
@@ -87,6 +88,7 @@ file.`,
 	f.BoolVar(&noStop, "ignore-eos", false, "keep generating past end-of-sequence tokens")
 	f.BoolVar(&opt.Echo, "echo", false, "print the prompt (as the tokenizer decodes it) before the generated text")
 	addDeviceFlag(cmd, &device)
+	addDequantizeFlag(cmd, &dequantize)
 	return cmd
 }
 

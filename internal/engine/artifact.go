@@ -128,7 +128,7 @@ func openArtifactEngine(ctx context.Context, path string, opt Options) (*Engine,
 	}
 	t0 := time.Now()
 	_, blocker := deviceKV(kvMethod, kvOpt)
-	be, m, err := loadModel(ctx, opt.Device, opt.Logger, d, a, opt.Threads, blocker)
+	be, m, err := loadModelOpts(ctx, opt.Device, opt.Logger, d, a, runtime.LoadOptions{Threads: opt.Threads, DequantizeWeights: opt.DequantizeWeights}, blocker)
 	if err != nil {
 		return nil, err
 	}

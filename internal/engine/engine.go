@@ -49,6 +49,10 @@ type Options struct {
 	// converts the blocks' weights again (for prefill-only work such as
 	// calibration).
 	ConvertPerBlock bool
+	// DequantizeWeights loads with runtime.LoadOptions.DequantizeWeights
+	// (CPU backend; --dequantize): every weight as a float32 copy, packed
+	// quantized and BF16/F16 weights included, instead of used in place.
+	DequantizeWeights bool
 }
 
 // Engine is an opened model: its description, checkpoint (or artifact),
@@ -101,7 +105,7 @@ func Open(ctx context.Context, name string, opt Options) (*Engine, error) {
 		return nil, err
 	}
 	t0 := time.Now()
-	be, m, err := loadModelOpts(ctx, opt.Device, opt.Logger, d, ck, runtime.LoadOptions{Threads: opt.Threads, ConvertPerBlock: opt.ConvertPerBlock}, "")
+	be, m, err := loadModelOpts(ctx, opt.Device, opt.Logger, d, ck, runtime.LoadOptions{Threads: opt.Threads, ConvertPerBlock: opt.ConvertPerBlock, DequantizeWeights: opt.DequantizeWeights}, "")
 	if err != nil {
 		ck.Close()
 		return nil, err

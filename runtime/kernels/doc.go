@@ -62,6 +62,13 @@
 //     (rows.go), so a row's result does not depend on the other rows; a
 //     single row runs gemvNT8AVX2 (eight w rows per load of x, one
 //     accumulator each) at the decode GEMV's speed.
+//   - MatMulNTHalf (BF16/F16 weights in place, half.go): MatMulNTRows with
+//     w 16-bit floats, the same bits as MatMulNTRows on the widened w. A
+//     row of x runs gemvNT8BF16AVX2/gemvNT8F16AVX2, gemvNT8AVX2 with each
+//     w load widened in registers (VPMOVZXWD+VPSLLD for bfloat16,
+//     VCVTPH2PS for binary16), so decode reads 2 bytes per weight; 4-row
+//     groups widen 12 rows of w at a time into a stack tile for the 4×3
+//     micro-kernel. BenchmarkMatMulNTHalf reports GB/s.
 //   - MatMulNN (P·V): a 6×16 broadcast-FMA micro-kernel (twelve
 //     accumulators; per k one row of w is two loads, each x element one
 //     broadcast), plus a one-row kernel with masked column tails.

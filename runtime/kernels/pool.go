@@ -42,6 +42,7 @@ type Pool struct {
 	mu     sync.Mutex  // serializes jobs
 	closed atomic.Bool // set once by Close
 	mm     matMulTask  // reused by MatMulNT so that it does not allocate
+	hm     halfTask    // reused by MatMulNTHalf
 }
 
 // Test hooks that widen the race windows of the wake-up handshakes: run
