@@ -357,6 +357,7 @@ type scratch struct {
 	scores    []float32 // [max heads, min(T, attnBlock)*ctx]
 	kr, vr    []float32 // [max kv heads, ctx*head_dim] for caches without F32KV (splitKV)
 	kw, vw    []float32 // [ctx*head_dim] one head's rows before the Write (splitKV)
+	kvaS      []float32 // [heads, KVAttender scratch] (splitKV, attnTask)
 	gu        []float32 // [T, 2*max I]
 	h         []float32 // [T, max I] (observer copy)
 	out       []float32 // [T, H]
@@ -528,6 +529,7 @@ func (m *cpuModel) attendSeq(li int, l *cpuLayer, bq *batchSeq) {
 		t.ldkv = l.kvdim
 		t.direct = true
 		t.nk = n
+		t.kva = nil
 	} else {
 		m.splitKV(li, l, pos, T, cache, k, v)
 	}
@@ -551,6 +553,11 @@ type attnTask struct {
 	// and reads them from those rows instead.
 	nk, ra, ext int
 	qend        []int
+	// kva, when set, serves positions [0, pos) (rows [0, pos) of k, v
+	// are then not filled); kvaN is its scratch per head in m.s.kvaS.
+	kva  KVAttender
+	li   int
+	kvaN int
 }
 
 // attnBlock is the number of queries whose attention scores are held at
@@ -580,7 +587,22 @@ func (t *attnTask) Run(lo, hi int) {
 			}
 			sc := s.scores[h*blk*nk : h*blk*nk+tb*nv]
 			q := s.qkv[(t.r0+i0)*l.qkvdim+h*hd:]
-			kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
+			p0 := 0 // the first earlier position some query of the block sees
+			if t.kva != nil {
+				if w := l.window; w > 0 {
+					p0 = min(t.pos, max(0, t.pos+i0-w+1))
+				}
+				scr := s.kvaS[h*t.kvaN : (h+1)*t.kvaN]
+				for i := 0; i < tb; i++ {
+					clear(sc[i*nv : i*nv+p0])
+				}
+				if p0 < t.pos {
+					t.kva.Scores(t.li, g, p0, t.pos, tb, q, l.qkvdim, sc[p0:], nv, scr)
+				}
+				kernels.MatMulNT(tb, nv-t.pos, hd, q, l.qkvdim, K[t.pos*hd:], t.ldkv, sc[t.pos:], nv)
+			} else {
+				kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
+			}
 			for i := 0; i < tb; i++ {
 				p := t.pos + i0 + i // the query's position: keys [lo, p] are visible
 				lo := 0
@@ -607,7 +629,15 @@ func (t *attnTask) Run(lo, hi int) {
 				}
 				softmaxRanges(row, rs[:], t.scale)
 			}
-			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, s.att[(t.r0+i0)*l.qdim+h*hd:], l.qdim)
+			out := s.att[(t.r0+i0)*l.qdim+h*hd:]
+			if t.kva != nil {
+				kernels.MatMulNN(tb, hd, nv-t.pos, sc[t.pos:], nv, V[t.pos*hd:], t.ldkv, out, l.qdim)
+				if p0 < t.pos {
+					t.kva.AccumV(t.li, g, p0, t.pos, tb, sc[p0:], nv, out, l.qdim, s.kvaS[h*t.kvaN:(h+1)*t.kvaN])
+				}
+				continue
+			}
+			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, out, l.qdim)
 		}
 	}
 }
@@ -682,9 +712,17 @@ func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v 
 		}
 	}
 	cache.Write(li, pos, T, k, v)
+	// A KVAttender serves the earlier tokens from its packed storage
+	// (attnTask): rows [0, pos) are not read.
+	t.kva, t.li, t.kvaN = nil, li, 0
+	if ka, ok := cache.(KVAttender); ok && pos > 0 && ka.AttendsKV(li) {
+		t.kva = ka
+		t.kvaN = ka.AttendScratch(li, min(T, attnBlock))
+		s.kvaS = grow(s.kvaS, l.nh*t.kvaN)
+	}
 	for g := 0; g < l.nkv; g++ {
 		kr, vr := s.kr[g*nk*hd:(g+1)*nk*hd], s.vr[g*nk*hd:(g+1)*nk*hd]
-		if pos > 0 {
+		if pos > 0 && t.kva == nil {
 			cache.Read(li, g, pos, kr[:pos*hd], vr[:pos*hd])
 		}
 		for i := 0; i < T; i++ {
