@@ -533,7 +533,56 @@ func (m *cpuModel) attendSeq(li int, l *cpuLayer, bq *batchSeq) {
 	} else {
 		m.splitKV(li, l, pos, T, cache, k, v)
 	}
+	if t.kva != nil && T == 1 {
+		// Decode through a KVAttender: one call per kv head for all the
+		// query heads of its GQA group, so the packed rows are decoded
+		// once per kv head, as Read does.
+		m.pool.Run(l.nkv, kvDecodeTask{t})
+		return
+	}
 	m.pool.Run(l.nh, t)
+}
+
+// kvDecodeTask is attnTask for one query (T = 1) through a KVAttender,
+// over a range of kv heads.
+type kvDecodeTask struct{ t *attnTask }
+
+func (d kvDecodeTask) Run(lo, hi int) {
+	t := d.t
+	s := &t.m.s
+	l := t.l
+	hd, pos, n := l.hd, t.pos, t.n // n = pos+1 = t.nk (no extension rows for T = 1)
+	group := l.nh / l.nkv
+	p0 := 0
+	if w := l.window; w > 0 {
+		p0 = min(pos, max(0, pos-w+1))
+	}
+	for g := lo; g < hi; g++ {
+		h0 := g * group
+		K, V := t.k[g*n*hd:(g+1)*n*hd], t.v[g*n*hd:(g+1)*n*hd]
+		q := s.qkv[t.r0*l.qkvdim+h0*hd:]
+		sc := s.scores[h0*n : (h0+group)*n]
+		out := s.att[t.r0*l.qdim+h0*hd:]
+		scr := s.kvaS[g*t.kvaN : (g+1)*t.kvaN]
+		if p0 < pos {
+			t.kva.Scores(t.li, g, p0, pos, group, q, hd, sc[p0:], n, scr)
+		}
+		for j := 0; j < group; j++ {
+			row := sc[j*n : (j+1)*n]
+			qh := q[j*hd : (j+1)*hd]
+			row[pos] = kernels.Dot(qh, K[pos*hd:(pos+1)*hd])
+			clear(row[:p0])
+			vis := row[p0:n]
+			kernels.Scale(t.scale, vis)
+			kernels.Softmax(vis)
+			o := out[j*hd : (j+1)*hd]
+			clear(o)
+			kernels.Axpy(row[pos], V[pos*hd:(pos+1)*hd], o)
+		}
+		if p0 < pos {
+			t.kva.AccumV(t.li, g, p0, pos, group, sc[p0:], n, out, hd, scr)
+		}
+	}
 }
 
 // attnTask computes softmax(q·Kᵀ/√d + mask)·V for a range of heads.
@@ -717,7 +766,7 @@ func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v 
 	t.kva, t.li, t.kvaN = nil, li, 0
 	if ka, ok := cache.(KVAttender); ok && pos > 0 && ka.AttendsKV(li) {
 		t.kva = ka
-		t.kvaN = ka.AttendScratch(li, min(T, attnBlock))
+		t.kvaN = ka.AttendScratch(li, max(min(T, attnBlock), l.nh/l.nkv))
 		s.kvaS = grow(s.kvaS, l.nh*t.kvaN)
 	}
 	for g := 0; g < l.nkv; g++ {
