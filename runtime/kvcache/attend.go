@@ -162,7 +162,7 @@ func (c *cache) AttendScratch(layer, nq int) int {
 			aux = max(aux, sd.raw.auxLen())
 		}
 	}
-	return 3*nq*L.hd + attendTokens*L.hd + nq*attendTokens + aux
+	return 3*nq*L.hd + attendTokens*L.hd + nq*attendTokens + max(aux, nq)
 }
 
 // attendScratch splits scratch for nq rows.
@@ -251,6 +251,10 @@ func (c *cache) Scores(layer, h, p0, p1, nq int, q []float32, ldq int, s []float
 	sd := &L.k
 	if a0, a1 := max(p0, c.sink), min(p1, L.q); a1 > a0 {
 		toSide(sd, hd, nq, q, ldq, qs)
+		if cs, bits, ok := codesOf(sd); ok {
+			codeScores(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk, aux[:nq])
+			a1 = a0 // done
+		}
 		for a := a0; a < a1; a += attendTokens {
 			b := min(a1, a+attendTokens)
 			sd.raw.getRaw(h, a-c.sink, b-c.sink, blk, aux)
@@ -291,6 +295,10 @@ func (c *cache) AccumV(layer, h, p0, p1, nq int, p []float32, ldp int, out []flo
 	sd := &L.v
 	if a0, a1 := max(p0, c.sink), min(p1, L.q); a1 > a0 {
 		clear(acc[:nq*hd])
+		if cs, bits, ok := codesOf(sd); ok {
+			codeAccum(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk, pw, tmp, aux[:nq])
+			a0 = a1 // done
+		}
 		for a := a0; a < a1; a += attendTokens {
 			b := min(a1, a+attendTokens)
 			sd.raw.getRaw(h, a-c.sink, b-c.sink, blk, aux)
