@@ -61,7 +61,7 @@ func codeBitsOK(bits, hd int) bool {
 	return false
 }
 
-func (s asymRaw) codeBits() (int, bool) { return s.bits, s.ng == 1 && codeBitsOK(s.bits, s.hd) }
+func (s asymRaw) codeBits() (int, bool)    { return s.bits, s.ng == 1 && codeBitsOK(s.bits, s.hd) }
 func (s asymRaw) symZero() (bool, float32) { return false, 0 }
 func (s asymRaw) codeRows(h, i, i1 int) (int, []byte, []uint16) {
 	e := s.p.runEnd(i, i1)
