@@ -63,13 +63,6 @@ type f16Raw struct {
 
 func (s f16Raw) getRaw(h, i0, i1 int, dst, _ []float32) { s.get(h, i0, i1, dst) }
 
-type f32Raw struct {
-	*f32Store
-	noRawMap
-}
-
-func (s f32Raw) getRaw(h, i0, i1 int, dst, _ []float32) { s.get(h, i0, i1, dst) }
-
 type asymRaw struct {
 	*asymStore
 	noRawMap
@@ -119,13 +112,13 @@ func (s rowRaw) getRaw(h, i0, i1 int, dst, _ []float32) {
 	}
 }
 
-// rawOf returns the raw form of a store (nil: none).
+// rawOf returns the raw form of a store (nil: none). float32 rows have
+// none: Read only copies them, and attending them through Read keeps a
+// Pool's fp32 caches bit-identical to New's (runtime.F32KV).
 func rawOf(st store) rawStore {
 	switch s := st.(type) {
 	case *f16Store:
 		return f16Raw{f16Store: s}
-	case *f32Store:
-		return f32Raw{f32Store: s}
 	case *asymStore:
 		return asymRaw{asymStore: s}
 	case *sym2Store:
@@ -143,8 +136,8 @@ func rawOf(st store) rawStore {
 var _ runtime.KVAttender = (*cache)(nil)
 
 // AttendsKV implements runtime.KVAttender: true when both stores of the
-// layer have a raw form (every kind but the TurboQuant ones' quantized
-// layers, whose Lloyd–Max codecs are served by Read).
+// layer have a raw form: every kind but the TurboQuant ones' quantized
+// layers (Lloyd–Max codecs, served by Read) and a Pool's fp32.
 func (c *cache) AttendsKV(layer int) bool {
 	L := &c.layers[layer]
 	return L.k.raw != nil && L.v.raw != nil
@@ -162,7 +155,7 @@ func (c *cache) AttendScratch(layer, nq int) int {
 			aux = max(aux, sd.raw.auxLen())
 		}
 	}
-	return 3*nq*L.hd + attendTokens*L.hd + nq*attendTokens + max(aux, nq)
+	return 3*nq*L.hd + attendTokens*L.hd + nq*attendTokens + max(aux, 2*attendTokens+nq)
 }
 
 // attendScratch splits scratch for nq rows.
@@ -252,7 +245,7 @@ func (c *cache) Scores(layer, h, p0, p1, nq int, q []float32, ldq int, s []float
 	if a0, a1 := max(p0, c.sink), min(p1, L.q); a1 > a0 {
 		toSide(sd, hd, nq, q, ldq, qs)
 		if cs, bits, ok := codesOf(sd); ok {
-			codeScores(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk, aux[:nq])
+			codeScores(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk, aux[:2*attendTokens], aux[2*attendTokens:2*attendTokens+nq])
 			a1 = a0 // done
 		}
 		for a := a0; a < a1; a += attendTokens {
@@ -296,7 +289,7 @@ func (c *cache) AccumV(layer, h, p0, p1, nq int, p []float32, ldp int, out []flo
 	if a0, a1 := max(p0, c.sink), min(p1, L.q); a1 > a0 {
 		clear(acc[:nq*hd])
 		if cs, bits, ok := codesOf(sd); ok {
-			codeAccum(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk, pw, tmp, aux[:nq])
+			codeAccum(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk, pw, tmp, aux[:2*attendTokens], aux[2*attendTokens:2*attendTokens+nq])
 			a0 = a1 // done
 		}
 		for a := a0; a < a1; a += attendTokens {

@@ -118,19 +118,31 @@ func decodeCodes(dst []float32, codes []byte, bits, hd, n int) {
 	}
 }
 
-// rowParams returns the scale and zero of row r of params.
-func rowParams(params []uint16, r int, sym bool, z float32) (float32, float32) {
-	if sym {
-		return kvq.F16ToFloat32(params[r]), z
+// codeBlock decodes the codes of store indices [a, b) (at most
+// attendTokens, possibly over several pages) of head h into blk and
+// their scales and zeros into sz ([2, attendTokens]): the blocks start
+// where the caller's range does, not at page boundaries, so the products
+// are the same for every page size.
+func codeBlock(cs codeStore, bits, hd, h, a, b int, blk, sz []float32) {
+	sym, z0 := cs.symZero()
+	for i := a; i < b; {
+		e, codes, params := cs.codeRows(h, i, b)
+		decodeCodes(blk[(i-a)*hd:], codes, bits, hd, e-i)
+		for r := 0; r < e-i; r++ {
+			if sym {
+				sz[i-a+r], sz[attendTokens+i-a+r] = kvq.F16ToFloat32(params[r]), z0
+			} else {
+				sz[i-a+r], sz[attendTokens+i-a+r] = kvq.F16ToFloat32(params[2*r]), kvq.F16ToFloat32(params[2*r+1])
+			}
+		}
+		i = e
 	}
-	return kvq.F16ToFloat32(params[2*r]), kvq.F16ToFloat32(params[2*r+1])
 }
 
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
 // ([nq, hd], in the side's space), store indices [i0, i1) of head h;
-// blk is [attendTokens, hd] scratch and qsum [nq].
-func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk, qsum []float32) {
-	sym, z0 := cs.symZero()
+// blk is [attendTokens, hd] scratch, sz [2·attendTokens] and qsum [nq].
+func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk, sz, qsum []float32) {
 	for i := 0; i < nq; i++ {
 		var t float32
 		for _, e := range xs[i*hd : (i+1)*hd] {
@@ -138,49 +150,39 @@ func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds 
 		}
 		qsum[i] = t
 	}
-	for i := i0; i < i1; {
-		e, codes, params := cs.codeRows(h, i, i1)
-		rb := len(codes) / (e - i)
-		for a := i; a < e; a += attendTokens {
-			b := min(e, a+attendTokens)
-			decodeCodes(blk, codes[(a-i)*rb:], bits, hd, b-a)
-			kernels.MatMulNT(nq, b-a, hd, xs, hd, blk, hd, s[a-i0:], lds)
-			for j := a; j < b; j++ {
-				sc, z := rowParams(params, j-i, sym, z0)
-				for r := 0; r < nq; r++ {
-					o := &s[r*lds+j-i0]
-					*o = sc * (*o - z*qsum[r])
-				}
+	for a := i0; a < i1; a += attendTokens {
+		b := min(i1, a+attendTokens)
+		codeBlock(cs, bits, hd, h, a, b, blk, sz)
+		kernels.MatMulNT(nq, b-a, hd, xs, hd, blk, hd, s[a-i0:], lds)
+		for j := a; j < b; j++ {
+			sc, z := sz[j-a], sz[attendTokens+j-a]
+			for r := 0; r < nq; r++ {
+				o := &s[r*lds+j-i0]
+				*o = sc * (*o - z*qsum[r])
 			}
 		}
-		i = e
 	}
 }
 
 // codeAccum adds Σ_j p[i*ldp + j−i0]·x̂_j over store indices [i0, i1) of
 // head h to acc[i] ([nq, hd]); blk is [attendTokens, hd], w
-// [nq, attendTokens] and tmp [nq, hd] scratch, cz [nq].
-func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, blk, w, tmp, cz []float32) {
-	sym, z0 := cs.symZero()
+// [nq, attendTokens] and tmp [nq, hd] scratch, sz [2·attendTokens], cz
+// [nq].
+func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, blk, w, tmp, sz, cz []float32) {
 	clear(cz[:nq])
-	for i := i0; i < i1; {
-		e, codes, params := cs.codeRows(h, i, i1)
-		rb := len(codes) / (e - i)
-		for a := i; a < e; a += attendTokens {
-			b := min(e, a+attendTokens)
-			decodeCodes(blk, codes[(a-i)*rb:], bits, hd, b-a)
-			for j := a; j < b; j++ {
-				sc, z := rowParams(params, j-i, sym, z0)
-				for r := 0; r < nq; r++ {
-					ws := p[r*ldp+j-i0] * sc
-					w[r*attendTokens+j-a] = ws
-					cz[r] += ws * z
-				}
+	for a := i0; a < i1; a += attendTokens {
+		b := min(i1, a+attendTokens)
+		codeBlock(cs, bits, hd, h, a, b, blk, sz)
+		for j := a; j < b; j++ {
+			sc, z := sz[j-a], sz[attendTokens+j-a]
+			for r := 0; r < nq; r++ {
+				ws := p[r*ldp+j-i0] * sc
+				w[r*attendTokens+j-a] = ws
+				cz[r] += ws * z
 			}
-			kernels.MatMulNN(nq, hd, b-a, w, attendTokens, blk, hd, tmp, hd)
-			kernels.Axpy(1, tmp[:nq*hd], acc[:nq*hd])
 		}
-		i = e
+		kernels.MatMulNN(nq, hd, b-a, w, attendTokens, blk, hd, tmp, hd)
+		kernels.Axpy(1, tmp[:nq*hd], acc[:nq*hd])
 	}
 	for r := 0; r < nq; r++ {
 		row := acc[r*hd : (r+1)*hd]
