@@ -22,10 +22,12 @@ import (
 // matrix products (shared by the query heads of a GQA group) run in the
 // AVX2 kernels.
 
-// codeTab2 and codeTab4 give the code values of a byte of 2-bit and 4-bit
-// codes, LSB first.
-var codeTab2, codeTab4 = func() (t2 [256][4]float32, t4 [256][2]float32) {
+// codeTab2, codeTab4 and codeTab8 give the code values of a byte of 2-bit,
+// 4-bit and 8-bit codes, LSB first (a load instead of an int→float
+// conversion).
+var codeTab2, codeTab4, codeTab8 = func() (t2 [256][4]float32, t4 [256][2]float32, t8 [256]float32) {
 	for v := 0; v < 256; v++ {
+		t8[v] = float32(v)
 		for k := 0; k < 4; k++ {
 			t2[v][k] = float32(v >> (2 * k) & 3)
 		}
@@ -113,7 +115,7 @@ func decodeCodes(dst []float32, codes []byte, bits, hd, n int) {
 	default:
 		codes = codes[:len(dst)]
 		for i, b := range codes {
-			dst[i] = float32(b)
+			dst[i] = codeTab8[b]
 		}
 	}
 }
