@@ -725,7 +725,9 @@ func softmaxRanges(row []float32, rs [][2]int, scale float32) {
 // float32 keys and values, and, when the cache is a QuantizedKV whose
 // Write quantizes earlier tokens that some query of the call still sees in
 // its fp16 window, rows [pos+T, nk) those tokens' fp16 rows read before
-// the Write (QuantizedKV's semantics).
+// the Write (QuantizedKV's semantics). When the cache is a KVAttender
+// that serves layer li, rows [0, pos) are left unread: attnTask (and
+// kvDecodeTask for T = 1) score and sum them through it.
 func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v []float32) {
 	s, t := &m.s, &m.attn
 	hd, n := l.hd, pos+T
