@@ -156,11 +156,13 @@ func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds 
 		b := min(i1, a+attendTokens)
 		codeBlock(cs, bits, hd, h, a, b, blk, sz)
 		kernels.MatMulNT(nq, b-a, hd, xs, hd, blk, hd, s[a-i0:], lds)
-		for j := a; j < b; j++ {
-			sc, z := sz[j-a], sz[attendTokens+j-a]
-			for r := 0; r < nq; r++ {
-				o := &s[r*lds+j-i0]
-				*o = sc * (*o - z*qsum[r])
+		scs, zs := sz[:b-a], sz[attendTokens:attendTokens+b-a]
+		for r := 0; r < nq; r++ {
+			row, qr := s[r*lds+a-i0:r*lds+b-i0], qsum[r]
+			row = row[:len(scs)]
+			zs := zs[:len(scs)]
+			for j, sc := range scs {
+				row[j] = sc * (row[j] - zs[j]*qr)
 			}
 		}
 	}
@@ -175,13 +177,15 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 	for a := i0; a < i1; a += attendTokens {
 		b := min(i1, a+attendTokens)
 		codeBlock(cs, bits, hd, h, a, b, blk, sz)
-		for j := a; j < b; j++ {
-			sc, z := sz[j-a], sz[attendTokens+j-a]
-			for r := 0; r < nq; r++ {
-				ws := p[r*ldp+j-i0] * sc
-				w[r*attendTokens+j-a] = ws
-				cz[r] += ws * z
+		scs, zs := sz[:b-a], sz[attendTokens:attendTokens+b-a]
+		for r := 0; r < nq; r++ {
+			pr, wr := p[r*ldp+a-i0:r*ldp+b-i0], w[r*attendTokens:r*attendTokens+b-a]
+			pr = pr[:len(scs)]
+			wr = wr[:len(scs)]
+			for j, sc := range scs {
+				wr[j] = pr[j] * sc
 			}
+			cz[r] += kernels.Dot(wr, zs)
 		}
 		kernels.MatMulNN(nq, hd, b-a, w, attendTokens, blk, hd, tmp, hd)
 		kernels.Axpy(1, tmp[:nq*hd], acc[:nq*hd])
