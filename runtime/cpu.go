@@ -373,6 +373,7 @@ type scratch struct {
 	scores    []float32 // [max heads, min(T, attnBlock)*ctx]
 	kr, vr    []float32 // [max kv heads, ctx*head_dim] for caches without F32KV (splitKV)
 	kw, vw    []float32 // [ctx*head_dim] one head's rows before the Write (splitKV)
+	kvaS      []float32 // [heads, KVAttender scratch] (splitKV, attnTask)
 	gu        []float32 // [T, 2*max I]
 	h         []float32 // [T, max I] (observer copy)
 	out       []float32 // [T, H]
@@ -544,10 +545,60 @@ func (m *cpuModel) attendSeq(li int, l *cpuLayer, bq *batchSeq) {
 		t.ldkv = l.kvdim
 		t.direct = true
 		t.nk = n
+		t.kva = nil
 	} else {
 		m.splitKV(li, l, pos, T, cache, k, v)
 	}
+	if t.kva != nil && T == 1 {
+		// Decode through a KVAttender: one call per kv head for all the
+		// query heads of its GQA group, so the packed rows are decoded
+		// once per kv head, as Read does.
+		m.pool.Run(l.nkv, kvDecodeTask{t})
+		return
+	}
 	m.pool.Run(l.nh, t)
+}
+
+// kvDecodeTask is attnTask for one query (T = 1) through a KVAttender,
+// over a range of kv heads.
+type kvDecodeTask struct{ t *attnTask }
+
+func (d kvDecodeTask) Run(lo, hi int) {
+	t := d.t
+	s := &t.m.s
+	l := t.l
+	hd, pos, n := l.hd, t.pos, t.n // n = pos+1 = t.nk (no extension rows for T = 1)
+	group := l.nh / l.nkv
+	p0 := 0
+	if w := l.window; w > 0 {
+		p0 = min(pos, max(0, pos-w+1))
+	}
+	for g := lo; g < hi; g++ {
+		h0 := g * group
+		K, V := t.k[g*n*hd:(g+1)*n*hd], t.v[g*n*hd:(g+1)*n*hd]
+		q := s.qkv[t.r0*l.qkvdim+h0*hd:]
+		sc := s.scores[h0*n : (h0+group)*n]
+		out := s.att[t.r0*l.qdim+h0*hd:]
+		scr := s.kvaS[g*t.kvaN : (g+1)*t.kvaN]
+		if p0 < pos {
+			t.kva.Scores(t.li, g, p0, pos, group, q, hd, sc[p0:], n, scr)
+		}
+		for j := 0; j < group; j++ {
+			row := sc[j*n : (j+1)*n]
+			qh := q[j*hd : (j+1)*hd]
+			row[pos] = kernels.Dot(qh, K[pos*hd:(pos+1)*hd])
+			clear(row[:p0])
+			vis := row[p0:n]
+			kernels.Scale(t.scale, vis)
+			kernels.Softmax(vis)
+			o := out[j*hd : (j+1)*hd]
+			clear(o)
+			kernels.Axpy(row[pos], V[pos*hd:(pos+1)*hd], o)
+		}
+		if p0 < pos {
+			t.kva.AccumV(t.li, g, p0, pos, group, sc[p0:], n, out, hd, scr)
+		}
+	}
 }
 
 // attnTask computes softmax(q·Kᵀ/√d + mask)·V for a range of heads.
@@ -567,6 +618,11 @@ type attnTask struct {
 	// and reads them from those rows instead.
 	nk, ra, ext int
 	qend        []int
+	// kva, when set, serves positions [0, pos) (rows [0, pos) of k, v
+	// are then not filled); kvaN is its scratch per head in m.s.kvaS.
+	kva  KVAttender
+	li   int
+	kvaN int
 }
 
 // attnBlock is the number of queries whose attention scores are held at
@@ -596,7 +652,22 @@ func (t *attnTask) Run(lo, hi int) {
 			}
 			sc := s.scores[h*blk*nk : h*blk*nk+tb*nv]
 			q := s.qkv[(t.r0+i0)*l.qkvdim+h*hd:]
-			kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
+			p0 := 0 // the first earlier position some query of the block sees
+			if t.kva != nil {
+				if w := l.window; w > 0 {
+					p0 = min(t.pos, max(0, t.pos+i0-w+1))
+				}
+				scr := s.kvaS[h*t.kvaN : (h+1)*t.kvaN]
+				for i := 0; i < tb; i++ {
+					clear(sc[i*nv : i*nv+p0])
+				}
+				if p0 < t.pos {
+					t.kva.Scores(t.li, g, p0, t.pos, tb, q, l.qkvdim, sc[p0:], nv, scr)
+				}
+				kernels.MatMulNT(tb, nv-t.pos, hd, q, l.qkvdim, K[t.pos*hd:], t.ldkv, sc[t.pos:], nv)
+			} else {
+				kernels.MatMulNT(tb, nv, hd, q, l.qkvdim, K, t.ldkv, sc, nv)
+			}
 			for i := 0; i < tb; i++ {
 				p := t.pos + i0 + i // the query's position: keys [lo, p] are visible
 				lo := 0
@@ -623,7 +694,15 @@ func (t *attnTask) Run(lo, hi int) {
 				}
 				softmaxRanges(row, rs[:], t.scale)
 			}
-			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, s.att[(t.r0+i0)*l.qdim+h*hd:], l.qdim)
+			out := s.att[(t.r0+i0)*l.qdim+h*hd:]
+			if t.kva != nil {
+				kernels.MatMulNN(tb, hd, nv-t.pos, sc[t.pos:], nv, V[t.pos*hd:], t.ldkv, out, l.qdim)
+				if p0 < t.pos {
+					t.kva.AccumV(t.li, g, p0, t.pos, tb, sc[p0:], nv, out, l.qdim, s.kvaS[h*t.kvaN:(h+1)*t.kvaN])
+				}
+				continue
+			}
+			kernels.MatMulNN(tb, hd, nv, sc, nv, V, t.ldkv, out, l.qdim)
 		}
 	}
 }
@@ -662,7 +741,9 @@ func softmaxRanges(row []float32, rs [][2]int, scale float32) {
 // float32 keys and values, and, when the cache is a QuantizedKV whose
 // Write quantizes earlier tokens that some query of the call still sees in
 // its fp16 window, rows [pos+T, nk) those tokens' fp16 rows read before
-// the Write (QuantizedKV's semantics).
+// the Write (QuantizedKV's semantics). When the cache is a KVAttender
+// that serves layer li, rows [0, pos) are left unread: attnTask (and
+// kvDecodeTask for T = 1) score and sum them through it.
 func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v []float32) {
 	s, t := &m.s, &m.attn
 	hd, n := l.hd, pos+T
@@ -698,9 +779,17 @@ func (m *cpuModel) splitKV(li int, l *cpuLayer, pos, T int, cache KVCache, k, v 
 		}
 	}
 	cache.Write(li, pos, T, k, v)
+	// A KVAttender serves the earlier tokens from its packed storage
+	// (attnTask): rows [0, pos) are not read.
+	t.kva, t.li, t.kvaN = nil, li, 0
+	if ka, ok := cache.(KVAttender); ok && pos > 0 && ka.AttendsKV(li) {
+		t.kva = ka
+		t.kvaN = ka.AttendScratch(li, max(min(T, attnBlock), l.nh/l.nkv))
+		s.kvaS = grow(s.kvaS, l.nh*t.kvaN)
+	}
 	for g := 0; g < l.nkv; g++ {
 		kr, vr := s.kr[g*nk*hd:(g+1)*nk*hd], s.vr[g*nk*hd:(g+1)*nk*hd]
-		if pos > 0 {
+		if pos > 0 && t.kva == nil {
 			cache.Read(li, g, pos, kr[:pos*hd], vr[:pos*hd])
 		}
 		for i := 0; i < T; i++ {

@@ -15,8 +15,9 @@
 // RMSNorm and the (optionally tied) lm_head.
 //
 // Extension points for later stages are small interfaces: Backend and
-// Model (a CUDA backend), KVCache (quantized caches, with an optional
-// zero-copy F32KV ability) and the observer interfaces of observer.go
+// Model (a CUDA backend), KVCache (quantized caches, with the optional
+// abilities F32KV, zero-copy float32 storage, QuantizedKV, fp16 windows,
+// and KVAttender, attention against the packed storage) and the observer interfaces of observer.go
 // (calibration). Unused observers cost one nil check per layer.
 //
 // The package does not parse files: weights come from a TensorSource

@@ -144,3 +144,38 @@ type QuantizedKV interface {
 	// at a time.
 	QuantizedEnd(layer, n int) int
 }
+
+// KVAttender is an optional ability of a KVCache that stores keys and
+// values in a packed form (runtime/kvcache's quantized kinds): attention
+// against its stored tokens without dequantizing them into float32
+// history. Forward uses it for the tokens of earlier calls (positions
+// [0, pos) of a call at pos, after the call's Write, the view Read would
+// give); the call's own tokens stay fp32 (QuantizedKV). The scores and
+// sums equal those of Read followed by float32 dot products up to float32
+// rounding (the order of the sums differs; kvcache's tests state the
+// bound). Calls for different kv heads or layers may run concurrently
+// (each with its own scratch); none may run concurrently with Write or
+// Truncate.
+type KVAttender interface {
+	// AttendsKV reports whether Scores and AccumV serve layer (a cache
+	// may cover some of its layers' storage kinds only; callers Read the
+	// others).
+	AttendsKV(layer int) bool
+	// AttendScratch is the number of float32 scratch elements one Scores
+	// or AccumV call of layer with nq query rows needs.
+	AttendScratch(layer, nq int) int
+	// Scores writes, for kv head h, stored positions j in [p0, p1)
+	// (p1 ≤ Len of the layer) and query rows i < nq,
+	//
+	//	s[i*lds + j−p0] = q_i · k_j   (no 1/√head_dim scaling)
+	//
+	// where q_i = q[i*ldq : i*ldq+head_dim] and k_j is key j as Read
+	// would return it. scratch holds AttendScratch(layer, nq) elements.
+	Scores(layer, h, p0, p1, nq int, q []float32, ldq int, s []float32, lds int, scratch []float32)
+	// AccumV adds, for kv head h and query rows i < nq,
+	//
+	//	out[i*ldo : i*ldo+head_dim] += Σ_{j ∈ [p0, p1)} p[i*ldp + j−p0] · v_j
+	//
+	// with v_j value j as Read would return it.
+	AccumV(layer, h, p0, p1, nq int, p []float32, ldp int, out []float32, ldo int, scratch []float32)
+}

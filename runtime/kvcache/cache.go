@@ -32,6 +32,8 @@ type side struct {
 	// region norms of the cache's pages ([bt] float32 per block).
 	norm  bool
 	norms region
+	// raw is st's form for attention (attend.go); nil when it has none.
+	raw rawStore
 }
 
 // layerState is one layer's tokens. Positions [0, min(len, sink)) are in
@@ -198,6 +200,7 @@ func (c *cache) init(sp spec, layers []Layer, capacity int, opt Options, bt, sla
 				L.v.clip = cv[i]
 			}
 		}
+		L.k.raw, L.v.raw = rawOf(L.k.st), rawOf(L.v.st)
 		c.layers = append(c.layers, L)
 		c.kvDim = append(c.kvDim, kvDim)
 	}

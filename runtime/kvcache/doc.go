@@ -21,12 +21,17 @@
 // inside the cache instead, which is equivalent (the rotation is
 // orthogonal and per head, so attention's weighted sum commutes with it)
 // and keeps the checkpoint unchanged, so one loaded model can be
-// evaluated with every cache method side by side in one run. The price is
-// speed: Read un-rotates every cached token at every step (a
-// [n, head_dim]×[head_dim, head_dim] product per head for oscar2/4, a
-// fast Walsh–Hadamard transform per row for quarot2/oscars2), so decode
-// speed with these caches is a measure of this reference, not of a
-// deployment that rotates q instead.
+// evaluated with every cache method side by side in one run. Read
+// un-rotates every cached token (a [n, head_dim]×[head_dim, head_dim]
+// product per head for oscar2/4, a fast Walsh–Hadamard transform per row
+// for quarot2/oscars2); Forward does not use it for these caches: they
+// implement runtime.KVAttender (attend.go, attend_codes.go), which
+// rotates q once per head and call, scores the packed codes (per-row
+// scale and zero, the OScaR norm) and accumulates the values from their
+// codes, un-rotating the summed output once; the fp16 sink and window are
+// read in fp16. Every kind but the TurboQuant ones' quantized layers has
+// that form (their Lloyd–Max codecs fall back to Read, as does a Pool's
+// fp32).
 //
 // Behaviour shared by every method but fp32:
 //
@@ -70,6 +75,6 @@
 // paging changes no decoded value.
 //
 // Not here: computing OSCAR's rotations and clipping ratios (calibration,
-// package quantize/oscar), the row quantizers themselves (quantize/kvq),
-// and fused low-bit attention kernels.
+// package quantize/oscar) and the row quantizers themselves
+// (quantize/kvq).
 package kvcache

@@ -265,7 +265,8 @@ func Methods() []string {
 // (bits per element before windows; kivi2 is K + V). The returned caches other than fp32
 // do not implement runtime.F32KV: Read dequantizes, and for rotated
 // methods un-rotates, so attention sees keys and values in the model's
-// original space. All of them implement Sizer. A cache is not safe for
+// original space; they implement runtime.KVAttender (attention against
+// the packed codes, doc.go), which Forward uses instead of Read. All of them implement Sizer. A cache is not safe for
 // concurrent use. The storage of a cache is allocated here for its whole
 // capacity (one block of the paged storage; Pool shares blocks between
 // caches instead).

@@ -411,16 +411,20 @@ func (s *channelStore) put(i0, t int, x []float32, ld int) {
 	}
 }
 
-func (s *channelStore) get(h, i0, i1 int, dst []float32) {
+func (s *channelStore) get(h, i0, i1 int, dst []float32) { s.getWith(h, i0, i1, dst, s.sc, s.z) }
+
+// getWith is get with the scale and zero scratch sc, z ([head_dim] each)
+// given, for concurrent readers (attend.go).
+func (s *channelStore) getWith(h, i0, i1 int, dst, sc, z []float32) {
 	for i := i0; i < i1; {
 		e := min(i1, (i/s.block+1)*s.block)
 		b := s.p.get(i)
 		op := s.params.at(s.p, h, i)
 		p := b.u16[op : op+2*s.hd]
-		kvq.DecodeF16(s.sc, p[:s.hd])
-		kvq.DecodeF16(s.z, p[s.hd:])
+		kvq.DecodeF16(sc, p[:s.hd])
+		kvq.DecodeF16(z, p[s.hd:])
 		oc := s.codes.at(s.p, h, i)
-		kvq.DecodeChannels(dst[(i-i0)*s.hd:(e-i0)*s.hd], b.u8[oc:oc+(e-i)*s.rb], e-i, s.hd, s.bits, s.sc, s.z)
+		kvq.DecodeChannels(dst[(i-i0)*s.hd:(e-i0)*s.hd], b.u8[oc:oc+(e-i)*s.rb], e-i, s.hd, s.bits, sc, z)
 		i = e
 	}
 }

@@ -1,0 +1,84 @@
+package runtime_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/runtime"
+)
+
+// TestKVAttenderMatchesRead: Forward through a cache's KVAttender (the
+// history attended in its packed form) gives the logits of Forward
+// through Read (dequantize, then attend; readKV hides the ability) for
+// every cache kind, on a GQA 6:2 model of head_dim 8 (head_dim 32 for
+// q8_0/q4_0) and a Mistral with sliding_window 5, without windows and
+// with sink 2 and recent 5, over a prompt of 13 tokens, a chunk of 4 and
+// 9 single-token steps. Bound: max|Δlogit| ≤ 1e-4·max|logit| (float32
+// sums in another order; the kernels' own bounds are kvcache's
+// TestAttendMatchesRead). One thread and two give bit-identical logits
+// (determinism: the per-head work does not depend on the split).
+func TestKVAttenderMatchesRead(t *testing.T) {
+	type model struct {
+		name   string
+		d      *arch.Description
+		m1, m2 runtime.Model
+	}
+	var models []model
+	for i, cfg := range []map[string]any{
+		runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", 2),
+		runtime.With(runtime.BaseConfig("LlamaForCausalLM"), "num_hidden_layers", 2, "head_dim", 32),
+		runtime.With(runtime.BaseConfig("MistralForCausalLM"), "num_hidden_layers", 2, "sliding_window", 5),
+	} {
+		dir, d, _ := runtime.SynthCheckpoint(t, cfg, uint64(700+i), safetensors.F32)
+		m1, _ := runtime.LoadDir(t, dir, 1)
+		m2, _ := runtime.LoadDir(t, dir, 2)
+		models = append(models, model{fmt.Sprintf("model%d", i), d, m1, m2})
+	}
+	toks := semTokens(26, 97)
+	covered := 0
+	for _, md := range models {
+		for _, method := range semMethods(t, md.d) {
+			if method == "fp32" {
+				continue
+			}
+			for _, win := range [][2]int{{0, 0}, {2, 5}} {
+				recent := win[1]
+				if recent == 0 && (method == "kivi2" || method == "oscars2") {
+					recent = 1
+				}
+				name := fmt.Sprintf("%s/%s/sink%d-recent%d", md.name, method, win[0], recent)
+				fused := semCache(t, method, md.d, 32, win[0], recent)
+				fused2 := semCache(t, method, md.d, 32, win[0], recent)
+				ref := semCache(t, method, md.d, 32, win[0], recent)
+				refc := readKV{ref, ref.(runtime.QuantizedKV)}
+				ka := fused.(runtime.KVAttender)
+				if ka.AttendsKV(0) {
+					covered++
+				}
+				V := md.d.VocabSize
+				lf, lf2, lr := make([]float32, V), make([]float32, V), make([]float32, V)
+				pos := 0
+				for _, n := range []int{13, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1} {
+					call := toks[pos : pos+n]
+					forwardInto(t, md.m1, call, fused, lf, false)
+					forwardInto(t, md.m2, call, fused2, lf2, false)
+					forwardInto(t, md.m1, call, refc, lr, false)
+					pos += n
+					if d := relDiff(lf, lr); !(d <= 1e-4) {
+						t.Fatalf("%s: at position %d the logits through KVAttender differ from Read's by %.3g of max|logit| (bound 1e-4)", name, pos, d)
+					}
+					for i := range lf {
+						if lf[i] != lf2[i] {
+							t.Fatalf("%s: at position %d logit %d is %v with one thread, %v with two", name, pos, i, lf[i], lf2[i])
+						}
+					}
+				}
+			}
+		}
+	}
+	if covered == 0 {
+		t.Fatal("no cache kind served attention through KVAttender")
+	}
+}
