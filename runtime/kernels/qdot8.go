@@ -278,15 +278,68 @@ func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows in
 		dotQ8Asm(a, 0, &codes[0], bits, &scales[0], zp, ng, bpg, zsym, &y[0], rows)
 		return
 	}
-	// Several activation rows: each packed row against all of them in
-	// turn, so that it is read from memory once and from L1 after.
-	for r := 0; r < rows; r++ {
-		if zeros != nil {
-			zp = &zeros[r*ng]
+	// Several activation rows: tiles of packed rows small enough to stay
+	// in cache, each tile streamed against four activation rows at a
+	// time (the four-row kernel unpacks every block of codes once for
+	// them, and their Q stays in L1), the last 1-3 rows by the one-row
+	// kernel. Both give every output bit for bit the value it gets alone.
+	contiguous := rowBytes == k*bits/8
+	tile := max(1, q8TileBytes/rowBytes)
+	for r0 := 0; r0 < rows; r0 += tile {
+		n := min(tile, rows-r0)
+		step := n // packed rows per kernel call
+		if !contiguous {
+			step = 1
 		}
-		for i := 0; i < a.M; i++ {
-			dotQ8Asm(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], 1)
+		for r := r0; r < r0+n; r += step {
+			if zeros != nil {
+				zp = &zeros[r*ng]
+			}
+			i := 0
+			for ; i+4 <= a.M; i += 4 {
+				dotQ8Asm4(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], step, ldy)
+			}
+			for ; i < a.M; i++ {
+				dotQ8Asm(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], step)
+			}
 		}
+	}
+}
+
+// q8TileBytes is the packed bytes of the weight tile DotQ8Matrix streams
+// against every four activation rows in turn: small enough for L2 (a
+// variable for the tests).
+var q8TileBytes = 64 << 10
+
+// dotQ8Asm4 is dotQ8Asm for the four activation rows i..i+3 at once (the
+// four-row kernels): rows consecutive packed rows, results of activation
+// row i+t at y[t·ldy + r].
+func dotQ8Asm4(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, rows, ldy int) {
+	k, nb := a.K, a.K/32
+	s, sm := &a.S[i*nb], &a.Sum[i*nb]
+	ss, ys := nb*4, ldy*4
+	if bits == 8 {
+		if hasVNNI {
+			dotQ8x8m4VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+			return
+		}
+		dotQ8x8m4AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, rows, k, ss, ys)
+		return
+	}
+	q := &a.perm[bits][i*k]
+	switch {
+	case bits == 4 && hasVNNI:
+		dotQ8x4m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 4:
+		dotQ8x4m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 2 && hasVNNI:
+		dotQ8x2m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 2:
+		dotQ8x2m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case hasVNNI:
+		dotQ8x1m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	default:
+		dotQ8x1m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
 	}
 }
 
