@@ -184,3 +184,91 @@ func TestDotQ8Rows(t *testing.T) {
 		}
 	}
 }
+
+// DotQ8Matrix on several activation rows (the four-row kernels for each
+// four rows, the one-row kernel for the last 1-3, over tiles of packed
+// rows) gives every output bit for bit what DotQ8Rows (the one-row kernel
+// for that activation row alone) gives it, so that a row's result does
+// not depend on the rows batched with it: 1-, 2-, 4- and 8-bit codes,
+// groups 32, 64, 128 and per channel with 1-17 blocks (full and partial
+// runs of eight groups), symmetric and asymmetric, 13 packed rows,
+// contiguous or padded, one tile or tiles of 3 rows, 1-11 activation
+// rows (one of them all zero), on the AVX2 and the VNNI kernels.
+func TestDotQ8MatrixRowsBitwise(t *testing.T) {
+	if !Q8Asm(4, 32) {
+		t.Skip("no assembly kernels in this build or on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(85, 86))
+	vnnis := []bool{false}
+	if hasVNNI {
+		vnnis = append(vnnis, true)
+	}
+	defer func(v bool, tb int) { hasVNNI, q8TileBytes = v, tb }(hasVNNI, q8TileBytes)
+	for _, bits := range []int{1, 2, 4, 8} {
+		for _, c := range []struct{ k, group int }{{32, 32}, {224, 32}, {288, 32}, {544, 32}, {192, 64}, {448, 64}, {384, 128}, {640, 128}, {224, 224}, {544, 544}} {
+			const rows = 13
+			ng := c.k / c.group
+			for _, pad := range []int{0, 5} {
+				rb := c.k*bits/8 + pad
+				codes := make([]byte, rows*rb)
+				for i := range codes {
+					codes[i] = byte(rng.IntN(256))
+				}
+				scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
+				for g := range scales {
+					scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
+					z := float32(rng.IntN(1 << uint(bits)))
+					if bits == 1 {
+						z = float32(rng.NormFloat64())
+					}
+					zeros[g] = safetensors.F16FromFloat32(z)
+				}
+				zsym := float32(int(1) << uint(bits-1))
+				for _, m := range []int{2, 4, 5, 7, 8, 11} {
+					x := make([]float32, m*c.k)
+					for i := range x {
+						x[i] = float32(rng.NormFloat64())
+					}
+					clear(x[c.k : 2*c.k]) // activation row 1 all zero
+					var a Q8Act
+					QuantizeActQ8(&a, x, c.k, m, c.k, 32)
+					a.Prepare(bits)
+					for _, sym := range []bool{false, true} {
+						for _, vnni := range vnnis {
+							for _, tile := range []int{1 << 20, 3 * rb} {
+								hasVNNI, q8TileBytes = vnni, tile
+								label := fmt.Sprintf("bits %d k %d group %d pad %d m %d sym %v vnni %v tile %d", bits, c.k, c.group, pad, m, sym, vnni, tile)
+								want := make([]float32, m*rows)
+								for r := 0; r < rows; r++ {
+									var zs []uint16
+									if !sym {
+										zs = zeros[r*ng : (r+1)*ng]
+									}
+									DotQ8Rows(want[r:], rows, &a, codes[r*rb:(r+1)*rb], bits, scales[r*ng:(r+1)*ng], zs, c.group, zsym)
+								}
+								var zm []uint16
+								if !sym {
+									zm = zeros
+								}
+								got := make([]float32, m*rows)
+								DotQ8Matrix(got, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+								for i := range got {
+									if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+										t.Errorf("%s: activation row %d packed row %d: %g (%#08x), one-row kernel %g (%#08x)", label, i/rows, i%rows, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+										break
+									}
+								}
+								if want[rows+rows/2] != 0 || got[rows+rows/2] != 0 {
+									t.Errorf("%s: all-zero activation row gives %g, %g", label, got[rows+rows/2], want[rows+rows/2])
+								}
+								if a, b := math.Float32bits(got[0]), math.Float32bits(got[rows-1]); a == b {
+									t.Errorf("%s: packed rows 0 and %d give the same %g", label, rows-1, got[0])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
