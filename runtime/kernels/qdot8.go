@@ -89,7 +89,10 @@ func ActBlock(group int) int {
 // QuantizeActQ8 quantises the m rows x[i·ldx : i·ldx+k] (i < m) into a
 // per block of block columns (the formula at Q8Act), block dividing k. The
 // scale is computed in float32 from the block's max|x|; each value is
-// rounded to the nearest integer (halves to even). It panics (a
+// rounded to the nearest integer (halves to even). Blocks of 32 run in
+// AVX2 assembly where the CPU has it, with the same bits as the Go loop
+// (a row with a block the assembly leaves, max|x| not finite or tiny, is
+// redone in Go). It panics (a
 // programmer error) when block does not divide k or x is short.
 func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 	if block <= 0 || k%block != 0 || m < 0 || (m > 0 && len(x) < (m-1)*ldx+k) {
@@ -107,6 +110,9 @@ func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 	a.ready = [5]bool{}
 	for i := 0; i < m; i++ {
 		xr := x[i*ldx : i*ldx+k]
+		if block == 32 && useAsm && nb > 0 && quantActQ8x32(&xr[0], &a.Q[i*k], &a.S[i*nb], &a.Sum[i*nb], nb) == 0 {
+			continue
+		}
 		for b := 0; b < nb; b++ {
 			xs := xr[b*block : (b+1)*block]
 			q := a.Q[i*k+b*block : i*k+(b+1)*block]

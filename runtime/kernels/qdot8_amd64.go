@@ -66,3 +66,11 @@ func dotQ8x1m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 
 //go:noescape
 func dotQ8x1m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+// quantActQ8x32 is QuantizeActQ8 on nb consecutive blocks of 32 values of
+// one row, x [nb·32] into q [nb·32], s and sum [nb] (qdot8act_amd64.s,
+// AVX2), bit for bit the Go loop's; it returns the number of blocks it
+// left to the Go loop (a max|x| not finite or below 2^−119).
+//
+//go:noescape
+func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int)

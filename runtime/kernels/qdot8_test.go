@@ -272,3 +272,85 @@ func TestDotQ8MatrixRowsBitwise(t *testing.T) {
 		}
 	}
 }
+
+// QuantizeActQ8 with the AVX2 blocks of 32 gives Q, S and Sum bit for bit
+// those of the Go loop: normal values at several scales, exact halves
+// (max 127: x·inv = x, rounded to even), ±max, all-zero and −0 blocks,
+// subnormal and tiny blocks, and blocks with ±Inf or NaN (rows the
+// assembly leaves to the Go loop); the assembly itself runs on the
+// finite rows (quantActQ8x32 reports no block left over).
+func TestQuantizeActQ8AsmBitwise(t *testing.T) {
+	if !hasAsm {
+		t.Skip("no AVX2 assembly in this build or on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(87, 88))
+	const k, ldx = 32 * 11, 32*11 + 3
+	var rows [][]float32
+	for _, sc := range []float64{3, 1e-3, 1e30, 1e-30, 1e-37, 1e-42} {
+		r := make([]float32, k)
+		for j := range r {
+			r[j] = float32(rng.NormFloat64() * sc)
+		}
+		rows = append(rows, r)
+	}
+	halves := make([]float32, k)
+	for j := range halves {
+		halves[j] = float32(rng.IntN(255)-127) + 0.5
+		if j%32 == 0 {
+			halves[j] = 127
+		}
+		if j%32 == 1 {
+			halves[j] = -127
+		}
+	}
+	rows = append(rows, halves)
+	special := make([]float32, k)
+	for j := range special {
+		special[j] = float32(rng.NormFloat64())
+	}
+	clear(special[0:32])
+	for j := 32; j < 64; j++ {
+		special[j] = float32(math.Copysign(0, -1))
+	}
+	special[64+5] = float32(math.Inf(1))
+	special[96+7] = float32(math.Inf(-1))
+	special[128+9] = float32(math.NaN())
+	special[160+3] = math.Float32frombits(1) // smallest subnormal, block otherwise tiny
+	for j := 160; j < 192; j++ {
+		if j != 163 {
+			special[j] = 0
+		}
+	}
+	rows = append(rows, special)
+	x := make([]float32, len(rows)*ldx)
+	for i, r := range rows {
+		copy(x[i*ldx:], r)
+	}
+	m := len(rows)
+	for i := 0; i < 7; i++ { // the finite, not tiny rows run in assembly
+		var a Q8Act
+		QuantizeActQ8(&a, x, ldx, m, k, 32)
+		if i == 4 || i == 5 {
+			continue
+		}
+		if bad := quantActQ8x32(&x[i*ldx], &a.Q[i*k], &a.S[i*k/32], &a.Sum[i*k/32], k/32); bad != 0 {
+			t.Errorf("row %d: assembly left %d blocks to the Go loop", i, bad)
+		}
+	}
+	defer func(v bool) { useAsm = v }(useAsm)
+	var got, want Q8Act
+	useAsm = true
+	QuantizeActQ8(&got, x, ldx, m, k, 32)
+	useAsm = false
+	QuantizeActQ8(&want, x, ldx, m, k, 32)
+	for j := range want.Q {
+		if got.Q[j] != want.Q[j] {
+			t.Fatalf("row %d col %d: Q %d, Go loop %d (x %g)", j/k, j%k, got.Q[j], want.Q[j], x[j/k*ldx+j%k])
+		}
+	}
+	for b := range want.S {
+		if math.Float32bits(got.S[b]) != math.Float32bits(want.S[b]) || math.Float32bits(got.Sum[b]) != math.Float32bits(want.Sum[b]) {
+			t.Fatalf("row %d block %d: S %g Sum %g, Go loop %g %g", b/(k/32), b%(k/32), got.S[b], got.Sum[b], want.S[b], want.Sum[b])
+		}
+	}
+}
