@@ -5,9 +5,10 @@ package kernels
 import "golang.org/x/sys/cpu"
 
 // hasVNNI reports whether the CPU and OS support the AVX-512 VNNI
-// instructions on 256-bit registers (AVX512VNNI with AVX512VL) that
-// dotQ8x8VNNI and dotQ8x4VNNI use.
-var hasVNNI = cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL && hasAsm
+// instructions on 256-bit registers (AVX512VNNI with AVX512VL) that the
+// one-row VNNI kernels use, and the 512-bit byte instructions (AVX512BW)
+// of the four-row ones.
+var hasVNNI = cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && hasAsm
 
 // Integer dot kernels of DotQ8Rows (qdot8_amd64.s): y[r] = Σ_g s_g·Σ_b
 // (xs_b·Σ c·q − (z_g − zoff)·xsum_b) over ng groups of bpg blocks of 32
