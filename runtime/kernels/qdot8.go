@@ -245,8 +245,14 @@ func (a *Q8Act) checkPrepared(bits int) {
 // scales[r·ng : (r+1)·ng] and zeros (nil when symmetric) likewise, ng =
 // a.K/group, and its outputs go to y[i·ldy + r] for activation row i <
 // a.M. The same sum and bounds as DotQ8Rows, with the argument checks
-// done once for the whole matrix. It panics (a programmer error) on a
-// bad width or inconsistent lengths.
+// done once for the whole matrix. In assembly, several activation rows
+// run four at a time on the four-row kernels (each block of codes
+// unpacked once for the four, weight rows in tiles of q8TileBytes), the
+// last 1-3 on the one-row kernel; each output is bit for bit what the
+// one-row kernel gives it alone (the same int32 block sums and float32
+// operations in the same order), so a row's result does not depend on
+// the rows batched with it. It panics (a programmer error) on a bad
+// width or inconsistent lengths.
 func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows int, bits int, scales, zeros []uint16, group int, zsym float32) {
 	k := a.K
 	if rows <= 0 {
