@@ -89,7 +89,10 @@ func ActBlock(group int) int {
 // QuantizeActQ8 quantises the m rows x[i·ldx : i·ldx+k] (i < m) into a
 // per block of block columns (the formula at Q8Act), block dividing k. The
 // scale is computed in float32 from the block's max|x|; each value is
-// rounded to the nearest integer (halves to even). It panics (a
+// rounded to the nearest integer (halves to even). Blocks of 32 run in
+// AVX2 assembly where the CPU has it, with the same bits as the Go loop
+// (a row with a block the assembly leaves, max|x| not finite or tiny, is
+// redone in Go). It panics (a
 // programmer error) when block does not divide k or x is short.
 func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 	if block <= 0 || k%block != 0 || m < 0 || (m > 0 && len(x) < (m-1)*ldx+k) {
@@ -107,6 +110,9 @@ func QuantizeActQ8(a *Q8Act, x []float32, ldx, m, k, block int) {
 	a.ready = [5]bool{}
 	for i := 0; i < m; i++ {
 		xr := x[i*ldx : i*ldx+k]
+		if block == 32 && useAsm && nb > 0 && quantActQ8x32(&xr[0], &a.Q[i*k], &a.S[i*nb], &a.Sum[i*nb], nb) == 0 {
+			continue
+		}
 		for b := 0; b < nb; b++ {
 			xs := xr[b*block : (b+1)*block]
 			q := a.Q[i*k+b*block : i*k+(b+1)*block]
@@ -239,8 +245,14 @@ func (a *Q8Act) checkPrepared(bits int) {
 // scales[r·ng : (r+1)·ng] and zeros (nil when symmetric) likewise, ng =
 // a.K/group, and its outputs go to y[i·ldy + r] for activation row i <
 // a.M. The same sum and bounds as DotQ8Rows, with the argument checks
-// done once for the whole matrix. It panics (a programmer error) on a
-// bad width or inconsistent lengths.
+// done once for the whole matrix. In assembly, several activation rows
+// run four at a time on the four-row kernels (each block of codes
+// unpacked once for the four, weight rows in tiles of q8TileBytes), the
+// last 1-3 on the one-row kernel; each output is bit for bit what the
+// one-row kernel gives it alone (the same int32 block sums and float32
+// operations in the same order), so a row's result does not depend on
+// the rows batched with it. It panics (a programmer error) on a bad
+// width or inconsistent lengths.
 func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows int, bits int, scales, zeros []uint16, group int, zsym float32) {
 	k := a.K
 	if rows <= 0 {
@@ -278,15 +290,68 @@ func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows in
 		dotQ8Asm(a, 0, &codes[0], bits, &scales[0], zp, ng, bpg, zsym, &y[0], rows)
 		return
 	}
-	// Several activation rows: each packed row against all of them in
-	// turn, so that it is read from memory once and from L1 after.
-	for r := 0; r < rows; r++ {
-		if zeros != nil {
-			zp = &zeros[r*ng]
+	// Several activation rows: tiles of packed rows small enough to stay
+	// in cache, each tile streamed against four activation rows at a
+	// time (the four-row kernel unpacks every block of codes once for
+	// them, and their Q stays in L1), the last 1-3 rows by the one-row
+	// kernel. Both give every output bit for bit the value it gets alone.
+	contiguous := rowBytes == k*bits/8
+	tile := max(1, q8TileBytes/rowBytes)
+	for r0 := 0; r0 < rows; r0 += tile {
+		n := min(tile, rows-r0)
+		step := n // packed rows per kernel call
+		if !contiguous {
+			step = 1
 		}
-		for i := 0; i < a.M; i++ {
-			dotQ8Asm(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], 1)
+		for r := r0; r < r0+n; r += step {
+			if zeros != nil {
+				zp = &zeros[r*ng]
+			}
+			i := 0
+			for ; i+4 <= a.M; i += 4 {
+				dotQ8Asm4(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], step, ldy)
+			}
+			for ; i < a.M; i++ {
+				dotQ8Asm(a, i, &codes[r*rowBytes], bits, &scales[r*ng], zp, ng, bpg, zsym, &y[i*ldy+r], step)
+			}
 		}
+	}
+}
+
+// q8TileBytes is the packed bytes of the weight tile DotQ8Matrix streams
+// against every four activation rows in turn: small enough for L2 (a
+// variable for the tests).
+var q8TileBytes = 64 << 10
+
+// dotQ8Asm4 is dotQ8Asm for the four activation rows i..i+3 at once (the
+// four-row kernels): rows consecutive packed rows, results of activation
+// row i+t at y[t·ldy + r].
+func dotQ8Asm4(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, rows, ldy int) {
+	k, nb := a.K, a.K/32
+	s, sm := &a.S[i*nb], &a.Sum[i*nb]
+	ss, ys := nb*4, ldy*4
+	if bits == 8 {
+		if hasVNNI {
+			dotQ8x8m4VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+			return
+		}
+		dotQ8x8m4AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, rows, k, ss, ys)
+		return
+	}
+	q := &a.perm[bits][i*k]
+	switch {
+	case bits == 4 && hasVNNI:
+		dotQ8x4m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 4:
+		dotQ8x4m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 2 && hasVNNI:
+		dotQ8x2m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 2:
+		dotQ8x2m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case hasVNNI:
+		dotQ8x1m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	default:
+		dotQ8x1m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
 	}
 }
 

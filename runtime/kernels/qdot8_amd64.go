@@ -5,9 +5,10 @@ package kernels
 import "golang.org/x/sys/cpu"
 
 // hasVNNI reports whether the CPU and OS support the AVX-512 VNNI
-// instructions on 256-bit registers (AVX512VNNI with AVX512VL) that
-// dotQ8x8VNNI and dotQ8x4VNNI use.
-var hasVNNI = cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL && hasAsm
+// instructions on 256-bit registers (AVX512VNNI with AVX512VL) that the
+// one-row VNNI kernels use, and the 512-bit byte instructions (AVX512BW)
+// of the four-row ones.
+var hasVNNI = cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512BW && hasAsm
 
 // Integer dot kernels of DotQ8Rows (qdot8_amd64.s): y[r] = Σ_g s_g·Σ_b
 // (xs_b·Σ c·q − (z_g − zoff)·xsum_b) over ng groups of bpg blocks of 32
@@ -37,3 +38,40 @@ func dotQ8x1AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, 
 
 //go:noescape
 func dotQ8x1VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+// Four-row kernels of DotQ8Matrix (qdot8m_amd64.s): the one-row kernel
+// of the same width for activation rows i < 4 at once, row i's
+// activations at xq + i·xstride, xs + i·sstride, xsum + i·sstride
+// (bytes), its results at y + i·ystride (bytes) + 4r for packed row r.
+
+//go:noescape
+func dotQ8x8m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x8m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x4m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x4m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x2m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x2m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x1m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x1m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+// quantActQ8x32 is QuantizeActQ8 on nb consecutive blocks of 32 values of
+// one row, x [nb·32] into q [nb·32], s and sum [nb] (qdot8act_amd64.s,
+// AVX2), bit for bit the Go loop's; it returns the number of blocks it
+// left to the Go loop (a max|x| not finite or below 2^−119).
+//
+//go:noescape
+func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int)

@@ -9,7 +9,7 @@ import (
 
 // BenchmarkQ8GEMV is one decode GEMV y = x·Wᵀ of a packed W at the
 // synthetic model's shapes (benchShapes), one thread, asymmetric group
-// 32, for every stored width and m = 1 and 4 activation rows: "int8"
+// 32, for every stored width and m = 1, 4 and 16 activation rows: "int8"
 // quantises x once (QuantizeActQ8) and runs DotQ8Matrix over W;
 // "float" runs the float fused kernels per row of W and row of x
 // (DotU4RowIL on x interleaved once for 4 bits, DotQRow for 1-3 bits; for
@@ -21,7 +21,7 @@ func BenchmarkQ8GEMV(b *testing.B) {
 	const group = 32
 	for _, bits := range []int{8, 4, 3, 2, 1} {
 		for _, s := range benchShapes {
-			for _, m := range []int{1, 4} {
+			for _, m := range []int{1, 4, 16} {
 				for _, path := range []string{"int8", "float"} {
 					b.Run(fmt.Sprintf("bits=%d/%s/n=%d/k=%d/m=%d/%s", bits, s.name, s.n, s.k, m, path), func(b *testing.B) {
 						r := newRand(uint64(7 + bits))

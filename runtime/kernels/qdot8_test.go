@@ -184,3 +184,173 @@ func TestDotQ8Rows(t *testing.T) {
 		}
 	}
 }
+
+// DotQ8Matrix on several activation rows (the four-row kernels for each
+// four rows, the one-row kernel for the last 1-3, over tiles of packed
+// rows) gives every output bit for bit what DotQ8Rows (the one-row kernel
+// for that activation row alone) gives it, so that a row's result does
+// not depend on the rows batched with it: 1-, 2-, 4- and 8-bit codes,
+// groups 32, 64, 128 and per channel with 1-17 blocks (full and partial
+// runs of eight groups), symmetric and asymmetric, 13 packed rows,
+// contiguous or padded, one tile or tiles of 3 rows, 1-11 activation
+// rows (one of them all zero), on the AVX2 and the VNNI kernels.
+func TestDotQ8MatrixRowsBitwise(t *testing.T) {
+	if !Q8Asm(4, 32) {
+		t.Skip("no assembly kernels in this build or on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(85, 86))
+	vnnis := []bool{false}
+	if hasVNNI {
+		vnnis = append(vnnis, true)
+	}
+	defer func(v bool, tb int) { hasVNNI, q8TileBytes = v, tb }(hasVNNI, q8TileBytes)
+	for _, bits := range []int{1, 2, 4, 8} {
+		for _, c := range []struct{ k, group int }{{32, 32}, {224, 32}, {288, 32}, {544, 32}, {192, 64}, {448, 64}, {384, 128}, {640, 128}, {224, 224}, {544, 544}} {
+			const rows = 13
+			ng := c.k / c.group
+			for _, pad := range []int{0, 5} {
+				rb := c.k*bits/8 + pad
+				codes := make([]byte, rows*rb)
+				for i := range codes {
+					codes[i] = byte(rng.IntN(256))
+				}
+				scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
+				for g := range scales {
+					scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
+					z := float32(rng.IntN(1 << uint(bits)))
+					if bits == 1 {
+						z = float32(rng.NormFloat64())
+					}
+					zeros[g] = safetensors.F16FromFloat32(z)
+				}
+				zsym := float32(int(1) << uint(bits-1))
+				for _, m := range []int{2, 4, 5, 7, 8, 11} {
+					x := make([]float32, m*c.k)
+					for i := range x {
+						x[i] = float32(rng.NormFloat64())
+					}
+					clear(x[c.k : 2*c.k]) // activation row 1 all zero
+					var a Q8Act
+					QuantizeActQ8(&a, x, c.k, m, c.k, 32)
+					a.Prepare(bits)
+					for _, sym := range []bool{false, true} {
+						for _, vnni := range vnnis {
+							for _, tile := range []int{1 << 20, 3 * rb} {
+								hasVNNI, q8TileBytes = vnni, tile
+								label := fmt.Sprintf("bits %d k %d group %d pad %d m %d sym %v vnni %v tile %d", bits, c.k, c.group, pad, m, sym, vnni, tile)
+								want := make([]float32, m*rows)
+								for r := 0; r < rows; r++ {
+									var zs []uint16
+									if !sym {
+										zs = zeros[r*ng : (r+1)*ng]
+									}
+									DotQ8Rows(want[r:], rows, &a, codes[r*rb:(r+1)*rb], bits, scales[r*ng:(r+1)*ng], zs, c.group, zsym)
+								}
+								var zm []uint16
+								if !sym {
+									zm = zeros
+								}
+								got := make([]float32, m*rows)
+								DotQ8Matrix(got, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+								for i := range got {
+									if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+										t.Errorf("%s: activation row %d packed row %d: %g (%#08x), one-row kernel %g (%#08x)", label, i/rows, i%rows, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+										break
+									}
+								}
+								if want[rows+rows/2] != 0 || got[rows+rows/2] != 0 {
+									t.Errorf("%s: all-zero activation row gives %g, %g", label, got[rows+rows/2], want[rows+rows/2])
+								}
+								if a, b := math.Float32bits(got[0]), math.Float32bits(got[rows-1]); a == b {
+									t.Errorf("%s: packed rows 0 and %d give the same %g", label, rows-1, got[0])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// QuantizeActQ8 with the AVX2 blocks of 32 gives Q, S and Sum bit for bit
+// those of the Go loop: normal values at several scales, exact halves
+// (max 127: x·inv = x, rounded to even), ±max, all-zero and −0 blocks,
+// subnormal and tiny blocks, and blocks with ±Inf or NaN (rows the
+// assembly leaves to the Go loop); the assembly itself runs on the
+// finite rows (quantActQ8x32 reports no block left over).
+func TestQuantizeActQ8AsmBitwise(t *testing.T) {
+	if !hasAsm {
+		t.Skip("no AVX2 assembly in this build or on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(87, 88))
+	const k, ldx = 32 * 11, 32*11 + 3
+	var rows [][]float32
+	for _, sc := range []float64{3, 1e-3, 1e30, 1e-30, 1e-37, 1e-42} {
+		r := make([]float32, k)
+		for j := range r {
+			r[j] = float32(rng.NormFloat64() * sc)
+		}
+		rows = append(rows, r)
+	}
+	halves := make([]float32, k)
+	for j := range halves {
+		halves[j] = float32(rng.IntN(255)-127) + 0.5
+		if j%32 == 0 {
+			halves[j] = 127
+		}
+		if j%32 == 1 {
+			halves[j] = -127
+		}
+	}
+	rows = append(rows, halves)
+	special := make([]float32, k)
+	for j := range special {
+		special[j] = float32(rng.NormFloat64())
+	}
+	clear(special[0:32])
+	for j := 32; j < 64; j++ {
+		special[j] = float32(math.Copysign(0, -1))
+	}
+	special[64+5] = float32(math.Inf(1))
+	special[96+7] = float32(math.Inf(-1))
+	special[128+9] = float32(math.NaN())
+	special[160+3] = math.Float32frombits(1) // smallest subnormal, block otherwise tiny
+	for j := 160; j < 192; j++ {
+		if j != 163 {
+			special[j] = 0
+		}
+	}
+	rows = append(rows, special)
+	x := make([]float32, len(rows)*ldx)
+	for i, r := range rows {
+		copy(x[i*ldx:], r)
+	}
+	m := len(rows)
+	for i := 0; i < 7; i++ { // the finite, not tiny rows run in assembly
+		var a Q8Act
+		QuantizeActQ8(&a, x, ldx, m, k, 32)
+		if i == 4 || i == 5 {
+			continue
+		}
+		if bad := quantActQ8x32(&x[i*ldx], &a.Q[i*k], &a.S[i*k/32], &a.Sum[i*k/32], k/32); bad != 0 {
+			t.Errorf("row %d: assembly left %d blocks to the Go loop", i, bad)
+		}
+	}
+	defer func(v bool) { useAsm = v }(useAsm)
+	var got, want Q8Act
+	useAsm = true
+	QuantizeActQ8(&got, x, ldx, m, k, 32)
+	useAsm = false
+	QuantizeActQ8(&want, x, ldx, m, k, 32)
+	for j := range want.Q {
+		if got.Q[j] != want.Q[j] {
+			t.Fatalf("row %d col %d: Q %d, Go loop %d (x %g)", j/k, j%k, got.Q[j], want.Q[j], x[j/k*ldx+j%k])
+		}
+	}
+	for b := range want.S {
+		if math.Float32bits(got.S[b]) != math.Float32bits(want.S[b]) || math.Float32bits(got.Sum[b]) != math.Float32bits(want.Sum[b]) {
+			t.Fatalf("row %d block %d: S %g Sum %g, Go loop %g %g", b/(k/32), b%(k/32), got.S[b], got.Sum[b], want.S[b], want.Sum[b])
+		}
+	}
+}
