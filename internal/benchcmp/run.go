@@ -309,9 +309,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 				res.Agree[v.Name] = n
 			}
 			var rss []int64
-			for _, s := range sides {
+			for i, s := range sides {
 				kib, err := s.quit()
 				if err != nil {
+					for _, o := range sides[i+1:] {
+						o.kill()
+					}
 					return nil, err
 				}
 				rss = append(rss, kib)
