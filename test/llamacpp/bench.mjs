@@ -108,6 +108,13 @@ const greedy = {generateNext: {token: true, options: {temperature: 0}}};
 async function takeTimings() {
     perf = [];
     await context.printTimings();
+    // The log lines come back through a thread-safe callback: wait for the
+    // last one ("total time"), up to 30 s on a loaded machine.
+    for (let waited = 0; !perf.join("\n").includes("total time"); waited += 5) {
+        if (waited > 30000)
+            fail(`llama.cpp's timings did not arrive within 30 s:\n${perf.join("\n")}`);
+        await new Promise((accept) => setTimeout(accept, 5));
+    }
     const text = perf.join("\n");
     const num = (re) => {
         const m = re.exec(text);
