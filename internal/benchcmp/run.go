@@ -132,7 +132,8 @@ type Options struct {
 	// Llama is llama.cpp's side (internal/llamacpp.Find); nil runs
 	// lmpack's side alone.
 	Llama *llamacpp.Runner
-	// Log receives a line per finished (format, threads); nil: none.
+	// Log receives a line per finished (format, threads) with its
+	// medians (partial results survive an interrupted run); nil: none.
 	Log io.Writer
 }
 
@@ -328,7 +329,16 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 				res.Rows = append(res.Rows, *r)
 			}
 			if opt.Log != nil {
-				fmt.Fprintf(opt.Log, "%s threads=%d done (%s)\n", v.Name, th, time.Now().UTC().Format(time.TimeOnly))
+				fmt.Fprintf(opt.Log, "%s threads=%d done (%s, loadavg %s):", v.Name, th, time.Now().UTC().Format(time.TimeOnly), LoadAvg())
+				for _, ph := range phases {
+					r := rows[ph]
+					fmt.Fprintf(opt.Log, " %s lmpack %.1f", ph, median(r.Lmpack))
+					if len(r.Llama) > 0 {
+						fmt.Fprintf(opt.Log, " llama.cpp %.1f ratio %.2f", median(r.Llama), median(r.Ratio))
+					}
+					fmt.Fprintf(opt.Log, " tok/s;")
+				}
+				fmt.Fprintf(opt.Log, " peak RSS KiB %v\n", rss)
 			}
 		}
 	}
