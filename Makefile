@@ -3,7 +3,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 FUZZTIME ?= 10s
 
-.PHONY: build test bench lint cross fuzz ci gpu-check kernels load
+.PHONY: build test bench bench-compare lint cross fuzz ci gpu-check kernels load
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/lmpack ./cmd/lmpack
@@ -22,6 +22,14 @@ load:
 # Benchmarks: decode/prefill tokens/s, matmul GFLOP/s, tokenizer MB/s.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./runtime/... ./formats/...
+
+# lmpack against llama.cpp (node-llama-cpp 3.21.1 in test/llamacpp) on the
+# same weights, interleaved A/B (internal/benchcmp); not part of `make test`.
+REPS ?= 5
+bench-compare:
+	@if [ ! -f test/llamacpp/node_modules/node-llama-cpp/package.json ] || [ ! -f test/llamacpp/node_modules/@node-llama-cpp/linux-x64/package.json ]; then \
+		echo "bench-compare needs llama.cpp: run \`npm ci\` in test/llamacpp (installs node-llama-cpp 3.21.1 and its prebuilt CPU binary)"; exit 1; fi
+	$(GO) run ./internal/benchcmp/cmd/benchcompare -reps $(REPS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
