@@ -13,7 +13,10 @@ var (
 	MaxAbsDiff      = maxAbsDiff
 	Flatten         = flatten
 	BaseConfig      = baseConfig
-	With            = with
+	// ProcessCPUSeconds is the process's user+system CPU time in seconds,
+	// -1 where unavailable (cputime_*_test.go).
+	ProcessCPUSeconds = processCPUSeconds
+	With              = with
 	// Q8Width reports whether bits-bit weights in groups of 32 decode
 	// on int8 activations (qseg.q8).
 	Q8Width = func(bits int) bool { return (&qseg{q: &weights.Quantized{Bits: bits, GroupSize: 32}}).q8() }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"syscall"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
@@ -32,14 +31,9 @@ func longKVConfig() map[string]any {
 	}
 }
 
-// cpuSeconds is the user+system CPU time of the process so far.
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-}
+// cpuSeconds is the user+system CPU time of the process so far
+// (runtime's processCPUSeconds: getrusage where the OS has it, else -1).
+func cpuSeconds() float64 { return runtime.ProcessCPUSeconds() }
 
 // fillKV writes n tokens of N(0, 1) keys and values (fixed seed) into
 // every layer of c, 512 at a time, as a prefill would.
