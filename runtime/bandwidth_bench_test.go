@@ -45,32 +45,41 @@ func bwBufferBytes() int {
 	return min(max(256<<20, 2*llc), 1<<30)
 }
 
-// bwBuffers holds the float32 buffers [n] of the bandwidth measurement:
-// src (filled, read by the read and copy passes) and dst (written by the
-// copy pass), both touched once so that no page fault is timed.
+// bwRowLen is the row length (floats) of the read pass's GEMV: the 22M
+// model's hidden size, so rows are as long as most of its weight rows.
+const bwRowLen = 512
+
+// bwBuffers holds the float32 buffers of the bandwidth measurement: src
+// [n] (filled; read by the read and copy passes, viewed as [n/bwRowLen,
+// bwRowLen] by the read pass), dst [n] (written by the copy pass), ones
+// [bwRowLen] and sums [n/bwRowLen] (the read pass's x and y), all touched
+// once so that no page fault is timed.
 type bwBuffers struct {
-	src, dst []float32
-	sink     []float32 // per-chunk results of the read pass, kept so it is not dead code
+	src, dst   []float32
+	ones, sums []float32
 }
 
 func newBWBuffers(bytes int) *bwBuffers {
-	n := bytes / 4 &^ 7
-	bb := &bwBuffers{src: make([]float32, n), dst: make([]float32, n)}
+	n := bytes / 4 / bwRowLen * bwRowLen
+	bb := &bwBuffers{src: make([]float32, n), dst: make([]float32, n), ones: make([]float32, bwRowLen), sums: make([]float32, n/bwRowLen)}
 	for i := range bb.src {
 		bb.src[i] = float32(i&1023) / 1024
+	}
+	for i := range bb.ones {
+		bb.ones[i] = 1
 	}
 	copy(bb.dst, bb.src)
 	return bb
 }
 
-// bwChunks calls f(i, lo, hi) for threads contiguous chunks [lo, hi) of
-// [0, n) (bounds multiples of 8), concurrently when threads > 1, and
-// returns the wall seconds from the first start to the last return.
-func bwChunks(threads, n int, f func(i, lo, hi int)) float64 {
-	step := (n/threads + 7) &^ 7
+// bwChunks calls f(lo, hi) for threads contiguous chunks [lo, hi) of
+// [0, n), concurrently when threads > 1, and returns the wall seconds
+// from the first start to the last return.
+func bwChunks(threads, n int, f func(lo, hi int)) float64 {
+	step := (n + threads - 1) / threads
 	t0 := time.Now()
 	if threads == 1 {
-		f(0, 0, n)
+		f(0, n)
 		return time.Since(t0).Seconds()
 	}
 	var wg sync.WaitGroup
@@ -79,7 +88,7 @@ func bwChunks(threads, n int, f func(i, lo, hi int)) float64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f(i, lo, hi)
+			f(lo, hi)
 		}()
 	}
 	wg.Wait()
@@ -92,15 +101,17 @@ type bwMeter struct{ bytes, secs float64 }
 func (m *bwMeter) add(bytes, secs float64) { m.bytes += bytes; m.secs += secs }
 func (m *bwMeter) rate() float64           { return m.bytes / m.secs / 1e9 }
 
-// read streams src[:n] once on threads goroutines with kernels.Dot(x, x)
-// (the AVX2 FMA loop of the float GEMV: 32 partial sums, so it is bound
-// by memory, not by the add latency) and adds 4·n bytes read to m.
-func (bb *bwBuffers) read(m *bwMeter, threads, n int) {
-	if len(bb.sink) < threads {
-		bb.sink = make([]float32, threads)
-	}
-	s := bwChunks(threads, n, func(i, lo, hi int) { bb.sink[i] += kernels.Dot(bb.src[lo:hi], bb.src[lo:hi]) })
-	m.add(4*float64(n), s)
+// read streams the first rows rows of src once on threads goroutines,
+// each summing its rows (sums = src·ones with kernels.MatMulNT at m = 1:
+// the float decode GEMV, four rows a quarter of the chunk apart in flight
+// at once, which a single sequential stream does not match on one core),
+// and adds the 4·rows·bwRowLen bytes read to m (the 4 B per row written
+// are not counted).
+func (bb *bwBuffers) read(m *bwMeter, threads, rows int) {
+	s := bwChunks(threads, rows, func(lo, hi int) {
+		kernels.MatMulNT(1, hi-lo, bwRowLen, bb.ones, bwRowLen, bb.src[lo*bwRowLen:hi*bwRowLen], bwRowLen, bb.sums[lo:hi], hi-lo)
+	})
+	m.add(4*float64(rows*bwRowLen), s)
 }
 
 // copyPass copies src into dst (Go's memmove: non-temporal stores at this
@@ -108,7 +119,7 @@ func (bb *bwBuffers) read(m *bwMeter, threads, n int) {
 // read plus the bytes written (the STREAM convention).
 func (bb *bwBuffers) copyPass(m *bwMeter, threads int) {
 	n := len(bb.src)
-	s := bwChunks(threads, n, func(_, lo, hi int) { copy(bb.dst[lo:hi], bb.src[lo:hi]) })
+	s := bwChunks(threads, n, func(lo, hi int) { copy(bb.dst[lo:hi], bb.src[lo:hi]) })
 	m.add(8*float64(n), s)
 }
 
@@ -119,13 +130,13 @@ func (bb *bwBuffers) copyPass(m *bwMeter, threads int) {
 // the bytes a decoded token reads, which is what decode gets when the
 // weights stay in the last-level cache between tokens.
 func (bb *bwBuffers) bwSample(dram, cp, warm *bwMeter, threads int, warmBytes int64) {
-	bb.read(dram, threads, len(bb.src))
+	bb.read(dram, threads, len(bb.sums))
 	bb.copyPass(cp, threads)
-	wn := min(int(warmBytes/4)&^7, len(bb.src))
+	wr := min(max(int(warmBytes/4/bwRowLen), 1), len(bb.sums))
 	var discard bwMeter
-	bb.read(&discard, threads, wn)
-	for done := 0; done < 256<<20; done += 4 * wn {
-		bb.read(warm, threads, wn)
+	bb.read(&discard, threads, wr)
+	for done := 0; done < 256<<20; done += 4 * bwRowLen * wr {
+		bb.read(warm, threads, wr)
 	}
 }
 
@@ -165,8 +176,8 @@ func decodeBytesPerToken(cm *cpuModel) int64 {
 //
 // Metrics: tokens/s (wall); MB/token, the weight bytes a token reads
 // (decodeBytesPerToken, 1e6 B); weight_GB/s = MB/token · tokens/s / 1e3;
-// read_GB/s, the DRAM read bandwidth (kernels.Dot over a buffer of
-// bwBufferBytes, twice the last-level cache); copy_GB/s, the DRAM copy
+// read_GB/s, the DRAM read bandwidth (row sums by the float GEMV over a
+// buffer of bwBufferBytes, twice the last-level cache: bwBuffers.read); copy_GB/s, the DRAM copy
 // bandwidth counted as bytes read + bytes written; x_read =
 // weight_GB/s / read_GB/s, the ratio (goal ≥ 0.8), taken against
 // the read bandwidth since decode only reads weights; warm_GB/s, the read
