@@ -170,7 +170,7 @@ func TestMoEBudget(t *testing.T) {
 				}
 				prev = rep.MoE.PredictedError
 			}
-			qe, err := engine.Open(ctx, out, engine.Options{Threads: 1})
+			qe, err := engine.Open(ctx, out, engine.Options{Threads: 1, DequantizeWeights: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,7 +293,7 @@ func TestMoENeverRouted(t *testing.T) {
 		t.Errorf("warnings %q lack the never-routed expert's", rep.Warnings)
 	}
 	t.Logf("warnings:\n%s", strings.Join(rep.Warnings, "\n"))
-	qe, err := engine.Open(ctx, out, engine.Options{Threads: 1})
+	qe, err := engine.Open(ctx, out, engine.Options{Threads: 1, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +403,7 @@ func TestMoESequentialExpertHessians(t *testing.T) {
 				t.Fatal(err)
 			}
 			widths[float] = rep.MoE.Widths
-			qe, err := engine.Open(ctx, out, engine.Options{Threads: 1})
+			qe, err := engine.Open(ctx, out, engine.Options{Threads: 1, DequantizeWeights: true})
 			if err != nil {
 				t.Fatal(err)
 			}

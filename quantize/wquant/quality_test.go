@@ -143,7 +143,7 @@ func TestPerplexityTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e, err := engine.Open(ctx, o.Out, engine.Options{Threads: 1})
+		e, err := engine.Open(ctx, o.Out, engine.Options{Threads: 1, DequantizeWeights: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,7 +36,7 @@ func TestQuantizedCheckpointMatchesFakeQuant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qe, err := engine.Open(context.Background(), out, engine.Options{Threads: 1})
+		qe, err := engine.Open(context.Background(), out, engine.Options{Threads: 1, DequantizeWeights: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,7 +377,7 @@ func TestQuantizedExpertTensors(t *testing.T) {
 	if err := copySideFiles(src, out); err != nil {
 		t.Fatal(err)
 	}
-	qe, err := engine.Open(context.Background(), out, engine.Options{Threads: 1})
+	qe, err := engine.Open(context.Background(), out, engine.Options{Threads: 1, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
