@@ -107,7 +107,20 @@ func ggufFile(t *testing.T, dir, typ string) string {
 // openLM opens dir on lmpack's CPU runtime with one thread.
 func openLM(t *testing.T, dir string) *engine.Engine {
 	t.Helper()
-	e, err := engine.Open(context.Background(), dir, engine.Options{Threads: 1, Device: "cpu"})
+	return openLMOpts(t, dir, engine.Options{Threads: 1, Device: "cpu"})
+}
+
+// openLMDequant is openLM with the weights dequantized to float32 at load
+// (engine.Options.DequantizeWeights): float activations, as llama.cpp
+// runs an F32 GGUF.
+func openLMDequant(t *testing.T, dir string) *engine.Engine {
+	t.Helper()
+	return openLMOpts(t, dir, engine.Options{Threads: 1, Device: "cpu", DequantizeWeights: true})
+}
+
+func openLMOpts(t *testing.T, dir string, o engine.Options) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(context.Background(), dir, o)
 	if err != nil {
 		t.Fatalf("lmpack: open %s: %v", dir, err)
 	}
@@ -469,16 +482,18 @@ func TestGGUFLlamaCppGPTQ4(t *testing.T) {
 	for _, name := range names {
 		q := quantized(t, dir, calib, "gptq", 4, 32, name == "sym")
 		e := openLM(t, q)
-		// Activation rounding in llama.cpp's Q4 kernels can flip a
-		// near-tied argmax, so only the prompt ids must agree and the
-		// distributions are compared along llama.cpp's own sequence.
-		// The same checkpoint exported as F32 (the dequantised weights)
-		// holds the values lmpack's runtime computes with, so the F32
-		// bound and identical greedy text apply: this separates the
-		// export's weights from llama.cpp's activation rounding.
+		// Both sides round activations to int8 per block of 32 in their
+		// Q4 kernels (lmpack's packed weights: runtime/qlinear.go), in
+		// different orders, which can flip a near-tied argmax, so only
+		// the prompt ids must agree and the distributions are compared
+		// along llama.cpp's own sequence. The same checkpoint exported as
+		// F32 (the dequantised weights) against lmpack with the weights
+		// dequantized at load (float activations on both sides): the F32
+		// bound and identical greedy text apply, which separates the
+		// export's weights from the activation rounding.
 		runs = append(runs,
 			run{e, ggufFile(t, q, ""), checks{gen: 32}},
-			run{e, ggufFile(t, q, "f32"), checks{gen: 32, sameIDs: true}})
+			run{openLMDequant(t, q), ggufFile(t, q, "f32"), checks{gen: 32, sameIDs: true}})
 	}
 	ms := runAll(t, r, runs)
 	for i, name := range names {
