@@ -14,7 +14,7 @@ const maxTopLogprobs = 20
 // request builds the scheduler's GenRequest from the parsed parameters.
 func (p *sampling) request(id string, ids []int, maxTokens, topLogprobs int) *GenRequest {
 	return &GenRequest{
-		ID: id, Prompt: ids, MaxTokens: maxTokens,
+		ID: id, Prompt: ids, MaxTokens: maxTokens, DefaultMaxTokens: p.maxParam == "",
 		Temperature: p.temperature, TopP: p.topP, TopK: p.topK, Seed: p.seed,
 		StopTokenIDs: p.stopIDs, IgnoreEOS: p.ignoreEOS, TopLogprobs: topLogprobs,
 	}
