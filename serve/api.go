@@ -228,8 +228,17 @@ func (f fields) unsupportedUnless(key, why string, allowed ...string) *apiError 
 	return unsupported(key, why)
 }
 
+// Limits of stop: OpenAI allows 4 strings, vLLM and llama-server any
+// number; lmpack allows maxStops of at most maxStopBytes bytes each, so
+// that matching them costs little per token.
+const (
+	maxStops     = 16
+	maxStopBytes = 256
+)
+
 // stopList decodes OpenAI's stop: a string or a list of strings (empty
-// strings refused: they would match at once).
+// strings refused: they would match at once; more than maxStops strings
+// or one longer than maxStopBytes refused).
 func (f fields) stopList() ([]string, *apiError) {
 	if !f.has("stop") {
 		return nil, nil
@@ -242,15 +251,24 @@ func (f fields) stopList() ([]string, *apiError) {
 		if one == "" {
 			return nil, badRequest("stop", `"stop" must not be an empty string`)
 		}
+		if len(one) > maxStopBytes {
+			return nil, badRequest("stop", `"stop" is %d bytes long: at most %d`, len(one), maxStopBytes)
+		}
 		return []string{one}, nil
 	}
 	var list []string
 	if err := json.Unmarshal(f["stop"], &list); err != nil {
 		return nil, badRequest("stop", `"stop" must be a string or a list of strings, got %s`, preview(f["stop"]))
 	}
+	if len(list) > maxStops {
+		return nil, badRequest("stop", `"stop" holds %d strings: at most %d`, len(list), maxStops)
+	}
 	for i, s := range list {
 		if s == "" {
 			return nil, badRequest("stop", `"stop"[%d] must not be an empty string`, i)
+		}
+		if len(s) > maxStopBytes {
+			return nil, badRequest("stop", `"stop"[%d] is %d bytes long: at most %d`, i, len(s), maxStopBytes)
 		}
 	}
 	return list, nil

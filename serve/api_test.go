@@ -1035,3 +1035,45 @@ func TestShutdownCutsStream(t *testing.T) {
 		t.Errorf("stream end after the cut:\n%s", rest)
 	}
 }
+
+// TestCheapRejection: requests that cannot fit the context are refused
+// before the chat template is rendered or the text tokenized (the
+// template here raises when rendered, so a rendering shows in the
+// error): more messages than the context has tokens, content longer
+// than the context can hold in bytes (max_model_len × the longest
+// token's bytes × 2), a completions prompt likewise; stop is limited to
+// 16 strings of at most 256 bytes.
+func TestCheapRejection(t *testing.T) {
+	ts := newTestServer(t, `{{ raise_exception("rendered") }}`, Options{})
+	lim := ts.s.opt.MaxModelLen * ts.s.maxTokenBytes * textBytesFactor
+	if ts.s.maxTokenBytes < 4 || lim >= 1<<20 {
+		t.Fatalf("longest token %d bytes, text limit %d", ts.s.maxTokenBytes, lim)
+	}
+	msgs := "[" + strings.Repeat(`{"role":"user","content":"a"},`, 99999) + `{"role":"user","content":"a"}]`
+	for _, c := range []struct {
+		name, path, body, param, msg string
+	}{
+		{"100,000 messages", "/v1/chat/completions", `{"messages":` + msgs + `,"max_tokens":1}`, "messages", "100000 messages"},
+		{"long content", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("ab", lim/2+1) + `"}]}`, "messages", "bytes of text"},
+		{"long prompt text", "/v1/completions", `{"prompt":"` + strings.Repeat("ab", lim/2+1) + `"}`, "prompt", "bytes of text"},
+		{"17 stops", "/v1/completions", `{"prompt":"a","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}`, "stop", "at most 16"},
+		{"long stop", "/v1/completions", `{"prompt":"a","stop":"` + strings.Repeat("x", 257) + `"}`, "stop", "at most 256"},
+		{"long stop in a list", "/v1/completions", `{"prompt":"a","stop":["a","` + strings.Repeat("x", 257) + `"]}`, "stop", "at most 256"},
+	} {
+		r := ts.post(t, c.path, c.body)
+		e := decode[errResp](t, r.body)
+		if r.status != 400 || e.Error.Param == nil || *e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.msg) || strings.Contains(e.Error.Message, "rendered") {
+			t.Errorf("%s: %d %s, want 400 naming %s with %q, before rendering", c.name, r.status, r.body, c.param, c.msg)
+		}
+	}
+	// Within the limits: the template is rendered (and raises), 16 stops
+	// and a 256-byte stop are accepted.
+	r := ts.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("a", lim/4)+`"}]}`)
+	if r.status != 400 || !strings.Contains(string(r.body), "rendered") {
+		t.Errorf("content within the byte bound: %d %s, want the template's error", r.status, r.body)
+	}
+	r = ts.post(t, "/v1/completions", `{"prompt":"a","max_tokens":2,"stop":["a1","b","c","d","e","f","g","h","i","j","k","l","m","n","o","`+strings.Repeat("x", 256)+`"]}`)
+	if r.status != 200 {
+		t.Errorf("16 stops, one of 256 bytes: %d %s", r.status, r.body)
+	}
+}

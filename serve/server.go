@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	goruntime "runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -98,6 +99,14 @@ type Server struct {
 	requests *prometheus.CounterVec
 	now      func() time.Time
 	handler  http.Handler
+	// maxTokenBytes is the longest token's text in bytes (at least 4, a
+	// UTF-8 character: byte fallback and unknown characters), for the
+	// cheap bound on prompt text (checkTextBytes).
+	maxTokenBytes int
+	// prep bounds the requests rendering a chat template or tokenizing at
+	// once (runtime.NumCPU slots), so a flood of large bodies cannot
+	// take every core and all memory.
+	prep chan struct{}
 	// afterRequest, when set (tests), is called with each request's
 	// final status once it is counted.
 	afterRequest func(endpoint string, status int)
@@ -171,6 +180,11 @@ func New(e *engine.Engine, sub Submitter, reg *prometheus.Registry, opt Options)
 	s := &Server{opt: opt, e: e, tok: e.Tokenizer, vocab: max(e.Desc.VocabSize, e.Tokenizer.VocabSize()), sub: sub, reg: reg, logger: opt.Logger, now: time.Now}
 	for _, k := range opt.APIKeys {
 		s.keys = append(s.keys, sha256.Sum256(k))
+	}
+	s.prep = make(chan struct{}, goruntime.NumCPU())
+	s.maxTokenBytes = 4
+	for id := 0; id < s.tok.VocabSize(); id++ {
+		s.maxTokenBytes = max(s.maxTokenBytes, len(s.tok.Decode([]int{id}, false)), len(s.tok.Token(id)))
 	}
 	tmpl, err := readChatTemplate(e)
 	if err != nil {
@@ -508,5 +522,39 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, drain func(context.
 	}
 	<-errc // http.ErrServerClosed
 	s.logger.Info("shut down")
+	return nil
+}
+
+// acquirePrep takes one of the prep slots (template rendering and
+// tokenization), waiting while all are taken; it returns false when ctx
+// ends first (the client went away).
+func (s *Server) acquirePrep(ctx context.Context) bool {
+	select {
+	case s.prep <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Server) releasePrep() { <-s.prep }
+
+// textBytesFactor is the slack of checkTextBytes over the plain bound:
+// tokenizer normalizers may shorten text a little (Unicode composition),
+// so text is refused only beyond twice what the context can hold.
+const textBytesFactor = 2
+
+// checkTextBytes refuses, before any template rendering or tokenizing,
+// text of n bytes that cannot fit the context: every token covers at most
+// maxTokenBytes bytes of text, so more than MaxModelLen × maxTokenBytes ×
+// textBytesFactor bytes need more tokens than the context holds (400
+// naming param, code context_length_exceeded).
+func (s *Server) checkTextBytes(n int, param string) *apiError {
+	if limit := s.opt.MaxModelLen * s.maxTokenBytes * textBytesFactor; n > limit {
+		e := badRequest(param, "%q holds %d bytes of text; this model's maximum context length is %d tokens of at most %d bytes each, so it cannot fit (limit %d bytes)",
+			param, n, s.opt.MaxModelLen, s.maxTokenBytes, limit)
+		e.Code = "context_length_exceeded"
+		return e
+	}
 	return nil
 }
