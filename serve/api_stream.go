@@ -20,6 +20,16 @@ func (p *sampling) request(id string, ids []int, maxTokens, topLogprobs int) *Ge
 	}
 }
 
+// withStops gives req the stop strings for the scheduler to match, with a
+// stream decoder of its own after the prompt.
+func (s *Server) withStops(req *GenRequest, stops []string) *GenRequest {
+	if len(stops) > 0 {
+		req.Stop = stops
+		req.StopDecoder = s.tok.NewStreamDecoderAfter(req.Prompt, true)
+	}
+	return req
+}
+
 // altText is the text token id adds after token prev: how an alternative
 // in top_logprobs reads in place of the sampled token (a SentencePiece
 // "▁park" keeps its space).

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -57,6 +58,14 @@ type GenRequest struct {
 	// is not emitted); EOS ids of the model do so too unless IgnoreEOS.
 	StopTokenIDs []int
 	IgnoreEOS    bool
+	// Stop strings end generation with finish "stop" at the step whose
+	// token completes one of them in the text StopDecoder decodes (that
+	// token is emitted; the HTTP layer trims the text at the stop
+	// string). StopDecoder decodes the generated tokens incrementally (a
+	// tokenizer.StreamDecoder after the prompt, used by the scheduler
+	// only); required when Stop is not empty.
+	Stop        []string
+	StopDecoder *tokenizer.StreamDecoder
 	// TopLogprobs < 0: no logprobs; otherwise every Event carries the
 	// sampled token's log-probability and the TopLogprobs most likely
 	// alternatives (log-softmax of the raw logits, before temperature).

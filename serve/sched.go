@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -159,6 +160,10 @@ type request struct {
 	out       []int // tokens generated (events sent), kept for recomputation
 	resv      int   // tokens the cache reserves
 	preempted int   // times preempted
+	// stopTail is the end of the decoded text (at most the longest stop
+	// string − 1 bytes kept between tokens), maxStop that length.
+	stopTail  []byte
+	maxStop   int
 	cache     runtime.KVCache
 	logits    []float32 // [vocab]
 	sampler   *runtime.Sampler
@@ -287,6 +292,9 @@ func (s *Scheduler) Submit(ctx context.Context, r *GenRequest) (<-chan Event, er
 		tokCap = min(tokCap, s.opt.EventBuffer)
 	}
 	q := &request{r: r, ctx: ctx, ch: make(chan Event, tokCap+1), tokCap: tokCap, need: need, toks: r.Prompt, submitted: time.Now()}
+	for _, st := range r.Stop {
+		q.maxStop = max(q.maxStop, len(st))
+	}
 	s.mu.Lock()
 	if s.draining || s.stopped {
 		s.mu.Unlock()
@@ -329,6 +337,13 @@ func (s *Scheduler) checkRequest(r *GenRequest) error {
 		return bad("TopK", r.TopK, "≥ 0")
 	case r.TopLogprobs > s.vocab:
 		return bad("TopLogprobs", r.TopLogprobs, fmt.Sprintf("≤ vocab_size %d", s.vocab))
+	case len(r.Stop) > 0 && r.StopDecoder == nil:
+		return bad("StopDecoder", nil, "a tokenizer.StreamDecoder when Stop is set")
+	}
+	for i, st := range r.Stop {
+		if st == "" {
+			return bad(fmt.Sprintf("Stop[%d]", i), `""`, "a non-empty string")
+		}
 	}
 	for i, id := range r.Prompt {
 		if id < 0 || id >= s.vocab {
@@ -714,12 +729,39 @@ func (s *Scheduler) handle(q *request) {
 		ev.Logprob, ev.Top = logprobs(q.logits, tok, q.r.TopLogprobs)
 	}
 	q.ch <- ev // never blocks: fewer than tokCap are buffered, tokCap+1 fit
+	if q.stopString(tok) {
+		s.finish(q, FinishStop, nil)
+		return
+	}
 	if q.gen >= q.r.MaxTokens {
 		s.finish(q, FinishLength, nil)
 		return
 	}
 	q.next[0] = tok
 	q.out = append(q.out, tok)
+}
+
+// stopString feeds tok to q's stop decoder and reports whether the text
+// now contains one of q's stop strings. A new occurrence ends in the new
+// text, so only the last maxStop−1 bytes before it need keeping.
+func (q *request) stopString(tok int) bool {
+	if len(q.r.Stop) == 0 {
+		return false
+	}
+	piece := q.r.StopDecoder.Next(tok)
+	if piece == "" {
+		return false
+	}
+	q.stopTail = append(q.stopTail, piece...)
+	for _, st := range q.r.Stop {
+		if bytes.Contains(q.stopTail, []byte(st)) {
+			return true
+		}
+	}
+	if keep := q.maxStop - 1; len(q.stopTail) > keep {
+		q.stopTail = append(q.stopTail[:0], q.stopTail[len(q.stopTail)-keep:]...)
+	}
+	return false
 }
 
 // isStop reports whether tok ends r with finish "stop".

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/lmpack/lmpack/formats/tokenizer"
+	"github.com/lmpack/lmpack/internal/shared"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -210,5 +213,54 @@ func TestPreemptionOnDemand(t *testing.T) {
 	r2.DefaultMaxTokens = false
 	if _, err := s2.Submit(context.Background(), &r2); !errors.Is(err, ErrNeverFits) {
 		t.Errorf("explicit max_tokens %d under half a context: %v, want ErrNeverFits", r2.MaxTokens, err)
+	}
+}
+
+// TestSchedulerStopStrings: the scheduler ends a request at the token
+// whose text completes a stop string (" girl" in the greedy story), with
+// finish "stop": that token is the last emitted, no token is sampled
+// after it (lmpack_generation_tokens_total), and the finish is counted
+// "stop", not "cancelled".
+func TestSchedulerStopStrings(t *testing.T) {
+	m := loadStories(t)
+	tok, err := tokenizer.Load(shared.Path(t, "stories260K-hf", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := tok.Encode("Once upon a time", true)
+	r := &GenRequest{ID: "S", Prompt: prompt, MaxTokens: 100, IgnoreEOS: true, TopLogprobs: -1}
+	all, _ := reference(t, m, r, storiesEOS)
+	dec := tok.NewStreamDecoderAfter(prompt, true)
+	var text string
+	k := -1
+	for i, id := range all {
+		text += dec.Next(id)
+		if strings.Contains(text, " girl") {
+			k = i
+			break
+		}
+	}
+	if k < 0 || k+1 >= len(all) {
+		t.Fatalf("the greedy story has no \" girl\" before its end: %q", text)
+	}
+	s := startSched(t, m, newFakePool(t, m, 1<<30), SchedOptions{MaxBatch: 2, MaxPrefillTokens: 64, MaxQueue: 2})
+	r.Stop = []string{"never", " girl"}
+	r.StopDecoder = tok.NewStreamDecoderAfter(prompt, true)
+	ch, err := s.Submit(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, ch)
+	if got.finish.Finish != FinishStop || !equalInts(got.tokens, all[:k+1]) {
+		t.Errorf("stop \" girl\": %v, finish %q; want %v, stop", got.tokens, got.finish.Finish, all[:k+1])
+	}
+	if n := testutil.ToFloat64(s.met.genTokens); n != float64(k+1) {
+		t.Errorf("lmpack_generation_tokens_total %g, want %d (nothing sampled after the stop)", n, k+1)
+	}
+	if st, c := testutil.ToFloat64(s.met.finished.WithLabelValues(FinishStop)), testutil.ToFloat64(s.met.finished.WithLabelValues(FinishCancelled)); st != 1 || c != 0 {
+		t.Errorf("finished stop %g, cancelled %g; want 1, 0", st, c)
+	}
+	if _, err := s.Submit(context.Background(), &GenRequest{ID: "X", Prompt: prompt, MaxTokens: 2, Stop: []string{"a"}, TopLogprobs: -1}); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("Stop without StopDecoder: %v, want ErrInvalidRequest", err)
 	}
 }
