@@ -815,17 +815,32 @@ func TestServeLifecycle(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	drained := make(chan bool, 1)
 	served := make(chan error, 1)
+	url := "http://" + ln.Addr().String()
 	go func() {
 		served <- s.Serve(ctx, ln, func(dctx context.Context) error {
 			if s.ready.Load() {
 				t.Error("health still ready during drain")
+			}
+			// During the drain the listener stays open: /health and new
+			// generation requests answer 503 (with Retry-After), not a
+			// refused connection.
+			resp, err := http.Get(url + "/health")
+			if err != nil {
+				t.Errorf("health during drain: %v, want 503", err)
+			} else if resp.Body.Close(); resp.StatusCode != 503 {
+				t.Errorf("health during drain: %d, want 503", resp.StatusCode)
+			}
+			resp, err = http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Once upon a time"}`))
+			if err != nil {
+				t.Errorf("completion during drain: %v, want 503", err)
+			} else if resp.Body.Close(); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+				t.Errorf("completion during drain: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 			}
 			_, ok := dctx.Deadline()
 			drained <- ok
 			return nil
 		})
 	}()
-	url := "http://" + ln.Addr().String()
 	var resp *http.Response
 	for { // Serve sets ready right after starting to accept
 		resp, err = http.Get(url + "/health")

@@ -95,6 +95,9 @@ type Server struct {
 	keys   [][sha256.Size]byte
 	logger *slog.Logger
 	ready  atomic.Bool
+	// draining: a shutdown started; new generation requests get 503
+	// with Retry-After while the listener stays open.
+	draining atomic.Bool
 	// requests counts answered requests by endpoint and status.
 	requests *prometheus.CounterVec
 	now      func() time.Time
@@ -318,6 +321,11 @@ func (s *Server) buildHandler() http.Handler {
 			s.unauthorized(rec)
 			return
 		}
+		if s.draining.Load() && rt.method == http.MethodPost {
+			rec.Header().Set("Connection", "close")
+			writeError(rec, submitError(ErrShuttingDown))
+			return
+		}
 		rt.h(rec, r, info)
 	})
 }
@@ -471,13 +479,17 @@ func (r *recorder) Write(b []byte) (int, error) {
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // Serve answers HTTP on ln until ctx ends, then shuts down gracefully:
-// /health turns 503 and the listener closes (no new connections), drain
-// (the scheduler's: stop admitting, finish or cut the running requests)
-// runs with a deadline of ShutdownTimeout while the HTTP server waits for
-// the open requests (a request cut at the timeout answers 503, or an
-// error event in a stream); connections still open 2 s after the timeout
-// are closed. It returns nil after a shutdown, or the error that
-// stopped serving otherwise.
+// while drain (the scheduler's: stop admitting, finish or cut the running
+// requests) runs with a deadline of ShutdownTimeout, the listener stays
+// open: /health answers 503, new generation requests 503 with
+// Retry-After (and Connection: close; keep-alives are off), so a load
+// balancer sees the server leave instead of a refused connection (the
+// Kubernetes readiness pattern). A request cut at the timeout answers
+// 503, or an error event in a stream. After drain the HTTP server shuts
+// down (listener closed), waiting shutdownGrace for the open requests to
+// send their last events; connections still open then are closed. It
+// returns nil after a shutdown, or the error that stopped serving
+// otherwise.
 //
 // The http.Server has ReadHeaderTimeout (slowloris) and IdleTimeout; a
 // body must arrive within BodyTimeout (a per-request read deadline, set
@@ -502,21 +514,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, drain func(context.
 	case <-ctx.Done():
 	}
 	s.ready.Store(false)
+	s.draining.Store(true)
+	hs.SetKeepAlivesEnabled(false)
 	s.logger.Info("shutting down", "timeout", s.opt.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), s.opt.ShutdownTimeout)
 	defer cancel()
-	// The HTTP server waits a little longer than drain, so that requests
-	// drain cuts at the timeout still send their last event.
-	hctx, hcancel := context.WithTimeout(context.Background(), s.opt.ShutdownTimeout+shutdownGrace)
-	defer hcancel()
-	shut := make(chan error, 1)
-	go func() { shut <- hs.Shutdown(hctx) }()
 	if drain != nil {
 		if err := drain(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.logger.Warn("drain", "err", err)
 		}
 	}
-	if err := <-shut; err != nil {
+	// The requests drain cut (or that finished) still send their last
+	// events within shutdownGrace.
+	hctx, hcancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer hcancel()
+	if err := hs.Shutdown(hctx); err != nil {
 		s.logger.Warn("requests still open at the shutdown timeout were cut", "err", err)
 		hs.Close()
 	}
