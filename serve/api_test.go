@@ -227,6 +227,10 @@ func (ts *testServer) do(t *testing.T, method, path, body string, hdr ...string)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -804,7 +808,9 @@ func TestServeLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
-	s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
+	req := httptest.NewRequest("GET", "/health", nil)
+	req.Host = "127.0.0.1"
+	s.Handler().ServeHTTP(rec, req)
 	if rec.Code != 503 {
 		t.Errorf("health before Serve: %d", rec.Code)
 	}
@@ -995,7 +1001,7 @@ func TestHostileInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1090,5 +1096,56 @@ func TestCheapRejection(t *testing.T) {
 	r = ts.post(t, "/v1/completions", `{"prompt":"a","max_tokens":2,"stop":["a1","b","c","d","e","f","g","h","i","j","k","l","m","n","o","`+strings.Repeat("x", 256)+`"]}`)
 	if r.status != 200 {
 		t.Errorf("16 stops, one of 256 bytes: %d %s", r.status, r.body)
+	}
+}
+
+// TestBrowserDefaults: POSTs need Content-Type application/json (a
+// charset parameter allowed), else 415 naming Content-Type; on a
+// loopback Host the server answers only loopback Host headers (any
+// port) and AllowedHosts, else 403 naming Host (DNS rebinding); on
+// another Host the check is off.
+func TestBrowserDefaults(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	body := `{"prompt":"Once upon a time","max_tokens":2}`
+	for _, c := range []struct {
+		name   string
+		hdr    []string
+		status int
+		param  string
+	}{
+		{"text/plain", []string{"Content-Type", "text/plain"}, 415, "Content-Type"},
+		{"form", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "Content-Type"},
+		{"no Content-Type", []string{"Content-Type", ""}, 415, "Content-Type"},
+		{"charset", []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
+		{"attacker Host", []string{"Host", "attacker.example"}, 403, "Host"},
+		{"attacker Host with port", []string{"Host", "attacker.example:8000"}, 403, "Host"},
+		{"localhost", []string{"Host", "localhost:8000"}, 200, ""},
+		{"127.0.0.1", []string{"Host", "127.0.0.1"}, 200, ""},
+		{"[::1]", []string{"Host", "[::1]:8000"}, 200, ""},
+	} {
+		r := ts.post(t, "/v1/completions", body, c.hdr...)
+		if r.status != c.status {
+			t.Errorf("%s: %d %s, want %d", c.name, r.status, r.body, c.status)
+			continue
+		}
+		if c.param != "" {
+			if e := decode[errResp](t, r.body); e.Error.Param == nil || *e.Error.Param != c.param {
+				t.Errorf("%s: %s, want the error naming %s", c.name, r.body, c.param)
+			}
+		}
+	}
+	if r := ts.do(t, "GET", "/health", "", "Host", "evil.example"); r.status != 403 {
+		t.Errorf("/health with a foreign Host: %d, want 403", r.status)
+	}
+	open := newTestServer(t, "", Options{Host: "0.0.0.0"})
+	if r := open.post(t, "/v1/completions", body, "Host", "api.example"); r.status != 200 {
+		t.Errorf("--host 0.0.0.0, Host api.example: %d %s, want 200 (no check)", r.status, r.body)
+	}
+	allow := newTestServer(t, "", Options{AllowedHosts: []string{"api.example"}})
+	if r := allow.post(t, "/v1/completions", body, "Host", "api.example:443"); r.status != 200 {
+		t.Errorf("AllowedHosts api.example: %d %s, want 200", r.status, r.body)
+	}
+	if r := allow.post(t, "/v1/completions", body, "Host", "other.example"); r.status != 403 {
+		t.Errorf("AllowedHosts api.example, Host other.example: %d, want 403", r.status)
 	}
 }

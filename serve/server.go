@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -56,6 +57,15 @@ type Options struct {
 	// loopback interface only), Port to 8000.
 	Host string
 	Port int
+	// AllowedHosts are the Host header names (without port) accepted
+	// besides the loopback ones. When Host is a loopback address or
+	// "localhost" the server answers 403 to a Host header that is neither
+	// a loopback name or address (localhost, 127.0.0.0/8, [::1], any
+	// port) nor in AllowedHosts: a web page that rebinds its own DNS name
+	// to 127.0.0.1 sends its name as Host, so it cannot reach the server
+	// (DNS rebinding). For another Host the check is off unless
+	// AllowedHosts is set.
+	AllowedHosts []string
 	// APIKeys, when any, are the accepted Bearer keys for /v1/ paths
 	// (/health and /metrics stay open, as in vLLM); each is compared in
 	// constant time (SHA-256 digests, crypto/subtle) against every key.
@@ -95,6 +105,8 @@ type Server struct {
 	keys   [][sha256.Size]byte
 	logger *slog.Logger
 	ready  atomic.Bool
+	// checkHost: refuse Host headers outside loopback and AllowedHosts.
+	checkHost bool
 	// draining: a shutdown started; new generation requests get 503
 	// with Retry-After while the listener stays open.
 	draining atomic.Bool
@@ -185,6 +197,7 @@ func New(e *engine.Engine, sub Submitter, reg *prometheus.Registry, opt Options)
 		s.keys = append(s.keys, sha256.Sum256(k))
 	}
 	s.prep = make(chan struct{}, goruntime.NumCPU())
+	s.checkHost = isLoopbackName(opt.Host) || len(opt.AllowedHosts) > 0
 	s.maxTokenBytes = 4
 	for id := 0; id < s.tok.VocabSize(); id++ {
 		s.maxTokenBytes = max(s.maxTokenBytes, len(s.tok.Decode([]int{id}, false)), len(s.tok.Token(id)))
@@ -298,6 +311,12 @@ func (s *Server) buildHandler() http.Handler {
 		info := &reqInfo{start: s.now(), endpoint: "other", id: s.newID("req-")}
 		rec := &recorder{ResponseWriter: w}
 		defer s.finish(rec, r, info)
+		if s.checkHost && !s.hostAllowed(r.Host) {
+			rec.Header().Set("Connection", "close") // the body is not read
+			writeError(rec, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error", Param: "Host", Code: "host_not_allowed",
+				Message: fmt.Sprintf("Host header %q is not allowed: this server listens on %s and accepts loopback names (localhost, 127.0.0.1, [::1]) and --allowed-hosts only (DNS rebinding protection)", r.Host, s.opt.Host)})
+			return
+		}
 		rt, ok := routes[r.URL.Path]
 		if !ok && strings.HasPrefix(r.URL.Path, "/v1/models/") {
 			rt, ok = route{http.MethodGet, "models", true, s.handleModel}, true
@@ -319,6 +338,14 @@ func (s *Server) buildHandler() http.Handler {
 		}
 		if rt.auth && len(s.keys) > 0 && !s.authorized(r) {
 			s.unauthorized(rec)
+			return
+		}
+		if rt.method == http.MethodPost && !jsonContentType(r.Header.Get("Content-Type")) {
+			// A browser's "simple" cross-origin POST (text/plain, forms)
+			// needs no preflight: refusing it stops CSRF on the API.
+			rec.Header().Set("Connection", "close") // the body is not read
+			writeError(rec, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Param: "Content-Type", Code: "unsupported_media_type",
+				Message: fmt.Sprintf("Content-Type %q: want application/json", r.Header.Get("Content-Type"))})
 			return
 		}
 		if s.draining.Load() && rt.method == http.MethodPost {
@@ -569,4 +596,40 @@ func (s *Server) checkTextBytes(n int, param string) *apiError {
 		return e
 	}
 	return nil
+}
+
+// jsonContentType reports whether a Content-Type header is
+// application/json, parameters (charset) allowed.
+func jsonContentType(v string) bool {
+	mt, _, err := mime.ParseMediaType(v)
+	return err == nil && mt == "application/json"
+}
+
+// isLoopbackName reports whether host (no port) is "localhost" or a
+// loopback IP address.
+func isLoopbackName(host string) bool {
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// hostAllowed reports whether a request's Host header (with or without a
+// port) is a loopback name or address or one of AllowedHosts.
+func (s *Server) hostAllowed(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if isLoopbackName(host) {
+		return true
+	}
+	for _, a := range s.opt.AllowedHosts {
+		if strings.EqualFold(a, host) {
+			return true
+		}
+	}
+	return false
 }

@@ -31,6 +31,7 @@ type serveFlags struct {
 	maxModelLen                                                         int
 	logPrompts                                                          bool
 	shutdownTimeout, headerTimeout                                      time.Duration
+	allowedHosts                                                        []string
 }
 
 // schedFlagNames renames serve.SchedOptions' fields in its errors.
@@ -61,6 +62,7 @@ SIGTERM or SIGINT stops admitting, lets running requests finish within
 	}
 	f := cmd.Flags()
 	f.StringVar(&fl.host, "host", serve.DefaultHost, "address to listen on (0.0.0.0: every interface)")
+	f.StringSliceVar(&fl.allowedHosts, "allowed-hosts", nil, "Host header names accepted besides loopback ones (on a loopback --host only loopback Host headers are answered, against DNS rebinding; set, the check applies to any --host)")
 	f.IntVar(&fl.port, "port", serve.DefaultPort, "TCP port to listen on")
 	f.StringVar(&fl.kvMemory, "kv-memory", "1GiB", "KV cache memory budget of all sequences together: bytes, or with a unit (512MiB, 4GiB, 2GB)")
 	f.StringVar(&fl.kv, "kv", "", "KV cache method of a plain checkpoint ("+strings.Join(kvcache.Methods(), ", ")+"; default fp32); an artifact uses its own")
@@ -259,7 +261,7 @@ func runServe(ctx context.Context, g *globalFlags, name string, fl *serveFlags) 
 		return field.Rename(err, schedFlagNames)
 	}
 	srv, err := serve.New(e, sched, reg, serve.Options{
-		Host: fl.host, Port: fl.port, APIKeys: keys, ModelName: fl.servedName, MaxModelLen: fl.maxModelLen,
+		Host: fl.host, Port: fl.port, AllowedHosts: fl.allowedHosts, APIKeys: keys, ModelName: fl.servedName, MaxModelLen: fl.maxModelLen,
 		LogPrompts: fl.logPrompts, ShutdownTimeout: fl.shutdownTimeout, ReadHeaderTimeout: fl.headerTimeout, Logger: g.logger,
 	})
 	if err != nil {
