@@ -166,8 +166,11 @@ func (f fields) getInt(key string, dst *int) (bool, *apiError) {
 	if !ok || e != nil {
 		return ok, e
 	}
-	if x != math.Trunc(x) || math.Abs(x) > 1<<53 {
+	if x != math.Trunc(x) {
 		return true, badRequest(key, "%q must be an integer, got %s", key, preview(f[key]))
+	}
+	if math.Abs(x) > 1<<53 {
+		return true, badRequest(key, "%q %s is out of range: want an integer in [-2^53, 2^53]", key, preview(f[key]))
 	}
 	*dst = int(x)
 	return true, nil

@@ -70,8 +70,11 @@ func (s *Server) parseSampling(f fields, maxKeys ...string) (*sampling, *apiErro
 	if ok, e := f.getFloat("seed", &seed); e != nil {
 		return nil, e
 	} else if ok {
-		if seed != math.Trunc(seed) || math.Abs(seed) > 1<<63 {
+		if seed != math.Trunc(seed) {
 			return nil, badRequest("seed", `"seed" must be an integer, got %s`, preview(f["seed"]))
+		}
+		if math.Abs(seed) > 1<<63 {
+			return nil, badRequest("seed", `"seed" %s is out of range: want an integer in [-2^63, 2^63]`, preview(f["seed"]))
 		}
 		p.seed = uint64(int64(seed))
 	} else {

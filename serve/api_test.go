@@ -1149,3 +1149,27 @@ func TestBrowserDefaults(t *testing.T) {
 		t.Errorf("AllowedHosts api.example, Host other.example: %d, want 403", r.status)
 	}
 }
+
+// TestSmallAPIDetails: the Bearer scheme is case-insensitive (RFC 7235);
+// an integer too large for its field is refused naming the range.
+func TestSmallAPIDetails(t *testing.T) {
+	ts := newTestServer(t, "", Options{APIKeys: [][]byte{[]byte("key1")}})
+	body := `{"prompt":"Once upon a time","max_tokens":2}`
+	for _, h := range []string{"Bearer key1", "bearer key1", "BEARER key1"} {
+		if r := ts.post(t, "/v1/completions", body, "Authorization", h); r.status != 200 {
+			t.Errorf("Authorization %q: %d %s, want 200", h, r.status, r.body)
+		}
+	}
+	if r := ts.post(t, "/v1/completions", body, "Authorization", "Basic key1"); r.status != 401 {
+		t.Errorf("Authorization Basic: %d, want 401", r.status)
+	}
+	for _, c := range []struct{ body, param, want string }{
+		{`{"prompt":"a","max_tokens":99999999999999999999999}`, "max_tokens", "out of range: want an integer in [-2^53, 2^53]"},
+		{`{"prompt":"a","seed":18446744073709551615}`, "seed", "out of range: want an integer in [-2^63, 2^63]"},
+	} {
+		r := ts.post(t, "/v1/completions", c.body, "Authorization", "Bearer key1")
+		if e := decode[errResp](t, r.body); r.status != 400 || e.Error.Param == nil || *e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.want) {
+			t.Errorf("%s: %d %s, want 400 naming %s with %q", c.body, r.status, r.body, c.param, c.want)
+		}
+	}
+}

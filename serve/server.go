@@ -396,8 +396,9 @@ func (s *Server) finish(rec *recorder, r *http.Request, info *reqInfo) {
 // constant time for each (no early exit).
 func (s *Server) authorized(r *http.Request) bool {
 	h := r.Header.Get("Authorization")
-	key, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 7235 §2.1).
+	scheme, key, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	d := sha256.Sum256([]byte(strings.TrimSpace(key)))
