@@ -166,8 +166,11 @@ func (f fields) getInt(key string, dst *int) (bool, *apiError) {
 	if !ok || e != nil {
 		return ok, e
 	}
-	if x != math.Trunc(x) || math.Abs(x) > 1<<53 {
+	if x != math.Trunc(x) {
 		return true, badRequest(key, "%q must be an integer, got %s", key, preview(f[key]))
+	}
+	if math.Abs(x) > 1<<53 {
+		return true, badRequest(key, "%q %s is out of range: want an integer in [-2^53, 2^53]", key, preview(f[key]))
 	}
 	*dst = int(x)
 	return true, nil
@@ -228,8 +231,17 @@ func (f fields) unsupportedUnless(key, why string, allowed ...string) *apiError 
 	return unsupported(key, why)
 }
 
+// Limits of stop: OpenAI allows 4 strings, vLLM and llama-server any
+// number; lmpack allows maxStops of at most maxStopBytes bytes each, so
+// that matching them costs little per token.
+const (
+	maxStops     = 16
+	maxStopBytes = 256
+)
+
 // stopList decodes OpenAI's stop: a string or a list of strings (empty
-// strings refused: they would match at once).
+// strings refused: they would match at once; more than maxStops strings
+// or one longer than maxStopBytes refused).
 func (f fields) stopList() ([]string, *apiError) {
 	if !f.has("stop") {
 		return nil, nil
@@ -242,15 +254,24 @@ func (f fields) stopList() ([]string, *apiError) {
 		if one == "" {
 			return nil, badRequest("stop", `"stop" must not be an empty string`)
 		}
+		if len(one) > maxStopBytes {
+			return nil, badRequest("stop", `"stop" is %d bytes long: at most %d`, len(one), maxStopBytes)
+		}
 		return []string{one}, nil
 	}
 	var list []string
 	if err := json.Unmarshal(f["stop"], &list); err != nil {
 		return nil, badRequest("stop", `"stop" must be a string or a list of strings, got %s`, preview(f["stop"]))
 	}
+	if len(list) > maxStops {
+		return nil, badRequest("stop", `"stop" holds %d strings: at most %d`, len(list), maxStops)
+	}
 	for i, s := range list {
 		if s == "" {
 			return nil, badRequest("stop", `"stop"[%d] must not be an empty string`, i)
+		}
+		if len(s) > maxStopBytes {
+			return nil, badRequest("stop", `"stop"[%d] is %d bytes long: at most %d`, i, len(s), maxStopBytes)
 		}
 	}
 	return list, nil

@@ -273,12 +273,37 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request, info *reqInf
 		writeError(w, badRequest("messages", "the model %q has no chat_template in its tokenizer_config.json, so chat messages cannot be rendered; use /v1/completions with a prompt", s.opt.ModelName))
 		return
 	}
+	// Cheap refusals before the expensive rendering: every message
+	// renders to at least one token, and its content to at least
+	// bytes ÷ maxTokenBytes tokens (checkTextBytes).
+	if len(msgs) > s.opt.MaxModelLen {
+		e := badRequest("messages", `"messages" holds %d messages; this model's maximum context length is %d tokens, so they cannot fit`, len(msgs), s.opt.MaxModelLen)
+		e.Code = "context_length_exceeded"
+		writeError(w, e)
+		return
+	}
+	var content int
+	for _, m := range msgs {
+		content += len(strings.TrimSpace(m.Content)) // templates may strip content
+	}
+	if e := s.checkTextBytes(content, "messages"); e != nil {
+		writeError(w, e)
+		return
+	}
+	if !s.acquirePrep(r.Context()) {
+		info.status = statusClientClosed
+		return
+	}
 	prompt, err := s.chat.render(msgs)
+	var ids []int
+	if err == nil {
+		ids = s.tok.Encode(prompt, false) // the template writes the special tokens itself
+	}
+	s.releasePrep()
 	if err != nil {
 		writeError(w, badRequest("messages", "the chat_template failed on these messages: %v", err))
 		return
 	}
-	ids := s.tok.Encode(prompt, false) // the template writes the special tokens itself
 	if len(ids) == 0 {
 		writeError(w, badRequest("messages", "the chat template rendered the messages to no tokens"))
 		return

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 )
 
 // completionKeys are the fields POST /v1/completions accepts.
@@ -101,6 +102,9 @@ func (s *Server) promptIDs(f fields) ([]int, *apiError) {
 // encode tokenizes text as a prompt (special tokens added, as lmpack run
 // does; the empty text is BOS alone).
 func (s *Server) encode(text, param string) ([]int, *apiError) {
+	if e := s.checkTextBytes(len(strings.TrimSpace(text)), param); e != nil {
+		return nil, e
+	}
 	ids, err := s.promptIDsOf(text)
 	if err != nil {
 		return nil, badRequest(param, "%q: %v", param, err)
@@ -139,7 +143,12 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request, info 
 		writeError(w, badRequest("logprobs", `"logprobs" %d: want an integer in [0, %d]`, top, maxTopLogprobs))
 		return
 	}
+	if !s.acquirePrep(r.Context()) {
+		info.status = statusClientClosed
+		return
+	}
 	ids, e := s.promptIDs(f)
+	s.releasePrep()
 	if e != nil {
 		writeError(w, e)
 		return

@@ -70,8 +70,11 @@ func (s *Server) parseSampling(f fields, maxKeys ...string) (*sampling, *apiErro
 	if ok, e := f.getFloat("seed", &seed); e != nil {
 		return nil, e
 	} else if ok {
-		if seed != math.Trunc(seed) || math.Abs(seed) > 1<<63 {
+		if seed != math.Trunc(seed) {
 			return nil, badRequest("seed", `"seed" must be an integer, got %s`, preview(f["seed"]))
+		}
+		if math.Abs(seed) > 1<<63 {
+			return nil, badRequest("seed", `"seed" %s is out of range: want an integer in [-2^63, 2^63]`, preview(f["seed"]))
 		}
 		p.seed = uint64(int64(seed))
 	} else {
@@ -259,13 +262,15 @@ func submitError(err error) *apiError {
 // (tokenizer.StreamDecoderAfter the prompt), the earliest occurrence of
 // any stop string ends the completion (the stop string and everything
 // after it are never passed to sink; text that might be the start of a
-// stop string is held back until it is not), and the request's context is
-// then cancelled so that the scheduler frees it, finish "stop".
+// stop string is held back until it is not). The scheduler matches the
+// same stop strings on its own decoder (GenRequest.Stop) and finishes the
+// request "stop" at the token that completes one; the context is
+// cancelled here too, for a Submitter that does not.
+// CompletionTokens counts every token sampled up to the stop string's
+// end.
 // sink gets each newly final piece of text and the tokens whose text it
 // completes (a token is passed once all of its text is; at a stop string,
 // the tokens that began before it, their text cut there).
-// CompletionTokens counts every token sampled, those after a stop
-// string's start included (they were generated).
 // Errors: a Submit error (returned before sink is ever called), ctx's
 // end (the client went away), errCut, errGenerate, or sink's error.
 func (s *Server) generate(ctx context.Context, info *reqInfo, req *GenRequest, stops []string, sink func(text string, toks []tokOut) error) (genResult, error) {
@@ -273,7 +278,7 @@ func (s *Server) generate(ctx context.Context, info *reqInfo, req *GenRequest, s
 	info.promptTokens = len(req.Prompt)
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ch, err := s.sub.Submit(gctx, req)
+	ch, err := s.sub.Submit(gctx, s.withStops(req, stops))
 	if err != nil {
 		return res, err
 	}

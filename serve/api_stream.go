@@ -14,10 +14,20 @@ const maxTopLogprobs = 20
 // request builds the scheduler's GenRequest from the parsed parameters.
 func (p *sampling) request(id string, ids []int, maxTokens, topLogprobs int) *GenRequest {
 	return &GenRequest{
-		ID: id, Prompt: ids, MaxTokens: maxTokens,
+		ID: id, Prompt: ids, MaxTokens: maxTokens, DefaultMaxTokens: p.maxParam == "",
 		Temperature: p.temperature, TopP: p.topP, TopK: p.topK, Seed: p.seed,
 		StopTokenIDs: p.stopIDs, IgnoreEOS: p.ignoreEOS, TopLogprobs: topLogprobs,
 	}
+}
+
+// withStops gives req the stop strings for the scheduler to match, with a
+// stream decoder of its own after the prompt.
+func (s *Server) withStops(req *GenRequest, stops []string) *GenRequest {
+	if len(stops) > 0 {
+		req.Stop = stops
+		req.StopDecoder = s.tok.NewStreamDecoderAfter(req.Prompt, true)
+	}
+	return req
 }
 
 // altText is the text token id adds after token prev: how an alternative

@@ -227,6 +227,10 @@ func (ts *testServer) do(t *testing.T, method, path, body string, hdr ...string)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -804,7 +808,9 @@ func TestServeLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
-	s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
+	req := httptest.NewRequest("GET", "/health", nil)
+	req.Host = "127.0.0.1"
+	s.Handler().ServeHTTP(rec, req)
 	if rec.Code != 503 {
 		t.Errorf("health before Serve: %d", rec.Code)
 	}
@@ -815,17 +821,32 @@ func TestServeLifecycle(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	drained := make(chan bool, 1)
 	served := make(chan error, 1)
+	url := "http://" + ln.Addr().String()
 	go func() {
 		served <- s.Serve(ctx, ln, func(dctx context.Context) error {
 			if s.ready.Load() {
 				t.Error("health still ready during drain")
+			}
+			// During the drain the listener stays open: /health and new
+			// generation requests answer 503 (with Retry-After), not a
+			// refused connection.
+			resp, err := http.Get(url + "/health")
+			if err != nil {
+				t.Errorf("health during drain: %v, want 503", err)
+			} else if resp.Body.Close(); resp.StatusCode != 503 {
+				t.Errorf("health during drain: %d, want 503", resp.StatusCode)
+			}
+			resp, err = http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Once upon a time"}`))
+			if err != nil {
+				t.Errorf("completion during drain: %v, want 503", err)
+			} else if resp.Body.Close(); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+				t.Errorf("completion during drain: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 			}
 			_, ok := dctx.Deadline()
 			drained <- ok
 			return nil
 		})
 	}()
-	url := "http://" + ln.Addr().String()
 	var resp *http.Response
 	for { // Serve sets ready right after starting to accept
 		resp, err = http.Get(url + "/health")
@@ -980,7 +1001,7 @@ func TestHostileInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1033,5 +1054,122 @@ func TestShutdownCutsStream(t *testing.T) {
 	last := decode[errResp](t, []byte(evs[len(evs)-1]))
 	if last.Error.Code == nil || *last.Error.Code != "shutting_down" {
 		t.Errorf("stream end after the cut:\n%s", rest)
+	}
+}
+
+// TestCheapRejection: requests that cannot fit the context are refused
+// before the chat template is rendered or the text tokenized (the
+// template here raises when rendered, so a rendering shows in the
+// error): more messages than the context has tokens, content longer
+// than the context can hold in bytes (max_model_len × the longest
+// token's bytes × 2), a completions prompt likewise; stop is limited to
+// 16 strings of at most 256 bytes.
+func TestCheapRejection(t *testing.T) {
+	ts := newTestServer(t, `{{ raise_exception("rendered") }}`, Options{})
+	lim := ts.s.opt.MaxModelLen * ts.s.maxTokenBytes * textBytesFactor
+	if ts.s.maxTokenBytes < 4 || lim >= 1<<20 {
+		t.Fatalf("longest token %d bytes, text limit %d", ts.s.maxTokenBytes, lim)
+	}
+	msgs := "[" + strings.Repeat(`{"role":"user","content":"a"},`, 99999) + `{"role":"user","content":"a"}]`
+	for _, c := range []struct {
+		name, path, body, param, msg string
+	}{
+		{"100,000 messages", "/v1/chat/completions", `{"messages":` + msgs + `,"max_tokens":1}`, "messages", "100000 messages"},
+		{"long content", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("ab", lim/2+1) + `"}]}`, "messages", "bytes of text"},
+		{"long prompt text", "/v1/completions", `{"prompt":"` + strings.Repeat("ab", lim/2+1) + `"}`, "prompt", "bytes of text"},
+		{"17 stops", "/v1/completions", `{"prompt":"a","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}`, "stop", "at most 16"},
+		{"long stop", "/v1/completions", `{"prompt":"a","stop":"` + strings.Repeat("x", 257) + `"}`, "stop", "at most 256"},
+		{"long stop in a list", "/v1/completions", `{"prompt":"a","stop":["a","` + strings.Repeat("x", 257) + `"]}`, "stop", "at most 256"},
+	} {
+		r := ts.post(t, c.path, c.body)
+		e := decode[errResp](t, r.body)
+		if r.status != 400 || e.Error.Param == nil || *e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.msg) || strings.Contains(e.Error.Message, "rendered") {
+			t.Errorf("%s: %d %s, want 400 naming %s with %q, before rendering", c.name, r.status, r.body, c.param, c.msg)
+		}
+	}
+	// Within the limits: the template is rendered (and raises), 16 stops
+	// and a 256-byte stop are accepted.
+	r := ts.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"`+strings.Repeat("a", lim/4)+`"}]}`)
+	if r.status != 400 || !strings.Contains(string(r.body), "rendered") {
+		t.Errorf("content within the byte bound: %d %s, want the template's error", r.status, r.body)
+	}
+	r = ts.post(t, "/v1/completions", `{"prompt":"a","max_tokens":2,"stop":["a1","b","c","d","e","f","g","h","i","j","k","l","m","n","o","`+strings.Repeat("x", 256)+`"]}`)
+	if r.status != 200 {
+		t.Errorf("16 stops, one of 256 bytes: %d %s", r.status, r.body)
+	}
+}
+
+// TestBrowserDefaults: POSTs need Content-Type application/json (a
+// charset parameter allowed), else 415 naming Content-Type; on a
+// loopback Host the server answers only loopback Host headers (any
+// port) and AllowedHosts, else 403 naming Host (DNS rebinding); on
+// another Host the check is off.
+func TestBrowserDefaults(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	body := `{"prompt":"Once upon a time","max_tokens":2}`
+	for _, c := range []struct {
+		name   string
+		hdr    []string
+		status int
+		param  string
+	}{
+		{"text/plain", []string{"Content-Type", "text/plain"}, 415, "Content-Type"},
+		{"form", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "Content-Type"},
+		{"no Content-Type", []string{"Content-Type", ""}, 415, "Content-Type"},
+		{"charset", []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
+		{"attacker Host", []string{"Host", "attacker.example"}, 403, "Host"},
+		{"attacker Host with port", []string{"Host", "attacker.example:8000"}, 403, "Host"},
+		{"localhost", []string{"Host", "localhost:8000"}, 200, ""},
+		{"127.0.0.1", []string{"Host", "127.0.0.1"}, 200, ""},
+		{"[::1]", []string{"Host", "[::1]:8000"}, 200, ""},
+	} {
+		r := ts.post(t, "/v1/completions", body, c.hdr...)
+		if r.status != c.status {
+			t.Errorf("%s: %d %s, want %d", c.name, r.status, r.body, c.status)
+			continue
+		}
+		if c.param != "" {
+			if e := decode[errResp](t, r.body); e.Error.Param == nil || *e.Error.Param != c.param {
+				t.Errorf("%s: %s, want the error naming %s", c.name, r.body, c.param)
+			}
+		}
+	}
+	if r := ts.do(t, "GET", "/health", "", "Host", "evil.example"); r.status != 403 {
+		t.Errorf("/health with a foreign Host: %d, want 403", r.status)
+	}
+	open := newTestServer(t, "", Options{Host: "0.0.0.0"})
+	if r := open.post(t, "/v1/completions", body, "Host", "api.example"); r.status != 200 {
+		t.Errorf("--host 0.0.0.0, Host api.example: %d %s, want 200 (no check)", r.status, r.body)
+	}
+	allow := newTestServer(t, "", Options{AllowedHosts: []string{"api.example"}})
+	if r := allow.post(t, "/v1/completions", body, "Host", "api.example:443"); r.status != 200 {
+		t.Errorf("AllowedHosts api.example: %d %s, want 200", r.status, r.body)
+	}
+	if r := allow.post(t, "/v1/completions", body, "Host", "other.example"); r.status != 403 {
+		t.Errorf("AllowedHosts api.example, Host other.example: %d, want 403", r.status)
+	}
+}
+
+// TestSmallAPIDetails: the Bearer scheme is case-insensitive (RFC 7235);
+// an integer too large for its field is refused naming the range.
+func TestSmallAPIDetails(t *testing.T) {
+	ts := newTestServer(t, "", Options{APIKeys: [][]byte{[]byte("key1")}})
+	body := `{"prompt":"Once upon a time","max_tokens":2}`
+	for _, h := range []string{"Bearer key1", "bearer key1", "BEARER key1"} {
+		if r := ts.post(t, "/v1/completions", body, "Authorization", h); r.status != 200 {
+			t.Errorf("Authorization %q: %d %s, want 200", h, r.status, r.body)
+		}
+	}
+	if r := ts.post(t, "/v1/completions", body, "Authorization", "Basic key1"); r.status != 401 {
+		t.Errorf("Authorization Basic: %d, want 401", r.status)
+	}
+	for _, c := range []struct{ body, param, want string }{
+		{`{"prompt":"a","max_tokens":99999999999999999999999}`, "max_tokens", "out of range: want an integer in [-2^53, 2^53]"},
+		{`{"prompt":"a","seed":18446744073709551615}`, "seed", "out of range: want an integer in [-2^63, 2^63]"},
+	} {
+		r := ts.post(t, "/v1/completions", c.body, "Authorization", "Bearer key1")
+		if e := decode[errResp](t, r.body); r.status != 400 || e.Error.Param == nil || *e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.want) {
+			t.Errorf("%s: %d %s, want 400 naming %s with %q", c.body, r.status, r.body, c.param, c.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/lmpack/lmpack/formats/tokenizer"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -20,8 +21,9 @@ var (
 	// ErrQueueFull: the wait queue is at its bound; HTTP 503 with
 	// Retry-After.
 	ErrQueueFull = errors.New("serve: request queue is full")
-	// ErrNeverFits: the request's prompt + max_tokens needs more KV memory
-	// than the whole pool; HTTP 400.
+	// ErrNeverFits: the request's prompt + max_tokens (prompt + 1 token
+	// when max_tokens is the default) needs more KV memory than the whole
+	// pool; HTTP 400.
 	ErrNeverFits = errors.New("serve: request can never fit in the KV memory budget")
 	// ErrTooLong: prompt + max_tokens exceeds the max model length; HTTP 400.
 	ErrTooLong = errors.New("serve: request exceeds the max model length")
@@ -39,6 +41,12 @@ type GenRequest struct {
 	Prompt []int
 	// MaxTokens is the most tokens generated, > 0.
 	MaxTokens int
+	// DefaultMaxTokens: the client gave no max_tokens (MaxTokens is the
+	// server's default, e.g. what the context leaves). Such a request is
+	// refused with ErrNeverFits only when its prompt + 1 token cannot fit
+	// the whole KV budget; it finishes "length" when it has the whole
+	// pool to itself and the pool cannot hold its next token.
+	DefaultMaxTokens bool
 	// Temperature 0 is greedy (argmax, ties to the lowest id); TopP in
 	// (0, 1] (0 or 1: all); TopK > 0 keeps the K most likely (0: all).
 	Temperature, TopP float64
@@ -50,6 +58,14 @@ type GenRequest struct {
 	// is not emitted); EOS ids of the model do so too unless IgnoreEOS.
 	StopTokenIDs []int
 	IgnoreEOS    bool
+	// Stop strings end generation with finish "stop" at the step whose
+	// token completes one of them in the text StopDecoder decodes (that
+	// token is emitted; the HTTP layer trims the text at the stop
+	// string). StopDecoder decodes the generated tokens incrementally (a
+	// tokenizer.StreamDecoder after the prompt, used by the scheduler
+	// only); required when Stop is not empty.
+	Stop        []string
+	StopDecoder *tokenizer.StreamDecoder
 	// TopLogprobs < 0: no logprobs; otherwise every Event carries the
 	// sampled token's log-probability and the TopLogprobs most likely
 	// alternatives (log-softmax of the raw logits, before temperature).
@@ -92,11 +108,24 @@ type KVPool interface {
 	// blocks (codes, scales, norms) plus its fixed bytes (fp16 sink and
 	// recent windows), in bytes.
 	BytesFor(capacity int) int64
+	// BytesForReserve is the budget a sequence of capacity tokens
+	// reserves while it holds blocks for its first tokens tokens only
+	// (its fixed bytes plus those blocks); BytesForReserve(c, c) =
+	// BytesFor(c).
+	BytesForReserve(capacity, tokens int) int64
 	// NewCache reserves BytesFor(capacity) and returns an empty cache of
 	// that capacity whose storage is taken from the pool in blocks.
 	// Errors: wraps kvcache.ErrPoolFull when the free budget is too small
 	// now, kvcache.ErrNeverFits when capacity exceeds the whole budget.
 	NewCache(capacity int) (runtime.KVCache, error)
+	// NewCacheReserve is NewCache reserving BytesForReserve(capacity,
+	// tokens) only (allocation on demand); the cache may store its first
+	// tokens tokens until Grow raises the reservation. Errors as NewCache.
+	NewCacheReserve(capacity, tokens int) (runtime.KVCache, error)
+	// Grow raises c's reservation to its first tokens tokens (never
+	// lowers it). Errors: wraps kvcache.ErrPoolFull when the free budget
+	// cannot hold the difference now (the reservation is unchanged).
+	Grow(c runtime.KVCache, tokens int) error
 	// Release returns every block and byte of c (from NewCache) to the
 	// pool; c must not be used afterwards.
 	Release(c runtime.KVCache)

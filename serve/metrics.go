@@ -28,6 +28,7 @@ type schedMetrics struct {
 	steps                        prometheus.Counter
 	stepTokens                   prometheus.Histogram
 	forwardErrors, requestPanics prometheus.Counter
+	preemptions                  prometheus.Counter
 }
 
 // latencyBuckets are the latency histograms' upper bounds in seconds,
@@ -71,6 +72,7 @@ func newSchedMetrics(reg prometheus.Registerer) (*schedMetrics, error) {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 13)}),
 		forwardErrors: c("lmpack_forward_errors_total", "Batched forward calls that failed (their requests finish with error)."),
 		requestPanics: c("lmpack_request_panics_total", "Panics recovered while handling one request (it finishes with error)."),
+		preemptions:   c("lmpack_preemptions_total", "Running sequences preempted because the KV pool could not grow them (their cache released, recomputed on re-admission)."),
 	}
 	for _, f := range []string{FinishStop, FinishLength, FinishCancelled, FinishError} {
 		m.finished.WithLabelValues(f)
@@ -79,7 +81,7 @@ func newSchedMetrics(reg prometheus.Registerer) (*schedMetrics, error) {
 		m.rejected.WithLabelValues(r)
 	}
 	for _, col := range []prometheus.Collector{m.queueDepth, m.running, m.blocksUsed, m.blocksFree, m.bytesUsed, m.bytesTotal,
-		m.promptTokens, m.genTokens, m.ttft, m.itl, m.finished, m.rejected, m.steps, m.stepTokens, m.forwardErrors, m.requestPanics} {
+		m.promptTokens, m.genTokens, m.ttft, m.itl, m.finished, m.rejected, m.steps, m.stepTokens, m.forwardErrors, m.requestPanics, m.preemptions} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("serve: registering the scheduler's metrics: %w", err)
 		}

@@ -1,12 +1,14 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // ErrSlowConsumer is the Err of a request finished with "error" because
@@ -63,17 +66,31 @@ type SchedOptions struct {
 // implements Submitter. One goroutine runs Run; Submit and Drain may be
 // called from any goroutine.
 //
-// Admission (reserve at admission): a request reserves
-// pool.NewCache(len(Prompt)+MaxTokens) — the KV memory of its whole
-// possible length — when it leaves the queue, and holds it until it
-// finishes, so a running sequence can never run out of KV memory and no
-// preemption exists. This is conservative against vLLM's policy (blocks
-// allocated lazily as tokens are written, a running sequence preempted
-// and recomputed when the pool runs dry): a request that stops early
-// (EOS, stop string) held memory it never used, so fewer sequences run
-// at once than vLLM would run on the same budget; in exchange a request
-// once admitted always completes, and Stats().UsedBytes never exceeds
-// the budget.
+// Admission (allocation on demand, vLLM's policy): a request leaving the
+// queue gets a cache of capacity len(Prompt)+MaxTokens that reserves only
+// its fixed bytes and the blocks of its prompt plus one block
+// (pool.NewCacheReserve); before each decode step the scheduler grows
+// every decoding sequence's reservation to the tokens it will hold after
+// the step (pool.Grow, a block at a time), so a request that stops early
+// never held memory for tokens it did not produce, and a request without
+// max_tokens costs no more than what it generates. Stats().UsedBytes never
+// exceeds the budget.
+//
+// Preemption: when the pool cannot grow a running sequence, the most
+// recently admitted running sequence (possibly that one) is preempted:
+// its cache is released, and it goes back to the head of the queue with
+// the tokens it generated appended to its prompt; on re-admission that
+// text is prefilled again (recomputation, as vLLM's default preemption
+// mode) and generation resumes: its client sees no gap, its events just
+// continue, and its sampler's state carries over. Preemptions are counted
+// in lmpack_preemptions_total. A sequence running alone that cannot grow
+// (the whole budget is smaller than its length) finishes "length".
+// Recomputation changes nothing with an fp32 or fp16 cache, but with a
+// quantized KV cache the recomputed prefill reads its own tokens through
+// fresh fp32 K/V (runtime Forward's served semantics) where the
+// uninterrupted sequence had read them quantized, so the greedy output of
+// a preempted request may differ from an uninterrupted one. Otherwise
+// greedy output does not depend on the batch.
 //
 // Order: strict FIFO. Only the head of the queue is admitted; while it does
 // not fit in the free budget (or MaxBatch sequences run), no later request
@@ -103,8 +120,11 @@ type Scheduler struct {
 	vocab  int
 	eos    []int
 	budget int64
-	met    *schedMetrics
-	log    *slog.Logger
+	// blockTokens is the pool's block: admission reserves the prompt
+	// plus one block.
+	blockTokens int
+	met         *schedMetrics
+	log         *slog.Logger
 
 	// poolMu serializes pool calls (Submit's BytesFor, the loop's).
 	poolMu sync.Mutex
@@ -134,8 +154,16 @@ type request struct {
 	r         *GenRequest
 	ctx       context.Context
 	ch        chan Event
-	tokCap    int // token events the channel may hold; one more slot for the finish
-	need      int // KV capacity: len(Prompt) + MaxTokens
+	tokCap    int   // token events the channel may hold; one more slot for the finish
+	need      int   // KV capacity: len(Prompt) + MaxTokens
+	toks      []int // tokens to prefill: the prompt, plus the generated tokens after a preemption
+	out       []int // tokens generated (events sent), kept for recomputation
+	resv      int   // tokens the cache reserves
+	preempted int   // times preempted
+	// stopTail is the end of the decoded text (at most the longest stop
+	// string − 1 bytes kept between tokens), maxStop that length.
+	stopTail  []byte
+	maxStop   int
 	cache     runtime.KVCache
 	logits    []float32 // [vocab]
 	sampler   *runtime.Sampler
@@ -208,7 +236,7 @@ func NewScheduler(m runtime.Model, pool KVPool, opt SchedOptions, reg *prometheu
 		log = slog.Default()
 	}
 	s := &Scheduler{
-		m: m, pool: pool, opt: opt, vocab: d.VocabSize, eos: opt.EOS, budget: st.TotalBytes, met: met, log: log,
+		m: m, pool: pool, opt: opt, vocab: d.VocabSize, eos: opt.EOS, budget: st.TotalBytes, blockTokens: max(1, st.BlockTokens), met: met, log: log,
 		wake: make(chan struct{}, 1), idle: make(chan struct{}), done: make(chan struct{}),
 	}
 	met.setPool(st)
@@ -247,19 +275,26 @@ func (s *Scheduler) Submit(ctx context.Context, r *GenRequest) (<-chan Event, er
 		return nil, fmt.Errorf("%w: request %s: prompt %d + max_tokens %d = %d tokens, the max model length is %d",
 			ErrTooLong, r.ID, len(r.Prompt), r.MaxTokens, need, s.opt.MaxModelLen)
 	}
+	fit := need
+	if r.DefaultMaxTokens {
+		fit = len(r.Prompt) + 1
+	}
 	s.poolMu.Lock()
-	b := s.pool.BytesFor(need)
+	b := s.pool.BytesForReserve(need, fit)
 	s.poolMu.Unlock()
 	if b > s.budget {
 		s.met.rejected.WithLabelValues("never_fits").Inc()
 		return nil, fmt.Errorf("%w: request %s: %d tokens need %d bytes of KV memory, the whole budget is %d bytes",
-			ErrNeverFits, r.ID, need, b, s.budget)
+			ErrNeverFits, r.ID, fit, b, s.budget)
 	}
 	tokCap := r.MaxTokens
 	if s.opt.EventBuffer > 0 {
 		tokCap = min(tokCap, s.opt.EventBuffer)
 	}
-	q := &request{r: r, ctx: ctx, ch: make(chan Event, tokCap+1), tokCap: tokCap, need: need, submitted: time.Now()}
+	q := &request{r: r, ctx: ctx, ch: make(chan Event, tokCap+1), tokCap: tokCap, need: need, toks: r.Prompt, submitted: time.Now()}
+	for _, st := range r.Stop {
+		q.maxStop = max(q.maxStop, len(st))
+	}
 	s.mu.Lock()
 	if s.draining || s.stopped {
 		s.mu.Unlock()
@@ -302,6 +337,13 @@ func (s *Scheduler) checkRequest(r *GenRequest) error {
 		return bad("TopK", r.TopK, "≥ 0")
 	case r.TopLogprobs > s.vocab:
 		return bad("TopLogprobs", r.TopLogprobs, fmt.Sprintf("≤ vocab_size %d", s.vocab))
+	case len(r.Stop) > 0 && r.StopDecoder == nil:
+		return bad("StopDecoder", nil, "a tokenizer.StreamDecoder when Stop is set")
+	}
+	for i, st := range r.Stop {
+		if st == "" {
+			return bad(fmt.Sprintf("Stop[%d]", i), `""`, "a non-empty string")
+		}
 	}
 	for i, id := range r.Prompt {
 		if id < 0 || id >= s.vocab {
@@ -448,21 +490,22 @@ func (s *Scheduler) step(ctx context.Context) {
 	clear(s.running[len(kept):])
 	s.running = kept
 	s.admit(cut)
+	s.grow()
 
 	// One batched forward over every running sequence.
 	seqs := s.seqs[:0]
 	budget := s.opt.MaxPrefillTokens
 	var rows int
 	for _, q := range s.running {
-		if q.done < len(q.r.Prompt) {
+		if q.done < len(q.toks) {
 			if budget == 0 {
 				q.chunk = -1 // waits for the next step
 				continue
 			}
-			n := min(budget, len(q.r.Prompt)-q.done)
+			n := min(budget, len(q.toks)-q.done)
 			budget -= n
 			q.chunk = n
-			seqs = append(seqs, runtime.Seq{Tokens: q.r.Prompt[q.done : q.done+n], Cache: q.cache, Logits: q.logits})
+			seqs = append(seqs, runtime.Seq{Tokens: q.toks[q.done : q.done+n], Cache: q.cache, Logits: q.logits})
 			rows += n
 			continue
 		}
@@ -505,6 +548,66 @@ func (s *Scheduler) step(ctx context.Context) {
 	s.updateGauges()
 }
 
+// grow raises the reservation of every decoding sequence to the tokens
+// its cache holds after this step's decode row, oldest admitted first;
+// when the pool cannot, it preempts the most recently admitted running
+// sequence and tries again (see Scheduler).
+func (s *Scheduler) grow() {
+	for i := 0; i < len(s.running); i++ {
+		q := s.running[i]
+		if q.done < len(q.toks) {
+			continue // prefilling: its reservation covers its tokens
+		}
+		want := q.cache.Len() + 1 // the cache holds the pending token after the step
+		for q.resv < want {
+			s.poolMu.Lock()
+			err := s.pool.Grow(q.cache, want)
+			s.poolMu.Unlock()
+			if err == nil {
+				q.resv = want
+				break
+			}
+			if !errors.Is(err, kvcache.ErrPoolFull) {
+				s.finish(q, FinishError, fmt.Errorf("serve: request %s: growing its KV cache: %w", q.r.ID, err))
+				break
+			}
+			if len(s.running) == 1 {
+				// Alone, the pool is as free as it gets: the budget ends it.
+				s.finish(q, FinishLength, nil)
+				break
+			}
+			j := len(s.running) - 1
+			s.preempt(s.running[j])
+			s.running[j] = nil
+			s.running = s.running[:j]
+			if j == i {
+				break
+			}
+		}
+		if q.finished {
+			s.running = slices.Delete(s.running, i, i+1)
+			i--
+		}
+	}
+}
+
+// preempt releases q's cache and puts q back at the head of the queue,
+// its generated tokens appended to its prompt for recomputation.
+func (s *Scheduler) preempt(q *request) {
+	c := q.cache
+	q.cache = nil
+	s.release(q.r.ID, c)
+	q.toks = append(append(make([]int, 0, len(q.r.Prompt)+len(q.out)), q.r.Prompt...), q.out...)
+	q.done, q.resv, q.chunk = 0, 0, -1
+	q.preempted++
+	s.met.preemptions.Inc()
+	s.log.Debug("serve: preempted", "id", q.r.ID, "generated_tokens", q.gen)
+	s.mu.Lock()
+	s.queue = slices.Insert(s.queue, 0, q)
+	s.met.queueDepth.Set(float64(len(s.queue)))
+	s.mu.Unlock()
+}
+
 // admit moves queued requests into the running batch, strict FIFO (see
 // Scheduler). Queued requests whose ctx ended (or all, when cut) finish
 // "cancelled" first.
@@ -523,12 +626,17 @@ func (s *Scheduler) admit(cut bool) {
 	s.queue = kept
 	for len(s.queue) > 0 && len(s.running) < s.opt.MaxBatch {
 		q := s.queue[0]
+		resv := min(q.need, len(q.toks)+s.blockTokens)
 		s.poolMu.Lock()
-		fits := s.pool.BytesFor(q.need) <= s.pool.Stats().FreeBytes
+		free := s.pool.Stats().FreeBytes
+		fits := s.pool.BytesForReserve(q.need, resv) <= free
+		if !fits && len(s.running) == 0 {
+			resv = min(q.need, len(q.toks)+1) // alone: no headroom block
+		}
 		var c runtime.KVCache
 		var err error
 		if fits || len(s.running) == 0 {
-			c, err = s.pool.NewCache(q.need)
+			c, err = s.pool.NewCacheReserve(q.need, resv)
 		}
 		s.poolMu.Unlock()
 		if c == nil {
@@ -541,15 +649,21 @@ func (s *Scheduler) admit(cut bool) {
 			// Nothing runs, so the pool is as free as it gets.
 			s.queue[0] = nil
 			s.queue = s.queue[1:]
+			if q.gen > 0 && errors.Is(err, kvcache.ErrNeverFits) {
+				s.finish(q, FinishLength, nil) // preempted: the budget ends it
+				continue
+			}
 			s.finish(q, FinishError, fmt.Errorf("serve: request %s: KV cache of %d tokens: %w", q.r.ID, q.need, err))
 			continue
 		}
 		s.queue[0] = nil
 		s.queue = s.queue[1:]
-		q.cache = c
-		q.logits = make([]float32, s.vocab)
-		q.sampler = runtime.NewSampler(q.r.Temperature, q.r.TopP, q.r.Seed)
-		q.sampler.TopK = q.r.TopK
+		q.cache, q.resv = c, resv
+		if q.sampler == nil { // a preempted request keeps its sampler's state
+			q.logits = make([]float32, s.vocab)
+			q.sampler = runtime.NewSampler(q.r.Temperature, q.r.TopP, q.r.Seed)
+			q.sampler.TopK = q.r.TopK
+		}
 		s.running = append(s.running, q)
 		s.log.Debug("serve: admitted", "id", q.r.ID, "prompt_tokens", len(q.r.Prompt), "max_tokens", q.r.MaxTokens,
 			"queued_s", time.Since(q.submitted).Seconds())
@@ -582,8 +696,10 @@ func (s *Scheduler) handle(q *request) {
 	}()
 	if q.chunk > 0 {
 		q.done += q.chunk
-		s.met.promptTokens.Add(float64(q.chunk))
-		if q.done < len(q.r.Prompt) {
+		if q.preempted == 0 {
+			s.met.promptTokens.Add(float64(q.chunk))
+		}
+		if q.done < len(q.toks) {
 			return // a chunk that does not end the prompt: its logits are not needed
 		}
 	}
@@ -613,11 +729,39 @@ func (s *Scheduler) handle(q *request) {
 		ev.Logprob, ev.Top = logprobs(q.logits, tok, q.r.TopLogprobs)
 	}
 	q.ch <- ev // never blocks: fewer than tokCap are buffered, tokCap+1 fit
+	if q.stopString(tok) {
+		s.finish(q, FinishStop, nil)
+		return
+	}
 	if q.gen >= q.r.MaxTokens {
 		s.finish(q, FinishLength, nil)
 		return
 	}
 	q.next[0] = tok
+	q.out = append(q.out, tok)
+}
+
+// stopString feeds tok to q's stop decoder and reports whether the text
+// now contains one of q's stop strings. A new occurrence ends in the new
+// text, so only the last maxStop−1 bytes before it need keeping.
+func (q *request) stopString(tok int) bool {
+	if len(q.r.Stop) == 0 {
+		return false
+	}
+	piece := q.r.StopDecoder.Next(tok)
+	if piece == "" {
+		return false
+	}
+	q.stopTail = append(q.stopTail, piece...)
+	for _, st := range q.r.Stop {
+		if bytes.Contains(q.stopTail, []byte(st)) {
+			return true
+		}
+	}
+	if keep := q.maxStop - 1; len(q.stopTail) > keep {
+		q.stopTail = append(q.stopTail[:0], q.stopTail[len(q.stopTail)-keep:]...)
+	}
+	return false
 }
 
 // isStop reports whether tok ends r with finish "stop".

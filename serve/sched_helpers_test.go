@@ -77,6 +77,7 @@ type fakePool struct {
 	used     int64
 	blocks   int
 	live     map[runtime.KVCache]int // capacity of every cache not released
+	resv     map[runtime.KVCache]int // tokens reserved by every cache not released
 	maxLive  int
 	newCalls int
 }
@@ -88,7 +89,7 @@ func newFakePool(t testing.TB, m runtime.Model, budget int64) *fakePool {
 		kv += int64(l.NumKVHeads * l.HeadDim)
 	}
 	const bt = 16
-	return &fakePool{t: t, layers: layers, blockTokens: bt, blockBytes: bt * 8 * kv, budget: budget, live: map[runtime.KVCache]int{}}
+	return &fakePool{t: t, layers: layers, blockTokens: bt, blockBytes: bt * 8 * kv, budget: budget, live: map[runtime.KVCache]int{}, resv: map[runtime.KVCache]int{}}
 }
 
 func (p *fakePool) blocksFor(capacity int) int { return (capacity + p.blockTokens - 1) / p.blockTokens }
@@ -97,11 +98,20 @@ func (p *fakePool) BytesFor(capacity int) int64 { return int64(p.blocksFor(capac
 
 var errFakePoolFull = errors.New("fake pool full")
 
+func (p *fakePool) BytesForReserve(capacity, tokens int) int64 {
+	return p.BytesFor(min(capacity, tokens))
+}
+
 func (p *fakePool) NewCache(capacity int) (runtime.KVCache, error) {
+	return p.NewCacheReserve(capacity, capacity)
+}
+
+func (p *fakePool) NewCacheReserve(capacity, tokens int) (runtime.KVCache, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.newCalls++
-	b := p.BytesFor(capacity)
+	tokens = min(tokens, capacity)
+	b := p.BytesFor(tokens)
 	if b > p.budget {
 		return nil, fmt.Errorf("never fits: %d > %d", b, p.budget)
 	}
@@ -113,23 +123,54 @@ func (p *fakePool) NewCache(capacity int) (runtime.KVCache, error) {
 		return nil, err
 	}
 	p.used += b
-	p.blocks += p.blocksFor(capacity)
+	p.blocks += p.blocksFor(tokens)
 	p.live[c] = capacity
+	p.resv[c] = tokens
 	p.maxLive = max(p.maxLive, len(p.live))
 	return c, nil
+}
+
+func (p *fakePool) Grow(c runtime.KVCache, tokens int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	capacity, ok := p.live[c]
+	if !ok {
+		p.t.Errorf("fakePool: Grow of a cache not live")
+		return errors.New("not live")
+	}
+	if tokens > capacity {
+		return fmt.Errorf("grow to %d beyond capacity %d", tokens, capacity)
+	}
+	old := p.resv[c]
+	if tokens <= old {
+		return nil
+	}
+	d := p.BytesFor(tokens) - p.BytesFor(old)
+	if p.used+d > p.budget {
+		return fmt.Errorf("%w: grow %d + %d > %d", kvcache.ErrPoolFull, p.used, d, p.budget)
+	}
+	if c.Len() > old {
+		p.t.Errorf("fakePool: cache holds %d tokens, reserved %d", c.Len(), old)
+	}
+	p.used += d
+	p.blocks += p.blocksFor(tokens) - p.blocksFor(old)
+	p.resv[c] = tokens
+	return nil
 }
 
 func (p *fakePool) Release(c runtime.KVCache) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	capacity, ok := p.live[c]
+	_, ok := p.live[c]
 	if !ok {
 		p.t.Errorf("fakePool: Release of a cache not live (double or foreign release)")
 		return
 	}
+	tokens := p.resv[c]
 	delete(p.live, c)
-	p.used -= p.BytesFor(capacity)
-	p.blocks -= p.blocksFor(capacity)
+	delete(p.resv, c)
+	p.used -= p.BytesFor(tokens)
+	p.blocks -= p.blocksFor(tokens)
 }
 
 func (p *fakePool) Stats() PoolStats {

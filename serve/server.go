@@ -11,9 +11,11 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"path/filepath"
+	goruntime "runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -39,8 +41,9 @@ const (
 	DefaultIdleTimeout       = 120 * time.Second
 )
 
-// shutdownGrace is how long after ShutdownTimeout Serve still waits for
-// handlers to answer the requests drain cut.
+// shutdownGrace is the most of ShutdownTimeout that Serve keeps, after
+// the drain, for handlers to answer the requests drain cut (at most a
+// quarter of the timeout).
 const shutdownGrace = 2 * time.Second
 
 // statusClientClosed is the status logged (and counted) for a request
@@ -55,6 +58,15 @@ type Options struct {
 	// loopback interface only), Port to 8000.
 	Host string
 	Port int
+	// AllowedHosts are the Host header names (without port) accepted
+	// besides the loopback ones. When Host is a loopback address or
+	// "localhost" the server answers 403 to a Host header that is neither
+	// a loopback name or address (localhost, 127.0.0.0/8, [::1], any
+	// port) nor in AllowedHosts: a web page that rebinds its own DNS name
+	// to 127.0.0.1 sends its name as Host, so it cannot reach the server
+	// (DNS rebinding). For another Host the check is off unless
+	// AllowedHosts is set.
+	AllowedHosts []string
 	// APIKeys, when any, are the accepted Bearer keys for /v1/ paths
 	// (/health and /metrics stay open, as in vLLM); each is compared in
 	// constant time (SHA-256 digests, crypto/subtle) against every key.
@@ -94,10 +106,23 @@ type Server struct {
 	keys   [][sha256.Size]byte
 	logger *slog.Logger
 	ready  atomic.Bool
+	// checkHost: refuse Host headers outside loopback and AllowedHosts.
+	checkHost bool
+	// draining: a shutdown started; new generation requests get 503
+	// with Retry-After while the listener stays open.
+	draining atomic.Bool
 	// requests counts answered requests by endpoint and status.
 	requests *prometheus.CounterVec
 	now      func() time.Time
 	handler  http.Handler
+	// maxTokenBytes is the longest token's text in bytes (at least 4, a
+	// UTF-8 character: byte fallback and unknown characters), for the
+	// cheap bound on prompt text (checkTextBytes).
+	maxTokenBytes int
+	// prep bounds the requests rendering a chat template or tokenizing at
+	// once (runtime.NumCPU slots), so a flood of large bodies cannot
+	// take every core and all memory.
+	prep chan struct{}
 	// afterRequest, when set (tests), is called with each request's
 	// final status once it is counted.
 	afterRequest func(endpoint string, status int)
@@ -171,6 +196,12 @@ func New(e *engine.Engine, sub Submitter, reg *prometheus.Registry, opt Options)
 	s := &Server{opt: opt, e: e, tok: e.Tokenizer, vocab: max(e.Desc.VocabSize, e.Tokenizer.VocabSize()), sub: sub, reg: reg, logger: opt.Logger, now: time.Now}
 	for _, k := range opt.APIKeys {
 		s.keys = append(s.keys, sha256.Sum256(k))
+	}
+	s.prep = make(chan struct{}, goruntime.NumCPU())
+	s.checkHost = isLoopbackName(opt.Host) || len(opt.AllowedHosts) > 0
+	s.maxTokenBytes = 4
+	for id := 0; id < s.tok.VocabSize(); id++ {
+		s.maxTokenBytes = max(s.maxTokenBytes, len(s.tok.Decode([]int{id}, false)), len(s.tok.Token(id)))
 	}
 	tmpl, err := readChatTemplate(e)
 	if err != nil {
@@ -281,6 +312,12 @@ func (s *Server) buildHandler() http.Handler {
 		info := &reqInfo{start: s.now(), endpoint: "other", id: s.newID("req-")}
 		rec := &recorder{ResponseWriter: w}
 		defer s.finish(rec, r, info)
+		if s.checkHost && !s.hostAllowed(r.Host) {
+			rec.Header().Set("Connection", "close") // the body is not read
+			writeError(rec, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error", Param: "Host", Code: "host_not_allowed",
+				Message: fmt.Sprintf("Host header %q is not allowed: this server listens on %s and accepts loopback names (localhost, 127.0.0.1, [::1]) and --allowed-hosts only (DNS rebinding protection)", r.Host, s.opt.Host)})
+			return
+		}
 		rt, ok := routes[r.URL.Path]
 		if !ok && strings.HasPrefix(r.URL.Path, "/v1/models/") {
 			rt, ok = route{http.MethodGet, "models", true, s.handleModel}, true
@@ -302,6 +339,19 @@ func (s *Server) buildHandler() http.Handler {
 		}
 		if rt.auth && len(s.keys) > 0 && !s.authorized(r) {
 			s.unauthorized(rec)
+			return
+		}
+		if rt.method == http.MethodPost && !jsonContentType(r.Header.Get("Content-Type")) {
+			// A browser's "simple" cross-origin POST (text/plain, forms)
+			// needs no preflight: refusing it stops CSRF on the API.
+			rec.Header().Set("Connection", "close") // the body is not read
+			writeError(rec, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Param: "Content-Type", Code: "unsupported_media_type",
+				Message: fmt.Sprintf("Content-Type %q: want application/json", r.Header.Get("Content-Type"))})
+			return
+		}
+		if s.draining.Load() && rt.method == http.MethodPost {
+			rec.Header().Set("Connection", "close")
+			writeError(rec, submitError(ErrShuttingDown))
 			return
 		}
 		rt.h(rec, r, info)
@@ -347,8 +397,9 @@ func (s *Server) finish(rec *recorder, r *http.Request, info *reqInfo) {
 // constant time for each (no early exit).
 func (s *Server) authorized(r *http.Request) bool {
 	h := r.Header.Get("Authorization")
-	key, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 7235 §2.1).
+	scheme, key, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	d := sha256.Sum256([]byte(strings.TrimSpace(key)))
@@ -457,13 +508,18 @@ func (r *recorder) Write(b []byte) (int, error) {
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // Serve answers HTTP on ln until ctx ends, then shuts down gracefully:
-// /health turns 503 and the listener closes (no new connections), drain
-// (the scheduler's: stop admitting, finish or cut the running requests)
-// runs with a deadline of ShutdownTimeout while the HTTP server waits for
-// the open requests (a request cut at the timeout answers 503, or an
-// error event in a stream); connections still open 2 s after the timeout
-// are closed. It returns nil after a shutdown, or the error that
-// stopped serving otherwise.
+// while drain (the scheduler's: stop admitting, finish or cut the running
+// requests) runs with a deadline of ShutdownTimeout, the listener stays
+// open: /health answers 503, new generation requests 503 with
+// Retry-After (and Connection: close; keep-alives are off), so a load
+// balancer sees the server leave instead of a refused connection (the
+// Kubernetes readiness pattern). A request cut at the timeout answers
+// 503, or an error event in a stream. After drain the HTTP server shuts
+// down (listener closed), waiting shutdownGrace for the open requests to
+// send their last events, all within ShutdownTimeout; connections still
+// open then are closed. It
+// returns nil after a shutdown, or the error that stopped serving
+// otherwise.
 //
 // The http.Server has ReadHeaderTimeout (slowloris) and IdleTimeout; a
 // body must arrive within BodyTimeout (a per-request read deadline, set
@@ -488,25 +544,100 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, drain func(context.
 	case <-ctx.Done():
 	}
 	s.ready.Store(false)
+	s.draining.Store(true)
+	hs.SetKeepAlivesEnabled(false)
 	s.logger.Info("shutting down", "timeout", s.opt.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), s.opt.ShutdownTimeout)
+	// The whole shutdown fits in ShutdownTimeout: the drain gets all of it
+	// but the grace that the requests it cut need to send their last
+	// events (shutdownGrace, at most a quarter of the timeout).
+	grace := min(shutdownGrace, s.opt.ShutdownTimeout/4)
+	end := time.Now().Add(s.opt.ShutdownTimeout)
+	sctx, cancel := context.WithDeadline(context.Background(), end.Add(-grace))
 	defer cancel()
-	// The HTTP server waits a little longer than drain, so that requests
-	// drain cuts at the timeout still send their last event.
-	hctx, hcancel := context.WithTimeout(context.Background(), s.opt.ShutdownTimeout+shutdownGrace)
-	defer hcancel()
-	shut := make(chan error, 1)
-	go func() { shut <- hs.Shutdown(hctx) }()
 	if drain != nil {
 		if err := drain(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.logger.Warn("drain", "err", err)
 		}
 	}
-	if err := <-shut; err != nil {
+	// The requests drain cut (or that finished) still send their last
+	// events within shutdownGrace.
+	hctx, hcancel := context.WithDeadline(context.Background(), end)
+	defer hcancel()
+	if err := hs.Shutdown(hctx); err != nil {
 		s.logger.Warn("requests still open at the shutdown timeout were cut", "err", err)
 		hs.Close()
 	}
 	<-errc // http.ErrServerClosed
 	s.logger.Info("shut down")
 	return nil
+}
+
+// acquirePrep takes one of the prep slots (template rendering and
+// tokenization), waiting while all are taken; it returns false when ctx
+// ends first (the client went away).
+func (s *Server) acquirePrep(ctx context.Context) bool {
+	select {
+	case s.prep <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Server) releasePrep() { <-s.prep }
+
+// textBytesFactor is the slack of checkTextBytes over the plain bound:
+// tokenizer normalizers may shorten text a little (Unicode composition),
+// so text is refused only beyond twice what the context can hold.
+const textBytesFactor = 2
+
+// checkTextBytes refuses, before any template rendering or tokenizing,
+// text of n bytes that cannot fit the context: every token covers at most
+// maxTokenBytes bytes of text, so more than MaxModelLen × maxTokenBytes ×
+// textBytesFactor bytes need more tokens than the context holds (400
+// naming param, code context_length_exceeded).
+func (s *Server) checkTextBytes(n int, param string) *apiError {
+	if limit := s.opt.MaxModelLen * s.maxTokenBytes * textBytesFactor; n > limit {
+		e := badRequest(param, "%q holds %d bytes of text; this model's maximum context length is %d tokens of at most %d bytes each, so it cannot fit (limit %d bytes)",
+			param, n, s.opt.MaxModelLen, s.maxTokenBytes, limit)
+		e.Code = "context_length_exceeded"
+		return e
+	}
+	return nil
+}
+
+// jsonContentType reports whether a Content-Type header is
+// application/json, parameters (charset) allowed.
+func jsonContentType(v string) bool {
+	mt, _, err := mime.ParseMediaType(v)
+	return err == nil && mt == "application/json"
+}
+
+// isLoopbackName reports whether host (no port) is "localhost" or a
+// loopback IP address.
+func isLoopbackName(host string) bool {
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// hostAllowed reports whether a request's Host header (with or without a
+// port) is a loopback name or address or one of AllowedHosts.
+func (s *Server) hostAllowed(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if isLoopbackName(host) {
+		return true
+	}
+	for _, a := range s.opt.AllowedHosts {
+		if strings.EqualFold(a, host) {
+			return true
+		}
+	}
+	return false
 }

@@ -22,13 +22,16 @@ func main() {
 }
 
 // run executes the CLI and returns the exit status: 0, 1 on error, 3 when
-// compress's eval gate fails, or 128+signal (130 SIGINT, 143 SIGTERM) when interrupted. A second signal
-// kills the process at once.
+// compress's eval gate fails, or 128+signal (130 SIGINT, 143 SIGTERM, 129
+// SIGHUP) when interrupted. SIGHUP is handled like SIGTERM (serve drains
+// gracefully and exits 0). A second signal during the shutdown exits at
+// once with 128+that signal (as uvicorn exits on a second Ctrl-C), even
+// when the process was started with SIGINT ignored (a background job).
 func run() int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	var got atomic.Int32
 	go func() {
 		s, ok := <-sigs
@@ -36,8 +39,10 @@ func run() int {
 			return
 		}
 		got.Store(int32(s.(syscall.Signal)))
-		signal.Stop(sigs)
 		cancel()
+		s = <-sigs
+		fmt.Fprintf(os.Stderr, "lmpack: second signal (%v) during shutdown: exiting at once\n", s)
+		os.Exit(128 + int(s.(syscall.Signal)))
 	}()
 	root, g := newRoot()
 	err := root.ExecuteContext(ctx)

@@ -81,6 +81,13 @@ var cliOnlyFlags = []string{
 	"quantize kv --method",
 	"eval --kv", "eval --kv-rotations", "eval --kv-window", "eval --kv-layers", "eval --plot",
 	"eval --kv-protocol", "eval --kv-serving-ctx",
+	// --dequantize chooses the memory layout of the weights (a process
+	// setting); the clip search and mixed widths are not in recipes yet
+	// (the recipe's quantize kv stage makes oscar2/oscar4 files).
+	"--dequantize",
+	"quantize kv --clip-k4", "quantize kv --clip-v4", "quantize kv --clip-k8", "quantize kv --clip-v8",
+	"quantize kv --clip-search", "quantize kv --search-tokens", "quantize kv --kv-bits",
+	"quantize kv --kv-serving-ctx", "quantize kv --kv-window",
 }
 
 // recipeKeys is every dotted key of compress.Recipe ("calibrate.tokens").

@@ -31,6 +31,7 @@ type serveFlags struct {
 	maxModelLen                                                         int
 	logPrompts                                                          bool
 	shutdownTimeout, headerTimeout                                      time.Duration
+	allowedHosts                                                        []string
 }
 
 // schedFlagNames renames serve.SchedOptions' fields in its errors.
@@ -61,6 +62,7 @@ SIGTERM or SIGINT stops admitting, lets running requests finish within
 	}
 	f := cmd.Flags()
 	f.StringVar(&fl.host, "host", serve.DefaultHost, "address to listen on (0.0.0.0: every interface)")
+	f.StringSliceVar(&fl.allowedHosts, "allowed-hosts", nil, "Host header names accepted besides loopback ones (on a loopback --host only loopback Host headers are answered, against DNS rebinding; set, the check applies to any --host)")
 	f.IntVar(&fl.port, "port", serve.DefaultPort, "TCP port to listen on")
 	f.StringVar(&fl.kvMemory, "kv-memory", "1GiB", "KV cache memory budget of all sequences together: bytes, or with a unit (512MiB, 4GiB, 2GB)")
 	f.StringVar(&fl.kv, "kv", "", "KV cache method of a plain checkpoint ("+strings.Join(kvcache.Methods(), ", ")+"; default fp32); an artifact uses its own")
@@ -111,8 +113,9 @@ func parseWindow(s string) (sink, recent int, err error) {
 	return sink, recent, nil
 }
 
-// readAPIKeys reads --api-key-file: one key per line, surrounding space
-// and empty lines ignored. Errors: an unreadable file, a file with no key.
+// readAPIKeys reads --api-key-file: one key per line, surrounding space,
+// empty lines and lines starting with # (comments) ignored. Errors: an
+// unreadable file, a file with no key.
 func readAPIKeys(path string) ([][]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -120,7 +123,7 @@ func readAPIKeys(path string) ([][]byte, error) {
 	}
 	var keys [][]byte
 	for _, line := range bytes.Split(b, []byte("\n")) {
-		if k := bytes.TrimSpace(line); len(k) > 0 {
+		if k := bytes.TrimSpace(line); len(k) > 0 && k[0] != '#' {
 			keys = append(keys, k)
 		}
 	}
@@ -148,6 +151,14 @@ func checkServeFlags(fl *serveFlags) (kvMem int64, err error) {
 	}
 	if fl.blockTokens < 0 {
 		return 0, fmt.Errorf("--kv-block-tokens %d: want > 0", fl.blockTokens)
+	}
+	switch fl.device {
+	case "auto", "cpu", "cuda":
+	default:
+		return 0, fmt.Errorf("--device %q: want auto, cpu or cuda", fl.device)
+	}
+	if fl.kvWindow != "" && fl.kv == "" {
+		return 0, fmt.Errorf("--kv-window %s without --kv: the default fp32 cache has no windows; give --kv METHOD", fl.kvWindow)
 	}
 	if fl.maxModelLen < 0 {
 		return 0, fmt.Errorf("--max-model-len %d: want > 0 (0: the model's context)", fl.maxModelLen)
@@ -215,12 +226,26 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, st
 			bt = 32
 		}
 	}
+	maxLen := fl.maxModelLen
+	if maxLen == 0 {
+		maxLen = e.Desc.MaxPositionEmbeddings
+	}
+	if maxLen > 0 && bt > maxLen {
+		return nil, "", fmt.Errorf("--kv-block-tokens %d: larger than the max model length %d (--max-model-len); every request would reserve a block of %d tokens", bt, maxLen, bt)
+	}
 	p, err := kvcache.NewPool(method, kvcache.LayersOf(e.Desc), opt, kvMem, bt)
 	if errors.Is(err, kvcache.ErrNoRotations) {
 		return nil, "", fmt.Errorf("--kv %s needs --kv-rotations ROT (a rotation file from lmpack quantize kv): %w", method, err)
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("--kv %s (--kv-memory %s, --kv-block-tokens %d): %w", method, fl.kvMemory, bt, err)
+	}
+	// The smallest request (one prompt token and one generated) needs the
+	// fixed bytes of a max-length cache and one block.
+	if maxLen > 0 {
+		if least := p.BytesForReserve(maxLen, 2); kvMem < least {
+			return nil, "", fmt.Errorf("--kv-memory %s (%d bytes): smaller than the smallest request, which needs %d bytes of %s KV cache (one %d-token block and the fp16 windows); want at least that", fl.kvMemory, kvMem, least, method, bt)
+		}
 	}
 	return p, method, nil
 }
@@ -259,7 +284,7 @@ func runServe(ctx context.Context, g *globalFlags, name string, fl *serveFlags) 
 		return field.Rename(err, schedFlagNames)
 	}
 	srv, err := serve.New(e, sched, reg, serve.Options{
-		Host: fl.host, Port: fl.port, APIKeys: keys, ModelName: fl.servedName, MaxModelLen: fl.maxModelLen,
+		Host: fl.host, Port: fl.port, AllowedHosts: fl.allowedHosts, APIKeys: keys, ModelName: fl.servedName, MaxModelLen: fl.maxModelLen,
 		LogPrompts: fl.logPrompts, ShutdownTimeout: fl.shutdownTimeout, ReadHeaderTimeout: fl.headerTimeout, Logger: g.logger,
 	})
 	if err != nil {
@@ -269,7 +294,16 @@ func runServe(ctx context.Context, g *globalFlags, name string, fl *serveFlags) 
 	if err != nil {
 		return fmt.Errorf("--host %s --port %d: %w", fl.host, fl.port, err)
 	}
+	if fl.host == "0.0.0.0" || fl.host == "::" || fl.host == "[::]" {
+		g.logger.Warn("listening on every interface, IPv4 and IPv6: the API is reachable from the network", "host", fl.host, "api_keys", len(keys) > 0)
+	}
 	st := pool.Stats()
+	if avail, ok := memAvailable(); ok && st.TotalBytes > avail {
+		g.logger.Warn("--kv-memory is larger than the memory available now (MemAvailable): the pool takes memory as it fills, so the budget may not be reachable", "kv_memory_bytes", st.TotalBytes, "mem_available_bytes", avail)
+	}
+	if full := pool.BytesFor(srv.Options().MaxModelLen); st.TotalBytes < full {
+		g.logger.Warn("--kv-memory holds less than one full-context sequence: requests whose prompt + max_tokens need more are refused", "kv_memory_bytes", st.TotalBytes, "full_context_bytes", full)
+	}
 	g.logger.Info("kv pool", "method", method, "budget_bytes", st.TotalBytes, "block_tokens", st.BlockTokens, "blocks", st.TotalBlocks,
 		"full_context_sequences", st.TotalBytes/max(1, pool.BytesFor(srv.Options().MaxModelLen)), "chat_template", srv.HasChatTemplate())
 	runCtx, stopRun := context.WithCancel(context.Background())
@@ -282,4 +316,22 @@ func runServe(ctx context.Context, g *globalFlags, name string, fl *serveFlags) 
 		err = rerr
 	}
 	return err
+}
+
+// memAvailable reads MemAvailable of /proc/meminfo in bytes (Linux);
+// false when it cannot.
+func memAvailable() (int64, bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err == nil {
+				return kb << 10, true
+			}
+		}
+	}
+	return 0, false
 }

@@ -21,7 +21,12 @@ import (
 // sequences (2 bytes × 2 (K, V) × layers × num_key_value_heads × head_dim ×
 // 256 × 8). Many full-context requests (prompt + max_tokens = 256,
 // ignore_eos) are sent at once; lmpack_running_sequences, once every
-// request is either running or queued, is the number admitted. fp16 must
+// request is either running or queued, is the number admitted. The
+// scheduler allocates KV memory on demand (a sequence reserves its prompt
+// plus one 16-token block at admission, then grows), so the prompts are
+// 240 token ids and max_tokens 16: each reserves its whole context at
+// admission, and --max-prefill-tokens 16 keeps the admitted ones
+// prefilling (holding that reservation) long enough to be counted. fp16 must
 // admit 8; oscar2 (an artifact packed with OSCAR rotations computed on
 // calibration data, windows 0,0) at least 6× as many (the bound).
 func TestServeCapacity(t *testing.T) {
@@ -64,7 +69,7 @@ func TestServeCapacity(t *testing.T) {
 
 	const requests = 80
 	common := []string{"--served-model-name", servedName, "--kv-memory", strconv.FormatInt(budget, 10), "--max-batch", "256",
-		"--max-queue", "256", "--max-model-len", strconv.Itoa(ctxLen), "--threads", "1"}
+		"--max-queue", "256", "--max-model-len", strconv.Itoa(ctxLen), "--threads", "1", "--max-prefill-tokens", "16"}
 	fp16 := admitted(t, startServe(t, 0, model, append([]string{"--kv", "fp16"}, common...)...), requests, ctxLen)
 	oscar2 := admitted(t, startServe(t, 0, art, common...), requests, ctxLen)
 	windowed := admitted(t, startServe(t, 0, artWin, common...), requests, ctxLen)
@@ -90,13 +95,19 @@ func TestServeCapacity(t *testing.T) {
 // that the blocks come back.
 func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 	t.Helper()
-	const prompt = "Once upon a time"
+	prompt := make([]int, ctxLen-16)
+	for i := range prompt {
+		prompt[i] = 300 + i%100
+	}
 	r := s.postJSON(t, "/v1/completions", map[string]any{"model": servedName, "prompt": prompt, "max_tokens": 1, "temperature": 0})
 	var c completionResp
 	if r.status != 200 || json.Unmarshal(r.body, &c) != nil || c.Usage == nil {
 		t.Fatalf("probe completion: %v", r)
 	}
 	maxTokens := ctxLen - c.Usage.PromptTokens
+	if maxTokens < 1 || maxTokens > 16 {
+		t.Fatalf("prompt of %d tokens leaves max_tokens %d, want 1..16 (one block: the whole context reserved at admission)", c.Usage.PromptTokens, maxTokens)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
@@ -137,7 +148,8 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 				full++
 			}
 		}
-		if full >= 3 || (queue == 0 && run == float64(n)) {
+		if full >= 3 || (queue == 0 && run == float64(n)) || (full > 0 && run+queue < float64(n)) {
+			// (the last: requests began to finish after all were seen)
 			peak = max(peak, run)
 			break
 		}

@@ -270,3 +270,43 @@ func TestServeKillRestart(t *testing.T) {
 		t.Errorf("exit %d after SIGTERM (%v)", code, took)
 	}
 }
+
+// TestServeSignals: SIGHUP starts the graceful drain like SIGTERM (the
+// process stays up while streams run, the listener stays open and
+// /health answers 503), and a second signal during the drain exits at
+// once with 128+SIGTERM = 143.
+func TestServeSignals(t *testing.T) {
+	t.Parallel()
+	s := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--threads", "1", "--max-batch", "1", "--shutdown-timeout", "120s")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{}, 8)
+	for i := 0; i < 8; i++ {
+		go stream(ctx, &http.Client{}, s.base+"/v1/completions", map[string]any{"model": servedName, "prompt": "One day", "max_tokens": 480, "ignore_eos": true},
+			func(n int, _ map[string]any) bool {
+				if n == 1 {
+					started <- struct{}{}
+				}
+				return true
+			})
+	}
+	<-started
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	var health int
+	for deadline := time.Now().Add(healthWait); time.Now().Before(deadline) && !s.exited(); time.Sleep(10 * time.Millisecond) {
+		if r := s.do(t, "GET", "/health", "", nil); r.status != 200 {
+			health = r.status
+			break
+		}
+	}
+	if s.exited() || health != 503 {
+		t.Fatalf("after SIGHUP: exited %v (%v), /health %d; want a drain with /health 503:\n%s", s.exited(), s.err, health, abbrev(s.stderr.String()))
+	}
+	code, took := s.stop(t) // the second signal
+	if code != 143 {
+		t.Errorf("exit %d %v after a second signal during the drain, want 143 at once", code, took)
+	}
+	t.Logf("second signal: exit %d after %v", code, took.Round(time.Millisecond))
+}

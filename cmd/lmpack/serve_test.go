@@ -43,6 +43,11 @@ func TestReadAPIKeys(t *testing.T) {
 	if _, err := readAPIKeys(p); err == nil || !strings.Contains(err.Error(), "no key") {
 		t.Errorf("empty key file: %v", err)
 	}
+	// Lines starting with # are comments.
+	os.WriteFile(p, []byte("# keys of team A\nalpha\n  # old: beta\n"), 0o600)
+	if keys, err := readAPIKeys(p); err != nil || len(keys) != 1 || string(keys[0]) != "alpha" {
+		t.Errorf("comments: keys %q, %v; want [alpha]", keys, err)
+	}
 }
 
 // TestServeFlagErrors: bad flags are refused before the model loads,
@@ -63,6 +68,11 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"--api-key-file", filepath.Join(t.TempDir(), "missing")}, "--api-key-file"},
 		{[]string{"--kv", "nosuch"}, "--kv nosuch"},
 		{[]string{"--max-model-len", "100000"}, "--max-model-len 100000"},
+		{[]string{"--device", "tpu"}, `--device "tpu": want auto, cpu or cuda`},
+		{[]string{"--kv-window", "4,4"}, "--kv-window 4,4 without --kv"},
+		{[]string{"--kv-block-tokens", "100000"}, "--kv-block-tokens 100000: larger than the max model length 512"},
+		{[]string{"--kv-memory", "1"}, "--kv-memory 1 (1 bytes): smaller than the smallest request"},
+		{[]string{"--kv", "int4", "--kv-memory", "1KiB"}, "--kv-memory 1KiB (1024 bytes): smaller than the smallest request"},
 	} {
 		wantError(t, lmpack(t, nil, append([]string{"serve", m}, tc.args...)...), tc.want)
 	}

@@ -90,7 +90,9 @@ type Pool struct {
 	phys  int64
 	free  []*block
 	spare []*cache
-	live  map[*cache]bool
+	// live maps every cache not released to the blocks it reserved (at
+	// most len(pg.tab)).
+	live map[*cache]int
 }
 
 // fp32Spec is fp32 as a paged method: float32 rows, no windows (a pool's
@@ -131,7 +133,7 @@ func NewPool(method string, layers []Layer, opt Options, budgetBytes int64, bloc
 		return nil, err
 	}
 	p := &Pool{method: method, sp: sp, layers: append([]Layer(nil), layers...), opt: opt, bt: blockTokens,
-		total: budgetBytes, live: map[*cache]bool{}}
+		total: budgetBytes, live: map[*cache]int{}}
 	probe := &cache{}
 	p.lay = probe.init(sp, p.layers, 1, opt, blockTokens, 0)
 	p.blockBytes = p.lay.bytes()
@@ -168,26 +170,71 @@ func (p *Pool) BytesFor(capacity int) int64 {
 	return int64(sink+ring)*4*p.sumKV + int64(blocks)*p.blockBytes
 }
 
+// BytesForReserve is the budget a cache of capacity tokens reserves when
+// it reserves blocks for its first tokens tokens only (NewCacheReserve,
+// Grow): its fixed bytes, the fp16 sink and ring of a capacity-token
+// cache as in BytesFor, plus ⌈(min(tokens, capacity) − sink)/BlockTokens⌉
+// blocks (none when tokens ≤ sink). BytesForReserve(c, c) = BytesFor(c);
+// 0 for capacity < 1.
+func (p *Pool) BytesForReserve(capacity, tokens int) int64 {
+	if capacity < 1 {
+		return 0
+	}
+	sink, ring, _ := p.shape(capacity)
+	return int64(sink+ring)*4*p.sumKV + int64(p.reserveBlocks(capacity, tokens))*p.blockBytes
+}
+
+// reserveBlocks is the number of blocks the first tokens tokens of a
+// cache of capacity tokens fill.
+func (p *Pool) reserveBlocks(capacity, tokens int) int {
+	sink, _, blocks := p.shape(capacity)
+	tokens = min(tokens, capacity)
+	if tokens <= sink {
+		return 0
+	}
+	return min(blocks, (tokens-sink+p.bt-1)/p.bt)
+}
+
 // NewCache reserves BytesFor(capacity) of the budget and returns an empty
 // cache of capacity tokens (runtime.KVCache, Sizer, runtime.QuantizedKV)
 // whose quantized storage comes from the pool's blocks. Its values are
-// those of New's cache of the same method and options, bit for bit.
+// those of New's cache of the same method and options, bit for bit. It is
+// NewCacheReserve(capacity, capacity).
 //
 // Errors: ErrBadShape for capacity < 1; ErrNeverFits (wrapped) when
 // BytesFor(capacity) exceeds the whole budget; ErrPoolFull (wrapped)
 // when it exceeds the free budget now.
 func (p *Pool) NewCache(capacity int) (runtime.KVCache, error) {
+	return p.NewCacheReserve(capacity, capacity)
+}
+
+// NewCacheReserve is NewCache for allocation on demand (vLLM's paged
+// policy): the cache has room for capacity tokens (its fp16 sink and ring
+// are those of a capacity-token cache, so its values are New's, bit for
+// bit) but reserves only BytesForReserve(capacity, tokens) of the budget:
+// its fixed bytes and the blocks of its first tokens tokens. Storing more
+// tokens than the reservation covers panics (a caller bug): Grow the
+// reservation first.
+//
+// Errors: ErrBadShape for capacity < 1 or tokens < 1; ErrNeverFits
+// (wrapped) when BytesForReserve(capacity, tokens) exceeds the whole
+// budget; ErrPoolFull (wrapped) when it exceeds the free budget now.
+func (p *Pool) NewCacheReserve(capacity, tokens int) (runtime.KVCache, error) {
 	if capacity < 1 {
 		return nil, fmt.Errorf("%w: capacity %d, want ≥ 1 token", ErrBadShape, capacity)
 	}
-	need := p.BytesFor(capacity)
+	if tokens < 1 {
+		return nil, fmt.Errorf("%w: reservation of %d tokens, want ≥ 1", ErrBadShape, tokens)
+	}
+	need := p.BytesForReserve(capacity, tokens)
+	tokens = min(tokens, capacity)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if need > p.total {
-		return nil, fmt.Errorf("%w: %s cache of %d tokens needs %d bytes, the budget is %d", ErrNeverFits, p.method, capacity, need, p.total)
+		return nil, fmt.Errorf("%w: %s cache of %d tokens (%d reserved) needs %d bytes, the budget is %d", ErrNeverFits, p.method, capacity, tokens, need, p.total)
 	}
 	if need > p.total-p.used {
-		return nil, fmt.Errorf("%w: %s cache of %d tokens needs %d bytes, %d of %d free", ErrPoolFull, p.method, capacity, need, p.total-p.used, p.total)
+		return nil, fmt.Errorf("%w: %s cache of %d tokens (%d reserved) needs %d bytes, %d of %d free", ErrPoolFull, p.method, capacity, tokens, need, p.total-p.used, p.total)
 	}
 	// Reuse a released cache whose sink and ring have this capacity's
 	// sizes, so that a live cache's buffers are exactly what it reserved.
@@ -210,10 +257,47 @@ func (p *Pool) NewCache(capacity int) (runtime.KVCache, error) {
 	c.pg.src = (*poolSource)(c)
 	p.used += need
 	p.seqs++
-	p.live[c] = true
+	p.live[c] = p.reserveBlocks(capacity, tokens)
 	p.trim()
 	p.check()
 	return c, nil
+}
+
+// Grow raises the reservation of c (a live cache of p) to its first
+// tokens tokens, BytesForReserve(capacity, tokens), taking the difference
+// from the free budget; a reservation that already covers tokens is left
+// as it is (reservations never shrink before Release). Exact: the pool's
+// reserved bytes stay the sum of its live caches' BytesForReserve.
+//
+// Errors: ErrBadShape (wrapped) when tokens exceeds c's capacity;
+// ErrPoolFull (wrapped) when the free budget is smaller than the
+// difference now (c keeps its reservation). It panics when c is not a
+// live cache of p (a caller bug).
+func (p *Pool) Grow(c runtime.KVCache, tokens int) error {
+	cc, ok := c.(*cache)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !ok {
+		panic(fmt.Sprintf("kvcache: Pool.Grow: %T is not a cache of this pool", c))
+	}
+	if _, ok := p.live[cc]; !ok {
+		panic("kvcache: Pool.Grow: not a live cache of this pool (released, or from elsewhere)")
+	}
+	if tokens > cc.cap {
+		return fmt.Errorf("%w: Grow to %d tokens, the cache's capacity is %d", ErrBadShape, tokens, cc.cap)
+	}
+	need := p.BytesForReserve(cc.cap, tokens)
+	if need <= cc.reserved {
+		return nil
+	}
+	if d := need - cc.reserved; d > p.total-p.used {
+		return fmt.Errorf("%w: growing a %s cache to %d tokens needs %d more bytes, %d of %d free", ErrPoolFull, p.method, tokens, d, p.total-p.used, p.total)
+	}
+	p.used += need - cc.reserved
+	cc.reserved = need
+	p.live[cc] = p.reserveBlocks(cc.cap, tokens)
+	p.check()
+	return nil
 }
 
 // Release returns every block and byte of c to the pool. c must come
@@ -223,7 +307,7 @@ func (p *Pool) Release(c runtime.KVCache) {
 	cc, ok := c.(*cache)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !ok || !p.live[cc] {
+	if _, live := p.live[cc]; !ok || !live {
 		panic(fmt.Sprintf("kvcache: Pool.Release: %T is not a live cache of this pool (released twice, or from elsewhere)", c))
 	}
 	delete(p.live, cc)
@@ -301,8 +385,8 @@ func (s *poolSource) take() *block {
 	p := c.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if h := c.pg.held(); h >= len(c.pg.tab) {
-		panic(fmt.Sprintf("kvcache: Pool invariant violated: cache holds %d blocks, reserved %d", h, len(c.pg.tab)))
+	if h, r := c.pg.held(), p.live[c]; h >= r {
+		panic(fmt.Sprintf("kvcache: Pool: a cache stores a token beyond its reservation: it holds %d blocks, reserved %d (Grow first)", h, r))
 	}
 	var b *block
 	if n := len(p.free); n > 0 {

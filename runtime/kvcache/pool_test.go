@@ -719,3 +719,121 @@ func fullBytes(t *testing.T, name string, layers []Layer, n int) int64 {
 	c.Commit(n)
 	return c.Bytes()
 }
+
+// Allocation on demand: a cache from NewCacheReserve reserves its fixed
+// bytes and the blocks of its first tokens only; Grow raises the
+// reservation block by block, exactly (the pool's reserved bytes are the
+// sum of BytesForReserve of its caches), refuses with ErrPoolFull when the
+// free budget is short (the reservation unchanged) and with ErrBadShape
+// beyond the capacity; storing a token beyond the reservation panics; the
+// values written through growth are New's bit for bit; Release returns
+// everything.
+func TestPoolGrow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	layers := poolLayersFor("int4")
+	for _, c := range []struct {
+		name string
+		opt  Options
+		bt   int
+	}{
+		{"fp16", Options{}, 16}, {"int4", Options{Sink: 4, Recent: 8}, 16}, {"kivi2", Options{Recent: 16}, 32},
+	} {
+		const capacity = 200
+		probe, err := NewPool(c.name, layers, c.opt, 1<<30, c.bt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if probe.BytesForReserve(capacity, capacity) != probe.BytesFor(capacity) || probe.BytesForReserve(capacity, 10*capacity) != probe.BytesFor(capacity) {
+			t.Fatalf("%s: BytesForReserve(c, c) %d, BytesFor(c) %d", c.name, probe.BytesForReserve(capacity, capacity), probe.BytesFor(capacity))
+		}
+		// Budget: one full cache and a half.
+		budget := probe.BytesFor(capacity) * 3 / 2
+		p, err := NewPool(c.name, layers, c.opt, budget, c.bt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := p.NewCacheReserve(capacity, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := p.Stats().UsedBytes, p.BytesForReserve(capacity, 1); got != want || want >= p.BytesFor(capacity) {
+			t.Fatalf("%s: reserved %d after NewCacheReserve(%d, 1), want %d < BytesFor %d", c.name, got, capacity, want, p.BytesFor(capacity))
+		}
+		ref := mustNew(t, c.name, layers, capacity, c.opt)
+		k, v := tokens(rng, layers, capacity, outlierStd), tokens(rng, layers, capacity, nil)
+		n := 0
+		write := func(cs runtime.KVCache, t1 int) {
+			for i, l := range layers {
+				d := l.NumKVHeads * l.HeadDim
+				cs.Write(i, n, t1, k[i][n*d:(n+t1)*d], v[i][n*d:(n+t1)*d])
+			}
+			cs.Commit(t1)
+		}
+		// Grow token by token (a decode step each) to 150 tokens.
+		for n < 150 {
+			if err := p.Grow(a, n+1); err != nil {
+				t.Fatalf("%s: Grow(%d): %v", c.name, n+1, err)
+			}
+			if got, want := p.Stats().UsedBytes, p.BytesForReserve(capacity, n+1); got != want {
+				t.Fatalf("%s: reserved %d after Grow(%d), want %d", c.name, got, n+1, want)
+			}
+			write(a, 1)
+			write(ref, 1)
+			n++
+			if st := p.Stats(); int64(st.UsedBlocks)*p.BlockBytes() > st.UsedBytes || st.UsedBytes > st.TotalBytes {
+				t.Fatalf("%s: %+v", c.name, st)
+			}
+		}
+		sameState(t, c.name+" grown", ref, a, layers)
+		// A second cache takes what is left; growing a then fails.
+		bt := 1
+		for bt < capacity && p.BytesForReserve(capacity, bt+1) <= p.Stats().FreeBytes {
+			bt++
+		}
+		b, err := p.NewCacheReserve(capacity, bt)
+		if err != nil {
+			t.Fatalf("%s: second cache: %v", c.name, err)
+		}
+		free := p.Stats().FreeBytes
+		for tok := n + 1; tok <= capacity && p.BytesForReserve(capacity, tok)-p.BytesForReserve(capacity, n) <= free; tok++ {
+			if tok == capacity {
+				t.Fatalf("%s: the budget should not hold two full caches", c.name)
+			}
+			if err := p.Grow(a, tok); err != nil {
+				t.Fatalf("%s: Grow(%d) within the free budget: %v", c.name, tok, err)
+			}
+		}
+		before := p.Stats().UsedBytes
+		err = p.Grow(a, capacity)
+		if !errors.Is(err, ErrPoolFull) || p.Stats().UsedBytes != before {
+			t.Errorf("%s: Grow beyond the free budget: %v, reserved %d → %d; want ErrPoolFull, unchanged", c.name, err, before, p.Stats().UsedBytes)
+		}
+		if err := p.Grow(a, capacity+1); !errors.Is(err, ErrBadShape) {
+			t.Errorf("%s: Grow beyond the capacity: %v, want ErrBadShape", c.name, err)
+		}
+		// Storing beyond the reservation is a caller bug: it panics.
+		p.Release(a)
+		c2, err := p.NewCacheReserve(capacity, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		{
+			func() {
+				defer func() {
+					if r := recover(); r == nil {
+						t.Errorf("%s: a write beyond the reservation did not panic", c.name)
+					}
+				}()
+				save := n
+				n = 0
+				defer func() { n = save }()
+				write(c2, 100)
+			}()
+		}
+		p.Release(b)
+		p.Release(c2)
+		if st := p.Stats(); st.UsedBytes != 0 || st.UsedBlocks != 0 || st.Sequences != 0 {
+			t.Errorf("%s: after Release: %+v", c.name, st)
+		}
+	}
+}
