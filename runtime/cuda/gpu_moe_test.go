@@ -94,7 +94,7 @@ func TestMoEQuantPackCPU(t *testing.T) {
 		t.Errorf("expert widths %v, want at least three, 1 and 8 bits among them", widths)
 	}
 	// The CPU half of TestGPUMoEQuant: the checkpoint loads and runs.
-	m, err := runtime.NewCPU().Load(context.Background(), d, src, runtime.LoadOptions{Threads: 1})
+	m, err := runtime.NewCPU().Load(context.Background(), d, src, runtime.LoadOptions{Threads: 1, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestGPUMoEQuant(t *testing.T) {
 	}
 	d, src := quantizeMoE(t)
 	ctx := context.Background()
-	cpu, err := runtime.NewCPU().Load(ctx, d, binary16Floats{src}, runtime.LoadOptions{Threads: 2})
+	cpu, err := runtime.NewCPU().Load(ctx, d, binary16Floats{src}, runtime.LoadOptions{Threads: 2, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestMoEQuantToleranceCPU(t *testing.T) {
 	ctx := context.Background()
 	toks := cuda.StoriesTokens(t, 96)
 	run := func(s runtime.TensorSource) []float32 {
-		m, err := runtime.NewCPU().Load(ctx, d, s, runtime.LoadOptions{Threads: 2})
+		m, err := runtime.NewCPU().Load(ctx, d, s, runtime.LoadOptions{Threads: 2, DequantizeWeights: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -205,7 +205,10 @@ func loadStoriesQuant(t *testing.T, quant func(*testing.T, *arch.Description, ru
 	t.Cleanup(func() { ck.Close() })
 	qd, src := quant(t, desc, ck)
 	ctx := context.Background()
-	cpu, err = runtime.NewCPU().Load(ctx, qd, src, runtime.LoadOptions{Threads: 2})
+	// The device computes with the dequantized weights in float: the CPU
+	// reference dequantizes at load too (not its int8-activation kernels),
+	// here and in every CPU reference of these tests.
+	cpu, err = runtime.NewCPU().Load(ctx, qd, src, runtime.LoadOptions{Threads: 2, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,12 +346,12 @@ func TestQuantizeStoriesCPU(t *testing.T) {
 	defer ck.Close()
 	qd, src := quantizeStories(t, desc, ck, true)
 	ctx := context.Background()
-	f, err := runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: 1})
+	f, err := runtime.NewCPU().Load(ctx, desc, ck, runtime.LoadOptions{Threads: 1, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	q, err := runtime.NewCPU().Load(ctx, qd, src, runtime.LoadOptions{Threads: 1})
+	q, err := runtime.NewCPU().Load(ctx, qd, src, runtime.LoadOptions{Threads: 1, DequantizeWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +419,7 @@ func TestQuantizeStoriesLowBitCPU(t *testing.T) {
 	}
 	ctx := context.Background()
 	load := func(d *arch.Description, s runtime.TensorSource) runtime.Model {
-		m, err := runtime.NewCPU().Load(ctx, d, s, runtime.LoadOptions{Threads: 2})
+		m, err := runtime.NewCPU().Load(ctx, d, s, runtime.LoadOptions{Threads: 2, DequantizeWeights: true})
 		if err != nil {
 			t.Fatal(err)
 		}
