@@ -335,13 +335,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request, info *reqInf
 		return lp
 	}
 	if !p.stream {
-		var text []byte
-		var all []tokOut
-		res, err := s.generate(r.Context(), info, req, p.stop, func(t string, toks []tokOut) error {
-			text = append(text, t...)
-			all = append(all, toks...)
-			return nil
-		})
+		text, all, res, err := s.generateAll(r.Context(), info, req, p.stop)
 		if err != nil {
 			s.generateFailed(w, info, err)
 			return

@@ -257,6 +257,19 @@ func submitError(err error) *apiError {
 	}
 }
 
+// generateAll is generate for a response sent whole: the text and the
+// tokens of every event, in order, with generate's result and errors.
+func (s *Server) generateAll(ctx context.Context, info *reqInfo, req *GenRequest, stops []string) ([]byte, []tokOut, genResult, error) {
+	var text []byte
+	var all []tokOut
+	res, err := s.generate(ctx, info, req, stops, func(t string, toks []tokOut) error {
+		text = append(text, t...)
+		all = append(all, toks...)
+		return nil
+	})
+	return text, all, res, err
+}
+
 // generate submits req and feeds the generated text to sink, with stop
 // strings applied: text is detokenized incrementally
 // (tokenizer.StreamDecoderAfter the prompt), the earliest occurrence of
