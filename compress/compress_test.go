@@ -332,6 +332,62 @@ func TestCompressGate(t *testing.T) {
 	}
 }
 
+// TestCompressKVMixed: a recipe with cache oscar-mixed and kv_bits runs
+// the clip search and the width DP in its quantize-kv stage, and the
+// artifact carries per-layer widths in {2, 4, 8} whose average cost
+// (b + 32/head_dim bits per side: fp16 scale and zero per row; the
+// windows only add to the DP's figure) stays within kv_bits. stories260K
+// has head_dim 8, so the all-2-bit cost is 6 bits and kv_bits 7 leaves
+// room for at least one wider side, which the DP must use.
+func TestCompressKVMixed(t *testing.T) {
+	dir := t.TempDir()
+	src := strings.Replace(smallRecipe, "    cache: oscar2\n", "    cache: oscar-mixed\n    kv_bits: 7\n    clip_search: true\n    search_tokens: 256\n", 1)
+	out := filepath.Join(dir, "m.lmpk")
+	rep, err := Run(t.Context(), testOptions(t, mustRecipe(t, src), out, filepath.Join(dir, "work")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.KVCache != "oscar-mixed" || !rep.Written {
+		t.Fatalf("report: cache %q written %v", rep.KVCache, rep.Written)
+	}
+	rd, err := pack.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	kv := rd.Manifest().KV
+	layers := len(rd.Manifest().Model.Layers)
+	if kv.Cache != "oscar-mixed" || len(kv.BitsK) != layers || len(kv.BitsV) != layers || len(kv.Rotations) != layers {
+		t.Fatalf("manifest KV %+v", kv)
+	}
+	// Bits per element of the chosen widths at the serving context (no
+	// windows here are amortised to nothing but the 8+32 of the recipe):
+	// each side costs b + 32/head_dim bits (fp16 scale and zero per row).
+	hd := rd.Manifest().Model.Layers[0].HeadDim
+	var sum float64
+	wider := 0
+	for i := range layers {
+		for _, b := range []int{kv.BitsK[i], kv.BitsV[i]} {
+			if b != 2 && b != 4 && b != 8 {
+				t.Fatalf("layer %d width %d", i, b)
+			}
+			if b > 2 {
+				wider++
+			}
+			sum += float64(b) + 32/float64(hd)
+		}
+	}
+	if avg := sum / float64(2*layers); avg > 7+1e-9 {
+		t.Errorf("average %.4f bits/element of the widths above kv_bits 7 (widths K %v V %v)", avg, kv.BitsK, kv.BitsV)
+	}
+	if wider == 0 {
+		t.Errorf("kv_bits 7 above the all-2-bit cost %.2f gave no wider side (K %v V %v)", 2+32/float64(hd), kv.BitsK, kv.BitsV)
+	}
+	if len(kv.ClipK) != layers {
+		t.Errorf("clip search recorded %d 2-bit K ratios for %d layers", len(kv.ClipK), layers)
+	}
+}
+
 // TestCompressRefusesModelDir: a work directory inside the model
 // directory is refused before any stage runs.
 func TestCompressRefusesModelDir(t *testing.T) {

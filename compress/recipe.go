@@ -160,16 +160,32 @@ type WeightsStage struct {
 }
 
 // KVStage configures the KV cache the artifact carries: Cache is a
-// runtime/kvcache method (kvcache.Methods); oscar2 and oscar4 get OSCAR
-// rotations computed from calibration (oscar.QuantizeKV with ClipK,
-// ClipV, default 0.96 and 0.92). Sink and Recent are fp16 windows in
-// tokens (0: none, or the method's default residual).
+// runtime/kvcache method (kvcache.Methods); oscar2, oscar4 and
+// oscar-mixed get OSCAR rotations computed from calibration
+// (oscar.QuantizeKV, docs/METHODS.md §1, whose options the other fields
+// are): ClipK, ClipV the 2-bit ratios (default 0.96 and 0.92), ClipK4 …
+// ClipV8 the 4- and 8-bit ones (0: none); ClipSearch picks every layer's
+// ratios on the calibration tokens instead; KVBits (required by, and only
+// taken with, oscar-mixed) chooses every layer's K and V width in {2, 4,
+// 8} within that many bits per element at ServingCtx tokens (0: 32768);
+// SearchTokens caps the calibration tokens those measurements run (0:
+// 2048). Sink and Recent are fp16 windows in tokens (0: none, or the
+// method's default residual); the clip search and KVBits measure with
+// them.
 type KVStage struct {
-	Cache  string  `yaml:"cache" json:"cache"`
-	ClipK  float64 `yaml:"clip_k" json:"clip_k,omitempty"`
-	ClipV  float64 `yaml:"clip_v" json:"clip_v,omitempty"`
-	Sink   int     `yaml:"sink" json:"sink,omitempty"`
-	Recent int     `yaml:"recent" json:"recent,omitempty"`
+	Cache        string  `yaml:"cache" json:"cache"`
+	ClipK        float64 `yaml:"clip_k" json:"clip_k,omitempty"`
+	ClipV        float64 `yaml:"clip_v" json:"clip_v,omitempty"`
+	ClipK4       float64 `yaml:"clip_k4" json:"clip_k4,omitempty"`
+	ClipV4       float64 `yaml:"clip_v4" json:"clip_v4,omitempty"`
+	ClipK8       float64 `yaml:"clip_k8" json:"clip_k8,omitempty"`
+	ClipV8       float64 `yaml:"clip_v8" json:"clip_v8,omitempty"`
+	ClipSearch   bool    `yaml:"clip_search" json:"clip_search,omitempty"`
+	KVBits       float64 `yaml:"kv_bits" json:"kv_bits,omitempty"`
+	ServingCtx   int     `yaml:"serving_ctx" json:"serving_ctx,omitempty"`
+	SearchTokens int     `yaml:"search_tokens" json:"search_tokens,omitempty"`
+	Sink         int     `yaml:"sink" json:"sink,omitempty"`
+	Recent       int     `yaml:"recent" json:"recent,omitempty"`
 }
 
 // PackStage configures pack.Write: LZ4 (default true) compresses sections
@@ -528,8 +544,15 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 			if err := o.Validate(); err != nil {
 				return bad("%s", field.Rename(err, kvKeys))
 			}
-		} else if kv.ClipK != 0 || kv.ClipV != 0 {
-			return bad("quantize.kv clip_k/clip_v: cache %s takes no rotations, so no clipping ratios", kv.Cache)
+			switch {
+			case kv.Cache == "oscar-mixed" && kv.KVBits == 0:
+				return bad("quantize.kv.cache oscar-mixed needs quantize.kv.kv_bits: the average bits per element its per-layer widths are chosen within (e.g. 3)")
+			case kv.Cache != "oscar-mixed" && kv.KVBits != 0:
+				return bad("quantize.kv.kv_bits %v: per-layer widths are the oscar-mixed cache's; cache %s has one width (give cache: oscar-mixed)", kv.KVBits, kv.Cache)
+			}
+		} else if kv.ClipK != 0 || kv.ClipV != 0 || kv.ClipK4 != 0 || kv.ClipV4 != 0 || kv.ClipK8 != 0 || kv.ClipV8 != 0 ||
+			kv.ClipSearch || kv.KVBits != 0 || kv.ServingCtx != 0 || kv.SearchTokens != 0 {
+			return bad("quantize.kv clip_k, clip_v, clip_k4, clip_v4, clip_k8, clip_v8, clip_search, kv_bits, serving_ctx, search_tokens: cache %s takes no rotations, so none of these (they configure oscar2, oscar4 and oscar-mixed)", kv.Cache)
 		}
 	}
 	if r.Pack.LZ4 == nil {

@@ -67,6 +67,14 @@ func TestRecipeValues(t *testing.T) {
 		{"cache", "cache: oscar2", "cache: oscar9", `quantize.kv.cache "oscar9"`, ErrRecipe},
 		{"clip", "cache: oscar2", "cache: oscar2\n    clip_k: 1.5", "clip_k 1.5", ErrRecipe},
 		{"clip without rotation", "cache: oscar2", "cache: kivi2\n    clip_k: 0.9", "takes no rotations", ErrRecipe},
+		{"clip search without rotation", "cache: oscar2", "cache: int4\n    clip_search: true", "cache int4 takes no rotations", ErrRecipe},
+		{"kv_bits without rotation", "cache: oscar2", "cache: kivi2\n    kv_bits: 3", "cache kivi2 takes no rotations", ErrRecipe},
+		{"kv_bits with oscar2", "cache: oscar2", "cache: oscar2\n    kv_bits: 3", "quantize.kv.kv_bits 3: per-layer widths are the oscar-mixed cache's", ErrRecipe},
+		{"oscar-mixed without kv_bits", "cache: oscar2", "cache: oscar-mixed", "quantize.kv.cache oscar-mixed needs quantize.kv.kv_bits", ErrRecipe},
+		{"kv_bits range", "cache: oscar2", "cache: oscar-mixed\n    kv_bits: 1", "quantize.kv.kv_bits 1: want 0 (uniform widths) or average bits per element in [2, 16]", ErrRecipe},
+		{"clip_k4 range", "cache: oscar2", "cache: oscar4\n    clip_k4: 2", "quantize.kv.clip_k4 2", ErrRecipe},
+		{"serving_ctx below windows", "cache: oscar2", "cache: oscar-mixed\n    kv_bits: 3\n    sink: 16\n    recent: 64\n    serving_ctx: 64", "quantize.kv.serving_ctx 64: want a context above the windows' 80 tokens", ErrRecipe},
+		{"search_tokens negative", "cache: oscar2", "cache: oscar2\n    clip_search: true\n    search_tokens: -1", "quantize.kv.search_tokens -1", ErrRecipe},
 		{"no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\n", "", "needs a calibrate section", ErrRecipe},
 		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "prune.layers 1: want exactly one of prune.layers and prune.layer_ratio", ErrRecipe},
 		{"prune method", "quantize:", "prune:\n  layers: 1\n  method: random\nquantize:", `prune.method "random"`, ErrRecipe},
@@ -142,6 +150,21 @@ func TestRecipeValues(t *testing.T) {
 	}
 	if _, err := ParseRecipe("r.yaml", nil); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "empty recipe") {
 		t.Errorf("empty recipe: %v", err)
+	}
+}
+
+// TestRecipeKVKeys: quantize.kv's clip search and mixed-width keys parse
+// into oscar.KVOptions with the section's windows.
+func TestRecipeKVKeys(t *testing.T) {
+	src := strings.Replace(goodRecipe, "    cache: oscar2\n", "    cache: oscar-mixed\n    kv_bits: 3.5\n    clip_search: true\n    serving_ctx: 4096\n    search_tokens: 512\n    clip_k4: 0.99\n    clip_v8: 0.98\n    sink: 4\n    recent: 16\n", 1)
+	r, err := ParseRecipe("r.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := r.Quantize.KV.options()
+	if o.KVBits != 3.5 || !o.ClipSearch || o.ServingCtx != 4096 || o.SearchTokens != 512 || o.ClipK4 != 0.99 || o.ClipV8 != 0.98 ||
+		o.Sink != 4 || o.Recent != 16 || o.ClipK != 0.96 || o.ClipV != 0.92 {
+		t.Errorf("kv options %+v", o)
 	}
 }
 

@@ -11,7 +11,12 @@ import (
 
 // kvKeys names oscar.KVOptions' fields as recipe keys (field.Rename of
 // its Validate errors).
-var kvKeys = map[string]string{"ClipK": "quantize.kv.clip_k", "ClipV": "quantize.kv.clip_v"}
+var kvKeys = map[string]string{
+	"ClipK": "quantize.kv.clip_k", "ClipV": "quantize.kv.clip_v",
+	"ClipK4": "quantize.kv.clip_k4", "ClipV4": "quantize.kv.clip_v4", "ClipK8": "quantize.kv.clip_k8", "ClipV8": "quantize.kv.clip_v8",
+	"ClipSearch": "quantize.kv.clip_search", "KVBits": "quantize.kv.kv_bits", "ServingCtx": "quantize.kv.serving_ctx",
+	"SearchTokens": "quantize.kv.search_tokens", "Sink": "quantize.kv.sink", "Recent": "quantize.kv.recent",
+}
 
 // packKeys names pack.FromOptions' KV fields as recipe keys (field.Rename
 // of its Validate errors).
@@ -31,7 +36,12 @@ func (kv *KVStage) packOptions(rot string) *pack.FromOptions {
 // options is the oscar.KVOptions of the section (Model, Calib, Out and
 // Version are the pipeline's).
 func (kv *KVStage) options() oscar.KVOptions {
-	return oscar.KVOptions{Method: oscar.Method, ClipK: kv.ClipK, ClipV: kv.ClipV}
+	return oscar.KVOptions{
+		Method: oscar.Method, ClipK: kv.ClipK, ClipV: kv.ClipV,
+		ClipK4: kv.ClipK4, ClipV4: kv.ClipV4, ClipK8: kv.ClipK8, ClipV8: kv.ClipV8,
+		ClipSearch: kv.ClipSearch, KVBits: kv.KVBits, ServingCtx: kv.ServingCtx, SearchTokens: kv.SearchTokens,
+		Sink: kv.Sink, Recent: kv.Recent,
+	}
 }
 
 // quantizeKVStage is the quantize-kv stage: its cache key is the
@@ -41,7 +51,9 @@ func (p *pipeline) quantizeKVStage() stage {
 }
 
 // rotates reports whether a kvcache method takes OSCAR rotations.
-func rotates(cache string) bool { return cache == "oscar2" || cache == "oscar4" }
+func rotates(cache string) bool {
+	return cache == "oscar2" || cache == "oscar4" || cache == "oscar-mixed"
+}
 
 // kvSummary is the quantize-kv stage's result.
 type kvSummary struct {
@@ -74,6 +86,7 @@ func (p *pipeline) quantizeKV(ctx context.Context, dir string) (outputs, any, er
 	}
 	ko := kv.options()
 	ko.Model, ko.Calib, ko.Out, ko.Version = p.st.model, calib, filepath.Join(dir, "rot.safetensors"), p.opt.Version
+	ko.Threads, ko.Logger = p.opt.Threads, p.opt.Logger
 	rs, err := oscar.QuantizeKV(ctx, ko)
 	if err != nil {
 		return outputs{}, nil, err

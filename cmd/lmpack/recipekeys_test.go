@@ -55,8 +55,17 @@ var flagRecipeKeys = map[string]string{
 	"quantize weights --moe-solver":      "quantize.weights.moe_solver",
 	"quantize weights --moe-min-tokens":  "quantize.weights.moe_min_tokens",
 
-	"quantize kv --clip-k": "quantize.kv.clip_k",
-	"quantize kv --clip-v": "quantize.kv.clip_v",
+	"quantize kv --clip-k":         "quantize.kv.clip_k",
+	"quantize kv --clip-v":         "quantize.kv.clip_v",
+	"quantize kv --clip-k4":        "quantize.kv.clip_k4",
+	"quantize kv --clip-v4":        "quantize.kv.clip_v4",
+	"quantize kv --clip-k8":        "quantize.kv.clip_k8",
+	"quantize kv --clip-v8":        "quantize.kv.clip_v8",
+	"quantize kv --clip-search":    "quantize.kv.clip_search",
+	"quantize kv --search-tokens":  "quantize.kv.search_tokens",
+	"quantize kv --kv-bits":        "quantize.kv.kv_bits",
+	"quantize kv --kv-serving-ctx": "quantize.kv.serving_ctx",
+	"quantize kv --kv-window":      "quantize.kv.sink", // and quantize.kv.recent
 
 	"pack --kv-cache":    "quantize.kv.cache",
 	"pack --kv-window":   "quantize.kv.sink", // and quantize.kv.recent
@@ -82,12 +91,8 @@ var cliOnlyFlags = []string{
 	"eval --kv", "eval --kv-rotations", "eval --kv-window", "eval --kv-layers", "eval --plot",
 	"eval --kv-protocol", "eval --kv-serving-ctx",
 	// --dequantize chooses the memory layout of the weights (a process
-	// setting); the clip search and mixed widths are not in recipes yet
-	// (the recipe's quantize kv stage makes oscar2/oscar4 files).
+	// setting).
 	"--dequantize",
-	"quantize kv --clip-k4", "quantize kv --clip-v4", "quantize kv --clip-k8", "quantize kv --clip-v8",
-	"quantize kv --clip-search", "quantize kv --search-tokens", "quantize kv --kv-bits",
-	"quantize kv --kv-serving-ctx", "quantize kv --kv-window",
 }
 
 // recipeKeys is every dotted key of compress.Recipe ("calibrate.tokens").
