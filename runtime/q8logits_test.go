@@ -25,10 +25,11 @@ import (
 //   - KL(p_float ‖ p_int8) ≤ q8KLMax = 1e-3 nats at every position, p the
 //     softmax of a position's logits (float64). KL is the expected extra
 //     negative log-likelihood per token of text the float model would
-//     write: 1e-3 nats is a 0.1% perplexity change at that position, 1%
-//     of the whole-pipeline budget the project's eval gate lets a user
-//     accept (KL at most 0.1: README, recipes/), so the runtime's
-//     rounding is not what a user of a quantized checkpoint notices.
+//     write: 1e-3 nats is a 0.1% perplexity change at that position and
+//     1% of the mean KL the project's default eval gate lets a user
+//     accept for the whole pipeline (KL at most 0.1: README), so the
+//     runtime's rounding is not what a user of a quantized checkpoint
+//     notices.
 //     llama.cpp rounds activations the same way (Q8_0/Q8_1 blocks of 32)
 //     for its quantized matmuls and accepts, in test-backend-ops, a
 //     normalized mean squared error Σ(a−b)²/Σa² up to 5e-4 for one
