@@ -264,7 +264,8 @@ func packedSource(t testing.TB, cfg map[string]any, seed uint64, o weights.Optio
 // asymmetric, 3-bit g32 symmetric, 8-bit g32, 2-bit per channel, 1-bit
 // g32; dense and MoE) give each sequence of a batch the bits it gets alone
 // (on 1 and 2 threads), and, on the tile path, the same bits as the
-// weights dequantized at load.
+// weights dequantized at load; on int8 activations they meet
+// checkQ8Logits' criterion against them.
 func TestForwardBatchPackedMatchesAlone(t *testing.T) {
 	small := func(a string) map[string]any {
 		return with(baseConfig(a), "num_hidden_layers", 2, "hidden_size", 64, "num_attention_heads", 4, "intermediate_size", 96)
@@ -302,9 +303,14 @@ func TestForwardBatchPackedMatchesAlone(t *testing.T) {
 			checkBatchAlone(t, c.name, ma, mb, mixedPlan, f32Caches)
 			// Weights on the tile path (3 bits here) are also bit for bit
 			// the weights dequantized at load; those on int8 activations
-			// (qlinear.go) are within the bound of qlinear_ext_test.go.
+			// (qlinear.go) meet the int8-activation criterion against them
+			// (checkQ8Logits), in a 40-token prefill and in 40 decode steps.
 			if !Q8Width(c.o.Bits) {
 				checkBatchAlone(t, c.name+" vs dequantized at load", mdq, mb, mixedPlan, f32Caches)
+			} else {
+				toks := planTokens(batchPlan{{40}}, d.VocabSize, 19)[0]
+				checkQ8Logits(t, c.name+" prefill vs dequantized at load", forwardAll(t, ma, toks), forwardAll(t, mdq, toks), d.VocabSize)
+				checkQ8Logits(t, c.name+" decode vs dequantized at load", forwardSteps(t, ma, toks, 1), forwardSteps(t, mdq, toks, 1), d.VocabSize)
 			}
 		})
 	}

@@ -31,8 +31,9 @@ import (
 //     and reads each packed row once for all rows of x; each output is
 //     computed by the same kernel arithmetic whatever m is. The
 //     activation rounding moves each output by at most
-//     Σ_j |ŵ_j|·max|x_block|/254 (logits within 2e-2·max|logit|, 5e-2
-//     for 1-2-bit models, on the test models: qlinear_ext_test.go).
+//     Σ_j |ŵ_j|·max|x_block|/254 (kernels' qdot8_test.go); the logits
+//     are checked against the float path by one criterion, KL per
+//     position and top-1 agreement (q8logits_test.go).
 //   - otherwise (3-bit segments, other groups, builds without the
 //     assembly) every matmul dequantizes tiles of qTileRows(…) rows of W
 //     into a per-thread scratch buffer, in the original column order and

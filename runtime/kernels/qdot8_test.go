@@ -354,3 +354,115 @@ func TestQuantizeActQ8AsmBitwise(t *testing.T) {
 		}
 	}
 }
+
+// The activation-rounding bound of DotQ8Rows and DotQ8Matrix,
+// |ŷ − y| ≤ Σ_b (S_b/2)·Σ_{j in b} |ŵ_j| (ŵ_j = s_g·(c_j − z_g) the
+// dequantised weight, y = Σ_j ŵ_j·x_j in float64), is attained, so the
+// check in TestDotQ8Rows is not loose: activation row i is built against
+// weight row i so that every value but each block's largest sits 0.49
+// of a step from its rounding, on the side that adds up (x_j = S_b·(n_j +
+// 0.49·sign ŵ_j), |n_j| ≤ 120, one value ±127·S_b per block, S_b a power
+// of two so that x/S_b is exact in float32). The error of output (i, i)
+// is then by construction 0.49·Σ_b S_b·Σ_{j in b, j ≠ top_b} |ŵ_j| (about
+// 0.95 of the bound): it must be at least that (less 1e-5 of it for
+// 0.49's float32 rounding, and the float32 scaling term of TestDotQ8Rows)
+// and, like every other output, at most the bound plus the scaling term:
+// 1, 2, 4 and 8 bits, groups 32
+// and 128, asymmetric, 5 activation rows (the four-row kernel and the
+// one-row kernel), every kernel path of this CPU.
+func TestDotQ8ActBoundTight(t *testing.T) {
+	rng := rand.New(rand.NewPCG(89, 90))
+	type path struct {
+		name      string
+		asm, vnni bool
+	}
+	paths := []path{{"go", false, false}}
+	if hasAsm && hasF16C {
+		paths = append(paths, path{"avx2", true, false})
+		if hasVNNI {
+			paths = append(paths, path{"vnni", true, true})
+		}
+	}
+	defer func(a, v bool) { useAsm, hasVNNI = a, v }(useAsm, hasVNNI)
+	const k, m = 256, 5
+	for _, bits := range []int{1, 2, 4, 8} {
+		for _, group := range []int{32, 128} {
+			rb, ng := k*bits/8, k/group
+			codes := make([]byte, m*rb)
+			for i := range codes {
+				codes[i] = byte(rng.IntN(256))
+			}
+			scales, zeros := make([]uint16, m*ng), make([]uint16, m*ng)
+			for g := range scales {
+				scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
+				z := float32(rng.IntN(1 << uint(bits)))
+				if bits == 1 {
+					z = float32(rng.NormFloat64())
+				}
+				zeros[g] = safetensors.F16FromFloat32(z)
+			}
+			what := func(r, j int) float64 { // ŵ of weight row r, column j
+				g := j / group
+				s := float64(safetensors.F16ToFloat32(scales[r*ng+g]))
+				z := float64(safetensors.F16ToFloat32(zeros[r*ng+g]))
+				return s * (codeAt(codes[r*rb:], bits, j) - z)
+			}
+			x := make([]float32, m*k)
+			tops := make([]int, m*k/32)
+			for i := 0; i < m; i++ {
+				for b := 0; b < k/32; b++ {
+					S := math.Ldexp(1, rng.IntN(7)-3)
+					top := b*32 + rng.IntN(32)
+					tops[i*k/32+b] = top
+					for j := b * 32; j < (b+1)*32; j++ {
+						v := float64(rng.IntN(241) - 120)
+						if j == top {
+							v = float64(127 * (2*rng.IntN(2) - 1))
+						} else if what(i, j) < 0 {
+							v -= 0.49
+						} else {
+							v += 0.49
+						}
+						x[i*k+j] = float32(S * v)
+					}
+				}
+			}
+			var a Q8Act
+			QuantizeActQ8(&a, x, k, m, k, 32)
+			a.Prepare(bits)
+			for _, p := range paths {
+				useAsm, hasVNNI = p.asm, p.vnni
+				y := make([]float32, m*m)
+				DotQ8Matrix(y, m, &a, codes, rb, m, bits, scales, zeros, group, 0)
+				for i := 0; i < m; i++ {
+					for r := 0; r < m; r++ {
+						var refX, absQ, bound, built float64
+						for j := 0; j < k; j++ {
+							w, S := what(r, j), float64(a.S[i*k/32+j/32])
+							z := math.Abs(float64(safetensors.F16ToFloat32(zeros[r*ng+j/group])))
+							s := math.Abs(float64(safetensors.F16ToFloat32(scales[r*ng+j/group])))
+							refX += w * float64(x[i*k+j])
+							absQ += s * (codeAt(codes[r*rb:], bits, j) + z) * S * math.Abs(float64(a.Q[i*k+j]))
+							bound += math.Abs(w) * S / 2
+							if j != tops[i*k/32+j/32] {
+								built += 0.49 * math.Abs(w) * S
+							}
+						}
+						tol := float64(k/32+16) * 0x1p-23 * absQ
+						e := math.Abs(float64(y[i*m+r]) - refX)
+						label := fmt.Sprintf("%s bits %d group %d activation row %d weight row %d", p.name, bits, group, i, r)
+						if !(e <= bound*(1+1e-6)+tol) {
+							t.Errorf("%s: error %.4g > bound %.4g + %.3g", label, e, bound, tol)
+						}
+						if i == r && !(e >= built*(1-1e-5)-tol) {
+							t.Errorf("%s: adversarial activations give error %.4g, want %.4g (%.3f of the bound %.4g)", label, e, built, built/bound, bound)
+						}
+						if i == r && r == 0 && p.name == "go" {
+							t.Logf("bits %d group %d: error %.4g = %.4f of the bound (construction %.4f)", bits, group, e, e/bound, built/bound)
+						}
+					}
+				}
+			}
+		}
+	}
+}
