@@ -116,11 +116,24 @@ func (s *qseg) fusable() bool {
 // permuted into storage order once per matmul, never the weights); 3-bit
 // act-order weights stay on the tiles. 1, 2 and 4 bits take it only where
 // kernels.Q8Asm reports assembly (without it the float Go loop is faster).
+// Every width takes it only with activation blocks of 32 (a group that
+// is a multiple of 32, or per-channel rows of such a length): a row
+// length like stories260K's 172-column down_proj would share one int8
+// scale among all 172 activations, which measured 4× the KL of blocks of
+// 32 against the float path (8 bits, 2048 positions of tinystories:
+// mean 7.7e-4 against 1.9e-4 nats); such weights stay on the tiles.
+// So do 2-bit per-channel weights (one scale per row): on int8
+// activations their logits missed the runtime's criterion for the int8
+// path (mean KL ≤ 1e-3 nats against the float path, runtime's
+// q8logits_test.go: 1.4e-3 on stories260K).
 var q8Widths = [9]bool{1: true, 2: true, 4: true, 8: true}
 
 // q8 reports whether s's decode GEMV runs on int8 activations.
 func (s *qseg) q8() bool {
-	return s.q != nil && q8Widths[s.q.Bits] && (s.q.Bits == 8 || kernels.Q8Asm(s.q.Bits, kernels.ActBlock(s.q.GroupSize)))
+	if s.q == nil || !q8Widths[s.q.Bits] || kernels.ActBlock(s.q.GroupSize) != 32 || s.q.Bits == 2 && s.ng == 1 {
+		return false
+	}
+	return s.q.Bits == 8 || kernels.Q8Asm(s.q.Bits, 32)
 }
 
 type qseg struct {
