@@ -61,12 +61,13 @@ const (
 	f32LogitBound = 1e-3
 	// q4LogitBound bounds the same ratio for a 4-bit group-32 export (Q4_0
 	// or Q4_1 written from lmpack's codes without requantising) against
-	// lmpack's runtime on the same dequantised weights. llama.cpp's CPU
-	// kernels for Q4_0/Q4_1 quantise the activations to Q8_0/Q8_1 (blocks of
-	// 32, scale = max|x|/127) before the dot product; lmpack keeps them in
-	// float32. That rounding is up to 1/254 of a block's largest activation
-	// per element, a relative error of a matmul's output of about
-	// 0.3–0.5 % (random rounding over 32-element blocks), through 4 blocks
+	// lmpack's runtime on the same packed weights. llama.cpp's CPU kernels
+	// for Q4_0/Q4_1 quantise the activations to Q8_0/Q8_1 (blocks of 32,
+	// scale = max|x|/127) before the dot product; so does lmpack for its
+	// packed 4-bit weights (runtime/qlinear.go), with its own rounding
+	// order. That rounding is up to 1/254 of a block's largest activation
+	// per element on each side, a relative error of a matmul's output of
+	// about 0.3–0.5 % (random rounding over 32-element blocks), through 4 blocks
 	// of 7 matmuls each; the logits can move by ~1 % of their range. 3 %
 	// leaves a margin of three and still catches a wrong zero-point sign or
 	// nibble order (errors of the order of the range).
