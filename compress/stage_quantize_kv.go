@@ -40,8 +40,12 @@ func (p *pipeline) quantizeKVStage() stage {
 	return stage{name: "quantize-kv", params: section(p.r.Quantize.KV), run: p.quantizeKV}
 }
 
-// rotates reports whether a kvcache method takes OSCAR rotations.
-func rotates(cache string) bool { return cache == "oscar2" || cache == "oscar4" }
+// rotates reports whether a kvcache method takes OSCAR rotations that
+// this stage computes: oscar2, oscar2-g32 and oscar4 (oscar-mixed also
+// needs per-layer widths, which a recipe does not choose).
+func rotates(cache string) bool {
+	return cache == "oscar2" || cache == "oscar2-g32" || cache == "oscar4"
+}
 
 // kvSummary is the quantize-kv stage's result.
 type kvSummary struct {
