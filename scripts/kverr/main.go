@@ -23,6 +23,14 @@
 // Usage:
 //
 //	go run ./scripts/kverr MODEL DATA ROTATIONS [CTX [WINDOWS]]
+//	go run ./scripts/kverr csavg MODEL CALIB ROTATIONS OUT
+//
+// The second form writes OUT, the rotation file ROTATIONS with R_V
+// recomputed from the C_S of docs/METHODS.md §1 read literally: weights
+// w_t = k_tᵀ C_Q k_t with the layer's C_Q averaged over KV heads, where
+// calibrate (following the reference compute_kv_rotation.py) weighs with
+// each head's own C_Q,h; the tokens are CALIB's calibration windows. It
+// prints per layer ‖ΔC_S‖_F/‖C_S‖_F between the two.
 //
 // Statistics accumulate in float64. Errors (printed, exit 1): an
 // unreadable model, data or rotation file, a rotation file of another
@@ -32,9 +40,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/kvq"
@@ -65,6 +75,9 @@ func main() {
 }
 
 func run() error {
+	if len(os.Args) == 6 && os.Args[1] == "csavg" {
+		return csAvg(os.Args[2], os.Args[3], os.Args[4], os.Args[5])
+	}
 	if len(os.Args) < 4 {
 		return fmt.Errorf("usage: kverr MODEL DATA ROTATIONS [CTX [WINDOWS]]")
 	}
@@ -381,6 +394,106 @@ func identity(d int) []float64 {
 		m[i*d+i] = 1
 	}
 	return m
+}
+
+// csObs accumulates C_S with the averaged C_Q weights: per layer and KV
+// head Σ_t w v vᵀ and Σ_t w.
+type csObs struct {
+	desc []struct{ nkv, hd int }
+	cq   [][]float64   // [layer] averaged C_Q
+	wvv  [][][]float64 // [layer][head]
+	w    [][]float64   // [layer][head]
+}
+
+func (o *csObs) QKV(layer, pos, n int, q, k, v []float32) {
+	nkv, hd := o.desc[layer].nkv, o.desc[layer].hd
+	for t := 0; t < n; t++ {
+		for h := 0; h < nkv; h++ {
+			kr := k[t*nkv*hd+h*hd : t*nkv*hd+(h+1)*hd]
+			vr := v[t*nkv*hd+h*hd : t*nkv*hd+(h+1)*hd]
+			w := quad(o.cq[layer], kr, nil)
+			o.w[layer][h] += w
+			m := o.wvv[layer][h]
+			for a := 0; a < hd; a++ {
+				for b := 0; b < hd; b++ {
+					m[a*hd+b] += w * float64(vr[a]) * float64(vr[b])
+				}
+			}
+		}
+	}
+}
+
+// csAvg is the csavg mode (see the package comment).
+func csAvg(modelDir, calibPath, rotPath, out string) error {
+	ctx := context.Background()
+	e, err := engine.Open(ctx, modelDir, engine.Options{Threads: 1, Device: "cpu"})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	fp, err := model.Fingerprint(e.Dir, e.Checkpoint)
+	if err != nil {
+		return err
+	}
+	want := model.Expect{ModelFingerprint: fp, Desc: e.Desc}
+	cal, err := calibrate.Read(calibPath, want)
+	if err != nil {
+		return err
+	}
+	_, hdr, err := oscar.ReadFile(rotPath, want)
+	if err != nil {
+		return err
+	}
+	wins := cal.CalibrationWindows()
+	if len(wins) == 0 || len(cal.OSCAR) == 0 {
+		return fmt.Errorf("%s: no calibration token ids or no oscar statistics", calibPath)
+	}
+	o := &csObs{}
+	for l, ly := range e.Desc.Layers {
+		o.desc = append(o.desc, struct{ nkv, hd int }{ly.NumKVHeads, ly.HeadDim})
+		o.cq = append(o.cq, cal.OSCAR[l].CQ)
+		var hm [][]float64
+		for h := 0; h < ly.NumKVHeads; h++ {
+			hm = append(hm, make([]float64, ly.HeadDim*ly.HeadDim))
+		}
+		o.wvv = append(o.wvv, hm)
+		o.w = append(o.w, make([]float64, ly.NumKVHeads))
+	}
+	logits := make([]float32, e.Desc.VocabSize)
+	e.Model.SetObserver(o)
+	for i, w := range wins {
+		if err := e.Model.Forward(ctx, w, e.Model.NewCache(len(w)), logits, false); err != nil {
+			e.Model.SetObserver(nil)
+			return fmt.Errorf("calibration window %d: %w", i, err)
+		}
+	}
+	e.Model.SetObserver(nil)
+	var layers []oscar.Layer
+	for l, ly := range e.Desc.Layers {
+		d := ly.HeadDim
+		cs := make([]float64, d*d)
+		for h := 0; h < ly.NumKVHeads; h++ {
+			for i, x := range o.wvv[l][h] {
+				cs[i] += x / o.w[l][h] / float64(ly.NumKVHeads)
+			}
+		}
+		var num, den float64
+		for i := range cs {
+			df := cs[i] - cal.OSCAR[l].CS[i]
+			num, den = num+df*df, den+cal.OSCAR[l].CS[i]*cal.OSCAR[l].CS[i]
+		}
+		fmt.Printf("layer %d: ‖C_S(avg C_Q) − C_S(per-head C_Q,h)‖/‖C_S‖ = %.4f\n", l, math.Sqrt(num/den))
+		rk, ek, err := oscar.Rotation(cal.OSCAR[l].CQ, d)
+		if err != nil {
+			return fmt.Errorf("layer %d: C_Q: %w", l, err)
+		}
+		rv, ev, err := oscar.Rotation(cs, d)
+		if err != nil {
+			return fmt.Errorf("layer %d: C_S: %w", l, err)
+		}
+		layers = append(layers, oscar.Layer{HeadDim: d, RK: rk, RV: rv, EigK: ek, EigV: ev})
+	}
+	return oscar.WriteFile(out, *hdr, layers)
 }
 
 // kvCache is the part of runtime.KVCache kverr uses.
