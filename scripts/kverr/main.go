@@ -26,11 +26,12 @@
 //	go run ./scripts/kverr csavg MODEL CALIB ROTATIONS OUT
 //
 // The second form writes OUT, the rotation file ROTATIONS with R_V
-// recomputed from the C_S of docs/METHODS.md §1 read literally: weights
-// w_t = k_tᵀ C_Q k_t with the layer's C_Q averaged over KV heads, where
-// calibrate (following the reference compute_kv_rotation.py) weighs with
-// each head's own C_Q,h; the tokens are CALIB's calibration windows. It
-// prints per layer ‖ΔC_S‖_F/‖C_S‖_F between the two.
+// recomputed from the C_S of docs/METHODS.md §1: weights w_t = k_tᵀ C_Q k_t
+// with the layer's C_Q averaged over KV heads (what calibrate computes
+// since it stopped weighing with each head's own C_Q,h, as the reference
+// compute_kv_rotation.py does), from CALIB's C_Q and calibration windows:
+// it measured that change on calibration files written before it. It
+// prints per layer ‖ΔC_S‖_F/‖C_S‖_F between CALIB's C_S and the new one.
 //
 // Statistics accumulate in float64. Errors (printed, exit 1): an
 // unreadable model, data or rotation file, a rotation file of another
