@@ -39,37 +39,35 @@ func (r *qkvRecorder) QKV(l, pos, n int, q, k, v []float32) {
 	r.v[l] = append(r.v[l], v...)
 }
 
-// directOSCAR is the reference: the formulas of compute_qqt/compute_sst in
-// FutureMLS-Lab/OSCAR written out naively from all captured rows of one
-// layer (q: [T, nh*d], k, v: [T, nkv*d]), with the per-token weights
-// explicitly renormalised to mean 1 per head.
+// directOSCAR is the reference: the formulas of docs/METHODS.md §1
+// (compute_qqt of FutureMLS-Lab/OSCAR for C_Q; C_S weighted by the layer's
+// C_Q, where compute_sst uses each head's own) written out naively from
+// all captured rows of one layer (q: [T, nh*d], k, v: [T, nkv*d]), with
+// the per-token weights explicitly renormalised to mean 1 per head.
 func directOSCAR(q, k, v []float32, nh, nkv, d int) (cq, cs []float64) {
 	T := len(k) / (nkv * d)
 	g := nh / nkv
 	cq, cs = make([]float64, d*d), make([]float64, d*d)
 	for h := 0; h < nkv; h++ {
-		qtq := make([]float64, d*d)
 		for t := 0; t < T; t++ {
 			for j := 0; j < g; j++ {
 				row := q[t*nh*d+(h*g+j)*d:][:d]
 				for a := 0; a < d; a++ {
 					for b := 0; b < d; b++ {
-						qtq[a*d+b] += float64(row[a]) * float64(row[b])
+						cq[a*d+b] += float64(row[a]) * float64(row[b]) / float64(T*g) / float64(nkv)
 					}
 				}
 			}
 		}
-		for i := range qtq {
-			qtq[i] /= float64(T * g)
-			cq[i] += qtq[i] / float64(nkv)
-		}
+	}
+	for h := 0; h < nkv; h++ {
 		w := make([]float64, T)
 		var sum float64
 		for t := 0; t < T; t++ {
 			kt := k[t*nkv*d+h*d:][:d]
 			for a := 0; a < d; a++ {
 				for b := 0; b < d; b++ {
-					w[t] += float64(kt[a]) * qtq[a*d+b] * float64(kt[b])
+					w[t] += float64(kt[a]) * cq[a*d+b] * float64(kt[b])
 				}
 			}
 			sum += w[t]

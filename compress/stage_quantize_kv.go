@@ -50,9 +50,11 @@ func (p *pipeline) quantizeKVStage() stage {
 	return stage{name: "quantize-kv", params: section(p.r.Quantize.KV), run: p.quantizeKV}
 }
 
-// rotates reports whether a kvcache method takes OSCAR rotations.
+// rotates reports whether a kvcache method takes OSCAR rotations that
+// this stage computes: oscar2, oscar2-g32, oscar4 and oscar-mixed (whose
+// per-layer widths come from quantize.kv.kv_bits).
 func rotates(cache string) bool {
-	return cache == "oscar2" || cache == "oscar4" || cache == "oscar-mixed"
+	return cache == "oscar2" || cache == "oscar2-g32" || cache == "oscar4" || cache == "oscar-mixed"
 }
 
 // kvSummary is the quantize-kv stage's result.

@@ -292,7 +292,7 @@ func chunkedPrefillWindows(t *testing.T, m runtime.Model, d *arch.Description) {
 	forwardInto(t, m, toks, m.NewCache(T), ref, true)
 	l0 := d.Layers[0]
 	kvd, hd := l0.KVDim(), l0.HeadDim
-	perToken := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar4": true}
+	perToken := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar2-g32": true, "oscar4": true}
 	for _, method := range semMethods(t, d) {
 		if method == "fp32" {
 			continue

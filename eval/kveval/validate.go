@@ -12,7 +12,8 @@ import (
 
 // Validate checks opt's values: Ctx >= 2 and MaxWindows >= 0 (as
 // eval.PerplexityOptions); Methods a non-empty list of kvcache.Methods,
-// none twice; Rotations given exactly when oscar2 or oscar4 is listed;
+// none twice; Rotations given exactly when a kind that takes them
+// (kvcache.NeedsRotations: oscar2, oscar2-g32, oscar4, oscar-mixed) is listed;
 // Protocol "" or one of eval.ProtocolDecode, eval.ProtocolFakeQuant;
 // Prompt in [0, Ctx−2] (at least one position is scored) and Chunk >= 1,
 // and with fake-quant Prompt 0, Chunk 1 and no Windows; ServingCtx >= 0;
@@ -40,13 +41,16 @@ func (opt *Options) Validate() error {
 		}
 		seen[m] = true
 	}
-	rot := seen["oscar2"] || seen["oscar4"] || seen["oscar-mixed"]
+	rot := false
+	for m := range seen {
+		rot = rot || kvcache.NeedsRotations(m)
+	}
 	fake := opt.Protocol == eval.ProtocolFakeQuant
 	switch {
 	case rot && opt.Rotations == "":
-		return field.New("Rotations", nil, "an OSCAR rotation file for oscar2/oscar4 in {Methods} (lmpack calibrate, then lmpack quantize kv)")
+		return field.New("Rotations", nil, "an OSCAR rotation file for the oscar kinds in {Methods} (lmpack calibrate, then lmpack quantize kv)")
 	case !rot && opt.Rotations != "":
-		return field.New("Rotations", opt.Rotations, "oscar2 or oscar4 in {Methods} (only they take rotations)")
+		return field.New("Rotations", opt.Rotations, "an oscar kind (oscar2, oscar2-g32, oscar4, oscar-mixed) in {Methods} (only they take rotations)")
 	case opt.Protocol != "" && opt.Protocol != eval.ProtocolDecode && !fake:
 		return field.New("Protocol", opt.Protocol, eval.ProtocolDecode+" or "+eval.ProtocolFakeQuant)
 	case opt.Prompt < 0 || opt.Prompt > opt.Ctx-2:

@@ -37,6 +37,7 @@ func TestValidate(t *testing.T) {
 		{func(o *Options) { o.Methods = []string{"int9"} }, "Methods"},
 		{func(o *Options) { o.Methods = []string{"fp16", "fp16"} }, "Methods"},
 		{func(o *Options) { o.Methods = []string{"oscar2"} }, "Rotations"},
+		{func(o *Options) { o.Methods = []string{"kivi2", "oscar2-g32"} }, "Rotations"},
 		{func(o *Options) { o.Rotations = "r.safetensors" }, "Rotations"},
 		{func(o *Options) { o.Windows, o.Sink = true, -1 }, "Sink"},
 		{func(o *Options) { o.Recent = 8 }, "Sink"},

@@ -12,10 +12,11 @@ import (
 // fp16 sink and recent windows (2 bytes per element), without allocating
 // the cache: the figure at a serving context (e.g. 32768 tokens) that a
 // measured cache at the evaluated context cannot give. Rotations are not
-// needed (they do not change the storage).
+// needed (they do not change the storage), except by oscar-mixed, whose
+// per-layer widths they carry.
 //
 // Errors: ErrUnknownMethod, ErrBadShape for ctx < 1 or bad layers or
-// windows (as New).
+// windows (as New), ErrNoRotations for oscar-mixed without Rotations.
 func BitsAt(method string, layers []Layer, opt Options, ctx int) (float64, error) {
 	if err := checkLayers(layers, ctx, opt); err != nil {
 		return 0, err
@@ -30,6 +31,9 @@ func BitsAt(method string, layers []Layer, opt Options, ctx int) (float64, error
 	sp, ok := methods[method]
 	if !ok {
 		return 0, fmt.Errorf("%w %q (known: %s)", ErrUnknownMethod, method, strings.Join(Methods(), ", "))
+	}
+	if sp.mixed && opt.Rotations == nil {
+		return 0, fmt.Errorf("%w: method %q (its per-layer widths)", ErrNoRotations, method)
 	}
 	nq, err := QuantizedAt(method, opt, ctx)
 	if err != nil {

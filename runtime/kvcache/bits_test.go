@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"errors"
 	"math"
 	"testing"
 )
@@ -55,5 +56,24 @@ func TestExactWindows(t *testing.T) {
 	want := (80*16 + 32688*2.25) / 32768
 	if math.Abs(got-want) > 1e-12 {
 		t.Errorf("int2-naive 16+64 at 32768: %.6f bits, want %.6f", got, want)
+	}
+}
+
+// TestBitsAtWithoutRotations: the oscar kinds' storage does not depend on
+// the rotations, so BitsAt needs none (it used to dereference nil), except
+// oscar-mixed, whose widths they carry.
+func TestBitsAtWithoutRotations(t *testing.T) {
+	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}}
+	for _, c := range []struct {
+		name string
+		want float64
+	}{{"oscar2", 2 + 32.0/64}, {"oscar4", 4 + 32.0/64}, {"oscar2-g32", 2 + 32.0/32}} {
+		got, err := BitsAt(c.name, layers, Options{}, 256)
+		if err != nil || got != c.want {
+			t.Errorf("%s without rotations: BitsAt %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	if _, err := BitsAt("oscar-mixed", layers, Options{}, 256); !errors.Is(err, ErrNoRotations) {
+		t.Errorf("oscar-mixed without rotations: %v, want ErrNoRotations", err)
 	}
 }

@@ -187,7 +187,7 @@ func (c *cache) init(sp spec, layers []Layer, capacity int, opt Options, bt, sla
 			L.k = newSide(ks, l, &lay, c.pg, sp.block)
 			L.v = newSide(vs, l, &lay, c.pg, sp.block)
 		}
-		if sp.needRot {
+		if sp.needRot && opt.Rotations != nil { // nil: BitsAt's probe
 			r := opt.Rotations
 			L.k.r, L.v.r = r.K[i], r.V[i]
 			L.k.rt, L.v.rt = transpose(r.K[i], l.HeadDim), transpose(r.V[i], l.HeadDim)

@@ -72,6 +72,7 @@ func TestRoundTripErrorBounds(t *testing.T) {
 		{"kivi2", Options{Recent: 16}, 0.6, 0.2},
 		{"quarot2", Options{}, 0.6, 0.2},
 		{"oscar2", Options{Rotations: rot}, 0.6, 0.2},
+		{"oscar2-g32", Options{Rotations: rot}, 0.6, 0.2},
 		{"oscar4", Options{Rotations: rot}, 0.15, 0.02},
 		{"oscars2", Options{Recent: 16}, 0.6, 0.2},
 	}
@@ -283,7 +284,7 @@ func TestBytesAndBitsPerElement(t *testing.T) {
 		// Independent formulas per method (head_dim 64 or 128, all
 		// multiples of 32).
 		want := map[string]int64{}
-		var oscar2, oscar4, naive, kivi, oscars, mixed int64
+		var oscar2, oscarG, oscar4, naive, kivi, oscars, mixed int64
 		for i, l := range layers {
 			h, d := int64(l.NumKVHeads), int64(l.HeadDim)
 			// oscar-mixed: codes of each side's own width, fp16 scale and
@@ -291,6 +292,8 @@ func TestBytesAndBitsPerElement(t *testing.T) {
 			bk, bv := testBits(i)
 			mixed += n*h*(d*int64(bk)/8+4) + n*h*(d*int64(bv)/8+4)
 			oscar2 += 2 * n * h * (d/4 + 4)
+			// oscar2-g32: 2-bit codes, fp16 scale and zero per 32 channels.
+			oscarG += 2 * n * h * (d/4 + 4*d/32)
 			oscar4 += 2 * n * h * (d/2 + 4)
 			naive += 2 * n * h * (d/4 + 2)
 			// 512 tokens, residual 128, blocks of 32: 384 quantized.
@@ -302,8 +305,8 @@ func TestBytesAndBitsPerElement(t *testing.T) {
 			oscars += kiviK + oscarsV + res*h*d*4 + 4*q
 		}
 		want["oscar2"], want["oscar4"], want["int2-naive"], want["kivi2"], want["oscars2"], want["quarot2"] = oscar2, oscar4, naive, kivi, oscars, oscar2
-		want["oscar-mixed"] = mixed
-		for _, name := range []string{"oscar2", "oscar4", "int2-naive", "kivi2", "oscars2", "quarot2", "oscar-mixed"} {
+		want["oscar-mixed"], want["oscar2-g32"] = mixed, oscarG
+		for _, name := range []string{"oscar2", "oscar2-g32", "oscar4", "int2-naive", "kivi2", "oscars2", "quarot2", "oscar-mixed"} {
 			opt := Options{}
 			if NeedsRotations(name) {
 				opt.Rotations = hadamardRotations(layers, 0.96, 0.92)
@@ -564,7 +567,7 @@ func TestWritePanicsOnCallerBugs(t *testing.T) {
 }
 
 func TestMethodsAndInterfaces(t *testing.T) {
-	want := []string{"fp16", "fp32", "fp8", "int2-naive", "int4", "int4_per_token_head", "int8", "kivi2", "oscar-mixed", "oscar2", "oscar4", "oscars2",
+	want := []string{"fp16", "fp32", "fp8", "int2-naive", "int4", "int4_per_token_head", "int8", "kivi2", "oscar-mixed", "oscar2", "oscar2-g32", "oscar4", "oscars2",
 		"q4_0", "q8_0", "quarot2", "turboquant_3bit_nc", "turboquant_3bit_nc-all", "turboquant_4bit_nc", "turboquant_4bit_nc-all",
 		"turboquant_k3v4_nc", "turboquant_k3v4_nc-all", "turboquant_k8v4", "turboquant_k8v4-all"}
 	if got := Methods(); !slices.Equal(got, want) {
@@ -685,5 +688,72 @@ func TestQuantizedEnd(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// oscar2-g32's format: in the rotated space y = x·R each (token, head)
+// row is clipped as one row at τ = sorted(|y|)[⌊ratio·head_dim⌋], then
+// each group of 32 channels (head_dim below 32: the row) has its own
+// asymmetric INT2 scale s_g = (max_g − min_g)/3 and zero, so every
+// element of ŷ = x̂·R is within s_g/2 of clip(y), plus the binary16
+// rounding of the scale (up, ≤ 2^-8 relative) and of the zero (≤ |lo|/2048
+// in value), plus float32 rounding of the two rotations. With one scale
+// per row (oscar2's) the row's range would replace the group's and the
+// bound would fail on Gaussian rows.
+func TestOscarG32ElementBounds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 32))
+	rot := randRotations(rng, testLayers, 0.96, 0.92)
+	n := 60
+	k, v := tokens(rng, testLayers, n, func(c int) float64 { return 1 + float64(c%7) }), tokens(rng, testLayers, n, nil)
+	c := mustNew(t, "oscar2-g32", testLayers, n, Options{Rotations: rot})
+	writeSteps(c, testLayers, k, v, 0, n, 13)
+	var checked, grouped int
+	for i, l := range testLayers {
+		hd := l.HeadDim
+		g := hd
+		if hd%32 == 0 {
+			g = 32
+		}
+		gk, gv := readAll(c, l, i, n)
+		for side, s := range []struct {
+			x, got, r []float32
+			ratio     float64
+		}{{k[i], gk, rot.K[i], rot.ClipK[i]}, {v[i], gv, rot.V[i], rot.ClipV[i]}} {
+			rotate := func(x []float32) []float64 {
+				y := make([]float64, hd)
+				for j := 0; j < hd; j++ {
+					for a := 0; a < hd; a++ {
+						y[j] += float64(x[a]) * float64(s.r[a*hd+j])
+					}
+				}
+				return y
+			}
+			for row := 0; row < n*l.NumKVHeads; row++ {
+				y, yh := rotate(s.x[row*hd:(row+1)*hd]), rotate(s.got[row*hd:(row+1)*hd])
+				y32 := make([]float32, hd)
+				for j := range y {
+					y32[j] = float32(y[j])
+				}
+				kvq.Clip(y32, s.ratio)
+				big := float64(kvq.AbsMax(y32))
+				for g0 := 0; g0 < hd; g0 += g {
+					lo, hi := kvq.MinMax(y32[g0 : g0+g])
+					sc := float64(hi-lo) / 3
+					bound := sc/2*(1+1.0/256) + math.Abs(float64(lo))/2048 + 1e-5*big + 1e-6
+					for j := g0; j < g0+g; j++ {
+						if e := math.Abs(yh[j] - float64(y32[j])); e > bound {
+							t.Fatalf("layer %d side %d row %d channel %d: |clip(y) − ŷ| = %g > %g (group of %d)", i, side, row, j, e, bound, g)
+						}
+						checked++
+					}
+				}
+				if g < hd {
+					grouped++
+				}
+			}
+		}
+	}
+	if grouped == 0 || checked == 0 {
+		t.Fatalf("checked %d elements, %d rows with several groups", checked, grouped)
 	}
 }

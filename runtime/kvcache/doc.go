@@ -1,7 +1,8 @@
 // Package kvcache provides quantized KV caches for the runtime: stores of
 // past keys and values that implement runtime.KVCache with packed low-bit
 // codes instead of float32, selected by name (New): fp32, fp16, int8,
-// int4, int2-naive, kivi2, quarot2, oscar2, oscar4 and oscars2, the
+// int4, int2-naive, kivi2, quarot2, oscar2, oscar2-g32 (oscar2 with a
+// scale and zero per 32 channels, kivi2's cost), oscar4 and oscars2, the
 // methods of docs/METHODS.md §1–3 that the eval runs side by side, the
 // caches serving engines ship (§3): vLLM's TurboQuant presets, fp8 and
 // int4_per_token_head, llama.cpp's q8_0 and q4_0, and oscar-mixed (OSCAR
@@ -29,7 +30,10 @@
 // rotates q once per head and call, scores the packed codes (per-row
 // scale and zero, the OScaR norm) and accumulates the values from their
 // codes, un-rotating the summed output once; the fp16 sink and window are
-// read in fp16. Every kind but the TurboQuant ones' quantized layers has
+// read in fp16. Rows of several groups (kivi2's values, oscar2-g32) are
+// dequantized attendTokens at a time into L1 scratch there instead of
+// being scored on the bare codes (attend_codes.go takes one group per
+// row). Every kind but the TurboQuant ones' quantized layers has
 // that form (their Lloyd–Max codecs fall back to Read, as does a Pool's
 // fp32).
 //

@@ -66,7 +66,7 @@ func (r *Rotations) clipFor(bits int) (k, v []float64) {
 var MixedWidths = []int{2, 4, 8}
 
 // NeedsRotations reports whether method takes (and requires)
-// Options.Rotations: oscar2, oscar4 and oscar-mixed.
+// Options.Rotations: oscar2, oscar2-g32, oscar4 and oscar-mixed.
 func NeedsRotations(method string) bool { return methods[method].needRot }
 
 // Options configure New.
@@ -81,7 +81,7 @@ type Options struct {
 	// quantize 32 tokens at a time, so between Recent−31 and Recent
 	// tokens are fp16 once more than Recent were written.
 	Recent int
-	// Rotations are required by oscar2 and oscar4 and ignored by the
+	// Rotations are required by the oscar kinds (NeedsRotations) and ignored by the
 	// other methods.
 	Rotations *Rotations
 	// ExactWindows makes Sink and Recent exact for every method: Recent 0
@@ -194,6 +194,13 @@ var methods = map[string]spec{
 		v:     sideSpec{store: storeAsym, bits: 2, rot: rotMatrix, clip: true},
 		block: 1, needRot: true,
 	},
+	// oscar2-g32: oscar2 at kivi2's cost: the same rotation and per-row
+	// clipping, then asymmetric INT2 per group of 32 channels.
+	"oscar2-g32": {
+		k:     sideSpec{store: storeAsym, bits: 2, group: groupKIVI, rot: rotMatrix, clip: true},
+		v:     sideSpec{store: storeAsym, bits: 2, group: groupKIVI, rot: rotMatrix, clip: true},
+		block: 1, needRot: true,
+	},
 	"oscar4": {
 		k:     sideSpec{store: storeAsym, bits: 4, rot: rotMatrix, clip: true},
 		v:     sideSpec{store: storeAsym, bits: 4, rot: rotMatrix, clip: true},
@@ -254,6 +261,13 @@ func Methods() []string {
 //	            Rotations.ClipK/ClipV; oscar4: ClipK4/ClipV4, none by default),
 //	            asymmetric INT2 (INT4) per (token, head) row, fp16 scale and zero;
 //	            Sink and Recent windows fp16                             b + 32/head_dim bits
+//	oscar2-g32  oscar2 (same rotation, same per-row clipping with the 2-bit ratios)
+//	            with asymmetric INT2 per group of 32 channels (head_dim when it is not
+//	            a multiple of 32), fp16 scale and zero per group: kivi2's cost at
+//	            head_dim 64, P_br spreading high-variance directions over the groups;
+//	            attention dequantizes its blocks (runtime.KVAttender, not the
+//	            raw-code kernels, which take one group per row)
+//	                                         2 + 32/g bits, g the group (32 or head_dim)
 //	oscar-mixed OSCAR as oscar2/4 with each layer's K and V width in {2, 4, 8} from
 //	            Rotations.BitsK/BitsV, each width with its own clip ratios
 //	                                                  Σ_l (b_l + 32/head_dim)/layers bits
@@ -294,7 +308,7 @@ func Methods() []string {
 // other windows apply as for every method but fp16.
 //
 // Errors: ErrUnknownMethod for an unknown name, ErrNoRotations when
-// oscar2/oscar4/oscar-mixed get none, ErrBadShape (wrapped, naming the
+// oscar2/oscar2-g32/oscar4/oscar-mixed get none, ErrBadShape (wrapped, naming the
 // layer and field) for capacity < 1, no layers, non-positive heads or
 // head_dim, negative windows, a head_dim that is not a power of two for
 // Hadamard methods, a head_dim the serving-engine kind does not take

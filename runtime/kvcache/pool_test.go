@@ -183,6 +183,12 @@ func elementBits(t *testing.T, method string, i int, l Layer) (bk, bv float64) {
 			g = 32
 		}
 		return 3, 2 + 32/g
+	case "oscar2-g32":
+		g := hd
+		if l.HeadDim%32 == 0 {
+			g = 32
+		}
+		return 2 + 32/g, 2 + 32/g
 	case "oscars2":
 		return 3 + 32/kvDim, 2 + 32/hd
 	}
