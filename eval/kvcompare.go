@@ -93,18 +93,27 @@ type Bucket struct {
 // are fp16's and say nothing about its quantiser. TokensPerSecond is the
 // tokens fed through the method's caches per second of its forward calls.
 type KVRow struct {
-	KV               string   `json:"kv"`
-	Method           string   `json:"method"`
-	BitsPerElement   float64  `json:"bits_per_element"`
-	BitsServing      float64  `json:"bits_per_element_serving,omitempty"`
-	NothingQuantized bool     `json:"nothing_quantized,omitempty"`
-	KVBytes          int64    `json:"kv_bytes"`
-	Perplexity       float64  `json:"perplexity"`
-	DeltaPPL         float64  `json:"delta_ppl"`
-	KL               float64  `json:"kl"`
-	Top1Agreement    float64  `json:"top1_agreement"`
-	TokensPerSecond  float64  `json:"tokens_per_second"`
-	Buckets          []Bucket `json:"buckets"`
+	KV               string  `json:"kv"`
+	Method           string  `json:"method"`
+	BitsPerElement   float64 `json:"bits_per_element"`
+	BitsServing      float64 `json:"bits_per_element_serving,omitempty"`
+	NothingQuantized bool    `json:"nothing_quantized,omitempty"`
+	KVBytes          int64   `json:"kv_bytes"`
+	Perplexity       float64 `json:"perplexity"`
+	DeltaPPL         float64 `json:"delta_ppl"`
+	KL               float64 `json:"kl"`
+	Top1Agreement    float64 `json:"top1_agreement"`
+	TokensPerSecond  float64 `json:"tokens_per_second"`
+	// FP16PerQuery is the mean, over scored positions, of the cached
+	// tokens (those written by earlier calls) a query reads from the fp16
+	// windows rather than quantised: the sink and recent windows, and a
+	// per-channel block kind's unfinished 32-token block (kivi2, oscars2
+	// keep it in fp16 even with no windows). From KVMethod.Quantized under
+	// the decode protocol; 0 under fake-quant and for fp32/fp16, whose
+	// one format is not a window (FP16PerQueryKnown false there).
+	FP16PerQuery      float64  `json:"fp16_tokens_per_query"`
+	FP16PerQueryKnown bool     `json:"-"`
+	Buckets           []Bucket `json:"buckets"`
 }
 
 // KVReport is the outcome of CompareKV: one row per method, in order.
@@ -283,6 +292,9 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 		}
 		if meth.Quantized != nil {
 			r.NothingQuantized = meth.Quantized(T) == 0
+			if opt.Protocol != ProtocolFakeQuant && r.Method != "fp32" && r.Method != "fp16" {
+				r.FP16PerQuery, r.FP16PerQueryKnown = fp16PerQuery(meth.Quantized, P, C, T), true
+			}
 		}
 		r.DeltaPPL = r.Perplexity - refPPL
 		if a.seconds > 0 {
@@ -341,4 +353,26 @@ func klFromLogP(logP []float64, qLogits []float32) float64 {
 		}
 	}
 	return math.Max(kl, 0)
+}
+
+// fp16PerQuery is KVRow.FP16PerQuery: scored positions t in [P, T−2]
+// (prompt P in one call, then chunks of C) read the c0 tokens cached
+// before their call, of which quantized(c0) are quantised.
+func fp16PerQuery(quantized func(ctx int) int, P, C, T int) float64 {
+	var sum float64
+	n := 0
+	for t := P; t <= T-2; t++ {
+		c0 := t
+		if C > 1 {
+			c0 = P + (t-P)/C*C
+		}
+		if c0 > 0 {
+			sum += float64(c0 - quantized(c0))
+		}
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }

@@ -77,7 +77,7 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 	if r.ServingCtx > 0 {
 		head = append(head, fmt.Sprintf("bits@%d", r.ServingCtx))
 	}
-	head = append(head, "kv_bytes", "perplexity", "ΔPPL", "KL", "top-1", "tokens/s", "note")
+	head = append(head, "kv_bytes", "fp16/query", "perplexity", "ΔPPL", "KL", "top-1", "tokens/s", "note")
 	cells := [][]string{head}
 	for _, row := range r.Rows {
 		c := []string{row.KV, fmt.Sprintf("%.3f", row.BitsPerElement)}
@@ -88,7 +88,11 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 		if row.NothingQuantized {
 			note = nothingQuantised
 		}
-		c = append(c, fmt.Sprintf("%d", row.KVBytes), fmt.Sprintf("%.4f", row.Perplexity), fmt.Sprintf("%+.4f", row.DeltaPPL),
+		fq := "-"
+		if row.FP16PerQueryKnown {
+			fq = fmt.Sprintf("%.1f", row.FP16PerQuery)
+		}
+		c = append(c, fmt.Sprintf("%d", row.KVBytes), fq, fmt.Sprintf("%.4f", row.Perplexity), fmt.Sprintf("%+.4f", row.DeltaPPL),
 			fmt.Sprintf("%.5f", row.KL), fmt.Sprintf("%.4f", row.Top1Agreement), fmt.Sprintf("%.1f", row.TokensPerSecond), note)
 		cells = append(cells, c)
 	}

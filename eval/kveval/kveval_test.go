@@ -51,6 +51,17 @@ func TestEqualFooting(t *testing.T) {
 	if k := zero["kivi2"]; k.NothingQuantized || !(k.BitsPerElement < 4) || !(k.KL > 0) || len(zero) != 2 {
 		t.Errorf("kivi2 with --kv-window 0,0: %+v (rows %d), want every token quantised (< 4 bits), KL > 0, no extra rows", k, len(zero))
 	}
+	// fp16 tokens per query (ctx 64, positions 0..62 scored, decode):
+	// int4 with no windows reads none; kivi2's unfinished 32-token block
+	// stays fp16, t mod 32 of the t cached tokens (mean 15.0 here).
+	var wantKivi float64
+	for tt := 0; tt <= 62; tt++ {
+		wantKivi += float64(tt % 32)
+	}
+	wantKivi /= 63
+	if i, k := zero["int4"], zero["kivi2"]; !i.FP16PerQueryKnown || i.FP16PerQuery != 0 || !k.FP16PerQueryKnown || math.Abs(k.FP16PerQuery-wantKivi) > 1e-9 {
+		t.Errorf("fp16 tokens per query at 0,0: int4 %g (known %v), kivi2 %g (known %v), want 0 and %.4f", i.FP16PerQuery, i.FP16PerQueryKnown, k.FP16PerQuery, k.FP16PerQueryKnown, wantKivi)
+	}
 	win := run(Options{Windows: true, Sink: 16, Recent: 64})
 	for _, name := range []string{"int4+w16,64", "kivi2+w16,64"} {
 		r, ok := win[name]
