@@ -65,14 +65,10 @@ func actFile() string {
 	a.data("q8actperm", 4, 8, func(k int) int { return perm[k] })
 	a.blank()
 	const name = "quantActQ8x32"
-	l := func(s string) string { return name + "_" + s }
-	a.raw("// func " + name + "(x *float32, q *int8, s, sum *float32, nb int) (bad int)\n")
-	a.raw("TEXT ·" + name + "(SB), NOSPLIT, $0-48\n")
-	a.op("MOVQ", "x+0(FP)", "SI")
-	a.op("MOVQ", "q+8(FP)", "DI")
-	a.op("MOVQ", "s+16(FP)", "R8")
-	a.op("MOVQ", "sum+24(FP)", "R9")
-	a.op("MOVQ", "nb+32(FP)", "CX")
+	l := labels(name)
+	a.text(name, "(x *float32, q *int8, s, sum *float32, nb int) (bad int)", 0, 48)
+	a.movs([2]string{"x+0(FP)", "SI"}, [2]string{"q+8(FP)", "DI"}, [2]string{"s+16(FP)", "R8"},
+		[2]string{"sum+24(FP)", "R9"}, [2]string{"nb+32(FP)", "CX"})
 	a.op("XORQ", "R10", "R10")
 	broadcastD(&a, "$0x7fffffff", 15)
 	broadcastD(&a, "$127", 14)

@@ -55,3 +55,24 @@ func off(d int, base string) string { return fmt.Sprintf("%d(%s)", d, base) }
 
 // reg names vector register n of a class: "X", "Y" or "Z".
 func reg(class string, n int) string { return fmt.Sprintf("%s%d", class, n) }
+
+// text writes a kernel's Go declaration comment and TEXT line: frame bytes
+// of locals, argument bytes.
+func (a *asm) text(name, signature string, frame, args int) {
+	a.raw("// func " + name + signature + "\n")
+	fmt.Fprintf(&a.b, "TEXT ·%s(SB), NOSPLIT, $%d-%d\n", name, frame, args)
+}
+
+// movs writes MOVQ src, dst for each pair {src, dst}.
+func (a *asm) movs(pairs ...[2]string) {
+	for _, p := range pairs {
+		a.op("MOVQ", p[0], p[1])
+	}
+}
+
+// zero writes VXORPS r, r, r for each register r.
+func (a *asm) zero(regs ...string) {
+	for _, r := range regs {
+		a.op("VXORPS", r, r, r)
+	}
+}

@@ -138,13 +138,13 @@ func pairUnpack(a *asm, w width, p int) {
 // multiRowKernel writes dotQ8x<bits>m4<isa> (see multiRowHeader).
 func multiRowKernel(a *asm, w width, k isa) {
 	name := fmt.Sprintf("dotQ8x%dm4%s", w.bits, k)
-	l := func(s string) string { return name + "_" + s }
+	l := labels(name)
+	shifted := zoffShifted(w, k)
 	bb := w.blockBytes()
 	even := func(i int) int { return 5 + i }
 	odd := func(i int) int { return 10 + i }
 	a.blank()
-	a.raw("// func " + name + multiRowArgs + "\n")
-	a.raw(fmt.Sprintf("TEXT ·%s(SB), NOSPLIT, $%d-112\n", name, stackFrame))
+	a.text(name, multiRowArgs, stackFrame, 112)
 	if k == avx2 {
 		byteConsts(a, w, "Y", true)
 		if w.bits == 8 {
@@ -163,29 +163,20 @@ func multiRowKernel(a *asm, w width, k isa) {
 		a.op("MOVL", "$0xff00", "AX")
 		a.op("KMOVW", "AX", "K1")
 	}
-	a.op("MOVQ", "src+24(FP)", "SI")
-	a.op("MOVQ", "scales+32(FP)", "R8")
-	a.op("MOVQ", "zeros+40(FP)", "R9")
-	a.op("MOVQ", "bpg+56(FP)", "R11")
-	a.op("MOVQ", "y+72(FP)", "AX")
-	a.op("MOVQ", "AX", sp(stackY))
-	a.op("MOVQ", "rows+80(FP)", "AX")
-	a.op("MOVQ", "AX", sp(stackRows))
-	a.op("MOVQ", "xstride+88(FP)", "R14")
-	a.op("MOVQ", "sstride+96(FP)", "R15")
+	a.movs([2]string{"src+24(FP)", "SI"}, [2]string{"scales+32(FP)", "R8"},
+		[2]string{"zeros+40(FP)", "R9"}, [2]string{"bpg+56(FP)", "R11"},
+		[2]string{"y+72(FP)", "AX"}, [2]string{"AX", sp(stackY)},
+		[2]string{"rows+80(FP)", "AX"}, [2]string{"AX", sp(stackRows)},
+		[2]string{"xstride+88(FP)", "R14"}, [2]string{"sstride+96(FP)", "R15"})
 	a.op("LEAQ", "(R14)(R14*2)", "DX")
 	a.op("LEAQ", "(R15)(R15*2)", "BX")
 
-	a.label(l("row"))
-	a.op("MOVQ", "xq+0(FP)", "DI")
-	a.op("MOVQ", "xs+8(FP)", "R12")
-	a.op("MOVQ", "xsum+16(FP)", "R13")
-	a.op("MOVQ", "ng+48(FP)", "R10")
+	rowStart(a, l)
 	for i := 0; i < multiRows; i++ {
-		a.op("VXORPS", reg("Y", even(i)), reg("Y", even(i)), reg("Y", even(i)))
+		a.zero(reg("Y", even(i)))
 	}
 	for i := 0; i < multiRows; i++ {
-		a.op("VXORPS", reg("Y", odd(i)), reg("Y", odd(i)), reg("Y", odd(i)))
+		a.zero(reg("Y", odd(i)))
 	}
 	for i := 0; i < multiRows; i++ {
 		a.op("VMOVUPS", "Y5", sp(stackVZ+32*i))
@@ -195,22 +186,12 @@ func multiRowKernel(a *asm, w width, k isa) {
 	a.jmp("JNE", l("spill"))
 
 	// Eight groups of one block.
-	a.label(l("oct"))
-	a.op("CMPQ", "R10", "$8")
-	a.jmp("JLT", l("tail"))
-	a.op("VCVTPH2PS", "(R8)", "Y0")
-	a.op("TESTQ", "R9", "R9")
-	a.jmp("JZ", l("octsym"))
-	a.op("VCVTPH2PS", "(R9)", "Y1")
-	if zoffShifted(w, k) {
-		a.op("VBROADCASTSS", "zoff+68(FP)", "Y2")
-		a.op("VSUBPS", "Y2", "Y1", "Y1")
-	}
-	a.jmp("JMP", l("octz"))
-	a.label(l("octsym"))
-	a.op("VBROADCASTSS", "zsym+64(FP)", "Y1")
-	a.label(l("octz"))
-	a.op("VMULPS", "Y0", "Y1", "Y1")
+	octStart(a, l, none, func() {
+		if shifted {
+			a.op("VBROADCASTSS", "zoff+68(FP)", "Y2")
+			a.op("VSUBPS", "Y2", "Y1", "Y1")
+		}
+	})
 	for i := 0; i < multiRows; i++ {
 		a.op("VMULPS", sRow("R12", i), "Y0", "Y2")
 		a.op("VMOVUPS", "Y2", sp(stackD+32*i))
@@ -242,14 +223,7 @@ func multiRowKernel(a *asm, w width, k isa) {
 			}
 		}
 	}
-	advanceScales(a, l("octnext"), 16)
-	a.label(l("octnext"))
-	a.op("ADDQ", "$32", "R12")
-	a.op("ADDQ", "$32", "R13")
-	a.op("ADDQ", "$256", "DI")
-	a.op("ADDQ", imm(8*bb), "SI")
-	a.op("SUBQ", "$8", "R10")
-	a.jmp("JMP", l("oct"))
+	octNext(a, l, bb)
 
 	a.label(l("tail"))
 	if k == vnni {
@@ -268,24 +242,16 @@ func multiRowKernel(a *asm, w width, k isa) {
 
 	// One group at a time: s_g, z_g on the stack, the group accumulators
 	// in the odd totals' registers.
-	a.label(l("group"))
-	groupScale(a, "X0")
-	a.op("VMOVSS", "X0", sp(stackSG))
-	a.op("ADDQ", "$2", "R8")
-	a.op("VMOVSS", "zsym+64(FP)", "X1")
-	a.op("TESTQ", "R9", "R9")
-	a.jmp("JZ", l("blocks"))
-	groupZero(a)
-	if zoffShifted(w, k) {
-		a.op("VMOVSS", "zoff+68(FP)", "X2")
-		a.op("VSUBSS", "X2", "X1", "X1")
-	}
-	a.op("ADDQ", "$2", "R9")
-	a.label(l("blocks"))
+	groupStart(a, l, func() { a.op("VMOVSS", "X0", sp(stackSG)) }, func() {
+		if shifted {
+			a.op("VMOVSS", "zoff+68(FP)", "X2")
+			a.op("VSUBSS", "X2", "X1", "X1")
+		}
+	})
 	a.op("VMOVSS", "X1", sp(stackZG))
 	a.op("MOVQ", "R11", "CX")
 	for i := 0; i < multiRows; i++ {
-		a.op("VXORPS", reg("Y", odd(i)), reg("Y", odd(i)), reg("Y", odd(i)))
+		a.zero(reg("Y", odd(i)))
 	}
 	a.label(l("block"))
 	multiUnpack(a, w, k, 0)
@@ -294,19 +260,14 @@ func multiRowKernel(a *asm, w width, k isa) {
 		a.op("VBROADCASTSS", sRow("R12", i), "Y1")
 		a.op("VFMADD231PS", "Y1", "Y0", reg("Y", odd(i)))
 	}
-	a.op("ADDQ", "$4", "R12")
-	a.op("ADDQ", "$32", "DI")
-	a.op("ADDQ", imm(bb), "SI")
-	a.op("DECQ", "CX")
-	a.jmp("JNZ", l("block"))
-	a.blank()
+	blockStep(a, l, bb, false)
 	a.op("VBROADCASTSS", sp(stackSG), "Y0")
 	for i := 0; i < multiRows; i++ {
 		a.op("VFMADD231PS", "Y0", reg("Y", odd(i)), reg("Y", even(i)))
 	}
 	a.op("MOVQ", "R11", "CX")
 	for i := 0; i < multiRows; i++ {
-		a.op("VXORPS", reg("X", i), reg("X", i), reg("X", i))
+		a.zero(reg("X", i))
 	}
 	a.label(l("zsum"))
 	for i := 0; i < multiRows; i++ {

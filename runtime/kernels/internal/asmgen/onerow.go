@@ -117,19 +117,16 @@ func oneRowDot(a *asm, w width, k isa, so, xo int) {
 // oneRowKernel writes dotQ8x<bits><isa> (see oneRowHeader).
 func oneRowKernel(a *asm, w width, k isa) {
 	name := fmt.Sprintf("dotQ8x%d%s", w.bits, k)
-	l := func(s string) string { return name + "_" + s }
+	l := labels(name)
 	bb := w.blockBytes()
+	shifted := zoffShifted(w, k)
 	a.blank()
 	a.raw(oneRowDoc[w.bits][k])
-	a.raw("// func " + name + oneRowArgs + "\n")
-	a.raw("TEXT ·" + name + "(SB), NOSPLIT, $32-88\n")
-	a.op("MOVQ", "src+24(FP)", "SI")
-	a.op("MOVQ", "scales+32(FP)", "R8")
-	a.op("MOVQ", "zeros+40(FP)", "R9")
-	a.op("MOVQ", "bpg+56(FP)", "R11")
-	a.op("MOVQ", "y+72(FP)", "DX")
-	a.op("MOVQ", "rows+80(FP)", "BX")
-	if zoffShifted(w, k) {
+	a.text(name, oneRowArgs, 32, 88)
+	a.movs([2]string{"src+24(FP)", "SI"}, [2]string{"scales+32(FP)", "R8"},
+		[2]string{"zeros+40(FP)", "R9"}, [2]string{"bpg+56(FP)", "R11"},
+		[2]string{"y+72(FP)", "DX"}, [2]string{"rows+80(FP)", "BX"})
+	if shifted {
 		a.op("VBROADCASTSS", "zoff+68(FP)", "Y2")
 	}
 	byteConsts(a, w, "Y", true)
@@ -139,82 +136,48 @@ func oneRowKernel(a *asm, w width, k isa) {
 		a.op("VMOVDQU", fmt.Sprintf("q8shift%d<>(SB)", w.bits), "Y14")
 	}
 
-	a.label(l("row"))
-	a.op("MOVQ", "xq+0(FP)", "DI")
-	a.op("MOVQ", "xs+8(FP)", "R12")
-	a.op("MOVQ", "xsum+16(FP)", "R13")
-	a.op("MOVQ", "ng+48(FP)", "R10")
-	for _, r := range []string{"Y12", "Y11", "Y10", "X13"} {
-		a.op("VXORPS", r, r, r)
-	}
+	rowStart(a, l)
+	a.zero("Y12", "Y11", "Y10", "X13")
 	a.op("CMPQ", "R11", "$1")
 	a.jmp("JNE", l("group"))
 
-	// Eight groups of one block: d_b and the zero terms as vectors.
-	a.label(l("oct"))
-	a.op("CMPQ", "R10", "$8")
-	a.jmp("JLT", l("tail"))
-	a.op("VCVTPH2PS", "(R8)", "Y0")
-	a.op("VMULPS", "(R12)", "Y0", "Y1")
-	a.op("VMOVUPS", "Y1", "tmp-32(SP)")
-	a.op("TESTQ", "R9", "R9")
-	a.jmp("JZ", l("octsym"))
-	a.op("VCVTPH2PS", "(R9)", "Y1")
-	if zoffShifted(w, k) {
-		a.op("VSUBPS", "Y2", "Y1", "Y1")
-	}
-	a.jmp("JMP", l("octz"))
-	a.label(l("octsym"))
-	a.op("VBROADCASTSS", "zsym+64(FP)", "Y1")
-	a.label(l("octz"))
-	a.op("VMULPS", "Y0", "Y1", "Y1")
+	// Eight groups of one block: d_b in the 8-float stack buffer, the zero
+	// terms as a vector in Y10.
+	octStart(a, l, func() {
+		a.op("VMULPS", "(R12)", "Y0", "Y1")
+		a.op("VMOVUPS", "Y1", "tmp-32(SP)")
+	}, func() {
+		if shifted {
+			a.op("VSUBPS", "Y2", "Y1", "Y1")
+		}
+	})
 	a.op("VFMADD231PS", "(R13)", "Y1", "Y10")
 	for b := 0; b < 8; b++ {
 		oneRowDot(a, w, k, b*bb, b*32)
 		a.op("VBROADCASTSS", fmt.Sprintf("tmp-%d(SP)", 32-4*b), "Y6")
 		a.op("VFMADD231PS", "Y6", "Y3", []string{"Y12", "Y11"}[b%2])
 	}
-	advanceScales(a, l("octnext"), 16)
-	a.label(l("octnext"))
-	a.op("ADDQ", "$32", "R12")
-	a.op("ADDQ", "$32", "R13")
-	a.op("ADDQ", "$256", "DI")
-	a.op("ADDQ", imm(8*bb), "SI")
-	a.op("SUBQ", "$8", "R10")
-	a.jmp("JMP", l("oct"))
+	octNext(a, l, bb)
 
 	a.label(l("tail"))
 	a.op("TESTQ", "R10", "R10")
 	a.jmp("JZ", l("done"))
 
-	// One group at a time: s_g in X0, z_g in X1.
-	a.label(l("group"))
-	groupScale(a, "X0")
-	a.op("ADDQ", "$2", "R8")
-	a.op("VMOVSS", "zsym+64(FP)", "X1")
-	a.op("TESTQ", "R9", "R9")
-	a.jmp("JZ", l("blocks"))
-	groupZero(a)
-	if zoffShifted(w, k) {
-		a.op("VSUBSS", "X2", "X1", "X1")
-	}
-	a.op("ADDQ", "$2", "R9")
-	a.label(l("blocks"))
+	// One group at a time: s_g in X0, z_g in X1, the group accumulator in
+	// Y5, Σ_b xsum_b in X7.
+	groupStart(a, l, none, func() {
+		if shifted {
+			a.op("VSUBSS", "X2", "X1", "X1")
+		}
+	})
 	a.op("MOVQ", "R11", "CX")
-	a.op("VXORPS", "X7", "X7", "X7")
-	a.op("VXORPS", "Y5", "Y5", "Y5")
+	a.zero("X7", "Y5")
 	a.label(l("block"))
 	oneRowDot(a, w, k, 0, 0)
 	a.op("VBROADCASTSS", "(R12)", "Y6")
 	a.op("VFMADD231PS", "Y6", "Y3", "Y5")
 	a.op("VADDSS", "(R13)", "X7", "X7")
-	a.op("ADDQ", "$4", "R12")
-	a.op("ADDQ", "$4", "R13")
-	a.op("ADDQ", "$32", "DI")
-	a.op("ADDQ", imm(bb), "SI")
-	a.op("DECQ", "CX")
-	a.jmp("JNZ", l("block"))
-	a.blank()
+	blockStep(a, l, bb, true)
 	a.op("VBROADCASTSS", "X0", "Y6")
 	a.op("VFMADD231PS", "Y6", "Y5", "Y12")
 	a.op("VMULSS", "X1", "X7", "X7")
@@ -230,29 +193,6 @@ func oneRowKernel(a *asm, w width, k isa) {
 	a.jmp("JNZ", l("row"))
 	a.op("VZEROUPPER")
 	a.op("RET")
-}
-
-// advanceScales writes the step of the scale (and, when present, zero)
-// pointers past n/2 groups; skip is the label after the zeros' step.
-func advanceScales(a *asm, skip string, n int) {
-	a.op("ADDQ", imm(n), "R8")
-	a.op("TESTQ", "R9", "R9")
-	a.jmp("JZ", skip)
-	a.op("ADDQ", imm(n), "R9")
-}
-
-// groupScale converts the float16 scale at (R8) into dst (an X register).
-func groupScale(a *asm, dst string) {
-	a.op("MOVWLZX", "(R8)", "AX")
-	a.op("VMOVD", "AX", dst)
-	a.op("VCVTPH2PS", dst, dst)
-}
-
-// groupZero converts the float16 zero-point at (R9) into X1.
-func groupZero(a *asm) {
-	a.op("MOVWLZX", "(R9)", "AX")
-	a.op("VMOVD", "AX", "X1")
-	a.op("VCVTPH2PS", "X1", "X1")
 }
 
 // reduceRow writes the final reduction of one result: the total in Y<t>
