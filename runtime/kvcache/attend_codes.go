@@ -141,6 +141,55 @@ func codeBlock(cs codeStore, bits, hd, h, a, b int, blk, sz []float32) {
 	}
 }
 
+// codeRowsMaxNQ is the most query rows per KV head for which the row
+// kernels (kernels.CodeDots, kernels.CodeAxpy: the codes are extracted
+// once per query row) are used instead of the block path (the codes
+// expanded to float32 once, then shared by the rows' matrix product).
+// Chosen by BenchmarkCodeKernels: decode (1 row, or a GQA group of 2–8)
+// takes the row kernels; prefill chunks (many rows) the block path.
+var codeRowsMaxNQ = 8
+
+// useCodeRows reports whether nq rows of head_dim hd take the row kernels.
+func useCodeRows(hd, nq int) bool { return nq <= codeRowsMaxNQ && kernels.CodeRowsFast(hd) }
+
+// codeParams writes the scales and zeros of n rows (params as codeRows
+// returns them) into sz: sz[2r] the scale, sz[2r+1] the zero of row r.
+func codeParams(cs codeStore, params []uint16, n int, sz []float32) {
+	if sym, z0 := cs.symZero(); sym {
+		kernels.WidenHalf(kernels.F16, sz[n:2*n], params[:n])
+		for r := 0; r < n; r++ {
+			sz[2*r], sz[2*r+1] = sz[n+r], z0
+		}
+		return
+	}
+	kernels.WidenHalf(kernels.F16, sz[:2*n], params[:2*n])
+}
+
+// codeScoresRows is codeScores by the row kernels: for each run of rows
+// in a page, attendTokens rows at a time, s = x·c_j by kernels.CodeDots,
+// then s_j·(s − z_j·Σ_c x_c).
+func codeScoresRows(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, sz, qsum []float32) {
+	for i := i0; i < i1; {
+		e, codes, params := cs.codeRows(h, i, i1)
+		rb := len(codes) / (e - i)
+		for a := i; a < e; a += attendTokens {
+			n := min(e-a, attendTokens)
+			cb := codes[(a-i)*rb : (a-i+n)*rb]
+			pa := params[(a-i)*len(params)/(e-i):]
+			codeParams(cs, pa, n, sz)
+			for r := 0; r < nq; r++ {
+				row := s[r*lds+a-i0 : r*lds+a-i0+n]
+				kernels.CodeDots(row, xs[r*hd:(r+1)*hd], cb, bits, rb, n)
+				qr := qsum[r]
+				for j := range row {
+					row[j] = sz[2*j] * (row[j] - sz[2*j+1]*qr)
+				}
+			}
+		}
+		i = e
+	}
+}
+
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
 // ([nq, hd], in the side's space), store indices [i0, i1) of head h;
 // blk is [attendTokens, hd] scratch, sz [2·attendTokens] and qsum [nq].
@@ -151,6 +200,10 @@ func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds 
 			t += e
 		}
 		qsum[i] = t
+	}
+	if useCodeRows(hd, nq) {
+		codeScoresRows(cs, bits, hd, h, i0, i1, nq, xs, s, lds, sz, qsum)
+		return
 	}
 	for a := i0; a < i1; a += attendTokens {
 		b := min(i1, a+attendTokens)
@@ -174,6 +227,10 @@ func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds 
 // [nq].
 func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, blk, w, tmp, sz, cz []float32) {
 	clear(cz[:nq])
+	if useCodeRows(hd, nq) {
+		codeAccumRows(cs, bits, hd, h, i0, i1, nq, p, ldp, acc, w, sz, cz)
+		return
+	}
 	for a := i0; a < i1; a += attendTokens {
 		b := min(i1, a+attendTokens)
 		codeBlock(cs, bits, hd, h, a, b, blk, sz)
@@ -189,6 +246,42 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 		}
 		kernels.MatMulNN(nq, hd, b-a, w, attendTokens, blk, hd, tmp, hd)
 		kernels.Axpy(1, tmp[:nq*hd], acc[:nq*hd])
+	}
+	for r := 0; r < nq; r++ {
+		row := acc[r*hd : (r+1)*hd]
+		for c := range row {
+			row[c] -= cz[r]
+		}
+	}
+}
+
+// codeAccumRows is codeAccum by the row kernels: for each run of rows in
+// a page, attendTokens rows at a time, w_j = p_j·s_j, acc += Σ_j w_j·c_j
+// by kernels.CodeAxpy and cz += Σ_j w_j·z_j, subtracted from every
+// channel at the end.
+func codeAccumRows(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, w, sz, cz []float32) {
+	for i := i0; i < i1; {
+		e, codes, params := cs.codeRows(h, i, i1)
+		rb := len(codes) / (e - i)
+		for a := i; a < e; a += attendTokens {
+			n := min(e-a, attendTokens)
+			cb := codes[(a-i)*rb : (a-i+n)*rb]
+			pa := params[(a-i)*len(params)/(e-i):]
+			codeParams(cs, pa, n, sz)
+			wr := w[:n]
+			for r := 0; r < nq; r++ {
+				pr := p[r*ldp+a-i0 : r*ldp+a-i0+n]
+				var z float32
+				for j, pj := range pr {
+					wj := pj * sz[2*j]
+					wr[j] = wj
+					z += wj * sz[2*j+1]
+				}
+				cz[r] += z
+				kernels.CodeAxpy(acc[r*hd:(r+1)*hd], wr, cb, bits, rb, n)
+			}
+		}
+		i = e
 	}
 	for r := 0; r < nq; r++ {
 		row := acc[r*hd : (r+1)*hd]
