@@ -49,6 +49,10 @@ type codeStore interface {
 	codeRows(h, i, i1 int) (e int, codes []byte, params []uint16)
 	// symZero returns whether the grid is symmetric, and its zero.
 	symZero() (bool, float32)
+	// codeGroups is the number of channel groups per row, each with its
+	// own scale and zero (params [e−i, groups, 2]); the block path takes
+	// only 1, the row kernels groups of a multiple of 32 channels.
+	codeGroups() int
 }
 
 func codeBitsOK(bits, hd int) bool {
@@ -63,16 +67,18 @@ func codeBitsOK(bits, hd int) bool {
 	return false
 }
 
-func (s asymRaw) codeBits() (int, bool)    { return s.bits, s.ng == 1 && codeBitsOK(s.bits, s.hd) }
+func (s asymRaw) codeBits() (int, bool)    { return s.bits, codeBitsOK(s.bits, s.hd) }
+func (s asymRaw) codeGroups() int          { return s.ng }
 func (s asymRaw) symZero() (bool, float32) { return false, 0 }
 func (s asymRaw) codeRows(h, i, i1 int) (int, []byte, []uint16) {
 	e := s.p.runEnd(i, i1)
 	b := s.p.get(i)
 	oc, op := s.codes.at(s.p, h, i), s.params.at(s.p, h, i)
-	return e, b.u8[oc : oc+(e-i)*s.rb], b.u16[op : op+2*(e-i)]
+	return e, b.u8[oc : oc+(e-i)*s.rb], b.u16[op : op+2*s.ng*(e-i)]
 }
 
 func (s sym2Raw) codeBits() (int, bool)    { return 2, codeBitsOK(2, s.hd) }
+func (s sym2Raw) codeGroups() int          { return 1 }
 func (s sym2Raw) symZero() (bool, float32) { return true, 1.5 }
 func (s sym2Raw) codeRows(h, i, i1 int) (int, []byte, []uint16) {
 	e := s.p.runEnd(i, i1)
@@ -152,9 +158,10 @@ var codeRowsMaxNQ = 8
 // useCodeRows reports whether nq rows of head_dim hd take the row kernels.
 func useCodeRows(hd, nq int) bool { return nq <= codeRowsMaxNQ && kernels.CodeRowsFast(hd) }
 
-// codeParams writes the scales and zeros of n rows (params as codeRows
-// returns them) into sz: sz[2r] the scale, sz[2r+1] the zero of row r.
-func codeParams(cs codeStore, params []uint16, n int, sz []float32) {
+// codeParams writes the scales and zeros of n rows of ng groups (params
+// as codeRows returns them) into sz: sz[2(r·ng+g)] the scale, sz[2(r·ng+g)+1]
+// the zero of group g of row r.
+func codeParams(cs codeStore, params []uint16, n, ng int, sz []float32) {
 	if sym, z0 := cs.symZero(); sym {
 		kernels.WidenHalf(kernels.F16, sz[n:2*n], params[:n])
 		for r := 0; r < n; r++ {
@@ -162,27 +169,59 @@ func codeParams(cs codeStore, params []uint16, n int, sz []float32) {
 		}
 		return
 	}
-	kernels.WidenHalf(kernels.F16, sz[:2*n], params[:2*n])
+	kernels.WidenHalf(kernels.F16, sz[:2*n*ng], params[:2*n*ng])
+}
+
+// codeRowsScratch splits blk ([attendTokens, hd]) for the row kernels of
+// ng groups and nq rows: per-group query sums or corrections [nq·ng],
+// scales and zeros [2·ng·attendTokens] and a row buffer [attendTokens].
+func codeRowsScratch(blk []float32, nq, ng int) (qs, sz, tmp []float32) {
+	qs, blk = blk[:nq*ng], blk[nq*ng:]
+	sz, blk = blk[:2*ng*attendTokens], blk[2*ng*attendTokens:]
+	return qs, sz, blk[:attendTokens]
 }
 
 // codeScoresRows is codeScores by the row kernels: for each run of rows
-// in a page, attendTokens rows at a time, s = x·c_j by kernels.CodeDots,
-// then s_j·(s − z_j·Σ_c x_c).
-func codeScoresRows(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, sz, qsum []float32) {
+// in a page, attendTokens rows at a time, t = x_g·c_jg by kernels.CodeDots
+// per group g, then s_j = Σ_g s_jg·(t − z_jg·Σ_{c∈g} x_c).
+func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) {
+	G, gb := hd/ng, hd/ng*bits/8
+	qsum, sz, tmp := codeRowsScratch(blk, nq, ng)
+	for r := 0; r < nq; r++ {
+		for g := 0; g < ng; g++ {
+			var t float32
+			for _, e := range xs[r*hd+g*G : r*hd+(g+1)*G] {
+				t += e
+			}
+			qsum[r*ng+g] = t
+		}
+	}
 	for i := i0; i < i1; {
 		e, codes, params := cs.codeRows(h, i, i1)
-		rb := len(codes) / (e - i)
+		rb, pr := len(codes)/(e-i), len(params)/(e-i)
 		for a := i; a < e; a += attendTokens {
 			n := min(e-a, attendTokens)
 			cb := codes[(a-i)*rb : (a-i+n)*rb]
-			pa := params[(a-i)*len(params)/(e-i):]
-			codeParams(cs, pa, n, sz)
+			codeParams(cs, params[(a-i)*pr:], n, ng, sz)
 			for r := 0; r < nq; r++ {
 				row := s[r*lds+a-i0 : r*lds+a-i0+n]
-				kernels.CodeDots(row, xs[r*hd:(r+1)*hd], cb, bits, rb, n)
-				qr := qsum[r]
-				for j := range row {
-					row[j] = sz[2*j] * (row[j] - sz[2*j+1]*qr)
+				if ng == 1 {
+					kernels.CodeDots(row, xs[r*hd:(r+1)*hd], cb, bits, rb, n)
+					qr := qsum[r]
+					for j := range row {
+						row[j] = sz[2*j] * (row[j] - sz[2*j+1]*qr)
+					}
+					continue
+				}
+				clear(row)
+				for g := 0; g < ng; g++ {
+					t := tmp[:n]
+					kernels.CodeDots(t, xs[r*hd+g*G:r*hd+(g+1)*G], cb[g*gb:], bits, rb, n)
+					qg := qsum[r*ng+g]
+					for j := range row {
+						k := 2 * (j*ng + g)
+						row[j] += sz[k] * (t[j] - sz[k+1]*qg)
+					}
 				}
 			}
 		}
@@ -193,17 +232,23 @@ func codeScoresRows(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, 
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
 // ([nq, hd], in the side's space), store indices [i0, i1) of head h;
 // blk is [attendTokens, hd] scratch, sz [2·attendTokens] and qsum [nq].
-func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk, sz, qsum []float32) {
+// It returns false, doing nothing, for rows of several groups that the
+// row kernels do not take (the caller decodes them with getRaw).
+func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk, sz, qsum []float32) bool {
+	ng := cs.codeGroups()
+	if useCodeRows(hd/ng, nq) {
+		codeScoresRows(cs, bits, hd, ng, h, i0, i1, nq, xs, s, lds, blk)
+		return true
+	}
+	if ng != 1 {
+		return false
+	}
 	for i := 0; i < nq; i++ {
 		var t float32
 		for _, e := range xs[i*hd : (i+1)*hd] {
 			t += e
 		}
 		qsum[i] = t
-	}
-	if useCodeRows(hd, nq) {
-		codeScoresRows(cs, bits, hd, h, i0, i1, nq, xs, s, lds, sz, qsum)
-		return
 	}
 	for a := i0; a < i1; a += attendTokens {
 		b := min(i1, a+attendTokens)
@@ -219,18 +264,23 @@ func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds 
 			}
 		}
 	}
+	return true
 }
 
 // codeAccum adds Σ_j p[i*ldp + j−i0]·x̂_j over store indices [i0, i1) of
 // head h to acc[i] ([nq, hd]); blk is [attendTokens, hd], w
 // [nq, attendTokens] and tmp [nq, hd] scratch, sz [2·attendTokens], cz
-// [nq].
-func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, blk, w, tmp, sz, cz []float32) {
-	clear(cz[:nq])
-	if useCodeRows(hd, nq) {
-		codeAccumRows(cs, bits, hd, h, i0, i1, nq, p, ldp, acc, w, sz, cz)
-		return
+// [nq]. It returns false, doing nothing, where codeScores does.
+func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, blk, w, tmp, sz, cz []float32) bool {
+	ng := cs.codeGroups()
+	if useCodeRows(hd/ng, nq) {
+		codeAccumRows(cs, bits, hd, ng, h, i0, i1, nq, p, ldp, acc, blk)
+		return true
 	}
+	if ng != 1 {
+		return false
+	}
+	clear(cz[:nq])
 	for a := i0; a < i1; a += attendTokens {
 		b := min(i1, a+attendTokens)
 		codeBlock(cs, bits, hd, h, a, b, blk, sz)
@@ -253,40 +303,87 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 			row[c] -= cz[r]
 		}
 	}
+	return true
 }
 
 // codeAccumRows is codeAccum by the row kernels: for each run of rows in
-// a page, attendTokens rows at a time, w_j = p_j·s_j, acc += Σ_j w_j·c_j
-// by kernels.CodeAxpy and cz += Σ_j w_j·z_j, subtracted from every
-// channel at the end.
-func codeAccumRows(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, w, sz, cz []float32) {
+// a page, attendTokens rows at a time, per group g: w_j = p_j·s_jg,
+// acc_g += Σ_j w_j·c_jg by kernels.CodeAxpy and cz_g += Σ_j w_j·z_jg,
+// subtracted from the group's channels at the end.
+func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
+	G, gb := hd/ng, hd/ng*bits/8
+	cz, sz, w := codeRowsScratch(blk, nq, ng)
+	clear(cz)
 	for i := i0; i < i1; {
 		e, codes, params := cs.codeRows(h, i, i1)
-		rb := len(codes) / (e - i)
+		rb, pr := len(codes)/(e-i), len(params)/(e-i)
 		for a := i; a < e; a += attendTokens {
 			n := min(e-a, attendTokens)
 			cb := codes[(a-i)*rb : (a-i+n)*rb]
-			pa := params[(a-i)*len(params)/(e-i):]
-			codeParams(cs, pa, n, sz)
+			codeParams(cs, params[(a-i)*pr:], n, ng, sz)
 			wr := w[:n]
 			for r := 0; r < nq; r++ {
-				pr := p[r*ldp+a-i0 : r*ldp+a-i0+n]
-				var z float32
-				for j, pj := range pr {
-					wj := pj * sz[2*j]
-					wr[j] = wj
-					z += wj * sz[2*j+1]
+				prow := p[r*ldp+a-i0 : r*ldp+a-i0+n]
+				for g := 0; g < ng; g++ {
+					var z float32
+					for j, pj := range prow {
+						k := 2 * (j*ng + g)
+						wj := pj * sz[k]
+						wr[j] = wj
+						z += wj * sz[k+1]
+					}
+					cz[r*ng+g] += z
+					kernels.CodeAxpy(acc[r*hd+g*G:r*hd+(g+1)*G], wr, cb[g*gb:], bits, rb, n)
 				}
-				cz[r] += z
-				kernels.CodeAxpy(acc[r*hd:(r+1)*hd], wr, cb, bits, rb, n)
 			}
 		}
 		i = e
 	}
 	for r := 0; r < nq; r++ {
-		row := acc[r*hd : (r+1)*hd]
-		for c := range row {
-			row[c] -= cz[r]
+		for g := 0; g < ng; g++ {
+			z := cz[r*ng+g]
+			for c := r*hd + g*G; c < r*hd+(g+1)*G; c++ {
+				acc[c] -= z
+			}
 		}
+	}
+}
+
+// rowsOK reports whether kivi2's per-channel keys take the row kernels
+// for nq query rows: 2, 4 or 8 bits and a head_dim the kernels take.
+func (s channelRaw) rowsOK(nq int) bool {
+	return (s.bits == 2 || s.bits == 4 || s.bits == 8) && useCodeRows(s.hd, nq)
+}
+
+// scoresRows writes s[r*lds + j−i0] = x_r·x̂_j for store indices [i0, i1)
+// of head h of a per-channel store: in a block of tokens sharing the
+// channel scales σ_c and zeros z_c, x̂_jc = σ_c·(c_jc − z_c), so with
+// x' = x∘σ (once per block and row) x·x̂_j = x'·c_j − x'·z by
+// kernels.CodeDots on the block's codes. blk is [attendTokens, hd]
+// scratch (σ, z and x' take 3·hd).
+func (s channelRaw) scoresRows(h, i0, i1, nq int, xs, out []float32, lds int, blk []float32) {
+	hd := s.hd
+	sc, z, xp := blk[:hd], blk[hd:2*hd], blk[2*hd:3*hd]
+	for i := i0; i < i1; {
+		e := min(i1, (i/s.block+1)*s.block)
+		b := s.p.get(i)
+		op := s.params.at(s.p, h, i)
+		kernels.WidenHalf(kernels.F16, sc, b.u16[op:op+hd])
+		kernels.WidenHalf(kernels.F16, z, b.u16[op+hd:op+2*hd])
+		oc := s.codes.at(s.p, h, i)
+		codes := b.u8[oc : oc+(e-i)*s.rb]
+		for r := 0; r < nq; r++ {
+			var off float32
+			for c, x := range xs[r*hd : (r+1)*hd] {
+				xp[c] = x * sc[c]
+				off += xp[c] * z[c]
+			}
+			row := out[r*lds+i-i0 : r*lds+e-i0]
+			kernels.CodeDots(row, xp, codes, s.bits, s.rb, e-i)
+			for j := range row {
+				row[j] -= off
+			}
+		}
+		i = e
 	}
 }
