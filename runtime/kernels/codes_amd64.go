@@ -21,3 +21,9 @@ func codeAxpy4AVX2(dst, x *float32, codes *byte, n, hd, rb int, shifts *int32)
 
 //go:noescape
 func codeAxpy8AVX2(dst, x *float32, codes *byte, n, hd, rb int, shifts *int32)
+
+//go:noescape
+func codeDotsS8AVX2(dst, x *float32, codes *byte, n, hd, rb int, shifts *int32)
+
+//go:noescape
+func codeAxpyS8AVX2(dst, x *float32, codes *byte, n, hd, rb int, shifts *int32)

@@ -51,6 +51,8 @@
 #define O2(R) OCT2((R), 4(R), 0, 0)
 #define O4(R) OCT4((R), 4(R), 8(R), 12(R))
 #define O8(R) OCT8((R), 8(R), 16(R), 24(R))
+#define OS8(R) OCTS8((R), 8(R), 16(R), 24(R))
+#define OS8X(R, X) OCTS8((R)(X), 8(R)(X), 16(R)(X), 24(R)(X))
 #define O2X(R, X) OCT2((R)(X), 4(R)(X), 0, 0)
 #define O4X(R, X) OCT4((R)(X), 4(R)(X), 8(R)(X), 12(R)(X))
 #define O8X(R, X) OCT8((R)(X), 8(R)(X), 16(R)(X), 24(R)(X))
@@ -65,6 +67,13 @@
 	VFMADD231PS 32(DX), Y5, ACC; \
 	VFMADD231PS 64(DX), Y6, ACC; \
 	VFMADD231PS 96(DX), Y7, ACC
+
+// OCTS8: 32 signed 8-bit codes (int8, sign-extended) at A..D as OCT8.
+#define OCTS8(A, B, C, D) \
+	VPMOVSXBD A, Y4; \
+	VPMOVSXBD B, Y5; \
+	VPMOVSXBD C, Y6; \
+	VPMOVSXBD D, Y7
 
 #define CVT4 \
 	VCVTDQ2PS Y4, Y4; \
@@ -229,3 +238,17 @@ TEXT ·codeAxpy8AVX2(SB), NOSPLIT, $0-56
 	ARGS
 	MOVL $255, AX
 	AXPY(O8, 32)
+
+// func codeDotsS8AVX2(dst, x *float32, codes *byte, n, hd, rb int, shifts *int32)
+// codeDots8AVX2 for signed (int8) codes.
+TEXT ·codeDotsS8AVX2(SB), NOSPLIT, $0-56
+	ARGS
+	MOVL $255, AX
+	DOTS(OS8, OS8X, 32)
+
+// func codeAxpyS8AVX2(dst, x *float32, codes *byte, n, hd, rb int, shifts *int32)
+// codeAxpy8AVX2 for signed (int8) codes.
+TEXT ·codeAxpyS8AVX2(SB), NOSPLIT, $0-56
+	ARGS
+	MOVL $255, AX
+	AXPY(OS8, 32)

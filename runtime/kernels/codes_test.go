@@ -12,6 +12,10 @@ import (
 // read as codes), and the codes as integers [n, hd].
 func codeRowsCase(seed uint64, bits, hd, n, rb int) ([]byte, [][]int) {
 	r := newRand(seed)
+	signed := bits == CodeS8
+	if signed {
+		bits = 8
+	}
 	codes := make([]byte, n*rb)
 	for i := range codes {
 		codes[i] = 0xff
@@ -24,6 +28,9 @@ func codeRowsCase(seed uint64, bits, hd, n, rb int) ([]byte, [][]int) {
 		for c := range vals[j] {
 			v := r.IntN(1 << bits)
 			vals[j][c] = v
+			if signed {
+				vals[j][c] = int(int8(byte(v)))
+			}
 			p := c * bits
 			row[p>>3] |= byte(v << (p & 7))
 		}
@@ -38,6 +45,7 @@ var codeShapes = [][2]int{
 	{2, 32}, {2, 64}, {2, 96}, {2, 128}, {2, 8}, {2, 12}, {2, 40},
 	{4, 32}, {4, 64}, {4, 128}, {4, 6}, {4, 100},
 	{8, 32}, {8, 64}, {8, 160}, {8, 7}, {8, 40},
+	{CodeS8, 32}, {CodeS8, 64}, {CodeS8, 7}, {CodeS8, 40},
 }
 
 // TestCodeDots checks CodeDots against the float64 dot products over odd
@@ -51,7 +59,7 @@ func TestCodeDots(t *testing.T) {
 			bits, hd := sh[0], sh[1]
 			for _, n := range []int{1, 7, 33, 65} {
 				for _, pad := range []int{0, 3} {
-					rb := hd*bits/8 + pad
+					rb := codeRowBytes(hd, bits) + pad
 					codes, vals := codeRowsCase(uint64(bits*1000+hd+n), bits, hd, n, rb)
 					q := randSlice(newRand(uint64(hd*n+pad)), hd)
 					out := make([]float32, n+1)
@@ -85,7 +93,7 @@ func TestCodeAxpy(t *testing.T) {
 			bits, hd := sh[0], sh[1]
 			for _, n := range []int{1, 7, 33, 65} {
 				for _, pad := range []int{0, 3} {
-					rb := hd*bits/8 + pad
+					rb := codeRowBytes(hd, bits) + pad
 					codes, vals := codeRowsCase(uint64(bits*1000+hd+n), bits, hd, n, rb)
 					w := randSlice(newRand(uint64(hd*n+pad)), n)
 					acc := randSlice(newRand(uint64(hd+n+7)), hd+1)
@@ -153,23 +161,33 @@ func benchRows(b *testing.B, n int, f func()) {
 // float path they replace (expand the codes by table, then the float32
 // product) is kvcache's BenchmarkCodeKernels.
 func BenchmarkCodeDots(b *testing.B) {
-	for _, bits := range []int{2, 4, 8} {
+	for _, bits := range []int{2, 4, 8, CodeS8} {
 		b.Run(fmt.Sprintf("bits=%d", bits), func(b *testing.B) {
 			const hd, n = 64, 64
-			codes, _ := codeRowsCase(1, bits, hd, n, hd*bits/8)
+			rb := codeRowBytes(hd, bits)
+			codes, _ := codeRowsCase(1, bits, hd, n, rb)
 			q, out := randSlice(newRand(2), hd), make([]float32, n)
-			benchRows(b, n, func() { CodeDots(out, q, codes, bits, hd*bits/8, n) })
+			benchRows(b, n, func() { CodeDots(out, q, codes, bits, rb, n) })
 		})
 	}
 }
 
 func BenchmarkCodeAxpy(b *testing.B) {
-	for _, bits := range []int{2, 4, 8} {
+	for _, bits := range []int{2, 4, 8, CodeS8} {
 		b.Run(fmt.Sprintf("bits=%d", bits), func(b *testing.B) {
 			const hd, n = 64, 64
-			codes, _ := codeRowsCase(1, bits, hd, n, hd*bits/8)
+			rb := codeRowBytes(hd, bits)
+			codes, _ := codeRowsCase(1, bits, hd, n, rb)
 			w, acc := randSlice(newRand(2), n), make([]float32, hd)
-			benchRows(b, n, func() { CodeAxpy(acc, w, codes, bits, hd*bits/8, n) })
+			benchRows(b, n, func() { CodeAxpy(acc, w, codes, bits, rb, n) })
 		})
 	}
+}
+
+// codeRowBytes is the bytes of hd codes of bits (CodeS8: 8).
+func codeRowBytes(hd, bits int) int {
+	if bits == CodeS8 {
+		bits = 8
+	}
+	return hd * bits / 8
 }

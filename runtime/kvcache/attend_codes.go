@@ -387,3 +387,166 @@ func (s channelRaw) scoresRows(h, i0, i1, nq int, xs, out []float32, lds int, bl
 		i = e
 	}
 }
+
+// llama.cpp's q8_0/q4_0 rows (store_ggml.go) in their raw space (the
+// block Hadamard applied to q once, kept on the output): a row is hd/32
+// blocks of an fp16 scale d_b and 32 codes; q8_0 codes are int8 (x̂ =
+// d_b·c), q4_0 codes nibbles with byte j holding elements j (low) and
+// j+16 (high) of the block (x̂ = d_b·(c − 8)). For q4_0 the query is
+// permuted per block into the kernels' order (element 2j ← j, 2j+1 ←
+// j+16), and the accumulated output permuted back.
+
+// ggmlRows returns the store's q8_0/q4_0 codec when the row kernels take
+// nq query rows (blocks of 32: kernels.CodeRowsFast(32); at most 32 rows,
+// the scratch of blk).
+func ggmlRows(sd *side, nq int) (rowRaw, *ggmlCodec, bool) {
+	rr, ok := sd.raw.(rowRaw)
+	if !ok || sd.norm || nq > 32 || !useCodeRows(ggmlBlock, nq) {
+		return rowRaw{}, nil, false
+	}
+	g, ok := rr.c.(*ggmlCodec)
+	return rr, g, ok && g.hd%ggmlBlock == 0
+}
+
+// kernelBits is the codes' kernels.CodeDots width.
+func (c *ggmlCodec) kernelBits() int {
+	if c.bits == 8 {
+		return kernels.CodeS8
+	}
+	return 4
+}
+
+// permute writes x ([hd], model order) into dst in the kernels' order
+// (q4_0; a copy for q8_0); unpermute adds src (kernels' order) to dst.
+func (c *ggmlCodec) permute(dst, x []float32) {
+	if c.bits == 8 {
+		copy(dst[:c.hd], x[:c.hd])
+		return
+	}
+	for b := 0; b < c.hd; b += ggmlBlock {
+		for j := 0; j < ggmlBlock/2; j++ {
+			dst[b+2*j], dst[b+2*j+1] = x[b+j], x[b+j+ggmlBlock/2]
+		}
+	}
+}
+
+func (c *ggmlCodec) unpermuteAdd(dst, src []float32) {
+	if c.bits == 8 {
+		kernels.Axpy(1, src[:c.hd], dst[:c.hd])
+		return
+	}
+	for b := 0; b < c.hd; b += ggmlBlock {
+		for j := 0; j < ggmlBlock/2; j++ {
+			dst[b+j] += src[b+2*j]
+			dst[b+j+ggmlBlock/2] += src[b+2*j+1]
+		}
+	}
+}
+
+// ggmlScratch splits blk ([attendTokens, hd]) for nq ≤ 32 rows of nb
+// blocks: permuted queries or accumulators [nq·hd], per-block query sums
+// or corrections [nq·nb], the chunk's scales [attendTokens·nb] and a row
+// buffer [attendTokens].
+func ggmlScratch(blk []float32, hd, nq, nb int) (xp, qs, d, tmp []float32) {
+	xp, blk = blk[:nq*hd], blk[nq*hd:]
+	qs, blk = blk[:nq*nb], blk[nq*nb:]
+	d, blk = blk[:attendTokens*nb], blk[attendTokens*nb:]
+	return xp, qs, d, blk[:attendTokens]
+}
+
+// ggmlChunk calls f(a, n, cb) for the chunks of at most attendTokens rows
+// of head h in [i0, i1) within one page (cb: their bytes, rb apart),
+// with d[j·nb+b] the scale of block b of the chunk's row j.
+func (s rowRaw) ggmlChunk(g *ggmlCodec, h, i0, i1 int, d []float32, f func(a, n int, cb []byte)) {
+	nb, bb := g.hd/ggmlBlock, g.blockBytes()
+	for i := i0; i < i1; {
+		e := s.p.runEnd(i, i1)
+		b := s.p.get(i)
+		o := s.vals.at(s.p, h, i)
+		codes := b.u8[o : o+(e-i)*s.rb]
+		for a := i; a < e; a += attendTokens {
+			n := min(e-a, attendTokens)
+			cb := codes[(a-i)*s.rb : (a-i+n)*s.rb]
+			for j := 0; j < n; j++ {
+				for k := 0; k < nb; k++ {
+					d[j*nb+k] = getF16(cb[j*s.rb+k*bb:])
+				}
+			}
+			f(a, n, cb)
+		}
+		i = e
+	}
+}
+
+// ggmlScores writes out[r*lds + j−i0] = x_r·x̂_j (raw space) for store
+// indices [i0, i1) of head h: per block b, t = x'_b·c_jb by
+// kernels.CodeDots, s_j = Σ_b d_jb·(t − 8·Σ_{c∈b} x_c) (q4_0; q8_0 without
+// the offset).
+func (s rowRaw) ggmlScores(g *ggmlCodec, h, i0, i1, nq int, xs, out []float32, lds int, blk []float32) {
+	hd, nb, bb, kb := g.hd, g.hd/ggmlBlock, g.blockBytes(), g.kernelBits()
+	xp, qsum, d, tmp := ggmlScratch(blk, hd, nq, nb)
+	for r := 0; r < nq; r++ {
+		g.permute(xp[r*hd:], xs[r*hd:])
+		for k := 0; k < nb; k++ {
+			var t float32
+			if g.bits == 4 {
+				for _, e := range xs[r*hd+k*ggmlBlock : r*hd+(k+1)*ggmlBlock] {
+					t += e
+				}
+			}
+			qsum[r*nb+k] = 8 * t
+		}
+	}
+	s.ggmlChunk(g, h, i0, i1, d, func(a, n int, cb []byte) {
+		for r := 0; r < nq; r++ {
+			row := out[r*lds+a-i0 : r*lds+a-i0+n]
+			clear(row)
+			for k := 0; k < nb; k++ {
+				t := tmp[:n]
+				kernels.CodeDots(t, xp[r*hd+k*ggmlBlock:r*hd+(k+1)*ggmlBlock], cb[k*bb+2:], kb, s.rb, n)
+				off := qsum[r*nb+k]
+				for j := range row {
+					row[j] += d[j*nb+k] * (t[j] - off)
+				}
+			}
+		}
+	})
+}
+
+// ggmlAccum adds Σ_j p[r*ldp + j−i0]·x̂_j (raw space) over store indices
+// [i0, i1) of head h to acc[r] ([nq, hd]): per block b, w_j = p_j·d_jb,
+// Σ_j w_j·c_jb by kernels.CodeAxpy (permuted back at the end) and, for
+// q4_0, 8·Σ_j w_j subtracted from the block's channels.
+func (s rowRaw) ggmlAccum(g *ggmlCodec, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
+	hd, nb, bb, kb := g.hd, g.hd/ggmlBlock, g.blockBytes(), g.kernelBits()
+	ap, cz, d, w := ggmlScratch(blk, hd, nq, nb)
+	clear(ap)
+	clear(cz)
+	s.ggmlChunk(g, h, i0, i1, d, func(a, n int, cb []byte) {
+		wr := w[:n]
+		for r := 0; r < nq; r++ {
+			prow := p[r*ldp+a-i0 : r*ldp+a-i0+n]
+			for k := 0; k < nb; k++ {
+				var z float32
+				for j, pj := range prow {
+					wj := pj * d[j*nb+k]
+					wr[j] = wj
+					z += wj
+				}
+				cz[r*nb+k] += z
+				kernels.CodeAxpy(ap[r*hd+k*ggmlBlock:r*hd+(k+1)*ggmlBlock], wr, cb[k*bb+2:], kb, s.rb, n)
+			}
+		}
+	})
+	for r := 0; r < nq; r++ {
+		if g.bits == 4 {
+			for k := 0; k < nb; k++ {
+				z := 8 * cz[r*nb+k]
+				for c := r*hd + k*ggmlBlock; c < r*hd+(k+1)*ggmlBlock; c++ {
+					ap[c] -= z
+				}
+			}
+		}
+		g.unpermuteAdd(acc[r*hd:], ap[r*hd:])
+	}
+}

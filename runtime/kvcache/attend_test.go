@@ -218,7 +218,7 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 func TestAttendCodePaths(t *testing.T) {
 	const tol = 2e-6
 	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 1, HeadDim: 96}}
-	kinds := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar4": true, "kivi2": true}
+	kinds := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar4": true, "kivi2": true, "q8_0": true, "q4_0": true}
 	for _, path := range []string{"rows", "block"} {
 		func() {
 			defer func(old int) { codeRowsMaxNQ = old }(codeRowsMaxNQ)
