@@ -72,15 +72,20 @@ var longKVKinds = []string{"fp16", "int8", "int4", "oscar2", "kivi2", "q8_0", "q
 // context, one thread, for each of longKVKinds, on two models:
 //
 //   - gqa-f32: longKVConfig (GQA, 2 KV heads, F32 weights). Linear
-//     weights 88.1 MB (plus the 1 MB tied embedding) are read per token;
-//     fp16 KV holds 2·8 layers·128·2 B = 4,096 B per token of context
-//     (33.5 MB at 8,192), so the weights dominate and even free attention
-//     could not make decode 2× faster.
+//     weights 90.2 MB (22.5M weights, runtime.LinearWeightBytes; plus the
+//     1 MB tied embedding) are read per token; fp16 KV holds
+//     2·8 layers·2 heads·64·2 B = 4,096 B per token of context (33.5 MB
+//     at 8,192), so the weights dominate and even free attention could
+//     not make decode 2× faster.
 //   - mha-4bit: longKVMHAConfig (MHA, 8 KV heads, 4-bit g32 weights).
-//     Linear weights 15.8 MB (25.2M weights at 0.625 B: codes, F16 scale
+//     Linear weights 16.1 MB (25.7M weights at 0.625 B: codes, F16 scale
 //     and zero), embedding 1 MB; fp16 KV holds 16,384 B per token of
 //     context (134 MB at 8,192): the KV cache is most of the bytes read,
 //     as in serving.
+//
+// KV_MB at 8,192 tokens (gqa-f32 / mha-4bit; ×4 between them): fp16
+// 33.6 / 134.2, int8 18.4 / 73.8, int4 10.4 / 41.5, oscar2 6.35 / 25.4,
+// kivi2 7.36 / 29.4, q8_0 18.4 / 73.8, q4_0 10.4 / 41.5.
 //
 // The KV bytes of each kind (its Bytes(), all of it read per step:
 // codes, scales, zeros and the fp16 windows) are reported as KV_MB.

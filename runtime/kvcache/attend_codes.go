@@ -15,12 +15,24 @@ import (
 //	x·x̂_j = s_j·(x·c_j − z_j·Σ_c x_c)
 //	Σ_j p_j x̂_j = Σ_j (p_j s_j)·c_j − (Σ_j p_j s_j z_j)·1
 //
-// and the products over a block run on the bare codes: a byte becomes
-// its 4 (2-bit), 2 (4-bit) or 1 (8-bit) code values by one table copy,
-// without the per-row scale and zero (applied once per score, or folded
-// into the weights), into a block that stays in L1, and the block's
-// matrix products (shared by the query heads of a GQA group) run in the
-// AVX2 kernels.
+// and the products run on the bare codes, the per-row scale and zero
+// applied once per score or folded into the weights. Two paths:
+//
+//   - row kernels (decode: at most codeRowsMaxNQ query rows per KV head,
+//     head_dim (or group) a multiple of 32, AVX2): kernels.CodeDots and
+//     kernels.CodeAxpy read the packed codes directly, extracting them in
+//     registers; nothing is expanded to memory. Rows of several channel
+//     groups (kivi2's values) run per group; kivi2's per-channel keys and
+//     llama.cpp's q8_0/q4_0 rows take the same kernels (scoresRows,
+//     ggmlScores, ggmlAccum below).
+//   - block path (prefill chunks, other shapes, builds without the
+//     assembly): a byte becomes its 4 (2-bit), 2 (4-bit) or 1 (8-bit)
+//     code values by one table copy into a block that stays in L1, and
+//     the block's matrix products (shared by the query rows) run in the
+//     AVX2 matrix kernels.
+//
+// Both sum the same exact products (codes are small integers) in float32
+// in different orders; TestAttendCodePaths checks each against Read.
 
 // codeTab2, codeTab4 and codeTab8 give the code values of a byte of 2-bit,
 // 4-bit and 8-bit codes, LSB first (a load instead of an int→float
