@@ -18,8 +18,9 @@ import (
 // and the products run on the bare codes, the per-row scale and zero
 // applied once per score or folded into the weights. Two paths:
 //
-//   - row kernels (decode: at most codeRowsMaxNQ query rows per KV head,
-//     head_dim (or group) a multiple of 32, AVX2): kernels.CodeDots and
+//   - row kernels (decode: at most codeRowsMaxNQ (2-bit: codeRowsMaxNQ2)
+//     query rows per KV head, head_dim (or group) a multiple of 32,
+//     AVX2): kernels.CodeDots and
 //     kernels.CodeAxpy read the packed codes directly, extracting them in
 //     registers; nothing is expanded to memory. Rows of several channel
 //     groups (kivi2's values) run per group; kivi2's per-channel keys and
@@ -162,13 +163,24 @@ func codeBlock(cs codeStore, bits, hd, h, a, b int, blk, sz []float32) {
 // codeRowsMaxNQ is the most query rows per KV head for which the row
 // kernels (kernels.CodeDots, kernels.CodeAxpy: the codes are extracted
 // once per query row) are used instead of the block path (the codes
-// expanded to float32 once, then shared by the rows' matrix product).
-// Chosen by BenchmarkCodeKernels: decode (1 row, or a GQA group of 2–8)
-// takes the row kernels; prefill chunks (many rows) the block path.
-var codeRowsMaxNQ = 8
+// expanded to float32 once, then shared by the rows' matrix product), for
+// 4- and 8-bit codes; codeRowsMaxNQ2 for 2-bit codes (cheaper to expand).
+// Chosen by BenchmarkCodeKernels (CPU time per token and row, head_dim
+// 64): rows are 4–7× faster at 1 row; at 8 rows int8 rows 16 vs block 24
+// ns, int4 tied (12 vs 13), oscar2 block faster (17 vs 11); at 4 rows
+// oscar2 rows 19 vs 30. Decode (1 row, or a GQA group of up to 8) takes
+// the row kernels; prefill chunks (many rows) the block path.
+var codeRowsMaxNQ, codeRowsMaxNQ2 = 8, 4
 
-// useCodeRows reports whether nq rows of head_dim hd take the row kernels.
-func useCodeRows(hd, nq int) bool { return nq <= codeRowsMaxNQ && kernels.CodeRowsFast(hd) }
+// useCodeRows reports whether nq rows of head_dim (or group) hd of bits
+// take the row kernels.
+func useCodeRows(hd, nq, bits int) bool {
+	lim := codeRowsMaxNQ
+	if bits == 2 {
+		lim = codeRowsMaxNQ2
+	}
+	return nq <= lim && kernels.CodeRowsFast(hd)
+}
 
 // codeParams writes the scales and zeros of n rows of ng groups (params
 // as codeRows returns them) into sz: sz[2(r·ng+g)] the scale, sz[2(r·ng+g)+1]
@@ -248,7 +260,7 @@ func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float
 // row kernels do not take (the caller decodes them with getRaw).
 func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk, sz, qsum []float32) bool {
 	ng := cs.codeGroups()
-	if useCodeRows(hd/ng, nq) {
+	if useCodeRows(hd/ng, nq, bits) {
 		codeScoresRows(cs, bits, hd, ng, h, i0, i1, nq, xs, s, lds, blk)
 		return true
 	}
@@ -285,7 +297,7 @@ func codeScores(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds 
 // [nq]. It returns false, doing nothing, where codeScores does.
 func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, acc, blk, w, tmp, sz, cz []float32) bool {
 	ng := cs.codeGroups()
-	if useCodeRows(hd/ng, nq) {
+	if useCodeRows(hd/ng, nq, bits) {
 		codeAccumRows(cs, bits, hd, ng, h, i0, i1, nq, p, ldp, acc, blk)
 		return true
 	}
@@ -364,7 +376,7 @@ func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, l
 // rowsOK reports whether kivi2's per-channel keys take the row kernels
 // for nq query rows: 2, 4 or 8 bits and a head_dim the kernels take.
 func (s channelRaw) rowsOK(nq int) bool {
-	return (s.bits == 2 || s.bits == 4 || s.bits == 8) && useCodeRows(s.hd, nq)
+	return (s.bits == 2 || s.bits == 4 || s.bits == 8) && useCodeRows(s.hd, nq, s.bits)
 }
 
 // scoresRows writes s[r*lds + j−i0] = x_r·x̂_j for store indices [i0, i1)
@@ -413,11 +425,11 @@ func (s channelRaw) scoresRows(h, i0, i1, nq int, xs, out []float32, lds int, bl
 // the scratch of blk).
 func ggmlRows(sd *side, nq int) (rowRaw, *ggmlCodec, bool) {
 	rr, ok := sd.raw.(rowRaw)
-	if !ok || sd.norm || nq > 32 || !useCodeRows(ggmlBlock, nq) {
+	if !ok || sd.norm || nq > 32 {
 		return rowRaw{}, nil, false
 	}
 	g, ok := rr.c.(*ggmlCodec)
-	return rr, g, ok && g.hd%ggmlBlock == 0
+	return rr, g, ok && g.hd%ggmlBlock == 0 && useCodeRows(ggmlBlock, nq, g.bits)
 }
 
 // kernelBits is the codes' kernels.CodeDots width.

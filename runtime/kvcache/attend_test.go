@@ -221,10 +221,10 @@ func TestAttendCodePaths(t *testing.T) {
 	kinds := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar4": true, "kivi2": true, "q8_0": true, "q4_0": true}
 	for _, path := range []string{"rows", "block"} {
 		func() {
-			defer func(old int) { codeRowsMaxNQ = old }(codeRowsMaxNQ)
-			codeRowsMaxNQ = 0
+			defer func(a, b int) { codeRowsMaxNQ, codeRowsMaxNQ2 = a, b }(codeRowsMaxNQ, codeRowsMaxNQ2)
+			codeRowsMaxNQ, codeRowsMaxNQ2 = 0, 0
 			if path == "rows" {
-				codeRowsMaxNQ = 1 << 30
+				codeRowsMaxNQ, codeRowsMaxNQ2 = 1<<30, 1<<30
 			}
 			for name, c := range attendCaches(t, layers, 300) {
 				if !kinds[strings.TrimSuffix(name, "/pool")] {

@@ -122,7 +122,7 @@ func BenchmarkDecodeStories260K(b *testing.B) {
 // row kernels (rows: kernels.CodeDots/CodeAxpy on the packed codes) and
 // by the block path (block: codes expanded to float32 per 64-token block,
 // then the float32 matrix products), for the per-row code kinds; it
-// chose codeRowsMaxNQ (the largest nq where rows is faster). Reports
+// chose codeRowsMaxNQ and codeRowsMaxNQ2. Reports
 // CPU ns per token and query row of the pair (cpu-ns/tok-row; the
 // thread's CPU time, so other processes' load does not count) and the
 // same by the wall clock (ns/tok-row).
@@ -139,10 +139,10 @@ func BenchmarkCodeKernels(b *testing.B) {
 		for _, nq := range []int{1, 2, 4, 8, 16, 32} {
 			for _, path := range []string{"rows", "block"} {
 				b.Run(fmt.Sprintf("%s/nq=%d/%s", name, nq, path), func(b *testing.B) {
-					defer func(old int) { codeRowsMaxNQ = old }(codeRowsMaxNQ)
-					codeRowsMaxNQ = 0
+					defer func(a, b int) { codeRowsMaxNQ, codeRowsMaxNQ2 = a, b }(codeRowsMaxNQ, codeRowsMaxNQ2)
+					codeRowsMaxNQ, codeRowsMaxNQ2 = 0, 0
 					if path == "rows" {
-						codeRowsMaxNQ = nq
+						codeRowsMaxNQ, codeRowsMaxNQ2 = nq, nq
 					}
 					q, s, o := randRow(rng, nq*hd, 1), make([]float32, nq*n), make([]float32, nq*hd)
 					scratch := make([]float32, ka.AttendScratch(0, nq))
