@@ -1,6 +1,9 @@
 package runtime
 
-import "github.com/lmpack/lmpack/quantize/weights"
+import (
+	"github.com/lmpack/lmpack/formats/arch"
+	"github.com/lmpack/lmpack/quantize/weights"
+)
 
 // Test helpers exported to the runtime_test package (tests there may
 // import packages that import runtime, such as prune).
@@ -17,6 +20,13 @@ var (
 	// -1 where unavailable (cputime_*_test.go).
 	ProcessCPUSeconds = processCPUSeconds
 	With              = with
+	// BuildQuantLlama builds the synthetic Llama of config cfg in memory
+	// (N(0, 1/fan_in) weights, fixed seed) with its linear weights
+	// RTN-quantized with o (qlinear_bench_test.go's buildQuantLlama).
+	BuildQuantLlama = func(cfg map[string]any, o weights.Options) (*arch.Description, TensorSource) {
+		d, src := buildQuantLlama(cfg, o)
+		return d, src
+	}
 	// Q8Width reports whether bits-bit weights in groups of 32 decode
 	// on int8 activations (qseg.q8).
 	Q8Width = func(bits int) bool { return (&qseg{q: &weights.Quantized{Bits: bits, GroupSize: 32}}).q8() }

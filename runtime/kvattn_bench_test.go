@@ -2,12 +2,12 @@ package runtime_test
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/lmpack/lmpack/formats/arch"
 	"github.com/lmpack/lmpack/formats/safetensors"
+	"github.com/lmpack/lmpack/quantize/weights"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -55,65 +55,140 @@ func fillKV(b *testing.B, c runtime.KVCache, d *arch.Description, n int) {
 	}
 }
 
+// longKVMHAConfig is the serving-like long-context model: longKVConfig's
+// shapes with multi-head attention (num_key_value_heads 8 =
+// num_attention_heads, head_dim 64), its linear weights RTN-quantized to
+// 4 bits in groups of 32 (packed, as lmpack serves a quantized checkpoint).
+func longKVMHAConfig() map[string]any {
+	c := longKVConfig()
+	c["num_key_value_heads"] = 8
+	return c
+}
+
+// longKVKinds are the KV kinds BenchmarkDecodeLongKV measures.
+var longKVKinds = []string{"fp16", "int8", "int4", "oscar2", "kivi2", "q8_0", "q4_0"}
+
 // BenchmarkDecodeLongKV measures one decode step at 8,192 tokens of
-// context on longKVConfig's model, one thread, for fp16, int8, int4 and
-// oscar2 KV (oscar2 with random orthogonal rotations, clipping 0.96/0.92,
-// OSCAR's windows sink 64 and recent 256; int8/int4 the same windows;
-// fp16 none), each through the cache's KVAttender ("fused") and through
-// Read ("read", the path before it). The history is 8,192 tokens of
-// random keys and values written directly; each step decodes one token
-// at position 8,192 and truncates back. Reports tokens/s and KV_GB/s, the
-// cache's Bytes() (all of it is read per step) per second, by the wall
-// clock and by the process CPU time (tokens/cpu-s, KV_GB/cpu-s).
+// context, one thread, for each of longKVKinds, on two models:
+//
+//   - gqa-f32: longKVConfig (GQA, 2 KV heads, F32 weights). Linear
+//     weights 90.2 MB (22.5M weights, runtime.LinearWeightBytes; plus the
+//     1 MB tied embedding) are read per token; fp16 KV holds
+//     2·8 layers·2 heads·64·2 B = 4,096 B per token of context (33.5 MB
+//     at 8,192), so the weights dominate and even free attention could
+//     not make decode 2× faster.
+//   - mha-4bit: longKVMHAConfig (MHA, 8 KV heads, 4-bit g32 weights).
+//     Linear weights 16.1 MB (25.7M weights at 0.625 B: codes, F16 scale
+//     and zero), embedding 1 MB; fp16 KV holds 16,384 B per token of
+//     context (134 MB at 8,192): the KV cache is most of the bytes read,
+//     as in serving.
+//
+// KV_MB at 8,192 tokens (gqa-f32 / mha-4bit; ×4 between them): fp16
+// 33.6 / 134.2, int8 18.4 / 73.8, int4 10.4 / 41.5, oscar2 6.35 / 25.4,
+// kivi2 7.36 / 29.4, q8_0 18.4 / 73.8, q4_0 10.4 / 41.5.
+//
+// The KV bytes of each kind (its Bytes(), all of it read per step:
+// codes, scales, zeros and the fp16 windows) are reported as KV_MB.
+// oscar2 uses random orthogonal rotations with clipping 0.96/0.92 and
+// OSCAR's windows sink 64 and recent 256; every quantized kind the same
+// windows (kivi2 quantizes 32-token blocks, so up to 31 more are fp16);
+// fp16 none. Each kind runs through the cache's KVAttender ("fused") and
+// through Read ("read", the path before it). The history is 8,192
+// tokens of random keys and values written directly; each step decodes
+// one token at position 8,192 and truncates back. Reports tokens/s and
+// KV_GB/s (KV_MB read per second) by the wall clock and by the process
+// CPU time (tokens/cpu-s, KV_GB/cpu-s; one thread, so other processes'
+// load does not dilute them), weight_MB (runtime.LinearWeightBytes) and
+// KV_MB. A kind's cache is filled only when one of its sub-benchmarks
+// runs, so a -bench filter on kind runs in less time.
 func BenchmarkDecodeLongKV(b *testing.B) {
 	const ctxLen = 8192
-	dir, d, _ := runtime.SynthCheckpoint(b, longKVConfig(), 3, safetensors.F32)
-	m, _ := runtime.LoadDir(b, dir, 1)
-	layers := kvcache.LayersOf(d)
-	for _, kind := range []string{"fp16", "int8", "int4", "oscar2"} {
-		opt := kvcache.Options{Sink: 64, Recent: 256}
-		if kind == "oscar2" {
-			rng := rand.New(rand.NewPCG(5, 6))
-			r := &kvcache.Rotations{}
-			for _, l := range layers {
-				r.K, r.V = append(r.K, randOrth(rng, l.HeadDim)), append(r.V, randOrth(rng, l.HeadDim))
-				r.ClipK, r.ClipV = append(r.ClipK, 0.96), append(r.ClipV, 0.92)
+	type model struct {
+		name  string
+		build func() (runtime.Model, *arch.Description)
+	}
+	models := []model{
+		{"gqa-f32", func() (runtime.Model, *arch.Description) {
+			dir, d, _ := runtime.SynthCheckpoint(b, longKVConfig(), 3, safetensors.F32)
+			m, _ := runtime.LoadDir(b, dir, 1)
+			return m, d
+		}},
+		{"mha-4bit", func() (runtime.Model, *arch.Description) {
+			d, src := runtime.BuildQuantLlama(longKVMHAConfig(), weights.Options{Bits: 4, GroupSize: 32})
+			m, err := runtime.NewCPU().Load(context.Background(), d, src, runtime.LoadOptions{Threads: 1})
+			if err != nil {
+				b.Fatal(err)
 			}
-			opt.Rotations = r
+			return m, d
+		}},
+	}
+	for _, mo := range models {
+		b.Run(mo.name, func(b *testing.B) {
+			m, d := mo.build()
+			defer m.Close()
+			layers := kvcache.LayersOf(d)
+			for _, kind := range longKVKinds {
+				b.Run(kind, func(b *testing.B) {
+					c := newLongKVCache(b, kind, layers, ctxLen+1)
+					fillKV(b, c, d, ctxLen)
+					for _, path := range []string{"read", "fused"} {
+						b.Run(path, func(b *testing.B) {
+							benchDecodeStep(b, m, d, c, path == "read", ctxLen)
+						})
+					}
+				})
+			}
+		})
+	}
+}
+
+// newLongKVCache returns BenchmarkDecodeLongKV's cache of kind.
+func newLongKVCache(b *testing.B, kind string, layers []kvcache.Layer, capacity int) runtime.KVCache {
+	b.Helper()
+	opt := kvcache.Options{Sink: 64, Recent: 256}
+	if kind == "oscar2" {
+		rng := rand.New(rand.NewPCG(5, 6))
+		r := &kvcache.Rotations{}
+		for _, l := range layers {
+			r.K, r.V = append(r.K, randOrth(rng, l.HeadDim)), append(r.V, randOrth(rng, l.HeadDim))
+			r.ClipK, r.ClipV = append(r.ClipK, 0.96), append(r.ClipV, 0.92)
 		}
-		c, err := kvcache.New(kind, layers, ctxLen+1, opt)
-		if err != nil {
+		opt.Rotations = r
+	}
+	c, err := kvcache.New(kind, layers, capacity, opt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// benchDecodeStep times decode steps at position ctxLen over c (through
+// Read when read), truncating back after each.
+func benchDecodeStep(b *testing.B, m runtime.Model, d *arch.Description, c runtime.KVCache, read bool, ctxLen int) {
+	var cc runtime.KVCache = c
+	if read {
+		cc = readKV{c, c.(runtime.QuantizedKV)}
+	}
+	logits := make([]float32, d.VocabSize)
+	tok := []int{1}
+	ctx := context.Background()
+	kvBytes := float64(c.Bytes())
+	b.ResetTimer()
+	cpu0 := cpuSeconds()
+	for i := 0; i < b.N; i++ {
+		if err := m.Forward(ctx, tok, cc, logits, false); err != nil {
 			b.Fatal(err)
 		}
-		fillKV(b, c, d, ctxLen)
-		for _, path := range []string{"read", "fused"} {
-			b.Run(fmt.Sprintf("%s/%s", kind, path), func(b *testing.B) {
-				var cc runtime.KVCache = c
-				if path == "read" {
-					cc = readKV{c, c.(runtime.QuantizedKV)}
-				}
-				logits := make([]float32, d.VocabSize)
-				tok := []int{1}
-				ctx := context.Background()
-				kvBytes := float64(c.Bytes())
-				b.ResetTimer()
-				cpu0 := cpuSeconds()
-				for i := 0; i < b.N; i++ {
-					if err := m.Forward(ctx, tok, cc, logits, false); err != nil {
-						b.Fatal(err)
-					}
-					cc.Truncate(ctxLen)
-				}
-				cpu := (cpuSeconds() - cpu0) / float64(b.N)
-				sec := b.Elapsed().Seconds() / float64(b.N)
-				b.ReportMetric(1/sec, "tokens/s")
-				b.ReportMetric(kvBytes/sec/1e9, "KV_GB/s")
-				// On a shared machine the wall clock counts other
-				// processes' time: the process CPU time per token (one
-				// thread) does not.
-				b.ReportMetric(1/cpu, "tokens/cpu-s")
-				b.ReportMetric(kvBytes/cpu/1e9, "KV_GB/cpu-s")
-			})
-		}
+		cc.Truncate(ctxLen)
 	}
+	cpu := (cpuSeconds() - cpu0) / float64(b.N)
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(1/sec, "tokens/s")
+	b.ReportMetric(kvBytes/sec/1e9, "KV_GB/s")
+	// On a shared machine the wall clock counts other processes' time:
+	// the process CPU time per token (one thread) does not.
+	b.ReportMetric(1/cpu, "tokens/cpu-s")
+	b.ReportMetric(kvBytes/cpu/1e9, "KV_GB/cpu-s")
+	b.ReportMetric(float64(runtime.LinearWeightBytes(m))/1e6, "weight_MB")
+	b.ReportMetric(kvBytes/1e6, "KV_MB")
 }

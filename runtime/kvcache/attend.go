@@ -244,9 +244,14 @@ func (c *cache) Scores(layer, h, p0, p1, nq int, q []float32, ldq int, s []float
 	sd := &L.k
 	if a0, a1 := max(p0, c.sink), min(p1, L.q); a1 > a0 {
 		toSide(sd, hd, nq, q, ldq, qs)
-		if cs, bits, ok := codesOf(sd); ok {
-			codeScores(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk, aux[:2*attendTokens], aux[2*attendTokens:2*attendTokens+nq])
+		if cs, bits, ok := codesOf(sd); ok && codeScores(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk, aux[:2*attendTokens], aux[2*attendTokens:2*attendTokens+nq]) {
 			a1 = a0 // done
+		} else if ch, ok := sd.raw.(channelRaw); ok && !sd.norm && ch.rowsOK(nq) {
+			ch.scoresRows(h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk)
+			a1 = a0
+		} else if rr, g, ok := ggmlRows(sd, nq); ok {
+			rr.ggmlScores(g, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk)
+			a1 = a0
 		}
 		for a := a0; a < a1; a += attendTokens {
 			b := min(a1, a+attendTokens)
@@ -288,9 +293,11 @@ func (c *cache) AccumV(layer, h, p0, p1, nq int, p []float32, ldp int, out []flo
 	sd := &L.v
 	if a0, a1 := max(p0, c.sink), min(p1, L.q); a1 > a0 {
 		clear(acc[:nq*hd])
-		if cs, bits, ok := codesOf(sd); ok {
-			codeAccum(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk, pw, tmp, aux[:2*attendTokens], aux[2*attendTokens:2*attendTokens+nq])
+		if cs, bits, ok := codesOf(sd); ok && codeAccum(cs, bits, hd, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk, pw, tmp, aux[:2*attendTokens], aux[2*attendTokens:2*attendTokens+nq]) {
 			a0 = a1 // done
+		} else if rr, g, ok := ggmlRows(sd, nq); ok {
+			rr.ggmlAccum(g, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk)
+			a0 = a1
 		}
 		for a := a0; a < a1; a += attendTokens {
 			b := min(a1, a+attendTokens)

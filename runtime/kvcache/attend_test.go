@@ -205,3 +205,57 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 		}
 	}
 }
+
+// TestAttendCodePaths checks the two code paths of the per-row and
+// per-channel code kinds against Read's float64 products, with the bound
+// of TestAttendMatchesRead (the row kernels sum the same exact products
+// in float32, in another order): the row kernels (kernels.CodeDots,
+// CodeAxpy; forced for every row count, so GQA groups of 8 and 16 rows
+// too) and the block path (codes expanded to float32, forced off the row
+// kernels), for 1, 7, 8 and 16 query rows, after writes of odd sizes
+// (token counts not a multiple of the 64-token block or of the 32-token
+// pages of the Pool caches).
+func TestAttendCodePaths(t *testing.T) {
+	const tol = 2e-6
+	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 1, HeadDim: 96}}
+	kinds := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar4": true, "kivi2": true, "q8_0": true, "q4_0": true}
+	for _, path := range []string{"rows", "block"} {
+		func() {
+			defer func(a, b int) { codeRowsMaxNQ, codeRowsMaxNQ2 = a, b }(codeRowsMaxNQ, codeRowsMaxNQ2)
+			codeRowsMaxNQ, codeRowsMaxNQ2 = 0, 0
+			if path == "rows" {
+				codeRowsMaxNQ, codeRowsMaxNQ2 = 1<<30, 1<<30
+			}
+			for name, c := range attendCaches(t, layers, 300) {
+				if !kinds[strings.TrimSuffix(name, "/pool")] {
+					continue
+				}
+				t.Run(path+"/"+name, func(t *testing.T) {
+					ka := c.(runtime.KVAttender)
+					rng := rand.New(rand.NewPCG(7, 9))
+					pos := 0
+					for _, n := range []int{131, 1, 70} {
+						for li, l := range layers {
+							d := l.NumKVHeads * l.HeadDim
+							k, v := make([]float32, n*d), make([]float32, n*d)
+							for r := 0; r < n*l.NumKVHeads; r++ {
+								copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
+								copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
+							}
+							c.Write(li, pos, n, k, v)
+						}
+						c.Commit(n)
+						pos += n
+						for li, l := range layers {
+							for _, nq := range []int{1, 7, 8, 16} {
+								checkAttend(t, c, ka, li, l, pos, nq, rng, tol)
+							}
+						}
+					}
+				})
+			}
+		}()
+	}
+	t.Logf("worst score error %.3g, output error %.3g (relative to the bounds' scales)", worstS, worstV)
+	worstS, worstV = 0, 0
+}

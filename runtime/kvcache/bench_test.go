@@ -3,6 +3,7 @@ package kvcache
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
 	"testing"
 	"time"
 
@@ -113,5 +114,52 @@ func BenchmarkDecodeStories260K(b *testing.B) {
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tokens/s")
 			b.ReportMetric(float64(c.Bytes()), "KV-bytes")
 		})
+	}
+}
+
+// BenchmarkCodeKernels measures one head's Scores and AccumV over 2,048
+// quantized tokens (head_dim 64, no windows) for nq query rows, by the
+// row kernels (rows: kernels.CodeDots/CodeAxpy on the packed codes) and
+// by the block path (block: codes expanded to float32 per 64-token block,
+// then the float32 matrix products), for the per-row code kinds; it
+// chose codeRowsMaxNQ and codeRowsMaxNQ2. Reports
+// CPU ns per token and query row of the pair (cpu-ns/tok-row; the
+// thread's CPU time, so other processes' load does not count) and the
+// same by the wall clock (ns/tok-row).
+func BenchmarkCodeKernels(b *testing.B) {
+	const n, hd = 2048, 64
+	layers := []Layer{{NumKVHeads: 1, HeadDim: hd}}
+	for _, name := range []string{"oscar2", "int4", "int8"} {
+		c := mustNew(b, name, layers, n, benchOpt(name, layers))
+		rng := newRand(3)
+		k, v := tokens(rng, layers, n, nil), tokens(rng, layers, n, nil)
+		c.Write(0, 0, n, k[0], v[0])
+		c.Commit(n)
+		ka := c.(runtime.KVAttender)
+		for _, nq := range []int{1, 2, 4, 8, 16, 32} {
+			for _, path := range []string{"rows", "block"} {
+				b.Run(fmt.Sprintf("%s/nq=%d/%s", name, nq, path), func(b *testing.B) {
+					defer func(a, b int) { codeRowsMaxNQ, codeRowsMaxNQ2 = a, b }(codeRowsMaxNQ, codeRowsMaxNQ2)
+					codeRowsMaxNQ, codeRowsMaxNQ2 = 0, 0
+					if path == "rows" {
+						codeRowsMaxNQ, codeRowsMaxNQ2 = nq, nq
+					}
+					q, s, o := randRow(rng, nq*hd, 1), make([]float32, nq*n), make([]float32, nq*hd)
+					scratch := make([]float32, ka.AttendScratch(0, nq))
+					goruntime.LockOSThread()
+					defer goruntime.UnlockOSThread()
+					b.ResetTimer()
+					c0 := threadCPU()
+					for i := 0; i < b.N; i++ {
+						ka.Scores(0, 0, 0, n, nq, q, hd, s, n, scratch)
+						ka.AccumV(0, 0, 0, n, nq, s, n, o, hd, scratch)
+					}
+					cpu := threadCPU() - c0
+					per := float64(b.N) * n * float64(nq)
+					b.ReportMetric(cpu*1e9/per, "cpu-ns/tok-row")
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/per, "ns/tok-row")
+				})
+			}
+		}
 	}
 }

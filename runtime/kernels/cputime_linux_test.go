@@ -1,0 +1,5 @@
+//go:build linux
+
+package kernels
+
+const rusageThread = 1 // RUSAGE_THREAD
