@@ -182,7 +182,8 @@ func (c *cache) checkAttend(L *layerState, fn string, layer, p0, p1 int) {
 }
 
 // fp16Rows decodes positions [a, b) (at most attendTokens) of kv head h
-// from the sink (sink true) or the ring into blk.
+// from the sink (sink true) or the ring into blk (exact, as kvq.DecodeF16;
+// F16C where the CPU has it, as the fp16 store's get).
 func (c *cache) fp16Rows(L *layerState, kSide, sink bool, h, a, b int, blk []float32) {
 	hd, d := L.hd, L.kvDim
 	src := L.ringK
@@ -199,7 +200,7 @@ func (c *cache) fp16Rows(L *layerState, kSide, sink bool, h, a, b int, blk []flo
 		if !sink {
 			r = p % c.ring
 		}
-		kvq.DecodeF16(blk[(p-a)*hd:(p-a+1)*hd], src[r*d+h*hd:r*d+(h+1)*hd])
+		kernels.WidenHalf(kernels.F16, blk[(p-a)*hd:(p-a+1)*hd], src[r*d+h*hd:r*d+(h+1)*hd])
 	}
 }
 

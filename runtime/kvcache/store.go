@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"github.com/lmpack/lmpack/quantize/kvq"
+	"github.com/lmpack/lmpack/runtime/kernels"
 )
 
 // Paged storage.
@@ -160,7 +161,8 @@ func (s *f16Store) get(h, i0, i1 int, dst []float32) {
 	for i := i0; i < i1; {
 		e := s.p.runEnd(i, i1)
 		o := s.vals.at(s.p, h, i)
-		kvq.DecodeF16(dst[(i-i0)*s.hd:(e-i0)*s.hd], s.p.get(i).u16[o:o+(e-i)*s.hd])
+		// Exact, as kvq.DecodeF16; F16C where the CPU has it.
+		kernels.WidenHalf(kernels.F16, dst[(i-i0)*s.hd:(e-i0)*s.hd], s.p.get(i).u16[o:o+(e-i)*s.hd])
 		i = e
 	}
 }
