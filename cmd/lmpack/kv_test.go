@@ -109,7 +109,7 @@ func TestKVFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--kv", "fp32,int3"}, `--kv "int3": want known methods`},
 		{[]string{"--kv", "fp32,fp32"}, `--kv "fp32": want each method once (listed twice)`},
-		{[]string{"--kv", "oscar2"}, "--kv-rotations: want an OSCAR rotation file for oscar2/oscar4 in --kv"},
+		{[]string{"--kv", "oscar2"}, "--kv-rotations: want an OSCAR rotation file for the oscar kinds in --kv"},
 		{[]string{"--kv", "fp32", "--kv-window", "64"}, `--kv-window "64": want SINK,RECENT`},
 		{[]string{"--kv", "fp32", "--plot", "x.jpg"}, "want a .svg or .png"},
 		{[]string{"--kv-layers"}, "need --kv LIST"},
