@@ -426,7 +426,7 @@ func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, 
 		s.partO, s.partML, qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
-		rk, l.nh, l.nkv, l.hd, T, pos, ws, c.recent, l.window, nsplit, splitLen, scale); err != nil {
+		rk, l.nh, l.nkv, l.hd, T, pos, ws, c.recent, l.window, nsplit, splitLen, scale, c.kind, c.bits); err != nil {
 		return err
 	}
 	return k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},

@@ -277,7 +277,7 @@ func attnCase(t *testing.T, d *Device, k *Kernels, c *DeviceCache, q DevPtr, qld
 		partO, partML, q, qld,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
-		L.rk, nh, nkv, hd, T, pos0, wstart, c.recent, window, nsplit, splitLen, scale); err != nil {
+		L.rk, nh, nkv, hd, T, pos0, wstart, c.recent, window, nsplit, splitLen, scale, c.kind, c.bits); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Launch("attn_merge", Dim{nh, R, 1}, Dim{roundUp(hd, 32), 1, 1}, out, nh*hd, partO, partML, L.rv, nh, hd, nsplit); err != nil {

@@ -26,6 +26,7 @@ import (
 
 type portCache struct {
 	B, nkv, hd, sink, ring, capQ int
+	kind, bits, rb               int // quantized row format (cache.go kvKinds)
 	sinkK, sinkV, ringK, ringV   []uint16
 	codesK, codesV               []byte
 	parK, parV                   []uint16
@@ -33,20 +34,31 @@ type portCache struct {
 	clipK, clipV                 int
 }
 
+// newPortCache is an oscar2-layout port cache (INT2 rows).
 func newPortCache(B, nkv, hd, sink, ring, capQ int) *portCache {
+	return newPortCacheKind(B, nkv, hd, sink, ring, capQ, kvASYM, 2)
+}
+
+// newPortCacheKind is a port cache whose quantized rows have the given
+// kind and width (cache.go kvKinds).
+func newPortCacheKind(B, nkv, hd, sink, ring, capQ, kind, bits int) *portCache {
 	rows := B * nkv
-	return &portCache{B: B, nkv: nkv, hd: hd, sink: sink, ring: ring, capQ: capQ,
+	rb := kvRowBytes(kind, bits, hd)
+	return &portCache{B: B, nkv: nkv, hd: hd, sink: sink, ring: ring, capQ: capQ, kind: kind, bits: bits, rb: rb,
 		sinkK: make([]uint16, rows*sink*hd), sinkV: make([]uint16, rows*sink*hd),
 		ringK: make([]uint16, rows*ring*hd), ringV: make([]uint16, rows*ring*hd),
-		codesK: make([]byte, rows*capQ*hd/4), codesV: make([]byte, rows*capQ*hd/4),
+		codesK: make([]byte, rows*capQ*rb), codesV: make([]byte, rows*capQ*rb),
 		parK: make([]uint16, rows*capQ*2), parV: make([]uint16, rows*capQ*2), clipK: -1, clipV: -1}
 }
 
 func round16(x float32) float32 { return kvq.RoundF16(x) }
 
-// asymParamsF16 ports asym_params_f16.
-func asymParamsF16(lo, hi float32) (float32, float32) {
-	s := (hi - lo) / 3
+// asymParamsF16 ports asym_params_f16 at 2 bits.
+func asymParamsF16(lo, hi float32) (float32, float32) { return asymParamsF16Bits(lo, hi, 3) }
+
+// asymParamsF16Bits ports asym_params_f16 at qmax = 2^bits − 1.
+func asymParamsF16Bits(lo, hi, qmax float32) (float32, float32) {
+	s := (hi - lo) / qmax
 	inv := 1 / s
 	switch {
 	case s > 0 && !math.IsInf(float64(inv), 0) && !math.IsInf(float64(s), 0):
@@ -145,11 +157,20 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 				}
 				y := make([]float32, hd)
 				for j := range y {
+					if R == nil {
+						y[j] = x[j]
+						continue
+					}
 					var a float32
 					for i := 0; i < hd; i++ {
 						a += x[i] * R[i*hd+j]
 					}
 					y[j] = a
+				}
+				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
+				if c.kind != kvASYM {
+					encodeRowPort(codes[qi*c.rb:(qi+1)*c.rb], y, c.kind)
+					continue
 				}
 				if clipk >= 0 {
 					tau := clipTauPort(y, clipk)
@@ -168,20 +189,21 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 						lo, hi = min(lo, v), max(hi, v)
 					}
 				}
-				scale, zero := asymParamsF16(lo, hi)
-				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
-				for j := 0; j < hd; j += 4 {
+				qmax := float32(int(1)<<c.bits - 1)
+				scale, zero := asymParamsF16Bits(lo, hi, qmax)
+				per := 8 / c.bits
+				for j := 0; j < hd; j += per {
 					var by byte
-					for k := 0; k < 4 && j+k < hd; k++ {
+					for k := 0; k < per && j+k < hd; k++ {
 						v := y[j+k]*(1/scale) + (zero + 0.5)
 						if !(v >= 0) {
 							v = 0
-						} else if v > 3 {
-							v = 3
+						} else if v > qmax {
+							v = qmax
 						}
-						by |= byte(v) << (2 * k)
+						by |= byte(v) << (c.bits * k)
 					}
-					codes[qi*((hd+3)/4)+j/4] = by
+					codes[qi*c.rb+j/per] = by
 				}
 				par[qi*2], par[qi*2+1] = kvq.F16FromFloat32(scale), kvq.F16FromFloat32(zero)
 			}
@@ -233,7 +255,10 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 					for e := 0; e < G*hd; e++ {
 						gg, j := e/hd, e%hd
 						var a float32
-						for i := 0; i < hd; i++ {
+						if c.rk == nil {
+							a = qf[gg*hd+j]
+						}
+						for i := 0; c.rk != nil && i < hd; i++ {
 							a += qf[gg*hd+i] * c.rk[i*hd+j]
 						}
 						qr[gg*hd+j] = a
@@ -266,18 +291,25 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							clear(sc) // phase 1a (INT2) and 1b (fp16, a warp per position in the kernel)
 							if p >= c.sink && p < wq {
 								qi := head*c.capQ + (p - c.sink)
-								cr := c.codesK[qi*hb:]
-								ks, kz := kvq.F16ToFloat32(c.parK[qi*2]), kvq.F16ToFloat32(c.parK[qi*2+1])
-								for jb := 0; jb < hb; jb++ {
-									for k := 0; k < 4; k++ {
-										code := float32(cr[jb] >> (2 * k) & 3)
+								cr := c.codesK[qi*c.rb:]
+								if c.kind == kvASYM {
+									ks, kz := kvq.F16ToFloat32(c.parK[qi*2]), kvq.F16ToFloat32(c.parK[qi*2+1])
+									for j := 0; j < hd; j++ {
+										code := float32(kvCodePort(cr, j, c.bits))
 										for gg := 0; gg < G; gg++ {
-											sc[gg] += qr[gg*hd+jb*4+k] * code
+											sc[gg] += qr[gg*hd+j] * code
 										}
 									}
-								}
-								for gg := 0; gg < G; gg++ {
-									sc[gg] = ks * (sc[gg] - kz*qsum[gg])
+									for gg := 0; gg < G; gg++ {
+										sc[gg] = ks * (sc[gg] - kz*qsum[gg])
+									}
+								} else {
+									for j := 0; j < hd; j++ {
+										kv := kvDeqPort(c.kind, cr, j)
+										for gg := 0; gg < G; gg++ {
+											sc[gg] += qr[gg*hd+j] * kv
+										}
+									}
 								}
 							} else if p >= pos0 {
 								kf := own[(p-pos0)*qld+g*hd:]
@@ -322,6 +354,10 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							pg[i] = e
 							sum += e
 							if pp := p0 + i; i < nvis && pp >= c.sink && pp < wq {
+								if c.kind != kvASYM {
+									ws[gg*AT+i] = e
+									continue
+								}
 								qi := head*c.capQ + (pp - c.sink)
 								es := e * kvq.F16ToFloat32(c.parV[qi*2])
 								ws[gg*AT+i] = es
@@ -351,9 +387,13 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							var v4 [4]float32
 							isq := pp >= c.sink && pp < wq
 							if isq {
-								by := c.codesV[(head*c.capQ+(pp-c.sink))*hb+cg]
+								vr := c.codesV[(head*c.capQ+(pp-c.sink))*c.rb:]
 								for k := range v4 {
-									v4[k] = float32(by >> (2 * k) & 3)
+									if c.kind == kvASYM {
+										v4[k] = float32(kvCodePort(vr, cg*4+k, c.bits))
+									} else {
+										v4[k] = kvDeqPort(c.kind, vr, cg*4+k)
+									}
 								}
 							} else if pp >= pos0 {
 								copy(v4[:], own[(pp-pos0)*qld+(nkv+g)*hd+cg*4:])
