@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -23,7 +24,8 @@ import (
 // 40 (reaching into the quantized region), split lengths 128 and 512,
 // MG 1 and 8, against refAttnServed over the rows Read serves each query,
 // to 1e-4·(1+|ref|) (TestGPUAttentionOscar2's bound: the port's 2e-5
-// plus float32 sums over up to 264 dequantized rows). Head dims 128 (q8_0
+// plus float32 sums over up to 264 dequantized rows). The served rows
+// come from one download of the buffers (servedViews, Read's layout). Head dims 128 (q8_0
 // and q4_0 K rotated in one block of 128, V in two of 64), 96 (no
 // rotation) and, for the kinds without blocks, 36 (int4 rows of 18
 // bytes, read byte by byte).
@@ -88,14 +90,7 @@ func TestGPUAttentionKVKinds(t *testing.T) {
 				if wstart != sink {
 					t.Fatalf("%s: quantized floor %d, want the sink %d", name, wstart, sink)
 				}
-				served := map[[2]int][2][]float32{}
-				for pq := pos0; pq < n; pq++ {
-					for g := 0; g < nkv; g++ {
-						K, V := make([]float32, (pq+1)*hd), make([]float32, (pq+1)*hd)
-						c.Read(0, g, pq+1, K, V)
-						served[[2]int{g, pq}] = [2][]float32{K[:pos0*hd], V[:pos0*hd]}
-					}
-				}
+				served := servedViews(t, d, c, pos0, n)
 				qld := nh*hd + 2*kvdim
 				q := randVec(r, T*qld, 1)
 				qp := devBuf(t, d, q)
@@ -114,6 +109,83 @@ func TestGPUAttentionKVKinds(t *testing.T) {
 			}
 		}
 	}
+}
+
+// servedViews returns, for each kv head g of layer 0 of device cache c
+// (one sequence) and each query position pq in [pos0, n), the keys and
+// values [pos0, hd] of the earlier positions as DeviceCache.Read serves
+// them to a cache of pq+1 tokens (sink, quantized rows below
+// windowStart(pq+1) decoded by decodeKVRow and un-rotated in float64,
+// ring rows), from one download of each buffer instead of a Read per
+// query.
+func servedViews(t *testing.T, d *Device, c *DeviceCache, pos0, n int) map[[2]int][2][]float32 {
+	t.Helper()
+	L := &c.layers[0]
+	nkv, hd, rb := L.nkv, L.hd, L.rb
+	type sideBufs struct {
+		sink, ring []uint16
+		codes      []byte
+		par        []uint16
+		r          []float32
+	}
+	var sides [2]sideBufs
+	for i, x := range []struct {
+		sink, ring, codes, par DevPtr
+		r                      []float32
+	}{{L.sinkK, L.ringK, L.codesK, L.parK, L.hostRK}, {L.sinkV, L.ringV, L.codesV, L.parV, L.hostRV}} {
+		sb := &sides[i]
+		if c.sink > 0 {
+			sb.sink = download[uint16](t, d, x.sink, nkv*c.sink*hd)
+		}
+		sb.ring = download[uint16](t, d, x.ring, nkv*c.ring*hd)
+		sb.codes = download[byte](t, d, x.codes, nkv*c.capQ*rb)
+		if c.kind == kvASYM {
+			sb.par = download[uint16](t, d, x.par, nkv*c.capQ*2)
+		}
+		sb.r = x.r
+	}
+	out := map[[2]int][2][]float32{}
+	y := make([]float32, hd)
+	for pq := pos0; pq < n; pq++ {
+		ws := c.windowStart(pq + 1)
+		for g := 0; g < nkv; g++ {
+			var kv [2][]float32
+			for side := range kv {
+				sb := &sides[side]
+				X := make([]float32, pos0*hd)
+				for p := 0; p < pos0; p++ {
+					dst := X[p*hd : (p+1)*hd]
+					switch {
+					case p < c.sink:
+						kvq.DecodeF16(dst, sb.sink[(g*c.sink+p)*hd:][:hd])
+					case p < ws:
+						qi := g*c.capQ + p - c.sink
+						var par []uint16
+						if sb.par != nil {
+							par = sb.par[qi*2 : qi*2+2]
+						}
+						decodeKVRow(y, sb.codes[qi*rb:(qi+1)*rb], par, c.kind, c.bits)
+						for j := range dst {
+							if sb.r == nil {
+								dst[j] = y[j]
+								continue
+							}
+							var a float64
+							for i := 0; i < hd; i++ {
+								a += float64(y[i]) * float64(sb.r[j*hd+i])
+							}
+							dst[j] = float32(a)
+						}
+					default:
+						kvq.DecodeF16(dst, sb.ring[(g*c.ring+p%c.ring)*hd:][:hd])
+					}
+				}
+				kv[side] = X
+			}
+			out[[2]int{g, pq}] = kv
+		}
+	}
+	return out
 }
 
 // TestGPUKVKindsModel: a synthetic Llama (2 layers, hidden 256, 4 heads
