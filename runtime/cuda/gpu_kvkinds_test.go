@@ -16,10 +16,10 @@ import (
 // TestGPUAttentionKVKinds: the device caches int8, int4, q8_0, q4_0 and
 // fp8 (sink 4, recent 32) hold n − T earlier binary16 tokens written by
 // host Write (kv_append); every row DeviceCache.Read serves equals the
-// same kvcache method's row for the same input within kvRowTol (0 for
-// int8, int4, fp8: exact codes; one code step for the Hadamard-rotated
-// q8_0/q4_0, whose rotation is a float32 matrix product on the device and
-// kvq.FWHT in kvcache). Then attn_split + attn_merge for calls of T = 1, 5
+// same kvcache method's row for the same input within kvRowTol (0, exact
+// codes, for int8, int4, fp8 and the unrotated q8_0/q4_0 at head_dim 96;
+// one code step for the Hadamard-rotated q8_0/q4_0 at 128, whose rotation
+// is a float32 matrix product on the device and kvq.FWHT in kvcache). Then attn_split + attn_merge for calls of T = 1, 5
 // and 60 queries (own keys and values in their qkv rows), windows 0 and
 // 40 (reaching into the quantized region), split lengths 128 and 512,
 // MG 1 and 8, against refAttnServed over the rows Read serves each query,
@@ -76,7 +76,7 @@ func TestGPUAttentionKVKinds(t *testing.T) {
 							X = V0
 						}
 						for p := 0; p < pos0; p++ {
-							tol := kvRowTol(kc.kind, X[p*kvdim+g*hd:][:hd])
+							tol := kvRowTol(kc.kind, hd, X[p*kvdim+g*hd:][:hd])
 							for j := 0; j < hd; j++ {
 								a, b := pair[0][p*hd+j], pair[1][p*hd+j]
 								if dd := math.Abs(float64(a - b)); dd > tol || a != a {

@@ -187,16 +187,20 @@ var kvKindCases = []kvKindCase{{"int8", kvASYM, 8}, {"int4", kvASYM, 4}, {"q8_0"
 
 // kvRowTol is the largest |Δ| allowed between a port (or device) row of
 // a kind and kvcache's row for the same binary16 input x of one (token,
-// head): 0 for the unrotated kinds (int8, int4, fp8: the same float32
-// operations on the same values give the same codes); for q8_0 and q4_0,
-// whose Hadamard rotation is a dense float32 product here and
+// head) at head_dim hd: 0 for the unrotated kinds (int8, int4, fp8, and
+// q8_0/q4_0 when 64 ∤ hd: the same float32 operations on the same values
+// give the same codes); for q8_0 and q4_0 at a multiple of 64, whose
+// Hadamard rotation is a dense float32 product here and
 // kvq.FWHT's butterflies in kvcache, the two rotated values differ by
 // float32 rounding, which can move a value across a rounding boundary
 // (one code step d = max|y|/127 or max|y|/8 of its block, ≤ ‖x‖₂/127 or
 // ‖x‖₂/8) and changes d's own rounding; un-rotated, one such step moves
 // each output by d/√n ≤ d, and the float32 un-rotations differ by about
 // hd·2^-24·‖x‖₂: the bound allows one step plus 1e-5·‖x‖₂.
-func kvRowTol(kind int, x []float32) float64 {
+func kvRowTol(kind, hd int, x []float32) float64 {
+	if hd%64 != 0 {
+		return 0
+	}
 	var n float64
 	for _, v := range x {
 		n += float64(v) * float64(v)
@@ -295,7 +299,7 @@ func TestKernelPortKVKinds(t *testing.T) {
 									y := make([]float32, hd)
 									decodeKVRow(y, codes[qi*pc.rb:(qi+1)*pc.rb], par[qi*2:qi*2+2], kc.kind, kc.bits)
 									x := rows[q*qld+nh*hd+side*kvDim+g*hd:][:hd]
-									tol := kvRowTol(kc.kind, x)
+									tol := kvRowTol(kc.kind, hd, x)
 									for i := 0; i < hd; i++ {
 										a := float64(y[i])
 										if R != nil {
