@@ -13,7 +13,7 @@ import (
 )
 
 // TestDeviceKV: the CUDA device cache takes oscar2 and fp16 artifacts with
-// the manifest's windows and rotations, and int8, int4, q8_0, q4_0 and fp8
+// the manifest's windows and rotations (and oscar4), and int8, int4, q8_0, q4_0 and fp8
 // ones with its windows (no blocker); every other KV method keeps a
 // blocker naming it; the float32 cache maps to the device's fp16.
 func TestDeviceKV(t *testing.T) {
@@ -34,7 +34,10 @@ func TestDeviceKV(t *testing.T) {
 			t.Errorf("%s: %+v, blocker %q; want method %s, sink 5, recent 17, no blocker", m, o, why, m)
 		}
 	}
-	for _, m := range []string{"kivi2", "quarot2", "oscar4", "oscars2", "turboquant_k8v4", "int4_per_token_head"} {
+	if o, why := deviceKV("oscar4", opt); why != "" || o.Method != "oscar4" || o.Rotations != rot {
+		t.Errorf("oscar4: %+v, blocker %q; want method oscar4 with the manifest rotations, no blocker", o, why)
+	}
+	for _, m := range []string{"kivi2", "quarot2", "oscar-mixed", "oscars2", "turboquant_k8v4", "int4_per_token_head"} {
 		if _, why := deviceKV(m, opt); !strings.Contains(why, m) || !strings.Contains(why, "CPU backend only") {
 			t.Errorf("%s: blocker %q, want one naming %s and the CPU", m, why, m)
 		}

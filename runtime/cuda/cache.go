@@ -16,7 +16,8 @@ import (
 type CacheOptions struct {
 	// Method is "fp16" (every token binary16), "oscar2" (fp16 sink and
 	// recent window, INT2 rotated and clipped rows otherwise; kvcache's
-	// oscar2 method, docs/METHODS.md §1), or one of kvcache's per-token-row
+	// oscar2 method, docs/METHODS.md §1), "oscar4" (the same at INT4,
+	// clipped with Rotations.ClipK4/ClipV4), or one of kvcache's per-token-row
 	// kinds "int8", "int4", "q8_0", "q4_0", "fp8" (docs/METHODS.md §1, §3;
 	// the table in doc.go), each with the same fp16 windows as oscar2.
 	Method string
@@ -25,7 +26,8 @@ type CacheOptions struct {
 	// serving-engine kinds q8_0, q4_0 and fp8 reproduce their engines with
 	// 0 and 0).
 	Sink, Recent int
-	// Rotations are oscar2's per-layer rotations and clipping ratios.
+	// Rotations are oscar2's and oscar4's per-layer rotations and
+	// clipping ratios.
 	Rotations *kvcache.Rotations
 	// Batch is the number of sequences (≥ 1; Model.Forward uses 1).
 	Batch int
@@ -73,6 +75,7 @@ const (
 // kvKinds maps the quantized device methods to their row kind and width.
 var kvKinds = map[string]struct{ kind, bits int }{
 	"oscar2": {kvASYM, 2},
+	"oscar4": {kvASYM, 4},
 	"int8":   {kvASYM, 8},
 	"int4":   {kvASYM, 4},
 	"q8_0":   {kvQ8_0, 8},
@@ -83,7 +86,7 @@ var kvKinds = map[string]struct{ kind, bits int }{
 // DeviceKVMethods returns the KV cache methods NewDeviceCache takes
 // (runtime/kvcache names), sorted.
 func DeviceKVMethods() []string {
-	return []string{"fp16", "fp8", "int4", "int8", "oscar2", "q4_0", "q8_0"}
+	return []string{"fp16", "fp8", "int4", "int8", "oscar2", "oscar4", "q4_0", "q8_0"}
 }
 
 // kvRowBytes is kernels/common.cuh kv_row_bytes: the bytes of one
@@ -137,7 +140,7 @@ func (m *Model) NewCache(capacity int) lmruntime.KVCache {
 }
 
 // NewDeviceCache returns an empty device cache of capacity tokens per
-// sequence. Errors: an unknown method, oscar2 without rotations or with
+// sequence. Errors: an unknown method, oscar2/oscar4 without rotations or with
 // rotations of the wrong size (kvcache.ErrBadShape), q8_0/q4_0 at a
 // head_dim that is not a multiple of 32 (kvcache.ErrBadShape, naming the
 // layer), device memory. Other kvcache methods (kivi2, quarot2, oscar4,
@@ -152,9 +155,9 @@ func (m *Model) NewDeviceCache(capacity int, o CacheOptions) (*DeviceCache, erro
 	switch o.Method {
 	case "fp16":
 		c.ring = capacity
-	case "oscar2":
+	case "oscar2", "oscar4":
 		if o.Rotations == nil {
-			return nil, fmt.Errorf("%w: method \"oscar2\"", kvcache.ErrNoRotations)
+			return nil, fmt.Errorf("%w: method %q", kvcache.ErrNoRotations, o.Method)
 		}
 		if o.Sink < 0 || o.Recent < 0 {
 			return nil, fmt.Errorf("%w: Sink %d, Recent %d, want ≥ 0", kvcache.ErrBadShape, o.Sink, o.Recent)
@@ -188,12 +191,21 @@ func (m *Model) NewDeviceCache(capacity int, o CacheOptions) (*DeviceCache, erro
 		return nil, err
 	}
 	r := o.Rotations
-	if r != nil && o.Method == "oscar2" {
+	oscar := o.Method == "oscar2" || o.Method == "oscar4"
+	// oscar2 clips with ClipK/ClipV, oscar4 with ClipK4/ClipV4 (kvcache's
+	// Rotations.clipFor).
+	var clipK, clipV []float64
+	clipNames := "ClipK and ClipV"
+	if r != nil && oscar {
+		clipK, clipV = r.ClipK, r.ClipV
+		if o.Method == "oscar4" {
+			clipK, clipV, clipNames = r.ClipK4, r.ClipV4, "ClipK4 and ClipV4"
+		}
 		if len(r.K) != len(m.layers) || len(r.V) != len(m.layers) {
 			return nil, fmt.Errorf("%w: Rotations has %d K and %d V matrices, want %d", kvcache.ErrBadShape, len(r.K), len(r.V), len(m.layers))
 		}
-		if (r.ClipK != nil && len(r.ClipK) != len(m.layers)) || (r.ClipV != nil && len(r.ClipV) != len(m.layers)) {
-			return nil, fmt.Errorf("%w: Rotations has %d ClipK and %d ClipV ratios, want %d (or none)", kvcache.ErrBadShape, len(r.ClipK), len(r.ClipV), len(m.layers))
+		if (clipK != nil && len(clipK) != len(m.layers)) || (clipV != nil && len(clipV) != len(m.layers)) {
+			return nil, fmt.Errorf("%w: Rotations has %d and %d %s ratios, want %d (or none)", kvcache.ErrBadShape, len(clipK), len(clipV), clipNames, len(m.layers))
 		}
 	}
 	c.mem = &cacheMem{dev: m.dev}
@@ -249,18 +261,18 @@ func (m *Model) NewDeviceCache(capacity int, o CacheOptions) (*DeviceCache, erro
 		if o.Method == "q8_0" || o.Method == "q4_0" {
 			L.hostRK, L.hostRV = ggmlHadamard(l.hd, true), ggmlHadamard(l.hd, false)
 		}
-		if o.Method == "oscar2" {
+		if oscar {
 			d := l.hd
 			if len(r.K[i]) != d*d || len(r.V[i]) != d*d {
 				c.Free()
 				return nil, fmt.Errorf("%w: layer %d: rotation sizes %d and %d, want head_dim² = %d", kvcache.ErrBadShape, i, len(r.K[i]), len(r.V[i]), d*d)
 			}
 			L.hostRK, L.hostRV = r.K[i], r.V[i]
-			if r.ClipK != nil {
-				L.clipK = clipIndex(r.ClipK[i], d)
+			if clipK != nil {
+				L.clipK = clipIndex(clipK[i], d)
 			}
-			if r.ClipV != nil {
-				L.clipV = clipIndex(r.ClipV[i], d)
+			if clipV != nil {
+				L.clipV = clipIndex(clipV[i], d)
 			}
 		}
 		for _, x := range []struct {

@@ -58,6 +58,7 @@
 //	method   device row (kernels/common.cuh)            rotation          read as
 //	fp16     binary16                                   none              values
 //	oscar2   INT2 asymmetric, fp16 scale and zero       R_K, R_V + clip   code space
+//	oscar4   INT4 asymmetric, fp16 scale and zero       R_K, R_V + clip4  code space
 //	int8     INT8 asymmetric, fp16 scale and zero       none              code space
 //	int4     INT4 asymmetric, fp16 scale and zero       none              code space
 //	q8_0     llama.cpp block_q8_0 per 32 values         Hadamard blocks   kv_deq values
@@ -67,7 +68,7 @@
 // ("code space": scale·(Σ q_j·c_j − zero·Σ q_j) per key row and the
 // weighted codes summed before one scale per row; q8_0/q4_0 rotate q by
 // llama.cpp's block Hadamard matrix and the output back, as oscar2 does
-// with its rotations). The encodings are kvcache's bit for bit on the
+// with its rotations; clip4: Rotations.ClipK4/ClipV4). The encodings are kvcache's bit for bit on the
 // same binary16 input except where a float32 rotation rounds differently
 // (q8_0, q4_0: the device rotates with a dense matrix product, kvcache
 // with kvq.FWHT; oscar2: a loop against kernels.MatMulNT), and q8_0's
@@ -75,7 +76,7 @@
 // need a head_dim that is a multiple of 32 (as kvcache and llama.cpp).
 // Not on the device, refused by NewDeviceCache with an error naming the
 // method (the engine runs such artifacts on the CPU): kivi2 and oscars2
-// (per-channel keys over 32-token blocks), quarot2, oscar4, oscar-mixed,
+// (per-channel keys over 32-token blocks), quarot2, oscar-mixed,
 // int2-naive, turboquant_*, int4_per_token_head.
 //
 // Weights: binary16, or bfloat16 for BF16 checkpoints and tensors with

@@ -190,8 +190,9 @@ func servedViews(t *testing.T, d *Device, c *DeviceCache, pos0, n int) map[[2]in
 
 // TestGPUKVKindsModel: a synthetic Llama (2 layers, hidden 256, 4 heads
 // over 2 kv heads of head_dim 64, binary16 weights on both sides) on the
-// GPU with each device KV kind (int8, int4, q8_0, q4_0, fp8; sink 4,
-// recent 16) against the CPU backend with the same kvcache method, over
+// GPU with each device KV kind (int8, int4, q8_0, q4_0, fp8, and oscar4
+// with random rotations and ClipK4/ClipV4 0.98/0.96; sink 4, recent 16)
+// against the CPU backend with the same kvcache method, over
 // 96 tokens fed one at a time (so both quantize the same binary16 rows
 // from their fp16 windows). Tolerances relative to max |logit| M: max
 // |Δ| 0.17·M, mean 0.0042·M, argmax agreement 0.97: TestGPUStories260KOscar2's
@@ -219,12 +220,20 @@ func TestGPUKVKindsModel(t *testing.T) {
 		toks[i] = r.IntN(desc.VocabSize)
 	}
 	V := desc.VocabSize
-	for _, kc := range kvKindCases {
-		cc, err := kvcache.New(kc.name, kvcache.LayersOf(desc), len(toks), kvcache.Options{Sink: 4, Recent: 16})
+	rot := randRotations(rand.New(rand.NewPCG(131, 100)), desc)
+	for range desc.Layers {
+		rot.ClipK4, rot.ClipV4 = append(rot.ClipK4, 0.98), append(rot.ClipV4, 0.96)
+	}
+	for _, kc := range append(kvKindCases, kvKindCase{"oscar4", kvASYM, 4}) {
+		var kr *kvcache.Rotations
+		if kc.name == "oscar4" {
+			kr = rot
+		}
+		cc, err := kvcache.New(kc.name, kvcache.LayersOf(desc), len(toks), kvcache.Options{Sink: 4, Recent: 16, Rotations: kr})
 		if err != nil {
 			t.Fatal(err)
 		}
-		gc, err := g.(*Model).NewDeviceCache(len(toks), CacheOptions{Method: kc.name, Sink: 4, Recent: 16})
+		gc, err := g.(*Model).NewDeviceCache(len(toks), CacheOptions{Method: kc.name, Sink: 4, Recent: 16, Rotations: kr})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -242,9 +251,9 @@ func TestGPUKVKindsModel(t *testing.T) {
 // (no device needed: the checks come before any allocation).
 func TestDeviceKVRefusals(t *testing.T) {
 	m := &Model{layers: []layerW{{nh: 2, nkv: 1, hd: 40}}}
-	for _, meth := range []string{"kivi2", "quarot2", "oscar4", "turboquant_k8v4", "int4_per_token_head", "int2-naive"} {
+	for _, meth := range []string{"kivi2", "quarot2", "oscar-mixed", "turboquant_k8v4", "int4_per_token_head", "int2-naive"} {
 		_, err := m.NewDeviceCache(8, CacheOptions{Method: meth})
-		if err == nil || !containsAll(err.Error(), fmt.Sprintf("%q", meth), "fp16, fp8, int4, int8, oscar2, q4_0, q8_0") {
+		if err == nil || !containsAll(err.Error(), fmt.Sprintf("%q", meth), "fp16, fp8, int4, int8, oscar2, oscar4, q4_0, q8_0") {
 			t.Errorf("method %s: error %v, want one naming it and the device's methods", meth, err)
 		}
 	}

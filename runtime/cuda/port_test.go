@@ -563,106 +563,114 @@ func refAttnServed(qkv []float32, qld, T, pos0, nh, nkv, hd, window int, served 
 // earlier token as the CPU cache serves it to that query (kvcache
 // written token by token through the query: sink and the recent window
 // counted back from the query in fp16, the rest INT2): it equals the
-// float64 attention over those rows to 2e-5.
+// float64 attention over those rows to 2e-5. The same for oscar4 (INT4
+// rows, clipped with ClipK4/ClipV4).
 func TestKernelPortOscar2(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const nh, nkv, hd, sink, recent, n = 6, 2, 16, 3, 10, 75
 	ring := recent + 32
-	rot := &kvcache.Rotations{K: [][]float32{randOrthogonal(r, hd)}, V: [][]float32{randOrthogonal(r, hd)}, ClipK: []float64{0.9}, ClipV: []float64{0.8}}
+	rot := &kvcache.Rotations{K: [][]float32{randOrthogonal(r, hd)}, V: [][]float32{randOrthogonal(r, hd)}, ClipK: []float64{0.9}, ClipV: []float64{0.8},
+		ClipK4: []float64{0.95}, ClipV4: []float64{0.85}}
 	kvDim := nkv * hd
 	qld := nh*hd + 2*kvDim
-	for _, tc := range []struct {
-		T, window, splitLen int
-	}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}, {40, 0, 16}, {40, 50, 32}} {
-		T := tc.T
-		pos0 := n - T
-		// Token rows [n, qld]: q (used for the call's tokens), k, v.
-		rows := randVec(r, n*qld, 1)
-		pc := newPortCache(1, nkv, hd, sink, ring, n-sink)
-		pc.rk, pc.rv = rot.K[0], rot.V[0]
-		pc.clipK, pc.clipV = clipIndex(0.9, hd), clipIndex(0.8, hd)
-		for p := 0; p < pos0; p++ {
-			pc.kvAppend(rows[p*qld:(p+1)*qld], qld, nh*hd, nh*hd+kvDim, 1, p, true)
-		}
-		// The CPU cache, written token by token up to each query, says
-		// which earlier positions that query reads INT2
-		// (QuantizedEnd); the reference reads them from the port's
-		// codes (un-rotated in float64), the others from its binary16
-		// sink and ring, and checks the INT2 rows against the CPU
-		// cache's (one binary16 scale ulp apart at most, ~1e-3: the port
-		// rotates with a loop, kvcache with MatMulNT).
-		cc, err := kvcache.New("oscar2", []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
-		if err != nil {
-			t.Fatal(err)
-		}
-		served := map[[2]int][2][]float32{}
-		for p := 0; p < n; p++ {
-			cc.Write(0, p, 1, rows[p*qld+nh*hd:], rows[p*qld+nh*hd+kvDim:])
-			cc.Commit(1)
-			if p < pos0 {
-				continue
+	for _, mc := range []struct {
+		method       string
+		bits         int
+		clipK, clipV float64
+	}{{"oscar2", 2, 0.9, 0.8}, {"oscar4", 4, 0.95, 0.85}} {
+		for _, tc := range []struct {
+			T, window, splitLen int
+		}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}, {40, 0, 16}, {40, 50, 32}} {
+			T := tc.T
+			pos0 := n - T
+			// Token rows [n, qld]: q (used for the call's tokens), k, v.
+			rows := randVec(r, n*qld, 1)
+			pc := newPortCacheKind(1, nkv, hd, sink, ring, n-sink, kvASYM, mc.bits)
+			pc.rk, pc.rv = rot.K[0], rot.V[0]
+			pc.clipK, pc.clipV = clipIndex(mc.clipK, hd), clipIndex(mc.clipV, hd)
+			for p := 0; p < pos0; p++ {
+				pc.kvAppend(rows[p*qld:(p+1)*qld], qld, nh*hd, nh*hd+kvDim, 1, p, true)
 			}
-			qe := cc.(lmruntime.QuantizedKV).QuantizedEnd(0, p+1)
-			if want := max(sink, p+1-recent); qe != want {
-				t.Fatalf("kvcache oscar2 watermark %d at %d tokens, want %d", qe, p+1, want)
+			// The CPU cache, written token by token up to each query, says
+			// which earlier positions that query reads INT2
+			// (QuantizedEnd); the reference reads them from the port's
+			// codes (un-rotated in float64), the others from its binary16
+			// sink and ring, and checks the INT2 rows against the CPU
+			// cache's (one binary16 scale ulp apart at most, ~1e-3: the port
+			// rotates with a loop, kvcache with MatMulNT).
+			cc, err := kvcache.New(mc.method, []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
+			if err != nil {
+				t.Fatal(err)
 			}
-			for g := 0; g < nkv; g++ {
-				K, V := make([]float32, pos0*hd), make([]float32, pos0*hd)
-				cc.Read(0, g, pos0, K, V)
-				for side, X := range [][]float32{K, V} {
-					sinkR, ringR, codes, par, R := pc.sinkK, pc.ringK, pc.codesK, pc.parK, pc.rk
-					if side == 1 {
-						sinkR, ringR, codes, par, R = pc.sinkV, pc.ringV, pc.codesV, pc.parV, pc.rv
-					}
-					for q := 0; q < pos0; q++ {
-						dst := X[q*hd : (q+1)*hd]
-						switch {
-						case q < sink:
-							kvq.DecodeF16(dst, sinkR[(g*sink+q)*hd:(g*sink+q+1)*hd])
-						case q < qe:
-							qi := g*pc.capQ + q - sink
-							sc, z := kvq.F16ToFloat32(par[qi*2]), kvq.F16ToFloat32(par[qi*2+1])
-							y := make([]float64, hd)
-							for j := range y {
-								y[j] = (float64(codes[qi*hd/4+j/4]>>(2*(j%4))&3) - float64(z)) * float64(sc)
-							}
-							for i := 0; i < hd; i++ {
-								var a float64
-								for j := 0; j < hd; j++ {
-									a += y[j] * float64(R[i*hd+j])
+			served := map[[2]int][2][]float32{}
+			for p := 0; p < n; p++ {
+				cc.Write(0, p, 1, rows[p*qld+nh*hd:], rows[p*qld+nh*hd+kvDim:])
+				cc.Commit(1)
+				if p < pos0 {
+					continue
+				}
+				qe := cc.(lmruntime.QuantizedKV).QuantizedEnd(0, p+1)
+				if want := max(sink, p+1-recent); qe != want {
+					t.Fatalf("kvcache %s watermark %d at %d tokens, want %d", mc.method, qe, p+1, want)
+				}
+				for g := 0; g < nkv; g++ {
+					K, V := make([]float32, pos0*hd), make([]float32, pos0*hd)
+					cc.Read(0, g, pos0, K, V)
+					for side, X := range [][]float32{K, V} {
+						sinkR, ringR, codes, par, R := pc.sinkK, pc.ringK, pc.codesK, pc.parK, pc.rk
+						if side == 1 {
+							sinkR, ringR, codes, par, R = pc.sinkV, pc.ringV, pc.codesV, pc.parV, pc.rv
+						}
+						for q := 0; q < pos0; q++ {
+							dst := X[q*hd : (q+1)*hd]
+							switch {
+							case q < sink:
+								kvq.DecodeF16(dst, sinkR[(g*sink+q)*hd:(g*sink+q+1)*hd])
+							case q < qe:
+								qi := g*pc.capQ + q - sink
+								sc, z := kvq.F16ToFloat32(par[qi*2]), kvq.F16ToFloat32(par[qi*2+1])
+								y := make([]float64, hd)
+								for j := range y {
+									y[j] = (float64(kvCodePort(codes[qi*pc.rb:], j, mc.bits)) - float64(z)) * float64(sc)
 								}
-								if math.Abs(a-float64(dst[i])) > 1e-2 {
-									t.Fatalf("T=%d: INT2 row %d (side %d head %d) column %d: port %.5g, kvcache %.5g", T, q, side, g, i, a, dst[i])
+								for i := 0; i < hd; i++ {
+									var a float64
+									for j := 0; j < hd; j++ {
+										a += y[j] * float64(R[i*hd+j])
+									}
+									if math.Abs(a-float64(dst[i])) > 1e-2 {
+										t.Fatalf("%s T=%d: quantized row %d (side %d head %d) column %d: port %.5g, kvcache %.5g", mc.method, T, q, side, g, i, a, dst[i])
+									}
+									dst[i] = float32(a)
 								}
-								dst[i] = float32(a)
+							default:
+								kvq.DecodeF16(dst, ringR[(g*ring+q%ring)*hd:(g*ring+q%ring+1)*hd])
 							}
-						default:
-							kvq.DecodeF16(dst, ringR[(g*ring+q%ring)*hd:(g*ring+q%ring+1)*hd])
 						}
 					}
+					served[[2]int{g, p}] = [2][]float32{K, V}
 				}
-				served[[2]int{g, p}] = [2][]float32{K, V}
 			}
-		}
-		own := rows[pos0*qld:]
-		want := refAttnServed(own, qld, T, pos0, nh, nkv, hd, tc.window, func(g, pq int) ([]float32, []float32) {
-			kv := served[[2]int{g, pq}]
-			return kv[0], kv[1]
-		})
-		wstart := max(sink, pos0-ring) // hi = pos0
-		nsplit := (n + tc.splitLen - 1) / tc.splitLen
-		for _, MG := range []int{1, 2, 4, 8} {
-			partO := make([]float32, T*nh*nsplit*2*hd)
-			partML := make([]float32, T*nh*nsplit*2)
-			pc.attnSplit(MG, partO, partML, own, qld, nh, T, pos0, wstart, recent, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
-			out := make([]float32, T*nh*hd)
-			attnMergePort(out, nh*hd, partO, partML, rot.V[0], nh, hd, nsplit, T)
-			worst := 0.0
-			for i, w := range want {
-				worst = max(worst, math.Abs(w-float64(out[i])))
-			}
-			if worst > 2e-5 {
-				t.Errorf("T=%d window=%d split=%d MG=%d: worst |Δ| %.3g, want ≤ 2e-5", T, tc.window, tc.splitLen, MG, worst)
+			own := rows[pos0*qld:]
+			want := refAttnServed(own, qld, T, pos0, nh, nkv, hd, tc.window, func(g, pq int) ([]float32, []float32) {
+				kv := served[[2]int{g, pq}]
+				return kv[0], kv[1]
+			})
+			wstart := max(sink, pos0-ring) // hi = pos0
+			nsplit := (n + tc.splitLen - 1) / tc.splitLen
+			for _, MG := range []int{1, 2, 4, 8} {
+				partO := make([]float32, T*nh*nsplit*2*hd)
+				partML := make([]float32, T*nh*nsplit*2)
+				pc.attnSplit(MG, partO, partML, own, qld, nh, T, pos0, wstart, recent, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
+				out := make([]float32, T*nh*hd)
+				attnMergePort(out, nh*hd, partO, partML, rot.V[0], nh, hd, nsplit, T)
+				worst := 0.0
+				for i, w := range want {
+					worst = max(worst, math.Abs(w-float64(out[i])))
+				}
+				if worst > 2e-5 {
+					t.Errorf("%s T=%d window=%d split=%d MG=%d: worst |Δ| %.3g, want ≤ 2e-5", mc.method, T, tc.window, tc.splitLen, MG, worst)
+				}
 			}
 		}
 	}
