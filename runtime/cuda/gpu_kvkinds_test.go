@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -114,78 +113,28 @@ func TestGPUAttentionKVKinds(t *testing.T) {
 // servedViews returns, for each kv head g of layer 0 of device cache c
 // (one sequence) and each query position pq in [pos0, n), the keys and
 // values [pos0, hd] of the earlier positions as DeviceCache.Read serves
-// them to a cache of pq+1 tokens (sink, quantized rows below
-// windowStart(pq+1) decoded by decodeKVRow and un-rotated in float64,
-// ring rows), from one download of each buffer instead of a Read per
-// query.
+// them to a cache of pq+1 tokens (servedFromHost), from one download of
+// each buffer instead of a Read per query.
 func servedViews(t *testing.T, d *Device, c *DeviceCache, pos0, n int) map[[2]int][2][]float32 {
 	t.Helper()
 	L := &c.layers[0]
-	nkv, hd, rb := L.nkv, L.hd, L.rb
-	type sideBufs struct {
-		sink, ring []uint16
-		codes      []byte
-		par        []uint16
-		r          []float32
-	}
-	var sides [2]sideBufs
+	nkv, hd := L.nkv, L.hd
+	hb := hostKV{nkv: nkv, hd: hd, rb: L.rb, sink: c.sink, ring: c.ring, capQ: c.capQ, kind: c.kind, bits: c.bits, windowStart: c.windowStart}
 	for i, x := range []struct {
 		sink, ring, codes, par DevPtr
 		r                      []float32
 	}{{L.sinkK, L.ringK, L.codesK, L.parK, L.hostRK}, {L.sinkV, L.ringV, L.codesV, L.parV, L.hostRV}} {
-		sb := &sides[i]
 		if c.sink > 0 {
-			sb.sink = download[uint16](t, d, x.sink, nkv*c.sink*hd)
+			hb.sinkR[i] = download[uint16](t, d, x.sink, nkv*c.sink*hd)
 		}
-		sb.ring = download[uint16](t, d, x.ring, nkv*c.ring*hd)
-		sb.codes = download[byte](t, d, x.codes, nkv*c.capQ*rb)
+		hb.ringR[i] = download[uint16](t, d, x.ring, nkv*c.ring*hd)
+		hb.codes[i] = download[byte](t, d, x.codes, nkv*c.capQ*L.rb)
 		if c.kind == kvASYM {
-			sb.par = download[uint16](t, d, x.par, nkv*c.capQ*2)
+			hb.par[i] = download[uint16](t, d, x.par, nkv*c.capQ*2)
 		}
-		sb.r = x.r
+		hb.r[i] = x.r
 	}
-	out := map[[2]int][2][]float32{}
-	y := make([]float32, hd)
-	for pq := pos0; pq < n; pq++ {
-		ws := c.windowStart(pq + 1)
-		for g := 0; g < nkv; g++ {
-			var kv [2][]float32
-			for side := range kv {
-				sb := &sides[side]
-				X := make([]float32, pos0*hd)
-				for p := 0; p < pos0; p++ {
-					dst := X[p*hd : (p+1)*hd]
-					switch {
-					case p < c.sink:
-						kvq.DecodeF16(dst, sb.sink[(g*c.sink+p)*hd:][:hd])
-					case p < ws:
-						qi := g*c.capQ + p - c.sink
-						var par []uint16
-						if sb.par != nil {
-							par = sb.par[qi*2 : qi*2+2]
-						}
-						decodeKVRow(y, sb.codes[qi*rb:(qi+1)*rb], par, c.kind, c.bits)
-						for j := range dst {
-							if sb.r == nil {
-								dst[j] = y[j]
-								continue
-							}
-							var a float64
-							for i := 0; i < hd; i++ {
-								a += float64(y[i]) * float64(sb.r[j*hd+i])
-							}
-							dst[j] = float32(a)
-						}
-					default:
-						kvq.DecodeF16(dst, sb.ring[(g*c.ring+p%c.ring)*hd:][:hd])
-					}
-				}
-				kv[side] = X
-			}
-			out[[2]int{g, pq}] = kv
-		}
-	}
-	return out
+	return hb.served(pos0, n)
 }
 
 // TestGPUKVKindsModel: a synthetic Llama (2 layers, hidden 256, 4 heads

@@ -321,6 +321,26 @@ func TestKernelPortKVKinds(t *testing.T) {
 						served[[2]int{g, p}] = [2][]float32{K, V}
 					}
 				}
+				// The GPU tests' reference views (hostKV.served, which
+				// servedViews feeds with the device buffers) from the
+				// port's buffers equal these (the same decoding and
+				// float64 un-rotation).
+				hk := hostKV{nkv: nkv, hd: hd, rb: pc.rb, sink: sink, ring: ring, capQ: pc.capQ, kind: kc.kind, bits: kc.bits,
+					windowStart: func(n int) int { return max(sink, n-recent, pos0-ring) },
+					sinkR:       [2][]uint16{pc.sinkK, pc.sinkV}, ringR: [2][]uint16{pc.ringK, pc.ringV},
+					codes: [2][]byte{pc.codesK, pc.codesV}, par: [2][]uint16{pc.parK, pc.parV}, r: [2][]float32{pc.rk, pc.rv}}
+				if kc.kind != kvASYM {
+					hk.par = [2][]uint16{}
+				}
+				for key, got := range hk.served(pos0, n) {
+					for side := range got {
+						for i, v := range got[side] {
+							if w := served[key][side][i]; v != w {
+								t.Fatalf("%s: hostKV.served head %d query %d side %d element %d: %g, want %g", name, key[0], key[1], side, i, v, w)
+							}
+						}
+					}
+				}
 				own := rows[pos0*qld:]
 				want := refAttnServed(own, qld, T, pos0, nh, nkv, hd, tc.window, func(g, pq int) ([]float32, []float32) {
 					kv := served[[2]int{g, pq}]
@@ -345,4 +365,79 @@ func TestKernelPortKVKinds(t *testing.T) {
 			}
 		}
 	}
+}
+
+// hostKV is one layer of a device cache of one sequence copied to the
+// host (kernels/kvcache.cu layout; index 0 keys, 1 values).
+type hostKV struct {
+	nkv, hd, rb, sink, ring, capQ, kind, bits int
+	// windowStart is DeviceCache.windowStart.
+	windowStart  func(n int) int
+	sinkR, ringR [2][]uint16
+	codes        [2][]byte
+	par          [2][]uint16
+	r            [2][]float32 // rotations, or nil
+}
+
+// served returns, for each kv head g and query position pq in [pos0, n),
+// the keys and values [pos0, hd] of positions [0, pos0) as
+// DeviceCache.Read serves them to a cache of pq+1 tokens: the sink, the
+// quantized rows below windowStart(pq+1) decoded by decodeKVRow and
+// un-rotated in float64, and ring rows. Every position in [sink, pos0)
+// must have its quantized row (written by one kv_append per token or
+// call, which quantizes every position past the sink).
+func (h *hostKV) served(pos0, n int) map[[2]int][2][]float32 {
+	nkv, hd, rb := h.nkv, h.hd, h.rb
+	// Every quantized row below pos0, decoded and un-rotated once.
+	deq := [2][]float32{make([]float32, nkv*pos0*hd), make([]float32, nkv*pos0*hd)}
+	y := make([]float32, hd)
+	for side := range deq {
+		for g := 0; g < nkv; g++ {
+			for p := h.sink; p < pos0; p++ {
+				qi := g*h.capQ + p - h.sink
+				var par []uint16
+				if h.par[side] != nil {
+					par = h.par[side][qi*2 : qi*2+2]
+				}
+				decodeKVRow(y, h.codes[side][qi*rb:(qi+1)*rb], par, h.kind, h.bits)
+				dst := deq[side][(g*pos0+p)*hd:][:hd]
+				R := h.r[side]
+				for j := range dst {
+					if R == nil {
+						dst[j] = y[j]
+						continue
+					}
+					var a float64
+					for i := 0; i < hd; i++ {
+						a += float64(y[i]) * float64(R[j*hd+i])
+					}
+					dst[j] = float32(a)
+				}
+			}
+		}
+	}
+	out := map[[2]int][2][]float32{}
+	for pq := pos0; pq < n; pq++ {
+		ws := h.windowStart(pq + 1)
+		for g := 0; g < nkv; g++ {
+			var kv [2][]float32
+			for side := range kv {
+				X := make([]float32, pos0*hd)
+				for p := 0; p < pos0; p++ {
+					dst := X[p*hd : (p+1)*hd]
+					switch {
+					case p < h.sink:
+						kvq.DecodeF16(dst, h.sinkR[side][(g*h.sink+p)*hd:][:hd])
+					case p < ws:
+						copy(dst, deq[side][(g*pos0+p)*hd:][:hd])
+					default:
+						kvq.DecodeF16(dst, h.ringR[side][(g*h.ring+p%h.ring)*hd:][:hd])
+					}
+				}
+				kv[side] = X
+			}
+			out[[2]int{g, pq}] = kv
+		}
+	}
+	return out
 }
