@@ -195,17 +195,17 @@ func (m *Model) NewDeviceCache(capacity int, o CacheOptions) (*DeviceCache, erro
 	// oscar2 clips with ClipK/ClipV, oscar4 with ClipK4/ClipV4 (kvcache's
 	// Rotations.clipFor).
 	var clipK, clipV []float64
-	clipNames := "ClipK and ClipV"
+	nameK, nameV := "ClipK", "ClipV"
 	if r != nil && oscar {
 		clipK, clipV = r.ClipK, r.ClipV
 		if o.Method == "oscar4" {
-			clipK, clipV, clipNames = r.ClipK4, r.ClipV4, "ClipK4 and ClipV4"
+			clipK, clipV, nameK, nameV = r.ClipK4, r.ClipV4, "ClipK4", "ClipV4"
 		}
 		if len(r.K) != len(m.layers) || len(r.V) != len(m.layers) {
 			return nil, fmt.Errorf("%w: Rotations has %d K and %d V matrices, want %d", kvcache.ErrBadShape, len(r.K), len(r.V), len(m.layers))
 		}
 		if (clipK != nil && len(clipK) != len(m.layers)) || (clipV != nil && len(clipV) != len(m.layers)) {
-			return nil, fmt.Errorf("%w: Rotations has %d and %d %s ratios, want %d (or none)", kvcache.ErrBadShape, len(clipK), len(clipV), clipNames, len(m.layers))
+			return nil, fmt.Errorf("%w: Rotations has %d %s and %d %s ratios, want %d (or none)", kvcache.ErrBadShape, len(clipK), nameK, len(clipV), nameV, len(m.layers))
 		}
 	}
 	c.mem = &cacheMem{dev: m.dev}
