@@ -89,6 +89,16 @@ func DeviceKVMethods() []string {
 	return []string{"fp16", "fp8", "int4", "int8", "oscar2", "oscar4", "q4_0", "q8_0"}
 }
 
+// attnVariant is the infix of the attention kernel a cache's layout
+// takes: "" (attn_split_g<MG>, compiled for fp16 and oscar2's INT2 rows)
+// or "_kv" (attn_split_kv_g<MG>, every row kind at run time).
+func (c *DeviceCache) attnVariant() string {
+	if c.kind == 0 || (c.kind == kvASYM && c.bits == 2) {
+		return ""
+	}
+	return "_kv"
+}
+
 // kvRowBytes is kernels/common.cuh kv_row_bytes: the bytes of one
 // quantized (token, kv head) row of hd values.
 func kvRowBytes(kind, bits, hd int) int {

@@ -273,7 +273,7 @@ func attnCase(t *testing.T, d *Device, k *Kernels, c *DeviceCache, q DevPtr, qld
 	partO, partML := fill(R*nh*nsplit*2*hd), fill(R*nh*nsplit*2)
 	out := fill(R * nh * hd)
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	if err := k.LaunchShared(fmt.Sprintf("attn_split_g%d", MG), Dim{nsplit, nkv * chunks, R}, Dim{128, 1, 1}, 4*MG*(4*hd+256),
+	if err := k.LaunchShared(fmt.Sprintf("attn_split%s_g%d", c.attnVariant(), MG), Dim{nsplit, nkv * chunks, R}, Dim{128, 1, 1}, 4*MG*(4*hd+256),
 		partO, partML, q, qld,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,

@@ -29,7 +29,8 @@
 // has no per-row factorization); q8_0 and q4_0 pass their Hadamard
 // matrices as R_K and R_V, the others none (int8, int4, fp8).
 //
-// attn_split_g{1,2,4,8}: one block per (split s, kv head g and a chunk of
+// attn_split_g{1,2,4,8} (fp16 and oscar2 caches; attn_split_kv_g{1,2,4,8}
+// with the same parameters for the other kinds): one block per (split s, kv head g and a chunk of
 // up to MG = 1, 2, 4 or 8 of its q heads, query (b, t)); the split covers
 // positions
 // [s·split_len, (s+1)·split_len). It keeps an online softmax (running max
@@ -66,8 +67,11 @@ __device__ __forceinline__ void asym_dot_words(float* sc, const u8* cr, const fl
 
 // attn_split_body is attn_split for blocks of at most MG q heads (MG a
 // compile-time 1, 2, 4 or 8, so the accumulators stay in registers).
-// Dynamic shared memory: 4·MG·(4·hd + 256) bytes.
-template <int MG>
+// INT2: the fp16 and oscar2 kernels attn_split_g<MG>, for which kind is
+// KV_ASYM and bits 2 at compile time (the other kinds' code is left out,
+// so these keep their registers); attn_split_kv_g<MG> (INT2 false) takes
+// every kind at run time. Dynamic shared memory: 4·MG·(4·hd + 256) bytes.
+template <int MG, bool INT2>
 __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, int q_ld,
                                 const u16* sinkK, const u16* sinkV, int sink,
                                 const u16* ringK, const u16* ringV, int ring,
@@ -75,6 +79,10 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
                                 const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart,
                                 int recent, int window, int nsplit, int split_len, float scale, int kind,
                                 int bits) {
+  if (INT2) {
+    kind = KV_ASYM;
+    bits = 2;
+  }
   extern __shared__ float smem[];
   float* qf = smem;             // [MG][hd] q·scale
   float* qr = qf + MG * hd;     // [MG][hd] (q·scale)·R_K
@@ -165,6 +173,17 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
             if (bits == 2) asym_dot_words<2, MG>(sc, cr, qr, hd, rb, G);
             else if (bits == 4) asym_dot_words<4, MG>(sc, cr, qr, hd, rb, G);
             else asym_dot_words<8, MG>(sc, cr, qr, hd, rb, G);
+          } else if (bits == 2) {
+            for (int jb = 0; jb < rb; ++jb) {
+              u32 byte = cr[jb];
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                float code = (float)((byte >> (2 * k)) & 3u);
+#pragma unroll
+                for (int gg = 0; gg < MG; ++gg)
+                  if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+              }
+            }
           } else {
             for (int j = 0; j < hd; ++j) {
               float code = (float)kv_code(cr, j, bits);
@@ -290,7 +309,11 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
         // KV_ASYM: codes only (scale and zero are in ws and u_s);
         // the other kinds: values.
         const u8* vr = codesV + (head * capQ + (pp - sink)) * rb;
-        if (kind == KV_ASYM) {
+        if (kind == KV_ASYM && bits == 2) {
+          u32 byte = vr[cg];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) v4[k] = (float)((byte >> (2 * k)) & 3u);
+        } else if (kind == KV_ASYM) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) v4[k] = (float)kv_code(vr, cg * 4 + k, bits);
         } else {
@@ -360,20 +383,24 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   }
 }
 
-#define ATTN_SPLIT(MG)                                                                                              \
-  extern "C" __global__ void attn_split_g##MG(                                                                      \
+#define ATTN_SPLIT(SUFFIX, MG, INT2)                                                                                \
+  extern "C" __global__ void attn_split##SUFFIX##_g##MG(                                                            \
       float* part_o, float* part_ml, const float* q, int q_ld, const u16* sinkK, const u16* sinkV, int sink,        \
       const u16* ringK, const u16* ringV, int ring, const u8* codesK, const u8* codesV, const u16* parK,            \
       const u16* parV, int capQ, const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart, int recent, \
       int window, int nsplit, int split_len, float scale, int kind, int bits) {                                     \
-    attn_split_body<MG>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV, parK,    \
-                        parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, recent, window, nsplit, split_len, scale,    \
-                        kind, bits);                                                                                \
+    attn_split_body<MG, INT2>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV,    \
+                              parK, parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, recent, window, nsplit, split_len, \
+                              scale, kind, bits);                                                                   \
   }
-ATTN_SPLIT(1)
-ATTN_SPLIT(2)
-ATTN_SPLIT(4)
-ATTN_SPLIT(8)
+ATTN_SPLIT(, 1, true)
+ATTN_SPLIT(, 2, true)
+ATTN_SPLIT(, 4, true)
+ATTN_SPLIT(, 8, true)
+ATTN_SPLIT(_kv, 1, false)
+ATTN_SPLIT(_kv, 2, false)
+ATTN_SPLIT(_kv, 4, false)
+ATTN_SPLIT(_kv, 8, false)
 
 // attn_merge combines the splits of head h of query bt: M = max m_s,
 // L = Σ l_s·e^(m_s−M), o = (Σ e^(m_s−M)·o_rot_s)·R_Vᵀ + Σ e^(m_s−M)·o_fp_s,
