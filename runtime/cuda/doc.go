@@ -74,6 +74,11 @@
 // with kvq.FWHT; oscar2: a loop against kernels.MatMulNT), and q8_0's
 // block maximum skips NaN where kvcache's propagates it. q8_0 and q4_0
 // need a head_dim that is a multiple of 32 (as kvcache and llama.cpp).
+// fp16 and oscar2 caches run attn_split_g<MG>, compiled for INT2 rows
+// only (so it keeps its registers); the other kinds run
+// attn_split_kv_g<MG>, which branches on the kind at run time (about 130
+// registers per thread at MG 1 on sm_90, against 70: fewer blocks per SM;
+// its speed is measured by BenchmarkDecodeKVKinds, not tuned).
 // Not on the device, refused by NewDeviceCache with an error naming the
 // method (the engine runs such artifacts on the CPU): kivi2 and oscars2
 // (per-channel keys over 32-token blocks), quarot2, oscar-mixed,
