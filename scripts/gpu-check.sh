@@ -5,14 +5,19 @@
 # and attn_merge, moe_route and moe_combine), synthetic Qwen2, Qwen3,
 # Llama-with-biases and Mistral (sliding window) models, stories260K (fp16 and
 # oscar2 KV, RTN-quantized weights kept packed: TestGPUStories260KQuant;
-# 1-bit and act-order ones: TestGPUStories260KQuantLowBit),
+# 1-bit and act-order ones: TestGPUStories260KQuantLowBit; every weight
+# 8-bit: TestGPUStories260KQuant8), the device KV kinds int8, int4, q8_0,
+# q4_0 and fp8 (append and attention against runtime/kvcache:
+# TestGPUAttentionKVKinds; a synthetic Llama against the CPU backend with
+# each: TestGPUKVKindsModel),
 # an oscar2 artifact opened through the engine with --device cuda
 # (TestGPUArtifactOscar2), the MoE variant, its wquant-quantized form with
 # mixed expert widths kept packed (TestGPUMoEQuant) and a synthetic
 # Qwen2-MoE with shared experts (TestGPUQwenMoEShared) against the CPU
 # backend, then the benchmarks: device copy bandwidth, the INT2 decode
 # attention in GB/s against it, and decode tokens/s with fp16 and oscar2
-# KV at 4k/16k/32k context, batch 1 and 16. Exits 2 at once on a machine
+# KV at 4k/16k/32k context, batch 1 and 16, and with each device KV kind
+# at 16k (BenchmarkDecodeKVKinds). Exits 2 at once on a machine
 # with no NVIDIA GPU; where one is seen, every test must run on it
 # (the script sets LMPACK_REQUIRE_GPU=1: a test that cannot reach the GPU
 # fails instead of skipping).
@@ -35,13 +40,14 @@
 #   GPU_CHECK_LOG       the log file (default: $OUT/gpu-check.log when $OUT
 #                       is set, else /tmp/gpu-check.log).
 #   BENCHTIME           go test -benchtime for every benchmark (default:
-#                       10x copy bandwidth, 200x INT2 attention, 30x decode).
+#                       10x copy bandwidth, 200x INT2 attention, 30x decode,
+#                       10x decode per KV kind).
 #   GPU_CHECK_FORCE     set: run even where no GPU is seen (to try the
 #                       script itself: every GPU test then fails).
 #   GPU_CHECK_JOBS      parity test processes run at once (default 4).
-#   GPU_CHECK_SECONDS   the whole run's deadline in seconds (default 285);
+#   GPU_CHECK_SECONDS   the whole run's deadline in seconds (default 300);
 #                       the parity tests stop early enough to leave
-#                       GPU_CHECK_BENCH_SECONDS (default 100) to the
+#                       GPU_CHECK_BENCH_SECONDS (default 115) to the
 #                       benchmarks, and a test not run in time fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,8 +55,8 @@ root=$(pwd)
 log=${GPU_CHECK_LOG:-${OUT:-/tmp}/gpu-check.log}
 : >"$log"
 say() { echo "$@" | tee -a "$log"; }
-deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-285}))
-bench_reserve=${GPU_CHECK_BENCH_SECONDS:-100}
+deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-300}))
+bench_reserve=${GPU_CHECK_BENCH_SECONDS:-115}
 ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
 
 # No GPU, no check: one line and exit 2 before anything runs.
@@ -204,7 +210,7 @@ done
 
 say "== benchmarks"
 bench=$(mktemp)
-for spec in BenchmarkCopyBandwidth:10x BenchmarkAttnINT2:200x BenchmarkDecode:30x; do
+for spec in BenchmarkCopyBandwidth:10x BenchmarkAttnINT2:200x BenchmarkDecode:30x BenchmarkDecodeKVKinds:10x; do
 	b=${spec%%:*}
 	left=$((deadline - SECONDS))
 	if [ "$left" -lt 5 ]; then
@@ -225,6 +231,12 @@ awk '/^BenchmarkDecode\// {
 	for (i = 1; i <= NF; i++) if ($i == "tokens/s") v = $(i-1)
 	tps[key, kv] = v; keys[key] = 1 }
 	END { for (k in keys) if (tps[k, "kv=fp16"] > 0) printf "decode %s: fp16 %.1f tokens/s, oscar2 %.1f tokens/s, speedup %.2fx%s\n", k, tps[k, "kv=fp16"], tps[k, "kv=oscar2"], tps[k, "kv=oscar2"] / tps[k, "kv=fp16"], (k ~ /ctx=32768/ ? " (goal >= 3)" : "") }' "$bench" | sort | tee -a "$log"
+# Each device KV kind over fp16 at 16k context (BenchmarkDecodeKVKinds).
+awk '/^BenchmarkDecodeKVKinds\// {
+	split($1, p, "/"); key = p[2] "/" p[3]; kv = p[4]; sub(/-[0-9]+$/, "", kv); sub(/^kv=/, "", kv)
+	for (i = 1; i <= NF; i++) if ($i == "tokens/s") v = $(i-1)
+	tps[key, kv] = v; keys[key] = 1; kinds[kv] = 1 }
+	END { for (k in keys) for (kv in kinds) if (kv != "fp16" && tps[k, "fp16"] > 0) printf "decode %s: %s %.1f tokens/s = %.2fx fp16 (%.1f)\n", k, kv, tps[k, kv], tps[k, kv] / tps[k, "fp16"], tps[k, "fp16"] }' "$bench" | sort | tee -a "$log"
 { grep -E '^--- (PASS|FAIL|SKIP)' "$log" || true; } | awk '{ n[$2]++ } END { for (k in n) printf "%s %d  ", k, n[k]; print "" }' | tee -a "$log"
 if [ "$status" -ne 0 ]; then
 	say "gpu-check: FAILED (log: $log)"

@@ -78,19 +78,20 @@ func (m *kvModel) ForwardBatch(ctx context.Context, seqs []runtime.Seq) error {
 
 // deviceKV maps an artifact's KV-cache scheme (a runtime/kvcache method
 // and its options) to the CUDA backend's device cache. The device
-// implements fp16 and oscar2 (cuda.CacheOptions: the same Sink and Recent
+// implements fp16, oscar2, oscar4, int8, int4, q8_0, q4_0 and fp8
+// (cuda.DeviceKVMethods; cuda.CacheOptions: the same Sink and Recent
 // windows in tokens and the manifest's rotations and clip ratios); for any
-// other method ("kivi2", "int4", ...) blocker says why the artifact cannot
+// other method ("kivi2", "quarot2", ...) blocker says why the artifact cannot
 // run on the GPU (loadModel's blocker). method "" (the float32 cache) runs
 // on the device's fp16 cache, as checkpoints do.
 func deviceKV(method string, opt kvcache.Options) (o cuda.CacheOptions, blocker string) {
 	switch method {
 	case "":
 		return cuda.CacheOptions{Method: "fp16"}, ""
-	case "fp16", "oscar2":
+	case "fp16", "oscar2", "oscar4", "int8", "int4", "q8_0", "q4_0", "fp8":
 		return cuda.CacheOptions{Method: method, Sink: opt.Sink, Recent: opt.Recent, Rotations: opt.Rotations}, ""
 	}
-	return cuda.CacheOptions{}, fmt.Sprintf("the artifact's KV cache scheme %s runs on the CPU backend only (the CUDA backend's device cache implements fp16 and oscar2)", method)
+	return cuda.CacheOptions{}, fmt.Sprintf("the artifact's KV cache scheme %s runs on the CPU backend only (the CUDA backend's device cache implements %s)", method, strings.Join(cuda.DeviceKVMethods(), ", "))
 }
 
 // openArtifactEngine loads an artifact on the backend --device selects

@@ -13,8 +13,9 @@ import (
 )
 
 // TestDeviceKV: the CUDA device cache takes oscar2 and fp16 artifacts with
-// the manifest's windows and rotations (no blocker); every other KV method
-// keeps a blocker naming it; the float32 cache maps to the device's fp16.
+// the manifest's windows and rotations (and oscar4), and int8, int4, q8_0, q4_0 and fp8
+// ones with its windows (no blocker); every other KV method keeps a
+// blocker naming it; the float32 cache maps to the device's fp16.
 func TestDeviceKV(t *testing.T) {
 	rot := &kvcache.Rotations{K: [][]float32{{1}}, V: [][]float32{{1}}}
 	opt := kvcache.Options{Sink: 5, Recent: 17, Rotations: rot}
@@ -28,7 +29,15 @@ func TestDeviceKV(t *testing.T) {
 	if o, why := deviceKV("", kvcache.Options{}); why != "" || o.Method != "fp16" {
 		t.Errorf("float32 cache: %+v, blocker %q; want the device fp16 cache", o, why)
 	}
-	for _, m := range []string{"kivi2", "int4", "int8", "oscar4", "oscars2"} {
+	for _, m := range []string{"int8", "int4", "q8_0", "q4_0", "fp8"} {
+		if o, why := deviceKV(m, opt); why != "" || o.Method != m || o.Sink != 5 || o.Recent != 17 {
+			t.Errorf("%s: %+v, blocker %q; want method %s, sink 5, recent 17, no blocker", m, o, why, m)
+		}
+	}
+	if o, why := deviceKV("oscar4", opt); why != "" || o.Method != "oscar4" || o.Rotations != rot {
+		t.Errorf("oscar4: %+v, blocker %q; want method oscar4 with the manifest rotations, no blocker", o, why)
+	}
+	for _, m := range []string{"kivi2", "quarot2", "oscar-mixed", "oscars2", "turboquant_k8v4", "int4_per_token_head"} {
 		if _, why := deviceKV(m, opt); !strings.Contains(why, m) || !strings.Contains(why, "CPU backend only") {
 			t.Errorf("%s: blocker %q, want one naming %s and the CPU", m, why, m)
 		}

@@ -94,6 +94,8 @@ func filledCache(b *testing.B, m *Model, method string, B, n, capacity int) *Dev
 			rot.K, rot.V = append(rot.K, id), append(rot.V, id)
 		}
 		o.Sink, o.Recent, o.Rotations = 64, 256, rot
+	} else if method != "fp16" {
+		o.Sink, o.Recent = 64, 256
 	}
 	c, err := m.NewDeviceCache(capacity, o)
 	if err != nil {
@@ -107,26 +109,16 @@ func filledCache(b *testing.B, m *Model, method string, B, n, capacity int) *Dev
 			p DevPtr
 			n int64
 		}{{L.ringK, 2 * rows * int64(c.ring*l.hd)}, {L.ringV, 2 * rows * int64(c.ring*l.hd)}}
-		if method == "oscar2" {
-			fill = append(fill, struct {
+		if c.kind != 0 {
+			type span = struct {
 				p DevPtr
 				n int64
-			}{L.sinkK, 2 * rows * int64(c.sink*l.hd)}, struct {
-				p DevPtr
-				n int64
-			}{L.sinkV, 2 * rows * int64(c.sink*l.hd)}, struct {
-				p DevPtr
-				n int64
-			}{L.codesK, rows * int64(c.capQ*l.hd/4)}, struct {
-				p DevPtr
-				n int64
-			}{L.codesV, rows * int64(c.capQ*l.hd/4)}, struct {
-				p DevPtr
-				n int64
-			}{L.parK, 4 * rows * int64(c.capQ)}, struct {
-				p DevPtr
-				n int64
-			}{L.parV, 4 * rows * int64(c.capQ)})
+			}
+			fill = append(fill, span{L.sinkK, 2 * rows * int64(c.sink*l.hd)}, span{L.sinkV, 2 * rows * int64(c.sink*l.hd)},
+				span{L.codesK, rows * int64(c.capQ*L.rb)}, span{L.codesV, rows * int64(c.capQ*L.rb)})
+			if c.kind == kvASYM {
+				fill = append(fill, span{L.parK, 4 * rows * int64(c.capQ)}, span{L.parV, 4 * rows * int64(c.capQ)})
+			}
 		}
 		for _, f := range fill {
 			if f.n > 0 {
@@ -212,6 +204,37 @@ func BenchmarkDecode(b *testing.B) {
 					b.ReportMetric(float64(c.Bytes())/1e9, "kvGB")
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkDecodeKVKinds reports decode tokens/s of the synthetic
+// KV-dominated model at 16k context, batch 1 and 16, with each device KV
+// kind (fp16 for the ratio; sink 64 and recent 256 fp16 for the
+// quantized ones, as BenchmarkDecode's oscar2), and the cache's bytes.
+func BenchmarkDecodeKVKinds(b *testing.B) {
+	m := syntheticKVModel(b)
+	const n = 16384
+	for _, B := range []int{1, 16} {
+		for _, method := range []string{"fp16", "int8", "int4", "q8_0", "q4_0", "fp8"} {
+			b.Run(fmt.Sprintf("ctx=%d/batch=%d/kv=%s", n, B, method), func(b *testing.B) {
+				c := filledCache(b, m, method, B, n, n+1)
+				ids := make([]int, B)
+				logits := make([]float32, B*m.d.VocabSize)
+				step := func() {
+					if err := m.ForwardUniform(context.Background(), ids, B, c, logits, false); err != nil {
+						b.Fatal(err)
+					}
+					c.Truncate(n)
+				}
+				step()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					step()
+				}
+				b.ReportMetric(float64(B*b.N)/b.Elapsed().Seconds(), "tokens/s")
+				b.ReportMetric(float64(c.Bytes())/1e9, "kvGB")
+			})
 		}
 	}
 }

@@ -48,6 +48,49 @@
 // installations found on the machine. The driver is libcuda.so.1 through
 // the dynamic loader (never a toolkit stub, which has no device).
 //
+// KV caches on the device (NewDeviceCache, CacheOptions.Method; names as
+// runtime/kvcache's methods, docs/METHODS.md §1 and §3). Every quantized
+// kind keeps kvcache's fp16 sink and recent window (Sink, Recent) and
+// stores each other (token, kv head) row once, quantized as kv_append
+// writes it; attn_split reads the rows from their codes (no dequantized
+// copy of the history):
+//
+//	method   device row (kernels/common.cuh)            rotation          read as
+//	fp16     binary16                                   none              values
+//	oscar2   INT2 asymmetric, fp16 scale and zero       R_K, R_V + clip   code space
+//	oscar4   INT4 asymmetric, fp16 scale and zero       R_K, R_V + clip4  code space
+//	int8     INT8 asymmetric, fp16 scale and zero       none              code space
+//	int4     INT4 asymmetric, fp16 scale and zero       none              code space
+//	q8_0     llama.cpp block_q8_0 per 32 values         Hadamard blocks   kv_deq values
+//	q4_0     llama.cpp block_q4_0 per 32 values         Hadamard blocks   kv_deq values
+//	fp8      FP8 E4M3 per value, per-tensor scale 1     none              kv_deq values
+//
+// ("code space": scale·(Σ q_j·c_j − zero·Σ q_j) per key row and the
+// weighted codes summed before one scale per row; q8_0/q4_0 rotate q by
+// llama.cpp's block Hadamard matrix and the output back, as oscar2 does
+// with its rotations; clip4: Rotations.ClipK4/ClipV4). The encodings are kvcache's bit for bit on the
+// same binary16 input except where a float32 rotation rounds differently
+// (q8_0, q4_0: the device rotates with a dense matrix product, kvcache
+// with kvq.FWHT; oscar2: a loop against kernels.MatMulNT), and q8_0's
+// block maximum skips NaN where kvcache's propagates it. q8_0 and q4_0
+// need a head_dim that is a multiple of 32 (as kvcache and llama.cpp).
+// fp16 and oscar2 caches run attn_split_g<MG>, compiled for INT2 rows
+// only (so it keeps its registers); the other kinds run
+// attn_split_kv_g<MG>, which branches on the kind at run time (about 130
+// registers per thread at MG 1 on sm_90, against 70: fewer blocks per SM;
+// its speed is measured by BenchmarkDecodeKVKinds, not tuned).
+// Not on the device, refused by NewDeviceCache with an error naming the
+// method (the engine runs such artifacts on the CPU): kivi2 and oscars2
+// (per-channel keys over 32-token blocks), quarot2, oscar-mixed,
+// int2-naive, turboquant_*, int4_per_token_head.
+//
+// Weights: binary16, or bfloat16 for BF16 checkpoints and tensors with
+// |w| > 65504, used in place by gemv/gemm (_f16, _bf16) with float32
+// accumulation; F32 checkpoints are rounded to binary16 at upload, so the
+// device holds no float32 weight copy (runtime.LoadOptions.
+// DequantizeWeights, which makes the CPU backend widen to float32, is
+// ignored here: there is no float32 GEMM on the device).
+//
 // Models (Backend.Load): the decoders formats/arch describes, dense and
 // MoE (top-k routing, Qwen2-MoE's shared expert with its sigmoid gate),
 // with a head_dim that is a multiple of 4 up to 256. Weights are binary16

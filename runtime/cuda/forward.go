@@ -422,11 +422,11 @@ func (m *Model) attention(k *Kernels, l *layerW, L *cacheLayer, c *DeviceCache, 
 	scale := float32(1 / math.Sqrt(float64(l.hd)))
 	rk, rv := L.rk, L.rv
 	shmem := 4 * mg * (4*l.hd + 256)
-	if err := k.LaunchShared(fmt.Sprintf("attn_split_g%d", mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
+	if err := k.LaunchShared(fmt.Sprintf("attn_split%s_g%d", c.attnVariant(), mg), Dim{nsplit, l.nkv * chunks, R}, Dim{128, 1, 1}, shmem,
 		s.partO, s.partML, qkv, l.qkv,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
-		rk, l.nh, l.nkv, l.hd, T, pos, ws, c.recent, l.window, nsplit, splitLen, scale); err != nil {
+		rk, l.nh, l.nkv, l.hd, T, pos, ws, c.recent, l.window, nsplit, splitLen, scale, c.kind, c.bits); err != nil {
 		return err
 	}
 	return k.Launch("attn_merge", Dim{l.nh, R, 1}, Dim{roundUp(l.hd, 32), 1, 1},

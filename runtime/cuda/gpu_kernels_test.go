@@ -273,11 +273,11 @@ func attnCase(t *testing.T, d *Device, k *Kernels, c *DeviceCache, q DevPtr, qld
 	partO, partML := fill(R*nh*nsplit*2*hd), fill(R*nh*nsplit*2)
 	out := fill(R * nh * hd)
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	if err := k.LaunchShared(fmt.Sprintf("attn_split_g%d", MG), Dim{nsplit, nkv * chunks, R}, Dim{128, 1, 1}, 4*MG*(4*hd+256),
+	if err := k.LaunchShared(fmt.Sprintf("attn_split%s_g%d", c.attnVariant(), MG), Dim{nsplit, nkv * chunks, R}, Dim{128, 1, 1}, 4*MG*(4*hd+256),
 		partO, partML, q, qld,
 		L.sinkK, L.sinkV, c.sink, L.ringK, L.ringV, c.ring,
 		L.codesK, L.codesV, L.parK, L.parV, c.capQ,
-		L.rk, nh, nkv, hd, T, pos0, wstart, c.recent, window, nsplit, splitLen, scale); err != nil {
+		L.rk, nh, nkv, hd, T, pos0, wstart, c.recent, window, nsplit, splitLen, scale, c.kind, c.bits); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Launch("attn_merge", Dim{nh, R, 1}, Dim{roundUp(hd, 32), 1, 1}, out, nh*hd, partO, partML, L.rv, nh, hd, nsplit); err != nil {
@@ -403,55 +403,72 @@ func TestGPUAttentionFP16(t *testing.T) {
 // 4 bytes at a time) and 40 (byte by byte). Reference: refAttnServed
 // with each query pq reading the earlier tokens as DeviceCache.Read
 // serves them for pq+1 tokens (INT2 below max(sink, pq+1−32), the codes
-// dequantized and un-rotated on the host) and its call's tokens as their
+// dequantized and un-rotated on the host: servedViews, checked against
+// Read) and its call's tokens as their
 // float32 rows. Tolerance 1e-4·(1+|ref|): TestKernelPortOscar2's 2e-5
 // plus the float32 sums of up to 264 weighted INT2 codes less their zero
 // term, and Read's float32 un-rotation; a misread code moves a value by
-// ≥ a quantization step.
+// ≥ a quantization step. Then the same for oscar4 (INT4 rows, ClipK4/ClipV4
+// 0.98/0.96; head_dim 64 read a word at a time, 36 byte by byte).
 func TestGPUAttentionOscar2(t *testing.T) {
 	d, k := gpuOrSkip(t)
 	r := rand.New(rand.NewPCG(99, 100))
 	const n, recent = 300, 32
-	for _, sh := range []struct{ nh, nkv, hd int }{{16, 2, 64}, {6, 2, 40}} {
-		nh, nkv, hd := sh.nh, sh.nkv, sh.hd
-		m := attnModel(t, d, k, nh, nkv, hd)
-		rot := randRotations(r, m.d)
-		kvdim := nkv * hd
-		for _, T := range []int{1, 5, 60} {
-			pos0 := n - T
-			c, err := m.NewDeviceCache(n+4, CacheOptions{Method: "oscar2", Sink: 4, Recent: recent, Rotations: rot})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Free() })
-			c.Write(0, 0, pos0, randVec(r, pos0*kvdim, 1), randVec(r, pos0*kvdim, 1))
-			c.Commit(pos0)
-			wstart := c.quantFloor()
-			if wstart != 4 {
-				t.Fatalf("INT2 floor %d, want the sink 4", wstart)
-			}
-			served := map[[2]int][2][]float32{}
-			for pq := pos0; pq < n; pq++ {
-				for g := 0; g < nkv; g++ {
-					// Read serves the view of a cache of pq+1 tokens;
-					// only the rows below pos0 are used.
-					K, V := make([]float32, (pq+1)*hd), make([]float32, (pq+1)*hd)
-					c.Read(0, g, pq+1, K, V)
-					served[[2]int{g, pq}] = [2][]float32{K[:pos0*hd], V[:pos0*hd]}
+	for _, method := range []string{"oscar2", "oscar4"} {
+		shapes := []struct{ nh, nkv, hd int }{{16, 2, 64}, {6, 2, 40}}
+		if method == "oscar4" {
+			shapes[1].hd = 36
+		}
+		for _, sh := range shapes {
+			nh, nkv, hd := sh.nh, sh.nkv, sh.hd
+			m := attnModel(t, d, k, nh, nkv, hd)
+			rot := randRotations(r, m.d)
+			rot.ClipK4, rot.ClipV4 = []float64{0.98}, []float64{0.96}
+			kvdim := nkv * hd
+			for _, T := range []int{1, 5, 60} {
+				pos0 := n - T
+				c, err := m.NewDeviceCache(n+4, CacheOptions{Method: method, Sink: 4, Recent: recent, Rotations: rot})
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			qld := nh*hd + 2*kvdim
-			q := randVec(r, T*qld, 1)
-			qp := devBuf(t, d, q)
-			for _, window := range []int{0, 40, 280} {
-				want := refAttnServed(q, qld, T, pos0, nh, nkv, hd, window, func(g, pq int) ([]float32, []float32) {
-					kv := served[[2]int{g, pq}]
-					return kv[0], kv[1]
-				})
-				for _, splitLen := range []int{128, 512} {
-					for _, MG := range []int{1, 2, 4, 8} {
-						got := attnCase(t, d, k, c, qp, qld, 1, T, pos0, wstart, window, nh, MG, splitLen)
-						checkAttn(t, fmt.Sprintf("oscar2 nh %d nkv %d hd %d T %d window %d split %d MG %d", nh, nkv, hd, T, window, splitLen, MG), got, want, 1e-4)
+				t.Cleanup(func() { c.Free() })
+				c.Write(0, 0, pos0, randVec(r, pos0*kvdim, 1), randVec(r, pos0*kvdim, 1))
+				c.Commit(pos0)
+				wstart := c.quantFloor()
+				if wstart != 4 {
+					t.Fatalf("%s: quantized floor %d, want the sink 4", method, wstart)
+				}
+				// The views Read serves a cache of pq+1 tokens (rows below
+				// pos0), from one download (servedViews), checked against
+				// Read itself at pq = n−1 (Read un-rotates in float32,
+				// servedViews in float64: a float32 sum of hd ≤ 64 terms
+				// of |y·R| ≲ 20 in all is within 64·2⁻²⁴·20 ≈ 8e-5; a
+				// misread row is off by a quantization step, ≥ 0.1).
+				served := servedViews(t, d, c, pos0, n)
+				for g := 0; g < nkv; g++ {
+					K, V := make([]float32, n*hd), make([]float32, n*hd)
+					c.Read(0, g, n, K, V)
+					for side, X := range [][]float32{K, V} {
+						for i, w := range served[[2]int{g, n - 1}][side] {
+							if math.Abs(float64(X[i]-w)) > 1e-4*(1+math.Abs(float64(w))) {
+								t.Fatalf("%s: Read side %d head %d element %d: %g, servedViews %g", method, side, g, i, X[i], w)
+							}
+						}
+					}
+				}
+				qld := nh*hd + 2*kvdim
+				q := randVec(r, T*qld, 1)
+				qp := devBuf(t, d, q)
+				for _, window := range []int{0, 40, 280} {
+					want := refAttnServed(q, qld, T, pos0, nh, nkv, hd, window, func(g, pq int) ([]float32, []float32) {
+						kv := served[[2]int{g, pq}]
+						return kv[0], kv[1]
+					})
+					for _, splitLen := range []int{128, 512} {
+						for _, MG := range []int{1, 2, 4, 8} {
+							got := attnCase(t, d, k, c, qp, qld, 1, T, pos0, wstart, window, nh, MG, splitLen)
+							checkAttn(t, fmt.Sprintf("%s nh %d nkv %d hd %d T %d window %d split %d MG %d", method, nh, nkv, hd, T, window, splitLen, MG), got, want, 1e-4)
+						}
 					}
 				}
 			}

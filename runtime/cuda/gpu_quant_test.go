@@ -243,6 +243,39 @@ func TestGPUStories260KQuant(t *testing.T) {
 	compareRun(t, "stories260K quantized", cpu, gm, cpu.NewCache(200), gm.NewCache(200), toks, 100, desc.VocabSize, gpuStoriesMaxTol, gpuStoriesMeanTol)
 }
 
+// TestGPUStories260KQuant8: TestGPUStories260KQuant with every width 8
+// bits (quantizeStories wide: q/k/v/gate/up asymmetric groups of 32,
+// o_proj symmetric groups of 64, layer 0's with its act-order
+// permutation, down_proj per channel over 172 columns), every weight
+// packed at 8 bits on the GPU (gemv_q for the decode rows, dequant_q +
+// gemm_f16 for the 100-token prefill), against the CPU backend on the
+// same checkpoint dequantized at load, over 100 prefilled and 64 decoded
+// tokens. Tolerances as TestGPUStories260KQuant (gpuStoriesMaxTol,
+// gpuStoriesMeanTol): decode uses the CPU's Ŵ exactly (qval), prefill
+// rounds Ŵ to binary16 and the KV cache is binary16, as for 4 bits.
+func TestGPUStories260KQuant8(t *testing.T) {
+	gpuOrSkip(t)
+	cpu, gm, desc := loadStoriesQuant(t, func(t *testing.T, d *arch.Description, ck runtime.TensorSource) (*arch.Description, runtime.TensorSource) {
+		return quantizeStories(t, d, ck, true)
+	})
+	for i := range gm.layers {
+		l := &gm.layers[i]
+		for _, w := range []struct {
+			name string
+			q    *qw
+		}{{"qkv", l.wqkv.q}, {"o_proj", l.wo.q}, {"gate/up", l.mlp.gu.q}, {"down", l.mlp.down.q}} {
+			if w.q == nil || w.q.bits != 8 {
+				t.Fatalf("layer %d %s: packed %+v, want 8 bits on the device", i, w.name, w.q)
+			}
+		}
+	}
+	if gm.layers[0].wo.q.perm == 0 {
+		t.Fatal("layer 0 o_proj: no act-order permutation on the device")
+	}
+	toks := storiesTokens(t, 164)
+	compareRun(t, "stories260K 8-bit", cpu, gm, cpu.NewCache(200), gm.NewCache(200), toks, 100, desc.VocabSize, gpuStoriesMaxTol, gpuStoriesMeanTol)
+}
+
 // TestGPUStories260KQuantLowBit: stories260K with 1-bit and act-order
 // weights (quantizeStoriesLowBit: 1-bit q/k/v sharing a permutation,
 // 1-bit o_proj, 4-bit permuted gate/up, 1-bit per-channel permuted

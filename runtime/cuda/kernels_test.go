@@ -92,7 +92,8 @@ func TestCompileKernels(t *testing.T) {
 // TestCompileErrorLog checks a bad source fails with NVRTC's log.
 // launchedKernels are the kernel names the Go code launches.
 var launchedKernels = []string{"embed", "rmsnorm", "rope", "silu_mul", "add_bias", "gemv_f16", "gemv_bf16", "gemm_f16", "gemm_bf16",
-	"gemv_q", "dequant_q", "kv_append", "attn_split_g1", "attn_split_g2", "attn_split_g4", "attn_split_g8", "attn_merge",
+	"gemv_q", "dequant_q", "kv_append", "attn_split_g1", "attn_split_g2", "attn_split_g4", "attn_split_g8",
+	"attn_split_kv_g1", "attn_split_kv_g2", "attn_split_kv_g4", "attn_split_kv_g8", "attn_merge",
 	"moe_route", "moe_gemv", "moe_gemv_q", "moe_combine", "moe_shared"}
 
 func TestCompileErrorLog(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 
 type portCache struct {
 	B, nkv, hd, sink, ring, capQ int
+	kind, bits, rb               int // quantized row format (cache.go kvKinds)
 	sinkK, sinkV, ringK, ringV   []uint16
 	codesK, codesV               []byte
 	parK, parV                   []uint16
@@ -33,20 +34,31 @@ type portCache struct {
 	clipK, clipV                 int
 }
 
+// newPortCache is an oscar2-layout port cache (INT2 rows).
 func newPortCache(B, nkv, hd, sink, ring, capQ int) *portCache {
+	return newPortCacheKind(B, nkv, hd, sink, ring, capQ, kvASYM, 2)
+}
+
+// newPortCacheKind is a port cache whose quantized rows have the given
+// kind and width (cache.go kvKinds).
+func newPortCacheKind(B, nkv, hd, sink, ring, capQ, kind, bits int) *portCache {
 	rows := B * nkv
-	return &portCache{B: B, nkv: nkv, hd: hd, sink: sink, ring: ring, capQ: capQ,
+	rb := kvRowBytes(kind, bits, hd)
+	return &portCache{B: B, nkv: nkv, hd: hd, sink: sink, ring: ring, capQ: capQ, kind: kind, bits: bits, rb: rb,
 		sinkK: make([]uint16, rows*sink*hd), sinkV: make([]uint16, rows*sink*hd),
 		ringK: make([]uint16, rows*ring*hd), ringV: make([]uint16, rows*ring*hd),
-		codesK: make([]byte, rows*capQ*hd/4), codesV: make([]byte, rows*capQ*hd/4),
+		codesK: make([]byte, rows*capQ*rb), codesV: make([]byte, rows*capQ*rb),
 		parK: make([]uint16, rows*capQ*2), parV: make([]uint16, rows*capQ*2), clipK: -1, clipV: -1}
 }
 
 func round16(x float32) float32 { return kvq.RoundF16(x) }
 
-// asymParamsF16 ports asym_params_f16.
-func asymParamsF16(lo, hi float32) (float32, float32) {
-	s := (hi - lo) / 3
+// asymParamsF16 ports asym_params_f16 at 2 bits.
+func asymParamsF16(lo, hi float32) (float32, float32) { return asymParamsF16Bits(lo, hi, 3) }
+
+// asymParamsF16Bits ports asym_params_f16 at qmax = 2^bits − 1.
+func asymParamsF16Bits(lo, hi, qmax float32) (float32, float32) {
+	s := (hi - lo) / qmax
 	inv := 1 / s
 	switch {
 	case s > 0 && !math.IsInf(float64(inv), 0) && !math.IsInf(float64(s), 0):
@@ -145,11 +157,20 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 				}
 				y := make([]float32, hd)
 				for j := range y {
+					if R == nil {
+						y[j] = x[j]
+						continue
+					}
 					var a float32
 					for i := 0; i < hd; i++ {
 						a += x[i] * R[i*hd+j]
 					}
 					y[j] = a
+				}
+				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
+				if c.kind != kvASYM {
+					encodeRowPort(codes[qi*c.rb:(qi+1)*c.rb], y, c.kind)
+					continue
 				}
 				if clipk >= 0 {
 					tau := clipTauPort(y, clipk)
@@ -168,20 +189,21 @@ func (c *portCache) kvAppend(kv []float32, ld, koff, voff, T, pos0 int, quant bo
 						lo, hi = min(lo, v), max(hi, v)
 					}
 				}
-				scale, zero := asymParamsF16(lo, hi)
-				qi := (b*c.nkv+h)*c.capQ + (p - c.sink)
-				for j := 0; j < hd; j += 4 {
+				qmax := float32(int(1)<<c.bits - 1)
+				scale, zero := asymParamsF16Bits(lo, hi, qmax)
+				per := 8 / c.bits
+				for j := 0; j < hd; j += per {
 					var by byte
-					for k := 0; k < 4 && j+k < hd; k++ {
+					for k := 0; k < per && j+k < hd; k++ {
 						v := y[j+k]*(1/scale) + (zero + 0.5)
 						if !(v >= 0) {
 							v = 0
-						} else if v > 3 {
-							v = 3
+						} else if v > qmax {
+							v = qmax
 						}
-						by |= byte(v) << (2 * k)
+						by |= byte(v) << (c.bits * k)
 					}
-					codes[qi*((hd+3)/4)+j/4] = by
+					codes[qi*c.rb+j/per] = by
 				}
 				par[qi*2], par[qi*2+1] = kvq.F16FromFloat32(scale), kvq.F16FromFloat32(zero)
 			}
@@ -233,7 +255,10 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 					for e := 0; e < G*hd; e++ {
 						gg, j := e/hd, e%hd
 						var a float32
-						for i := 0; i < hd; i++ {
+						if c.rk == nil {
+							a = qf[gg*hd+j]
+						}
+						for i := 0; c.rk != nil && i < hd; i++ {
 							a += qf[gg*hd+i] * c.rk[i*hd+j]
 						}
 						qr[gg*hd+j] = a
@@ -266,18 +291,25 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							clear(sc) // phase 1a (INT2) and 1b (fp16, a warp per position in the kernel)
 							if p >= c.sink && p < wq {
 								qi := head*c.capQ + (p - c.sink)
-								cr := c.codesK[qi*hb:]
-								ks, kz := kvq.F16ToFloat32(c.parK[qi*2]), kvq.F16ToFloat32(c.parK[qi*2+1])
-								for jb := 0; jb < hb; jb++ {
-									for k := 0; k < 4; k++ {
-										code := float32(cr[jb] >> (2 * k) & 3)
+								cr := c.codesK[qi*c.rb:]
+								if c.kind == kvASYM {
+									ks, kz := kvq.F16ToFloat32(c.parK[qi*2]), kvq.F16ToFloat32(c.parK[qi*2+1])
+									for j := 0; j < hd; j++ {
+										code := float32(kvCodePort(cr, j, c.bits))
 										for gg := 0; gg < G; gg++ {
-											sc[gg] += qr[gg*hd+jb*4+k] * code
+											sc[gg] += qr[gg*hd+j] * code
 										}
 									}
-								}
-								for gg := 0; gg < G; gg++ {
-									sc[gg] = ks * (sc[gg] - kz*qsum[gg])
+									for gg := 0; gg < G; gg++ {
+										sc[gg] = ks * (sc[gg] - kz*qsum[gg])
+									}
+								} else {
+									for j := 0; j < hd; j++ {
+										kv := kvDeqPort(c.kind, cr, j)
+										for gg := 0; gg < G; gg++ {
+											sc[gg] += qr[gg*hd+j] * kv
+										}
+									}
 								}
 							} else if p >= pos0 {
 								kf := own[(p-pos0)*qld+g*hd:]
@@ -322,6 +354,10 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							pg[i] = e
 							sum += e
 							if pp := p0 + i; i < nvis && pp >= c.sink && pp < wq {
+								if c.kind != kvASYM {
+									ws[gg*AT+i] = e
+									continue
+								}
 								qi := head*c.capQ + (pp - c.sink)
 								es := e * kvq.F16ToFloat32(c.parV[qi*2])
 								ws[gg*AT+i] = es
@@ -351,9 +387,13 @@ func (c *portCache) attnSplit(MG int, partO, partML, q []float32, qld, nh, T, po
 							var v4 [4]float32
 							isq := pp >= c.sink && pp < wq
 							if isq {
-								by := c.codesV[(head*c.capQ+(pp-c.sink))*hb+cg]
+								vr := c.codesV[(head*c.capQ+(pp-c.sink))*c.rb:]
 								for k := range v4 {
-									v4[k] = float32(by >> (2 * k) & 3)
+									if c.kind == kvASYM {
+										v4[k] = float32(kvCodePort(vr, cg*4+k, c.bits))
+									} else {
+										v4[k] = kvDeqPort(c.kind, vr, cg*4+k)
+									}
 								}
 							} else if pp >= pos0 {
 								copy(v4[:], own[(pp-pos0)*qld+(nkv+g)*hd+cg*4:])
@@ -523,106 +563,114 @@ func refAttnServed(qkv []float32, qld, T, pos0, nh, nkv, hd, window int, served 
 // earlier token as the CPU cache serves it to that query (kvcache
 // written token by token through the query: sink and the recent window
 // counted back from the query in fp16, the rest INT2): it equals the
-// float64 attention over those rows to 2e-5.
+// float64 attention over those rows to 2e-5. The same for oscar4 (INT4
+// rows, clipped with ClipK4/ClipV4).
 func TestKernelPortOscar2(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const nh, nkv, hd, sink, recent, n = 6, 2, 16, 3, 10, 75
 	ring := recent + 32
-	rot := &kvcache.Rotations{K: [][]float32{randOrthogonal(r, hd)}, V: [][]float32{randOrthogonal(r, hd)}, ClipK: []float64{0.9}, ClipV: []float64{0.8}}
+	rot := &kvcache.Rotations{K: [][]float32{randOrthogonal(r, hd)}, V: [][]float32{randOrthogonal(r, hd)}, ClipK: []float64{0.9}, ClipV: []float64{0.8},
+		ClipK4: []float64{0.95}, ClipV4: []float64{0.85}}
 	kvDim := nkv * hd
 	qld := nh*hd + 2*kvDim
-	for _, tc := range []struct {
-		T, window, splitLen int
-	}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}, {40, 0, 16}, {40, 50, 32}} {
-		T := tc.T
-		pos0 := n - T
-		// Token rows [n, qld]: q (used for the call's tokens), k, v.
-		rows := randVec(r, n*qld, 1)
-		pc := newPortCache(1, nkv, hd, sink, ring, n-sink)
-		pc.rk, pc.rv = rot.K[0], rot.V[0]
-		pc.clipK, pc.clipV = clipIndex(0.9, hd), clipIndex(0.8, hd)
-		for p := 0; p < pos0; p++ {
-			pc.kvAppend(rows[p*qld:(p+1)*qld], qld, nh*hd, nh*hd+kvDim, 1, p, true)
-		}
-		// The CPU cache, written token by token up to each query, says
-		// which earlier positions that query reads INT2
-		// (QuantizedEnd); the reference reads them from the port's
-		// codes (un-rotated in float64), the others from its binary16
-		// sink and ring, and checks the INT2 rows against the CPU
-		// cache's (one binary16 scale ulp apart at most, ~1e-3: the port
-		// rotates with a loop, kvcache with MatMulNT).
-		cc, err := kvcache.New("oscar2", []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
-		if err != nil {
-			t.Fatal(err)
-		}
-		served := map[[2]int][2][]float32{}
-		for p := 0; p < n; p++ {
-			cc.Write(0, p, 1, rows[p*qld+nh*hd:], rows[p*qld+nh*hd+kvDim:])
-			cc.Commit(1)
-			if p < pos0 {
-				continue
+	for _, mc := range []struct {
+		method       string
+		bits         int
+		clipK, clipV float64
+	}{{"oscar2", 2, 0.9, 0.8}, {"oscar4", 4, 0.95, 0.85}} {
+		for _, tc := range []struct {
+			T, window, splitLen int
+		}{{1, 0, 128}, {1, 0, 16}, {4, 0, 16}, {3, 20, 16}, {1, 0, 8}, {40, 0, 16}, {40, 50, 32}} {
+			T := tc.T
+			pos0 := n - T
+			// Token rows [n, qld]: q (used for the call's tokens), k, v.
+			rows := randVec(r, n*qld, 1)
+			pc := newPortCacheKind(1, nkv, hd, sink, ring, n-sink, kvASYM, mc.bits)
+			pc.rk, pc.rv = rot.K[0], rot.V[0]
+			pc.clipK, pc.clipV = clipIndex(mc.clipK, hd), clipIndex(mc.clipV, hd)
+			for p := 0; p < pos0; p++ {
+				pc.kvAppend(rows[p*qld:(p+1)*qld], qld, nh*hd, nh*hd+kvDim, 1, p, true)
 			}
-			qe := cc.(lmruntime.QuantizedKV).QuantizedEnd(0, p+1)
-			if want := max(sink, p+1-recent); qe != want {
-				t.Fatalf("kvcache oscar2 watermark %d at %d tokens, want %d", qe, p+1, want)
+			// The CPU cache, written token by token up to each query, says
+			// which earlier positions that query reads INT2
+			// (QuantizedEnd); the reference reads them from the port's
+			// codes (un-rotated in float64), the others from its binary16
+			// sink and ring, and checks the INT2 rows against the CPU
+			// cache's (one binary16 scale ulp apart at most, ~1e-3: the port
+			// rotates with a loop, kvcache with MatMulNT).
+			cc, err := kvcache.New(mc.method, []kvcache.Layer{{NumKVHeads: nkv, HeadDim: hd}}, n, kvcache.Options{Sink: sink, Recent: recent, Rotations: rot})
+			if err != nil {
+				t.Fatal(err)
 			}
-			for g := 0; g < nkv; g++ {
-				K, V := make([]float32, pos0*hd), make([]float32, pos0*hd)
-				cc.Read(0, g, pos0, K, V)
-				for side, X := range [][]float32{K, V} {
-					sinkR, ringR, codes, par, R := pc.sinkK, pc.ringK, pc.codesK, pc.parK, pc.rk
-					if side == 1 {
-						sinkR, ringR, codes, par, R = pc.sinkV, pc.ringV, pc.codesV, pc.parV, pc.rv
-					}
-					for q := 0; q < pos0; q++ {
-						dst := X[q*hd : (q+1)*hd]
-						switch {
-						case q < sink:
-							kvq.DecodeF16(dst, sinkR[(g*sink+q)*hd:(g*sink+q+1)*hd])
-						case q < qe:
-							qi := g*pc.capQ + q - sink
-							sc, z := kvq.F16ToFloat32(par[qi*2]), kvq.F16ToFloat32(par[qi*2+1])
-							y := make([]float64, hd)
-							for j := range y {
-								y[j] = (float64(codes[qi*hd/4+j/4]>>(2*(j%4))&3) - float64(z)) * float64(sc)
-							}
-							for i := 0; i < hd; i++ {
-								var a float64
-								for j := 0; j < hd; j++ {
-									a += y[j] * float64(R[i*hd+j])
+			served := map[[2]int][2][]float32{}
+			for p := 0; p < n; p++ {
+				cc.Write(0, p, 1, rows[p*qld+nh*hd:], rows[p*qld+nh*hd+kvDim:])
+				cc.Commit(1)
+				if p < pos0 {
+					continue
+				}
+				qe := cc.(lmruntime.QuantizedKV).QuantizedEnd(0, p+1)
+				if want := max(sink, p+1-recent); qe != want {
+					t.Fatalf("kvcache %s watermark %d at %d tokens, want %d", mc.method, qe, p+1, want)
+				}
+				for g := 0; g < nkv; g++ {
+					K, V := make([]float32, pos0*hd), make([]float32, pos0*hd)
+					cc.Read(0, g, pos0, K, V)
+					for side, X := range [][]float32{K, V} {
+						sinkR, ringR, codes, par, R := pc.sinkK, pc.ringK, pc.codesK, pc.parK, pc.rk
+						if side == 1 {
+							sinkR, ringR, codes, par, R = pc.sinkV, pc.ringV, pc.codesV, pc.parV, pc.rv
+						}
+						for q := 0; q < pos0; q++ {
+							dst := X[q*hd : (q+1)*hd]
+							switch {
+							case q < sink:
+								kvq.DecodeF16(dst, sinkR[(g*sink+q)*hd:(g*sink+q+1)*hd])
+							case q < qe:
+								qi := g*pc.capQ + q - sink
+								sc, z := kvq.F16ToFloat32(par[qi*2]), kvq.F16ToFloat32(par[qi*2+1])
+								y := make([]float64, hd)
+								for j := range y {
+									y[j] = (float64(kvCodePort(codes[qi*pc.rb:], j, mc.bits)) - float64(z)) * float64(sc)
 								}
-								if math.Abs(a-float64(dst[i])) > 1e-2 {
-									t.Fatalf("T=%d: INT2 row %d (side %d head %d) column %d: port %.5g, kvcache %.5g", T, q, side, g, i, a, dst[i])
+								for i := 0; i < hd; i++ {
+									var a float64
+									for j := 0; j < hd; j++ {
+										a += y[j] * float64(R[i*hd+j])
+									}
+									if math.Abs(a-float64(dst[i])) > 1e-2 {
+										t.Fatalf("%s T=%d: quantized row %d (side %d head %d) column %d: port %.5g, kvcache %.5g", mc.method, T, q, side, g, i, a, dst[i])
+									}
+									dst[i] = float32(a)
 								}
-								dst[i] = float32(a)
+							default:
+								kvq.DecodeF16(dst, ringR[(g*ring+q%ring)*hd:(g*ring+q%ring+1)*hd])
 							}
-						default:
-							kvq.DecodeF16(dst, ringR[(g*ring+q%ring)*hd:(g*ring+q%ring+1)*hd])
 						}
 					}
+					served[[2]int{g, p}] = [2][]float32{K, V}
 				}
-				served[[2]int{g, p}] = [2][]float32{K, V}
 			}
-		}
-		own := rows[pos0*qld:]
-		want := refAttnServed(own, qld, T, pos0, nh, nkv, hd, tc.window, func(g, pq int) ([]float32, []float32) {
-			kv := served[[2]int{g, pq}]
-			return kv[0], kv[1]
-		})
-		wstart := max(sink, pos0-ring) // hi = pos0
-		nsplit := (n + tc.splitLen - 1) / tc.splitLen
-		for _, MG := range []int{1, 2, 4, 8} {
-			partO := make([]float32, T*nh*nsplit*2*hd)
-			partML := make([]float32, T*nh*nsplit*2)
-			pc.attnSplit(MG, partO, partML, own, qld, nh, T, pos0, wstart, recent, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
-			out := make([]float32, T*nh*hd)
-			attnMergePort(out, nh*hd, partO, partML, rot.V[0], nh, hd, nsplit, T)
-			worst := 0.0
-			for i, w := range want {
-				worst = max(worst, math.Abs(w-float64(out[i])))
-			}
-			if worst > 2e-5 {
-				t.Errorf("T=%d window=%d split=%d MG=%d: worst |Δ| %.3g, want ≤ 2e-5", T, tc.window, tc.splitLen, MG, worst)
+			own := rows[pos0*qld:]
+			want := refAttnServed(own, qld, T, pos0, nh, nkv, hd, tc.window, func(g, pq int) ([]float32, []float32) {
+				kv := served[[2]int{g, pq}]
+				return kv[0], kv[1]
+			})
+			wstart := max(sink, pos0-ring) // hi = pos0
+			nsplit := (n + tc.splitLen - 1) / tc.splitLen
+			for _, MG := range []int{1, 2, 4, 8} {
+				partO := make([]float32, T*nh*nsplit*2*hd)
+				partML := make([]float32, T*nh*nsplit*2)
+				pc.attnSplit(MG, partO, partML, own, qld, nh, T, pos0, wstart, recent, tc.window, nsplit, tc.splitLen, float32(1/math.Sqrt(hd)), true)
+				out := make([]float32, T*nh*hd)
+				attnMergePort(out, nh*hd, partO, partML, rot.V[0], nh, hd, nsplit, T)
+				worst := 0.0
+				for i, w := range want {
+					worst = max(worst, math.Abs(w-float64(out[i])))
+				}
+				if worst > 2e-5 {
+					t.Errorf("%s T=%d window=%d split=%d MG=%d: worst |Δ| %.3g, want ≤ 2e-5", mc.method, T, tc.window, tc.splitLen, MG, worst)
+				}
 			}
 		}
 	}

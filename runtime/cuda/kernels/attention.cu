@@ -1,6 +1,7 @@
 // attention.cu: causal attention of new queries over the device KV cache
 // (kvcache.cu layout), for decode (T = 1) and prefill (T > 1), with the
-// oscar2 INT2 region dequantized inside the loop.
+// quantized region (oscar2 INT2, int8, int4, q8_0, q4_0, fp8 rows) read
+// from its codes inside the loop.
 //
 // Sequence b's query t sits at position pq = pos0 + t and attends to the
 // positions [lo, pq], lo = max(0, pq − window + 1) when window > 0, else 0.
@@ -21,9 +22,15 @@
 // Keys and values of the INT2 region are stored rotated (x·R). Scores use
 // q·k = (q·R_K)·k_rot, so q is rotated once; the weighted INT2 values are
 // summed in the rotated space and un-rotated once in attn_merge
-// (o = o_rot·R_Vᵀ + o_fp16).
+// (o = o_rot·R_Vᵀ + o_fp16). kind and bits (common.cuh) give the codes'
+// row format: KV_ASYM rows are scored and summed in code space (scale·
+// (Σ q_j·c_j − zero·Σ q_j), the same for values), KV_Q8_0, KV_Q4_0 and
+// KV_FP8 rows through kv_deq per element (a block scale per 32 values
+// has no per-row factorization); q8_0 and q4_0 pass their Hadamard
+// matrices as R_K and R_V, the others none (int8, int4, fp8).
 //
-// attn_split_g{1,2,4,8}: one block per (split s, kv head g and a chunk of
+// attn_split_g{1,2,4,8} (fp16 and oscar2 caches; attn_split_kv_g{1,2,4,8}
+// with the same parameters for the other kinds): one block per (split s, kv head g and a chunk of
 // up to MG = 1, 2, 4 or 8 of its q heads, query (b, t)); the split covers
 // positions
 // [s·split_len, (s+1)·split_len). It keeps an online softmax (running max
@@ -40,16 +47,42 @@
 #define AT 128
 #define MAXHD 256
 
+// asym_dot_words adds Σ_j qr[gg·hd + j]·code_j of a KV_ASYM row cr (rb
+// bytes, a multiple of 4, 4-byte aligned) to sc[gg] for gg < G.
+template <int BITS, int MG>
+__device__ __forceinline__ void asym_dot_words(float* sc, const u8* cr, const float* qr, int hd, int rb, int G) {
+  const int PER = 32 / BITS;
+  for (int jb = 0; jb < rb; jb += 4) {
+    u32 word = *(const u32*)(cr + jb);
+    int j0 = jb * 8 / BITS;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      float code = (float)((word >> (BITS * k)) & ((1u << BITS) - 1u));
+#pragma unroll
+      for (int gg = 0; gg < MG; ++gg)
+        if (gg < G) sc[gg] += qr[gg * hd + j0 + k] * code;
+    }
+  }
+}
+
 // attn_split_body is attn_split for blocks of at most MG q heads (MG a
 // compile-time 1, 2, 4 or 8, so the accumulators stay in registers).
-// Dynamic shared memory: 4·MG·(4·hd + 256) bytes.
-template <int MG>
+// INT2: the fp16 and oscar2 kernels attn_split_g<MG>, for which kind is
+// KV_ASYM and bits 2 at compile time (the other kinds' code is left out,
+// so these keep their registers); attn_split_kv_g<MG> (INT2 false) takes
+// every kind at run time. Dynamic shared memory: 4·MG·(4·hd + 256) bytes.
+template <int MG, bool INT2>
 __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, int q_ld,
                                 const u16* sinkK, const u16* sinkV, int sink,
                                 const u16* ringK, const u16* ringV, int ring,
                                 const u8* codesK, const u8* codesV, const u16* parK, const u16* parV, int capQ,
                                 const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart,
-                                int recent, int window, int nsplit, int split_len, float scale) {
+                                int recent, int window, int nsplit, int split_len, float scale, int kind,
+                                int bits) {
+  if (INT2) {
+    kind = KV_ASYM;
+    bits = 2;
+  }
   extern __shared__ float smem[];
   float* qf = smem;             // [MG][hd] q·scale
   float* qr = qf + MG * hd;     // [MG][hd] (q·scale)·R_K
@@ -70,7 +103,8 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   int pq = pos0 + t;
   int lo = window > 0 ? max(0, pq - window + 1) : 0;
   int s0 = max(lo, s * split_len), s1 = min(pq + 1, (s + 1) * split_len);  // visible part of the split
-  int hb = hd / 4;                                                        // bytes per INT2 row
+  int hb = hd / 4;                                                        // groups of 4 channels
+  int rb = kv_row_bytes(kind, bits, hd);                                  // bytes per quantized row
   int wq = codesK != 0 ? min(pos0, max(wstart, pq + 1 - recent)) : 0;      // INT2 positions [sink, wq)
   // The call's own rows: token p ≥ pos0 at own + (p − pos0)·q_ld.
   const float* ownK = q + (i64)(bt - t) * q_ld + (i64)nh * hd;
@@ -129,37 +163,46 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
       if (p >= sink && p < wq) {
 #pragma unroll
         for (int gg = 0; gg < MG; ++gg) sc[gg] = 0.f;
-        const u8* cr = codesK + (head * capQ + (p - sink)) * hb;
-        const u16* pr = parK + (head * capQ + (p - sink)) * 2;
-        float ks = h2f(pr[0]), kz = h2f(pr[1]);
-        // Σ_j qr[j]·code_j, then scale·(that − zero·Σ_j qr[j]).
-        if ((hb & 3) == 0) {
-          // Rows are 4-byte aligned: 16 codes per load.
-          for (int jb = 0; jb < hb; jb += 4) {
-            u32 word = *(const u32*)(cr + jb);
+        const u8* cr = codesK + (head * capQ + (p - sink)) * rb;
+        if (kind == KV_ASYM) {
+          const u16* pr = parK + (head * capQ + (p - sink)) * 2;
+          float ks = h2f(pr[0]), kz = h2f(pr[1]);
+          // Σ_j qr[j]·code_j, then scale·(that − zero·Σ_j qr[j]).
+          if ((rb & 3) == 0) {
+            // Rows are 4-byte aligned: 32/bits codes per load.
+            if (bits == 2) asym_dot_words<2, MG>(sc, cr, qr, hd, rb, G);
+            else if (bits == 4) asym_dot_words<4, MG>(sc, cr, qr, hd, rb, G);
+            else asym_dot_words<8, MG>(sc, cr, qr, hd, rb, G);
+          } else if (bits == 2) {
+            for (int jb = 0; jb < rb; ++jb) {
+              u32 byte = cr[jb];
 #pragma unroll
-            for (int k = 0; k < 16; ++k) {
-              float code = (float)((word >> (2 * k)) & 3u);
+              for (int k = 0; k < 4; ++k) {
+                float code = (float)((byte >> (2 * k)) & 3u);
+#pragma unroll
+                for (int gg = 0; gg < MG; ++gg)
+                  if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+              }
+            }
+          } else {
+            for (int j = 0; j < hd; ++j) {
+              float code = (float)kv_code(cr, j, bits);
 #pragma unroll
               for (int gg = 0; gg < MG; ++gg)
-                if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
+                if (gg < G) sc[gg] += qr[gg * hd + j] * code;
             }
           }
+#pragma unroll
+          for (int gg = 0; gg < MG; ++gg)
+            if (gg < G) sc[gg] = ks * (sc[gg] - kz * qsum[gg]);
         } else {
-          for (int jb = 0; jb < hb; ++jb) {
-            u32 byte = cr[jb];
+          for (int j = 0; j < hd; ++j) {
+            float kv = kv_deq(kind, cr, j);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              float code = (float)((byte >> (2 * k)) & 3u);
-#pragma unroll
-              for (int gg = 0; gg < MG; ++gg)
-                if (gg < G) sc[gg] += qr[gg * hd + jb * 4 + k] * code;
-            }
+            for (int gg = 0; gg < MG; ++gg)
+              if (gg < G) sc[gg] += qr[gg * hd + j] * kv;
           }
         }
-#pragma unroll
-        for (int gg = 0; gg < MG; ++gg)
-          if (gg < G) sc[gg] = ks * (sc[gg] - kz * qsum[gg]);
       }
     }
 #pragma unroll
@@ -224,10 +267,14 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
         // Σ (e·s)·c − Σ e·s·z, so phase 2 does one multiply-add per code.
         int pp = p0 + i;
         if (i < nvis && pp >= sink && pp < wq) {
-          i64 qi = head * capQ + (pp - sink);
-          float es = e * h2f(parV[qi * 2]);
-          ws[gg * AT + i] = es;
-          usum += es * h2f(parV[qi * 2 + 1]);
+          if (kind == KV_ASYM) {
+            i64 qi = head * capQ + (pp - sink);
+            float es = e * h2f(parV[qi * 2]);
+            ws[gg * AT + i] = es;
+            usum += es * h2f(parV[qi * 2 + 1]);
+          } else {
+            ws[gg * AT + i] = e;  // dequantized values: no code-space term
+          }
         }
       }
       sum = warp_sum(sum);
@@ -259,10 +306,20 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
       float v4[4];
       bool isq = pp >= sink && pp < wq;
       if (isq) {
-        // Codes only: scale and zero are in ws and u_s.
-        u32 byte = codesV[(head * capQ + (pp - sink)) * hb + cg];
+        // KV_ASYM: codes only (scale and zero are in ws and u_s);
+        // the other kinds: values.
+        const u8* vr = codesV + (head * capQ + (pp - sink)) * rb;
+        if (kind == KV_ASYM && bits == 2) {
+          u32 byte = vr[cg];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) v4[k] = (float)((byte >> (2 * k)) & 3u);
+          for (int k = 0; k < 4; ++k) v4[k] = (float)((byte >> (2 * k)) & 3u);
+        } else if (kind == KV_ASYM) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) v4[k] = (float)kv_code(vr, cg * 4 + k, bits);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) v4[k] = kv_deq(kind, vr, cg * 4 + k);
+        }
       } else if (pp >= pos0) {
         float4 f = *(const float4*)(ownK + (i64)(pp - pos0) * q_ld + (i64)(nkv + g) * hd + cg * 4);
         v4[0] = f.x;
@@ -326,19 +383,24 @@ __device__ void attn_split_body(float* part_o, float* part_ml, const float* q, i
   }
 }
 
-#define ATTN_SPLIT(MG)                                                                                              \
-  extern "C" __global__ void attn_split_g##MG(                                                                      \
+#define ATTN_SPLIT(SUFFIX, MG, INT2)                                                                                \
+  extern "C" __global__ void attn_split##SUFFIX##_g##MG(                                                            \
       float* part_o, float* part_ml, const float* q, int q_ld, const u16* sinkK, const u16* sinkV, int sink,        \
       const u16* ringK, const u16* ringV, int ring, const u8* codesK, const u8* codesV, const u16* parK,            \
       const u16* parV, int capQ, const float* RK, int nh, int nkv, int hd, int T, int pos0, int wstart, int recent, \
-      int window, int nsplit, int split_len, float scale) {                                                         \
-    attn_split_body<MG>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV, parK,    \
-                        parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, recent, window, nsplit, split_len, scale);   \
+      int window, int nsplit, int split_len, float scale, int kind, int bits) {                                     \
+    attn_split_body<MG, INT2>(part_o, part_ml, q, q_ld, sinkK, sinkV, sink, ringK, ringV, ring, codesK, codesV,    \
+                              parK, parV, capQ, RK, nh, nkv, hd, T, pos0, wstart, recent, window, nsplit, split_len, \
+                              scale, kind, bits);                                                                   \
   }
-ATTN_SPLIT(1)
-ATTN_SPLIT(2)
-ATTN_SPLIT(4)
-ATTN_SPLIT(8)
+ATTN_SPLIT(, 1, true)
+ATTN_SPLIT(, 2, true)
+ATTN_SPLIT(, 4, true)
+ATTN_SPLIT(, 8, true)
+ATTN_SPLIT(_kv, 1, false)
+ATTN_SPLIT(_kv, 2, false)
+ATTN_SPLIT(_kv, 4, false)
+ATTN_SPLIT(_kv, 8, false)
 
 // attn_merge combines the splits of head h of query bt: M = max m_s,
 // L = Σ l_s·e^(m_s−M), o = (Σ e^(m_s−M)·o_rot_s)·R_Vᵀ + Σ e^(m_s−M)·o_fp_s,
