@@ -1,7 +1,5 @@
 package runtime
 
-import "github.com/lmpack/lmpack/quantize/weights"
-
 // Test helpers exported to the runtime_test package (tests there may
 // import packages that import runtime, such as prune).
 var (
@@ -18,8 +16,8 @@ var (
 	ProcessCPUSeconds = processCPUSeconds
 	With              = with
 	// Q8Width reports whether bits-bit weights in groups of 32 decode
-	// on int8 activations (qseg.q8).
-	Q8Width = func(bits int) bool { return (&qseg{q: &weights.Quantized{Bits: bits, GroupSize: 32}}).q8() }
+	// on int8 activations (q8Capable, qseg.q8).
+	Q8Width = func(bits int) bool { return q8Capable(bits, 32) }
 )
 
 // Ragged-batch test helpers (batch_test.go).
