@@ -283,17 +283,18 @@ func BenchmarkPackedMatMul(b *testing.B) {
 
 // BenchmarkQuantDecode22M measures single-token decode (cache refilled
 // from empty every 128 tokens) of the 22M synthetic Llama (quant22M) at
-// 8-bit and 4-bit group 32 (asymmetric): "packed" is the runtime's choice
-// per width (q8Widths: int8 activations), "float" the float fused kernels
-// with 8-bit rows on the tile path (q8Widths all false: the decode path
-// before the int8 kernels), "f32" the same weights dequantized at load
+// 8-bit, 4-bit and 3-bit group 32 (asymmetric): "packed" is the runtime's
+// choice per width (q8Widths: int8 activations; 3 bits on the planes of
+// kernels.DotQ8MatrixU3), "float" the float fused kernels with 8-bit and
+// 3-bit rows on the tile path (q8Widths all false: the decode path before
+// the int8 kernels), "f32" the same weights dequantized at load
 // (the F32 decode they are compared with). It reports tokens/s (wall),
 // tokens per CPU-second of the process (tokens/cpu-s: on one thread the
 // decode's own rate, which other load on a shared machine does not
 // dilute; GC and the pool's idle spinning count in it) and GB/s of linear
 // weights read per wall second.
 func BenchmarkQuantDecode22M(b *testing.B) {
-	for _, o := range []weights.Options{{Bits: 8, GroupSize: 32}, {Bits: 4, GroupSize: 32}} {
+	for _, o := range []weights.Options{{Bits: 8, GroupSize: 32}, {Bits: 4, GroupSize: 32}, {Bits: 3, GroupSize: 32}} {
 		for _, mode := range []string{"packed", "float", "f32"} {
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%dbit-g%d/%s/threads=%d", o.Bits, o.GroupSize, mode, threads), func(b *testing.B) {
