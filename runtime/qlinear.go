@@ -116,21 +116,25 @@ func (s *qseg) fusable() bool {
 // of their own); BenchmarkPackedMatMulU3 compares the two paths a 3-bit
 // weight can take in the runtime's matmul (one thread, asymmetric group
 // 32, the big bandwidth model's shapes [2048, 2048], [11264, 2048],
-// [2048, 5632]; packed GB/s per CPU-second, load average 10 on the
-// 2-core machine), int8 planes / tiles:
+// [2048, 5632]; packed GB per CPU-second, range of 3 runs, load average
+// 10-13 on the shared 2-core AVX2 machine), int8 planes / tiles:
 //
-//	m = 1 (decode):   5.3 / 0.91, 5.3 / 1.0, 5.8 / 1.2 (int8 4.6-5.8×);
-//	m = 64 (prefill): 0.11 / 0.14, 0.12 / 0.17, 0.13 / 0.19 (tiles
-//	                  1.3-1.5×).
+//	m = 1 (decode):   7.1–7.2 / 0.80–1.10, 3.9–5.0 / 1.06–1.24,
+//	                  4.8–5.3 / 1.22–1.24 (int8 3.1–9× faster);
+//	m = 64 (prefill): 0.08–0.15 / 0.17–0.22, 0.13–0.15 / 0.21–0.22,
+//	                  0.14–0.16 / 0.20–0.22 (tiles 1.3–1.6× faster).
 //
 // A weight has one path for every m (above), so 3 bits take int8 for
-// both: decode, where the bytes are the limit, gains 5×; prefill loses
-// 1.3-1.5×, as it does for the other widths on int8 activations.
+// both: decode gains 3-9×; prefill loses
+// 1.3-1.6×. Whole-model decode of the 22M model at 3 bits
+// (BenchmarkQuantDecode22M, one thread, -count 3): 264–287 tokens per
+// CPU-second on int8 against 101–115 on the tiles.
 //
 // The int8 path also takes act-order weights of these widths (x is
-// permuted into storage order once per matmul, never the weights); 3-bit
-// act-order weights stay on the tiles. 1, 2 and 4 bits take it only where
-// kernels.Q8Asm reports assembly (without it the float Go loop is faster).
+// permuted into storage order once per matmul, never the weights; 3-bit
+// planes are split in storage order). 1, 2, 3 and 4 bits take it only
+// where kernels.Q8Asm reports assembly (without it the float Go loop is
+// faster).
 var q8Widths = [9]bool{1: true, 2: true, 3: true, 4: true, 8: true}
 
 // q8Capable reports whether bits-bit weights in groups of group columns
