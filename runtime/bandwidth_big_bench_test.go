@@ -161,8 +161,9 @@ func bigBWSource(b *testing.B, f bigBWFormat) (*arch.Description, *lazySource) {
 // channel (the runtime's default kernels per width, q8Widths), on one
 // thread and on two (LoadOptions.Threads), against the memory bandwidth
 // measured in the same process. It runs only with LMPACK_BIG_BENCH set
-// (the model takes about a minute per format to draw and quantize on a
-// small machine, and up to 2.3 GB with the bandwidth buffers); each
+// (the model takes 15-45 s per format to draw and quantize on a small
+// machine, the whole run 6-8 minutes, and the process peaks at 3.8 GB
+// resident while the F32 model loads); each
 // format's tensors are drawn while it loads (lazySource), untimed.
 //
 // Before every decoded token each sub-benchmark takes one DRAM read pass
@@ -189,7 +190,7 @@ func bigBWSource(b *testing.B, f bigBWFormat) (*arch.Description, *lazySource) {
 // time-slicing does not dilute.
 func BenchmarkDecodeBandwidthBig(b *testing.B) {
 	if os.Getenv("LMPACK_BIG_BENCH") == "" {
-		b.Skip("LMPACK_BIG_BENCH is not set: this benchmark draws a 414M-parameter model in 7 formats (minutes, up to 2.3 GB); set LMPACK_BIG_BENCH=1 to run it")
+		b.Skip("LMPACK_BIG_BENCH is not set: this benchmark draws a 414M-parameter model in 7 formats (minutes, 3.8 GB peak); set LMPACK_BIG_BENCH=1 to run it")
 	}
 	bb := newBWBuffers(bwBufferBytes())
 	threadCounts := []int{1}

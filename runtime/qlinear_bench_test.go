@@ -165,8 +165,9 @@ func heapInUse() uint64 {
 // from empty every 128 tokens) of the synthetic model at each of
 // benchQuants, packed with the fused GEMV for decode (packed; not the
 // default since ForwardBatch, see qFusedMaxM), packed with the fused GEMV
-// off (packed-tile, the default: tiles dequantized into scratch) and dequantized
-// at load, in tokens/s, and reports the bytes
+// off (packed-tile: tiles dequantized into scratch) and dequantized
+// at load, in tokens/s (weights of the widths on int8 activations,
+// q8Widths, run on them in both packed modes), and reports the bytes
 // of the loaded linear weights (LinearWeightBytes) and the Go heap the
 // loaded model holds (HeapAlloc after load minus before, after GC).
 func BenchmarkQuantDecode(b *testing.B) {
