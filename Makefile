@@ -23,6 +23,13 @@ load:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./runtime/... ./formats/...
 
+# Decode GB/s per weight format against the copy bandwidth, on a 414M
+# synthetic Llama larger than the last-level cache in every format
+# (runtime BenchmarkDecodeBandwidthBig; minutes, up to 2.3 GB; not part of
+# `make test` or `make bench`, which skip it without LMPACK_BIG_BENCH).
+bench-bandwidth:
+	LMPACK_BIG_BENCH=1 $(GO) test -run '^$$' -bench 'DecodeBandwidthBig' -benchtime 2s -timeout 60m ./runtime/
+
 # lmpack against llama.cpp (node-llama-cpp 3.21.1 in test/llamacpp) on the
 # same weights, interleaved A/B (internal/benchcmp); not part of `make test`.
 REPS ?= 5

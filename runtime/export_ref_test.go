@@ -28,8 +28,8 @@ var (
 		return d, src
 	}
 	// Q8Width reports whether bits-bit weights in groups of 32 decode
-	// on int8 activations (qseg.q8).
-	Q8Width = func(bits int) bool { return (&qseg{q: &weights.Quantized{Bits: bits, GroupSize: 32}}).q8() }
+	// on int8 activations (q8Capable, qseg.q8).
+	Q8Width = func(bits int) bool { return q8Capable(bits, 32) }
 	// CheckQ8Logits checks logits on int8 activations against the float
 	// path's with the one acceptance criterion of every such test
 	// (q8logits_test.go).

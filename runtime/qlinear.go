@@ -22,8 +22,9 @@ import (
 // batched call (ForwardBatch) gives each sequence the bits it gets alone.
 // So each packed weight has one path for every m, fixed at load:
 //   - int8 activations (packedLinear.q8, every quantized segment of 1, 2,
-//     4 or 8 bits with the assembly: qseg.q8, chosen per width by
-//     benchmark, q8Widths), for decode and prefill alike: every row of x
+//     3, 4 or 8 bits with the assembly: qseg.q8, chosen per width by
+//     benchmark, q8Widths; 3-bit codes split at load into a 2-bit and a
+//     1-bit plane, kernels.SplitU3), for decode and prefill alike: every row of x
 //     is permuted into storage order for an act-order weight and
 //     quantized to int8 per block of 32 (kernels.QuantizeActQ8) once per
 //     matmul, and kernels.DotQ8Matrix sums code·q in int32 per block
@@ -32,10 +33,11 @@ import (
 //     computed by the same kernel arithmetic whatever m is. The
 //     activation rounding moves each output by at most
 //     Σ_j |ŵ_j|·max|x_block|/254 (kernels' qdot8_test.go); the logits
-//     are checked against the float path by one criterion, KL per
-//     position and top-1 agreement (q8logits_test.go).
-//   - otherwise (3-bit segments, other groups, builds without the
-//     assembly) every matmul dequantizes tiles of qTileRows(…) rows of W
+//     are checked against the float path by one criterion, mean KL and
+//     near-tie flips (q8logits_test.go).
+//   - otherwise (groups that are not a multiple of 32, 2-bit
+//     per-channel weights, builds without the assembly) every matmul
+//     dequantizes tiles of qTileRows(…) rows of W
 //     into a per-thread scratch buffer, in the original column order and
 //     with exactly the arithmetic of weights.Quantized.Dequantize, and
 //     runs kernels.MatMulNTRows on each tile, the tiles spread over the
@@ -109,31 +111,74 @@ func (s *qseg) fusable() bool {
 //	4 bit: 13–14, 18, 3.3–12 / 0.9–4.6, 1.0–1.3, 1.1–4.2;
 //	2 bit: 1.5–7.9, 9.6–10.6, 0.6–1.5 / 1.8–2.5, 0.4–1.1, 0.3–0.75;
 //	1 bit: 1.4–1.6, 1.6–2.0, 0.6–1.2 / 0.30–0.33, 0.19–0.30, 0.2–0.65;
-//	3 bits: float; DotQ8Rows has no assembly there and its Go loop is
-//	       20-50× slower than DotQRow's AVX2 loop.
+//	3 bits: 1.4, 2.7, 2.4 (the planes: kernels.DotQ8MatrixU3) / 0.69,
+//	       0.92, 1.2 (DotQRow), one run at load average 10.
+//
+// 3 bits had stayed on the dequantized tiles (its codes have no assembly
+// of their own); BenchmarkPackedMatMulU3 compares the two paths a 3-bit
+// weight can take in the runtime's matmul (one thread, asymmetric group
+// 32, the big bandwidth model's shapes [2048, 2048], [11264, 2048],
+// [2048, 5632]; packed GB per CPU-second, range of 3 runs, load average
+// 10-13 on the shared 2-core AVX2 machine), int8 planes / tiles:
+//
+//	m = 1 (decode):   7.1–7.2 / 0.80–1.10, 3.9–5.0 / 1.06–1.24,
+//	                  4.8–5.3 / 1.22–1.24 (int8 3.1–9× faster);
+//	m = 64 (prefill): 0.08–0.15 / 0.17–0.22, 0.13–0.15 / 0.21–0.22,
+//	                  0.14–0.16 / 0.20–0.22 (tiles 1.3–1.6× faster).
+//
+// A weight has one path for every m (above), so 3 bits take int8 for
+// both: decode gains 3-9×; prefill loses
+// 1.3-1.6×. Whole-model decode of the 22M model at 3 bits
+// (BenchmarkQuantDecode22M, one thread, -count 3): 264–287 tokens per
+// CPU-second on int8 against 101–115 on the tiles.
 //
 // The int8 path also takes act-order weights of these widths (x is
-// permuted into storage order once per matmul, never the weights); 3-bit
-// act-order weights stay on the tiles. 1, 2 and 4 bits take it only where
-// kernels.Q8Asm reports assembly (without it the float Go loop is faster).
-// Every width takes it only with activation blocks of 32 (a group that
-// is a multiple of 32, or per-channel rows of such a length): a row
-// length like stories260K's 172-column down_proj would share one int8
-// scale among all 172 activations, which measured 4× the KL of blocks of
-// 32 against the float path (8 bits, 2048 positions of tinystories:
-// mean 7.7e-4 against 1.9e-4 nats); such weights stay on the tiles.
-// So do 2-bit per-channel weights (one scale per row): on int8
-// activations their logits missed the runtime's criterion for the int8
-// path (mean KL ≤ 1e-3 nats against the float path, runtime's
+// permuted into storage order once per matmul, never the weights; 3-bit
+// planes are split in storage order). 1, 2, 3 and 4 bits take it only
+// where kernels.Q8Asm reports assembly (without it the float Go loop is
+// faster). Every width takes it only with activation blocks of 32 (a
+// group that is a multiple of 32, or per-channel rows of such a length):
+// a row length like stories260K's 172-column down_proj would share one
+// int8 scale among all 172 activations, which measured 4× the KL of
+// blocks of 32 against the float path (8 bits, 2048 positions of
+// tinystories: mean 7.7e-4 against 1.9e-4 nats); such weights stay on
+// the tiles. So do 2-bit per-channel weights (one scale per row): on
+// int8 activations their logits missed the runtime's criterion for the
+// int8 path (mean KL ≤ 1e-3 nats against the float path, runtime's
 // q8logits_test.go: 1.4e-3 on stories260K).
-var q8Widths = [9]bool{1: true, 2: true, 4: true, 8: true}
+var q8Widths = [9]bool{1: true, 2: true, 3: true, 4: true, 8: true}
 
-// q8 reports whether s's decode GEMV runs on int8 activations.
+// q8Capable reports whether bits-bit weights in groups of group columns
+// can run on int8 activations in this build on this CPU: the width is
+// marked in q8Widths, the activation blocks are of 32 (q8Widths' doc),
+// and but for 8 bits the assembly takes its
+// activation block (3 bits: the 2-bit and 1-bit kernels of the planes,
+// kernels.DotQ8MatrixU3).
+func q8Capable(bits, group int) bool {
+	blk := kernels.ActBlock(group)
+	switch {
+	case !q8Widths[bits] || blk != 32:
+		return false
+	case bits == 8:
+		return true
+	case bits == 3:
+		return kernels.Q8Asm(2, blk) && kernels.Q8Asm(1, blk)
+	}
+	return kernels.Q8Asm(bits, blk)
+}
+
+// q8 reports whether s's decode GEMV runs on int8 activations: its width
+// is q8Capable, and a 3-bit segment has its planes (setFused). A 3-bit
+// segment whose codes were dropped at load for the planes (loadLinear)
+// stays on them.
 func (s *qseg) q8() bool {
-	if s.q == nil || !q8Widths[s.q.Bits] || kernels.ActBlock(s.q.GroupSize) != 32 || s.q.Bits == 2 && s.ng == 1 {
+	if s.q == nil || s.q.Bits == 2 && s.ng == 1 {
 		return false
 	}
-	return s.q.Bits == 8 || kernels.Q8Asm(s.q.Bits, 32)
+	if s.q.Bits == 3 {
+		return s.u3lo != nil && (s.q.Codes == nil || q8Capable(3, s.q.GroupSize))
+	}
+	return q8Capable(s.q.Bits, s.q.GroupSize)
 }
 
 type qseg struct {
@@ -142,6 +187,10 @@ type qseg struct {
 	f          []float32          // [rows, k] when q == nil
 	rb, ng     int                // packed row bytes, groups per row
 	zsym       float64            // implicit zero-point when symmetric
+	// u3lo [rows·k/4] and u3hi [rows·k/8]: a 3-bit weight's codes split
+	// into a 2-bit and a 1-bit plane (kernels.SplitU3) for the int8 path
+	// (kernels.DotQ8MatrixU3); nil otherwise.
+	u3lo, u3hi []byte
 }
 
 // bytes returns the resident bytes of w: packed codes, scales, zero-points
@@ -166,7 +215,7 @@ func (w *linear) bytes() int64 {
 		if s.q == nil {
 			b += 4 * int64(len(s.f))
 		} else {
-			b += s.q.Bytes()
+			b += s.q.Bytes() + int64(len(s.u3lo)+len(s.u3hi))
 		}
 	}
 	return b
@@ -210,6 +259,16 @@ func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols in
 		p.n += rows[i]
 	}
 	p.setFused()
+	if p.q8 {
+		// Every quantized segment runs on int8 activations, so the tiles
+		// never decode this weight: a 3-bit segment keeps only its
+		// planes (the same bytes as its codes).
+		for i := range p.segs {
+			if s := &p.segs[i]; s.u3lo != nil {
+				s.q.Codes = nil
+			}
+		}
+	}
 	return linear{p: p}, nil
 }
 
@@ -249,9 +308,19 @@ const qParallelMinMACs = 1 << 15
 // packed weight with row length at most k.
 func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
 
-// setFused sets w.fused from its segments.
+// setFused splits the codes of every 3-bit segment that can run on int8
+// activations (q8Capable) into planes (qseg.u3lo, u3hi) and sets w.fused
+// and w.q8 from the segments.
 func (w *packedLinear) setFused() {
 	w.fused, w.q8 = true, true
+	for i := range w.segs {
+		s := &w.segs[i]
+		if s.q != nil && s.q.Bits == 3 && s.u3lo == nil && q8Capable(3, s.q.GroupSize) {
+			lb, hb := kernels.U3PlaneBytes(w.k)
+			s.u3lo, s.u3hi = make([]byte, s.rows*lb), make([]byte, s.rows*hb)
+			kernels.SplitU3(s.u3lo, s.u3hi, s.q.Codes, s.rb, s.rows, w.k)
+		}
+	}
 	for i := range w.segs {
 		w.fused = w.fused && w.segs[i].fusable()
 		if w.segs[i].q != nil && !w.segs[i].q8() {
@@ -328,7 +397,7 @@ func (t *qmmTask) quantizeActs() {
 func (t *qmmTask) Run(lo, hi int) {
 	w, k := t.w, t.w.k
 	if t.gemv {
-		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit, t.row[lo][:k])
+		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit, t.row[lo][:k], t.buf[lo])
 		return
 	}
 	for u := lo; u < hi; u++ {
@@ -350,7 +419,7 @@ func (t *qmmTask) Run(lo, hi int) {
 // packed byte read once per row of x) — for 4-bit groups of multiples of
 // 16 codes kernels.DotU4RowIL on x interleaved once into xi [k]
 // (scratch) — and kernels.Dot on float rows.
-func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
+func (t *qmmTask) gemvRows(r0, r1 int, xi, tmp []float32) {
 	w, k := t.w, t.w.k
 	for i := 0; i < t.m; i++ {
 		x := t.x[i*t.ldx : i*t.ldx+k]
@@ -378,6 +447,10 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 				if !q.Symmetric {
 					zeros = q.Zeros[la*s.ng : lb*s.ng]
 				}
+				if s.u3lo != nil {
+					t.gemvU3(s, &t.acts[t.actOf[si]], la, lb, a, zeros, tmp)
+					continue
+				}
 				kernels.DotQ8Matrix(t.y[a:], t.ldy, &t.acts[t.actOf[si]], q.Codes[la*s.rb:lb*s.rb], s.rb, b-a, q.Bits, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
 				continue
 			}
@@ -402,6 +475,28 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 				}
 			}
 		}
+	}
+}
+
+// gemvU3 computes rows [la, lb) of the 3-bit segment s (output rows from
+// a) for every row of x, quantized in act, on its planes (kernels.DotQ8MatrixU3), zeros the
+// segment's zero-points from row la (nil when symmetric), in chunks of
+// rows small enough for the 1-bit plane's sums to fit tmp (the unit's
+// tile scratch, unused on the GEMV path; at least t.m floats).
+func (t *qmmTask) gemvU3(s *qseg, act *kernels.Q8Act, la, lb, a int, zeros []uint16, tmp []float32) {
+	q, k := s.q, t.w.k
+	lob, hib := kernels.U3PlaneBytes(k)
+	step := max(len(tmp)/t.m, 1)
+	if step*t.m > len(tmp) {
+		tmp = make([]float32, t.m) // more rows of x than scratch floats
+	}
+	for r := la; r < lb; r += step {
+		e := min(r+step, lb)
+		var zs []uint16
+		if zeros != nil {
+			zs = zeros[(r-la)*s.ng : (e-la)*s.ng]
+		}
+		kernels.DotQ8MatrixU3(t.y[a+r-la:], t.ldy, act, s.u3lo[r*lob:e*lob], s.u3hi[r*hib:e*hib], e-r, q.Scales[r*s.ng:e*s.ng], zs, q.GroupSize, float32(s.zsym), tmp)
 	}
 }
 

@@ -165,8 +165,9 @@ func heapInUse() uint64 {
 // from empty every 128 tokens) of the synthetic model at each of
 // benchQuants, packed with the fused GEMV for decode (packed; not the
 // default since ForwardBatch, see qFusedMaxM), packed with the fused GEMV
-// off (packed-tile, the default: tiles dequantized into scratch) and dequantized
-// at load, in tokens/s, and reports the bytes
+// off (packed-tile: tiles dequantized into scratch) and dequantized
+// at load, in tokens/s (weights of the widths on int8 activations,
+// q8Widths, run on them in both packed modes), and reports the bytes
 // of the loaded linear weights (LinearWeightBytes) and the Go heap the
 // loaded model holds (HeapAlloc after load minus before, after GC).
 func BenchmarkQuantDecode(b *testing.B) {
@@ -283,17 +284,18 @@ func BenchmarkPackedMatMul(b *testing.B) {
 
 // BenchmarkQuantDecode22M measures single-token decode (cache refilled
 // from empty every 128 tokens) of the 22M synthetic Llama (quant22M) at
-// 8-bit and 4-bit group 32 (asymmetric): "packed" is the runtime's choice
-// per width (q8Widths: int8 activations), "float" the float fused kernels
-// with 8-bit rows on the tile path (q8Widths all false: the decode path
-// before the int8 kernels), "f32" the same weights dequantized at load
+// 8-bit, 4-bit and 3-bit group 32 (asymmetric): "packed" is the runtime's
+// choice per width (q8Widths: int8 activations; 3 bits on the planes of
+// kernels.DotQ8MatrixU3), "float" the float fused kernels with 8-bit and
+// 3-bit rows on the tile path (q8Widths all false: the decode path before
+// the int8 kernels), "f32" the same weights dequantized at load
 // (the F32 decode they are compared with). It reports tokens/s (wall),
 // tokens per CPU-second of the process (tokens/cpu-s: on one thread the
 // decode's own rate, which other load on a shared machine does not
 // dilute; GC and the pool's idle spinning count in it) and GB/s of linear
 // weights read per wall second.
 func BenchmarkQuantDecode22M(b *testing.B) {
-	for _, o := range []weights.Options{{Bits: 8, GroupSize: 32}, {Bits: 4, GroupSize: 32}} {
+	for _, o := range []weights.Options{{Bits: 8, GroupSize: 32}, {Bits: 4, GroupSize: 32}, {Bits: 3, GroupSize: 32}} {
 		for _, mode := range []string{"packed", "float", "f32"} {
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%dbit-g%d/%s/threads=%d", o.Bits, o.GroupSize, mode, threads), func(b *testing.B) {
@@ -329,6 +331,60 @@ func BenchmarkQuantDecode22M(b *testing.B) {
 						b.ReportMetric(float64(b.N)/cpu, "tokens/cpu-s")
 					}
 					b.ReportMetric(float64(LinearWeightBytes(m))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkPackedMatMulU3 is the measurement behind q8Widths[3]: one
+// packed 3-bit matmul y = x·Wᵀ (cpuModel.matMul, one thread, asymmetric
+// group 32, random codes) at the shapes [n, k] of the big bandwidth model
+// (bigBWConfig: q/o [2048, 2048], gate+up [11264, 2048], down [2048,
+// 5632]) for m = 1 (decode) and m = 64 (prefill) rows of x, on the two
+// paths a 3-bit weight can take: "int8" (the codes split into a 2-bit and
+// a 1-bit plane at load, x quantized to int8 per block of 32 once per
+// matmul, kernels.DotQ8MatrixU3) and "tile" (q8Widths[3] off: tiles of W
+// dequantized into float scratch, kernels.MatMulNTRows). It reports GB/s
+// of packed weight bytes (codes, scales, zero-points) per wall second and
+// per CPU second of the process (cpu_GB/s: what other load on a shared
+// machine does not dilute).
+func BenchmarkPackedMatMulU3(b *testing.B) {
+	rng := rand.New(rand.NewPCG(33, 34))
+	for _, s := range []struct{ n, k int }{{2048, 2048}, {11264, 2048}, {2048, 5632}} {
+		q := randQuantized(rng, s.n, s.k, 3, 32, false, false)
+		for _, m := range []int{1, 64} {
+			x := make([]float32, m*s.k)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			y := make([]float32, m*s.n)
+			for _, path := range []string{"int8", "tile"} {
+				b.Run(fmt.Sprintf("n=%d/k=%d/m=%d/%s", s.n, s.k, m, path), func(b *testing.B) {
+					saved := q8Widths
+					defer func() { q8Widths = saved }()
+					q8Widths[3] = path == "int8"
+					p := &packedLinear{n: s.n, k: s.k, segs: []qseg{{rows: s.n, q: q, rb: weights.RowBytes(s.k, 3), ng: s.k / 32, zsym: 4}}}
+					p.setFused()
+					if p.q8 != (path == "int8") {
+						b.Fatalf("path %s: packedLinear.q8 = %v", path, p.q8)
+					}
+					w := &linear{p: p}
+					cm := &cpuModel{pool: kernels.NewPool(1), layers: []cpuLayer{{wqkv: *w}}}
+					cm.allocPacked()
+					defer cm.pool.Close()
+					cm.matMul(m, s.n, s.k, x, s.k, w, y, s.n) // warm
+					b.ResetTimer()
+					cpu0 := processCPUSeconds()
+					for i := 0; i < b.N; i++ {
+						cm.matMul(m, s.n, s.k, x, s.k, w, y, s.n)
+					}
+					cpu := processCPUSeconds() - cpu0
+					bytes := float64(q.Bytes()) * float64(b.N)
+					b.ReportMetric(bytes/b.Elapsed().Seconds()/1e9, "GB/s")
+					if cpu0 >= 0 && cpu > 0 {
+						b.ReportMetric(bytes/cpu/1e9, "cpu_GB/s")
+					}
 				})
 			}
 		}

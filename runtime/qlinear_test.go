@@ -129,6 +129,8 @@ func TestPackedMatMulTiles(t *testing.T) {
 		{64, []part{{37, 1, 32, false, false, false}}},
 		{48, []part{{50, 8, 16, false, false, false}}},
 		{128, []part{{29, 4, 32, false, true, false}}},
+		{160, []part{{23, 3, 32, false, true, false}}},
+		{192, []part{{9, 3, 64, false, false, false}, {11, 4, 32, false, false, false}}},
 		{256, []part{{64, 4, 32, false, false, false}, {16, 3, 64, true, false, false}, {16, 2, 256, false, true, false}}},
 		{64, []part{{10, 4, 32, false, false, false}, {7, 0, 0, false, false, true}, {19, 1, 64, false, false, false}}},
 		{1100, []part{{70, 4, 100, false, true, false}}},

@@ -37,12 +37,19 @@ type Q8Act struct {
 // Q reordered within each block of 32 into the order of the codes the
 // kernel extracts from a block's bytes with one shift per lane (4 bits:
 // the 16 even columns, then the 16 odd ones; 2 bits: columns 4i+t at
-// 8t+i; 1 bit: columns 8i+t at 4t+i); otherwise it does nothing. Call it
+// 8t+i; 1 bit: columns 8i+t at 4t+i); for 3 bits it prepares both 2 and
+// 1 bits (the planes of DotQ8MatrixU3); otherwise it does nothing. Call it
 // once after QuantizeActQ8 and before the dot products, which may then
 // run on several goroutines; they panic (a programmer error) on a Q8Act
 // not prepared for their width.
 func (a *Q8Act) Prepare(bits int) {
-	if bits < 1 || bits > 4 || bits == 3 || a.ready[bits] || a.Block != 32 {
+	if bits == 3 { // DotQ8MatrixU3: the 2-bit and 1-bit kernels
+		a.Prepare(2)
+		a.Prepare(1)
+		a.ready[3] = a.ready[2] && a.ready[1]
+		return
+	}
+	if bits < 1 || bits > 4 || a.ready[bits] || a.Block != 32 {
 		return
 	}
 	n := len(a.Q)

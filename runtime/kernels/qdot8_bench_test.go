@@ -10,7 +10,8 @@ import (
 // BenchmarkQ8GEMV is one decode GEMV y = x·Wᵀ of a packed W at the
 // synthetic model's shapes (benchShapes), one thread, asymmetric group
 // 32, for every stored width and m = 1, 4 and 16 activation rows: "int8"
-// quantises x once (QuantizeActQ8) and runs DotQ8Matrix over W;
+// quantises x once (QuantizeActQ8) and runs DotQ8Matrix over W (3 bits:
+// DotQ8MatrixU3 over the planes SplitU3 made once, untimed);
 // "float" runs the float fused kernels per row of W and row of x
 // (DotU4RowIL on x interleaved once for 4 bits, DotQRow for 1-3 bits; for
 // 8 bits, which have no fused float kernel, DequantBitsRow's Go loop into
@@ -42,10 +43,21 @@ func BenchmarkQ8GEMV(b *testing.B) {
 						row := make([]float32, s.k)
 						zsym := float32(int(1) << uint(bits-1))
 						var a Q8Act
+						var lo, hi []byte
+						var tmp []float32
+						if bits == 3 { // the planes of DotQ8MatrixU3, split at load
+							lb, hb := U3PlaneBytes(s.k)
+							lo, hi, tmp = make([]byte, s.n*lb), make([]byte, s.n*hb), make([]float32, m*s.n)
+							SplitU3(lo, hi, codes, rb, s.n, s.k)
+						}
 						for b.Loop() {
 							if path == "int8" {
 								QuantizeActQ8(&a, x, s.k, m, s.k, ActBlock(group))
 								a.Prepare(bits)
+								if bits == 3 {
+									DotQ8MatrixU3(y, s.n, &a, lo, hi, s.n, scales, zeros, group, zsym, tmp)
+									continue
+								}
 								DotQ8Matrix(y, s.n, &a, codes, rb, s.n, bits, scales, zeros, group, zsym)
 								continue
 							}
