@@ -204,15 +204,19 @@ func rowHalfAsm(kind HalfKind, n, k, slices int, x []float32, w []uint16, ldw in
 	if kind == F16 {
 		gemv = gemvNT8F16AVX2
 	}
+	// Tiles outside, slices inside, as rowNTAsm (same bits, each row read
+	// from start to end).
 	q := n / 8
-	for s := 0; s < slices; s++ {
-		p0, p1 := s*k/slices, (s+1)*k/slices
-		acc := min(s, 1)
-		if q > 0 {
-			gemv(&x[p0], &w[p0], p1-p0, &y[0], q, ldw, q*ldw, q, acc)
+	for t := 0; t < q; t++ {
+		for s := 0; s < slices; s++ {
+			p0, p1 := s*k/slices, (s+1)*k/slices
+			gemv(&x[p0], &w[t*ldw+p0], p1-p0, &y[t], 1, ldw, q*ldw, q, min(s, 1))
 		}
-		for j := 8 * q; j < n; j++ {
-			gemv(&x[p0], &w[j*ldw+p0], p1-p0, &y[j], 1, 0, 0, 0, acc)
+	}
+	for j := 8 * q; j < n; j++ {
+		for s := 0; s < slices; s++ {
+			p0, p1 := s*k/slices, (s+1)*k/slices
+			gemv(&x[p0], &w[j*ldw+p0], p1-p0, &y[j], 1, 0, 0, 0, min(s, 1))
 		}
 	}
 }
