@@ -23,7 +23,10 @@ type KVGroupMasker interface {
 // AttnOutputObserver sees each layer's attention output at the o_proj
 // input, after any KVGroupMasker mask: att is [n, num_heads*head_dim]
 // float32 row-major, query head h in columns [h*head_dim, (h+1)*head_dim).
-// Install it with Model.SetObserver like the other observers.
+// Install it with Model.SetObserver like the other observers. Unlike the
+// other hooks it may also write att: o_proj reads att after the call, so
+// an observer can substitute a layer's attention output (quantize/oscar's
+// clip search runs a layer's served, quantized attention this way).
 type AttnOutputObserver interface {
 	AttnOutput(layer, pos, n int, att []float32)
 }

@@ -44,13 +44,17 @@ CALIB must come from "lmpack calibrate" on the same MODEL.
 --clip-k/--clip-v (OSCAR's 0.96/0.92) are INT2 ratios: they apply to 2-bit
 sides only; 4- and 8-bit sides clip only with --clip-k4/--clip-v4/
 --clip-k8/--clip-v8. --clip-search instead picks every layer's K and V
-ratio at each width from {1, 0.99, 0.98, 0.96, 0.94, 0.92, 0.90, 0.85} by
-the attention-output error ||softmax(qK^T)V - softmax(qK'^T)V'||^2 measured
-on CALIB's token ids (the first --search-tokens) run through MODEL, each
-query reading its own token and the --kv-window windows exact.
+ratio at 2 and 4 bits from {1, 0.99, 0.98, 0.96, 0.94, 0.92, 0.90, 0.85}
+(8 bits: 1) by the KL of MODEL's final logits on CALIB's token ids (the
+first --search-tokens) with that one side quantized as served (each query
+reading its own token and the --kv-window windows exact, the attention
+output recomputed and run through the later layers); a ratio replaces the
+default only when it beats it by 2 standard errors over the calibration
+windows. The report also lists the attention-output error
+||softmax(qK^T)V - softmax(qK'^T)V'||^2 at the kept ratio.
 
 --kv-bits B gives every layer's K and V a width in {2, 4, 8} (cache
-"oscar-mixed"), chosen by exact DP on those measured errors, so that the
+"oscar-mixed"), chosen by exact DP on those measured KL errors, so that the
 average bits per element at --kv-serving-ctx tokens (fp16 --kv-window
 windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 		Args: cobra.ExactArgs(1),
@@ -95,7 +99,7 @@ windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 	f.Float64Var(&opt.ClipV4, "clip-v4", 0, "4-bit value clipping ratio in (0, 1] (default: none)")
 	f.Float64Var(&opt.ClipK8, "clip-k8", 0, "8-bit key clipping ratio in (0, 1] (default: none)")
 	f.Float64Var(&opt.ClipV8, "clip-v8", 0, "8-bit value clipping ratio in (0, 1] (default: none)")
-	f.BoolVar(&opt.ClipSearch, "clip-search", false, "pick per-layer K and V ratios at every width by the attention-output error on CALIB")
+	f.BoolVar(&opt.ClipSearch, "clip-search", false, "pick per-layer K and V ratios at 2 and 4 bits by the KL of the final logits on CALIB (one side quantized as served)")
 	f.Float64Var(&opt.KVBits, "kv-bits", 0, "per-layer K and V widths in {2,4,8} (cache oscar-mixed) within this many bits per element")
 	f.IntVar(&opt.ServingCtx, "kv-serving-ctx", oscar.DefaultServingCtx, "context in tokens at which --kv-bits counts bits per element")
 	f.StringVar(&window, "kv-window", "", "SINK,RECENT fp16 windows the cache will run with (counted in --kv-bits; read exact when measuring)")
@@ -285,7 +289,7 @@ func writeKVReport(cmd *cobra.Command, opt oscar.KVOptions, s *oscar.KVSummary) 
 	if s.ClipSearch {
 		how = "clip search"
 	}
-	fmt.Fprintf(&b, "wrote %s: %s rotations for %d layers; %s, attention-output error on %d calibration tokens (windows %d,%d exact)\n",
+	fmt.Fprintf(&b, "wrote %s: %s rotations for %d layers; %s, error = KL of the final logits (nats/token, one side quantized) on %d calibration tokens (windows %d,%d exact)\n",
 		s.Path, opt.Method, s.Layers, how, s.SearchTokens, opt.Sink, opt.Recent)
 	fmt.Fprintf(&b, "%-5s %-4s", "layer", "side")
 	for _, w := range oscar.Widths {

@@ -16,8 +16,9 @@
 // runtime's oscar-mixed cache, tied to the model and to the calibration
 // file by fingerprints. QuantizeKV is the entry point of
 // `lmpack quantize kv`; with ClipSearch it picks the ratios per layer,
-// side and width by the attention-output error measured on the
-// calibration tokens, and with KVBits it chooses the widths by exact DP
+// side and width by the KL of the model's final logits measured on the
+// calibration tokens with that one side quantized as served, and with
+// KVBits it chooses the widths by exact DP on the same KL errors
 // (ChooseWidths, quantize/alloc) within a bits-per-element budget at a
 // serving context.
 //

@@ -65,7 +65,8 @@ type RotationHeader struct {
 	ClipV []float64 `json:"clip_v"`
 	// ClipK4, ClipV4, ClipK8, ClipV8: per-layer ratios in (0, 1] of the 4-
 	// and 8-bit sides; absent (nil) means no clipping at that width. Set
-	// by --clip-search, or when a ratio is given for the width.
+	// by --clip-search (the KL-searched ratios; 1 where none beat the
+	// default), or when a ratio is given for the width.
 	ClipK4 []float64 `json:"clip_k4,omitempty"`
 	ClipV4 []float64 `json:"clip_v4,omitempty"`
 	ClipK8 []float64 `json:"clip_k8,omitempty"`

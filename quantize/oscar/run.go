@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/formats/arch"
@@ -32,8 +33,11 @@ type KVOptions struct {
 	// that width (the file then holds no list for it).
 	ClipK4, ClipV4, ClipK8, ClipV8 float64
 	// ClipSearch picks every layer's K and V ratio at each width from
-	// ClipGrid by the attention-output error measured on the calibration
-	// tokens (see QuantizeKV), instead of the ratios above.
+	// ClipGrid by the KL of the final logits measured on the calibration
+	// tokens (see QuantizeKV), instead of the ratios above; a ratio is
+	// kept only when it beats the width's default (ClipK/ClipV at 2 bits,
+	// the given or 1 at 4 and 8) by SearchMargin standard errors over the
+	// calibration windows.
 	ClipSearch bool
 	// KVBits, when > 0, chooses every layer's K and V width in {2, 4, 8}
 	// (cache "oscar-mixed") so that the average bits per element at
@@ -101,21 +105,30 @@ type KVSummary struct {
 // the clip ratios and both fingerprints.
 //
 // With ClipSearch or KVBits it also measures, per layer, side and width
-// in {2, 4, 8}, the attention-output error of quantising that side alone:
-// the calibration file's token ids (the first SearchTokens, in its
-// windows) run through the model on the CPU, the post-RoPE q, k, v of
-// every layer are captured, and for each ratio tried the side is
-// quantised as the oscar caches store it (rotation, clip, asymmetric
-// codes per (token, head) row with fp16 scale and zero) and
-// ‖softmax(qKᵀ/√d)V − softmax(qK̂ᵀ/√d)V̂‖² is summed over causal queries
-// and query heads and averaged over tokens, each query reading its own
-// token and the Sink/Recent windows exact, as served (the C_Q/C_S
-// statistics give the rotations, not this error: it needs the tokens).
-// ClipSearch keeps per layer, side and width the ratio of ClipGrid with
-// the least error; otherwise the 2-bit ratios are ClipK/ClipV and the
-// 4-/8-bit ones ClipK4…ClipV8 (0: none). KVBits then chooses the widths
+// in {2, 4, 8}, the end-to-end error of quantising that side alone: the
+// calibration file's token ids (the first SearchTokens, in its windows)
+// run through the model on the CPU one window at a time; the post-RoPE q,
+// k, v of every layer and the reference logits are captured; for each
+// ratio tried the side is quantised as the oscar caches store it
+// (rotation, clip, asymmetric codes per (token, head) row with fp16 scale
+// and zero), the layer's attention output is recomputed as served (each
+// query reading its own token and the Sink/Recent windows exact, older
+// tokens quantized; GQA and q/k norm as the model runs them) and
+// substituted at the o_proj input, the window runs on through the later
+// layers, and the error is the mean over tokens of KL(p ‖ q) of the final
+// next-token distributions (nats), the quantity eval --kv reports. (The
+// attention-output error ‖softmax(qKᵀ/√d)V − softmax(qK̂ᵀ/√d)V̂‖², the
+// earlier objective, is reported beside it: it weighs every coordinate
+// of the output alike, whatever the later layers read, and its scale
+// differs by layer, so it picked V ratios the KL does not and widths on
+// incomparable scales.) ClipSearch keeps per layer, side and width the
+// ratio of ClipGrid with the least KL when it beats the width's default
+// ratio by SearchMargin standard errors of the paired per-window
+// differences (pick), the default otherwise; without ClipSearch the
+// 2-bit ratios are ClipK/ClipV and the 4-/8-bit ones ClipK4…ClipV8 (0:
+// none). KVBits then chooses the widths
 // by alloc.SolveDP over the 2·layers items (cost: sideCost at
-// ServingCtx; error: the measured error at the kept ratio) and records
+// ServingCtx; error: the measured KL at the kept ratio) and records
 // them (RotationHeader.BitsK/BitsV).
 //
 // Errors: invalid options (Validate: a *field.Error); the output
@@ -222,13 +235,30 @@ func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Cal
 	}
 	defer ld.Close()
 	given := [2][3]float64{{opt.ClipK, opt.ClipK4, opt.ClipK8}, {opt.ClipV, opt.ClipV4, opt.ClipV8}}
+	// def[side][wi]: the ratio the width uses without the search.
+	var def [2][3]float64
+	for side := range def {
+		for wi := range Widths {
+			def[side][wi] = 1
+			if given[side][wi] > 0 {
+				def[side][wi] = given[side][wi]
+			}
+		}
+	}
 	clips := func(int) [2][][]float64 {
 		var c [2][][]float64
 		for side := 0; side < 2; side++ {
 			for wi := range Widths {
 				switch {
 				case opt.ClipSearch:
-					c[side] = append(c[side], ClipGrid)
+					g := ClipGrid
+					if Widths[wi] == 8 {
+						g = []float64{1}
+					}
+					if !slices.Contains(g, def[side][wi]) {
+						g = append(slices.Clone(g), def[side][wi])
+					}
+					c[side] = append(c[side], g)
 				case given[side][wi] > 0:
 					c[side] = append(c[side], []float64{given[side][wi]})
 				default:
@@ -260,10 +290,11 @@ func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Cal
 				sr = &lr.V
 			}
 			for wi := range Widths {
-				b := best(t.err[side][wi])
+				b := pick(t.err[side][wi], t.win[side][wi], slices.Index(t.clips[side][wi], def[side][wi]))
 				ratio := t.clips[side][wi][b]
 				errAt[l][side][wi] = t.err[side][wi][b]
 				sr.Clip, sr.Error = append(sr.Clip, ratio), append(sr.Error, t.err[side][wi][b])
+				sr.AttnError = append(sr.AttnError, t.attn[side][wi][b])
 				if wi == 0 || opt.ClipSearch || given[side][wi] > 0 {
 					*lists[side][wi] = append(*lists[side][wi], ratio)
 				}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/runtime/kvcache"
@@ -142,9 +143,10 @@ func TestFakeQuantMatchesCache(t *testing.T) {
 
 // QuantizeKV with ClipSearch and KVBits on stories260K (head_dim 8: 2,
 // 4, 8 bits are 6, 8, 12 bits per element with the fp16 scale and zero):
-// every ratio is from ClipGrid and its error the least of the grid's,
-// errors fall with the width, the widths meet 7 bits per element at the
-// serving context, beat uniform 6-bit (2-bit codes) and are in the file.
+// every ratio is from ClipGrid (8 bits: 1) and its KL at most the
+// default ratio's, errors fall with the width, the widths meet 7 bits per
+// element at the serving context, beat uniform 6-bit (2-bit codes) and
+// are in the file.
 func TestQuantizeKVSearch(t *testing.T) {
 	cal := calibFile(t)
 	dir, d, fp := modelInfo(t, "stories260K-hf")
@@ -159,8 +161,11 @@ func TestQuantizeKVSearch(t *testing.T) {
 	}
 	for _, l := range s.PerLayer {
 		for _, sd := range []SideReport{l.K, l.V} {
+			if sd.Clip[2] != 1 {
+				t.Errorf("layer %d: 8-bit ratio %v, want 1", l.Layer, sd.Clip[2])
+			}
 			for wi := range Widths {
-				if !slices.Contains(ClipGrid, sd.Clip[wi]) || !(sd.Error[wi] >= 0) {
+				if !slices.Contains(ClipGrid, sd.Clip[wi]) || !(sd.Error[wi] >= 0) || !(sd.AttnError[wi] >= 0) {
 					t.Errorf("layer %d: ratio %v error %v", l.Layer, sd.Clip[wi], sd.Error[wi])
 				}
 			}
@@ -187,16 +192,17 @@ func TestQuantizeKVSearch(t *testing.T) {
 	if h.KVBits != 7 || h.KVServingCtx != DefaultServingCtx || h.KVSink != 4 || h.KVRecent != 16 {
 		t.Errorf("header budget %v ctx %d windows %d,%d", h.KVBits, h.KVServingCtx, h.KVSink, h.KVRecent)
 	}
-	// The clip search is the grid's minimum: measuring at ratio 1 only
-	// (4- and 8-bit defaults) never gives less.
-	s1, err := QuantizeKV(context.Background(), KVOptions{Model: dir, Calib: cal, ClipK: 1, ClipV: 1, Out: out, KVBits: 7, Sink: 4, Recent: 16, SearchTokens: 256, Threads: 2})
+	// The clip search keeps the default or a ratio of less KL: measuring
+	// at the defaults only (0.96/0.92 at 2 bits, 1 at 4 and 8) never
+	// gives less.
+	s1, err := QuantizeKV(context.Background(), KVOptions{Model: dir, Calib: cal, ClipK: DefaultClipK, ClipV: DefaultClipV, Out: out, KVBits: 7, Sink: 4, Recent: 16, SearchTokens: 256, Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for l := range s.PerLayer {
 		for wi := range Widths {
 			if s.PerLayer[l].K.Error[wi] > s1.PerLayer[l].K.Error[wi]*(1+1e-12) || s.PerLayer[l].V.Error[wi] > s1.PerLayer[l].V.Error[wi]*(1+1e-12) {
-				t.Errorf("layer %d width %d: searched errors %v/%v above ratio 1's %v/%v", l, Widths[wi], s.PerLayer[l].K.Error, s.PerLayer[l].V.Error, s1.PerLayer[l].K.Error, s1.PerLayer[l].V.Error)
+				t.Errorf("layer %d width %d: searched errors %v/%v above the defaults' %v/%v", l, Widths[wi], s.PerLayer[l].K.Error, s.PerLayer[l].V.Error, s1.PerLayer[l].K.Error, s1.PerLayer[l].V.Error)
 			}
 		}
 	}
@@ -235,3 +241,175 @@ func TestAttnWindowsMatchCache(t *testing.T) {
 
 // lmrtQuantizedKV is runtime.QuantizedKV's method.
 type lmrtQuantizedKV interface{ QuantizedEnd(layer, n int) int }
+
+// readoutScorer is a scorer with a known optimum: the "model" after the
+// layer is a linear readout z = W·o of each position's (single-head)
+// attention output, scored by KL(softmax(W·o) ‖ softmax(W·ô)) against
+// the exact outputs o.
+type readoutScorer struct {
+	w     [][]float64 // [classes][head_dim]
+	exact []float32   // [T, head_dim]
+}
+
+func (s readoutScorer) score(_, _ int, att []float32) (float64, error) {
+	hd := len(s.w[0])
+	var sum float64
+	z, zh := make([]float32, len(s.w)), make([]float32, len(s.w))
+	lp := make([]float64, len(s.w))
+	for t := 0; t < len(att)/hd; t++ {
+		for c, row := range s.w {
+			var a, b float64
+			for i, wi := range row {
+				a += wi * float64(s.exact[t*hd+i])
+				b += wi * float64(att[t*hd+i])
+			}
+			z[c], zh[c] = float32(a), float32(b)
+		}
+		logSoftmax(z, lp)
+		sum += klLogits(lp, zh)
+	}
+	return sum, nil
+}
+
+// The search keeps the ratio with the least end-to-end KL, and that
+// ratio is known here: every value row (identity rotation, head_dim 8)
+// is (10, 1, −1, 1, −1, 1, −1, 1) and the readout ignores coordinate 0.
+// At 2 bits without clipping (and at every grid ratio ≥ 0.875, whose τ is
+// the 10 itself) the levels are −1, 2.67, 6.33, 10, so each +1 reads back
+// 2.67; only 0.85 (τ = sorted|x|[6] = 1) clamps the 10 to 1 and makes the
+// seven read coordinates exact up to the fp16 scale. So the KL is least
+// at 0.85, by far; the attention-output error instead counts the clamped
+// coordinate the readout never reads, (10 − 1)² = 81 per row against
+// 4·(5/3)² ≈ 11 unclipped (less the query's own exact row), and would
+// keep 1 — the failure of the old
+// objective on real models (METHODS §10).
+func TestClipSearchKnownBest(t *testing.T) {
+	const hd, T = 8, 12
+	row := []float32{10, 1, -1, 1, -1, 1, -1, 1}
+	ld := &layerData{nh: 1, nkv: 1, hd: hd, q: make([]float32, T*hd), k: make([]float32, T*hd), v: make([]float32, T*hd)}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for t := 0; t < T; t++ {
+		copy(ld.v[t*hd:], row)
+		for i := 0; i < hd; i++ {
+			ld.q[t*hd+i] = float32(rng.NormFloat64()) // keys all 0: uniform attention
+		}
+	}
+	id := make([]float32, hd*hd)
+	for i := 0; i < hd; i++ {
+		id[i*hd+i] = 1
+	}
+	w := attnWindows{}
+	exact, e0 := attnServed(ld, ld.k, ld.v, w)
+	if e0 != 0 {
+		t.Fatalf("attention-output error %g with nothing quantized", e0)
+	}
+	sc := readoutScorer{exact: exact}
+	for c := 0; c < 5; c++ {
+		r := make([]float64, hd)
+		for i := 1; i < hd; i++ {
+			r[i] = rng.NormFloat64()
+		}
+		sc.w = append(sc.w, r)
+	}
+	clips := [2][][]float64{{ClipGrid, ClipGrid, ClipGrid}, {ClipGrid, ClipGrid, ClipGrid}}
+	var et errTable
+	if err := measure(&et, ld, 0, 0, id, id, clips, w, sc); err != nil {
+		t.Fatal(err)
+	}
+	v2 := et.err[1][0]
+	b := best(v2)
+	if ClipGrid[b] != 0.85 {
+		t.Fatalf("V 2-bit: searched ratio %v (KL per grid ratio %v), want 0.85", ClipGrid[b], v2)
+	}
+	for i, kl := range v2 {
+		if i != b && !(kl > 100*v2[b]) {
+			t.Errorf("V 2-bit: KL %.3g at ratio %v not far above %.3g at 0.85", kl, ClipGrid[i], v2[b])
+		}
+	}
+	// A query reads its own value exact: at query t, t of its t+1
+	// (uniformly weighted, equal) values are quantized, so coordinate 0's
+	// output error at 0.85 is 9·t/(t+1).
+	var want float64
+	for q := 0; q < T; q++ {
+		want += math.Pow(9*float64(q)/float64(q+1), 2)
+	}
+	if a := et.attn[1][0]; ClipGrid[best(a)] != 1 || math.Abs(a[b]-want) > 0.01*want {
+		t.Errorf("attention-output error per grid ratio %v: want ratio 1 least and %.4g at 0.85", a, want)
+	}
+}
+
+// The scored forward pass replaces exactly one layer's attention output:
+// on stories260K (GQA 8:4, q/k captured after RoPE), substituting each
+// layer's output as attnServed computes it with nothing quantized gives
+// the model's own logits (KL per token below 1e-6 nats, float32
+// accumulation against float64), while substituting zeros moves them
+// (KL per token above 1e-3), so the hook reaches o_proj.
+func TestScorerSubstitution(t *testing.T) {
+	cal := calibFile(t)
+	dir, d, fp := modelInfo(t, "stories260K-hf")
+	c, err := calibrate.Read(cal, model.Expect{ModelFingerprint: fp, Desc: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := model.Load(context.Background(), dir, model.LoadOptions{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Close()
+	win := c.CalibrationWindows()[0][:96]
+	L := len(d.Layers)
+	obs := &capture{q: [][][]float32{make([][]float32, L)}, k: [][][]float32{make([][]float32, L)}, v: [][][]float32{make([][]float32, L)}}
+	sc := &modelScorer{ctx: context.Background(), m: ld.Model, cache: ld.Model.NewCache(len(win)), obs: obs, vocab: d.VocabSize}
+	if err := sc.reference(0, win); err != nil {
+		t.Fatal(err)
+	}
+	for l := 0; l < L; l++ {
+		lyr := &layerData{nh: d.Layers[l].NumHeads, nkv: d.Layers[l].NumKVHeads, hd: d.Layers[l].HeadDim, q: obs.q[0][l], k: obs.k[0][l], v: obs.v[0][l]}
+		att, _ := attnServed(lyr, lyr.k, lyr.v, attnWindows{})
+		kl, err := sc.score(l, 0, att)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kl/float64(len(win)) > 1e-6 {
+			t.Errorf("layer %d: exact substitution moves the logits by KL %.3g per token", l, kl/float64(len(win)))
+		}
+		clear(att)
+		if kl, _ = sc.score(l, 0, att); kl/float64(len(win)) < 1e-3 {
+			t.Errorf("layer %d: zero attention output gives KL %.3g per token: the substitution does not reach o_proj", l, kl/float64(len(win)))
+		}
+	}
+}
+
+// pick keeps a ratio over the default only when it wins on the
+// calibration windows by more than their spread: a ratio 0.001 better on
+// each of four windows is kept; one whose mean is better but that loses on
+// one window by more than it wins elsewhere is not; one window keeps the
+// least.
+func TestPickMargin(t *testing.T) {
+	// entries: 0 = the default, 1 = a candidate.
+	steady := [][]float64{{0.010, 0.020, 0.015, 0.012}, {0.009, 0.019, 0.014, 0.011}}
+	if got := pick(mean2(steady), steady, 0); got != 1 {
+		t.Errorf("steady win: kept %d, want the candidate", got)
+	}
+	noisy := [][]float64{{0.010, 0.020, 0.015, 0.012}, {0.004, 0.016, 0.011, 0.020}}
+	if got := pick(mean2(noisy), noisy, 0); got != 0 {
+		t.Errorf("noisy win (differences −0.006, −0.004, −0.004, +0.008): kept %d, want the default", got)
+	}
+	one := [][]float64{{0.010}, {0.0099}}
+	if got := pick(mean2(one), one, 0); got != 1 {
+		t.Errorf("one window: kept %d, want the least", got)
+	}
+	if got := pick(mean2(steady), steady, 1); got != 1 {
+		t.Errorf("default already least: kept %d", got)
+	}
+}
+
+func mean2(win [][]float64) []float64 {
+	m := make([]float64, len(win))
+	for i, w := range win {
+		for _, x := range w {
+			m[i] += x / float64(len(w))
+		}
+	}
+	return m
+}
