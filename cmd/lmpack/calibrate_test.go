@@ -94,7 +94,7 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-window", "16", "-o", other}, []string{`--kv-window "16": want SINK,RECENT`}},
 		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-serving-ctx", "64", "--kv-window", "16,64", "-o", other}, []string{"--kv-serving-ctx 64: want a context above the windows' 80 tokens"}},
 		// head_dim 8: all-2-bit sides store 6 bits per element.
-		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--search-tokens", "64", "-o", other}, []string{"--kv-bits 3", "infeasible"}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--search-tokens", "64", "-o", other}, []string{"--kv-bits 3", "every layer at 2 bits: 6.0000 bits/element", "want --kv-bits ≥ 6.0000", "infeasible"}},
 	} {
 		wantError(t, lmpack(t, nil, c.args...), c.want...)
 	}

@@ -2,6 +2,7 @@ package oscar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -569,13 +570,17 @@ func ChooseWidths(layers []WidthLayer, kvBits float64, servingCtx, sink, recent 
 			params = append(params, int64(S)*int64(ly.NumKVHeads*ly.HeadDim))
 		}
 	}
-	p.Budget = alloc.BudgetForBPW(params, kvBits)
-	plan, err := alloc.SolveDP(items, p.Budget, alloc.DPOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("oscar: --kv-bits %g (%d bits) at serving context %d, windows %d,%d: %w", kvBits, p.Budget, S, sink, recent, err)
-	}
 	for wi, bits := range Widths {
 		p.UniformBitsPerElement[fmt.Sprint(bits)] = float64(uniCost[wi]) / float64(sum(params))
+	}
+	p.Budget = alloc.BudgetForBPW(params, kvBits)
+	plan, err := alloc.SolveDP(items, p.Budget, alloc.DPOptions{})
+	if errors.Is(err, alloc.ErrInfeasible) {
+		return nil, fmt.Errorf("oscar: --kv-bits %g (quantize.kv.kv_bits in a recipe) is below the cheapest widths, every layer at 2 bits: %.4f bits/element at serving context %d with fp16 windows %d,%d; want --kv-bits ≥ %.4f (or smaller windows, or a longer serving context): %w",
+			kvBits, p.UniformBitsPerElement["2"], S, sink, recent, p.UniformBitsPerElement["2"], err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("oscar: --kv-bits %g (%d bits) at serving context %d, windows %d,%d: %w", kvBits, p.Budget, S, sink, recent, err)
 	}
 	for l := range layers {
 		p.BitsK, p.BitsV = append(p.BitsK, Widths[plan.Choice[2*l]]), append(p.BitsV, Widths[plan.Choice[2*l+1]])

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/quantize/kvq"
@@ -535,6 +536,11 @@ func TestNewErrors(t *testing.T) {
 		} else {
 			t.Logf("%s: %v", c.name, err)
 		}
+	}
+	// A plain rotation file (no widths) for oscar-mixed says how to make one.
+	if _, err := New("oscar-mixed", testLayers, 8, Options{Rotations: bad(func(r *Rotations) { r.BitsK, r.BitsV = nil, nil })}); err == nil ||
+		!strings.Contains(err.Error(), "lmpack quantize kv --kv-bits B") {
+		t.Errorf("oscar-mixed without widths: %v, want the way to make a file with widths", err)
 	}
 	if _, err := New("oscar2", testLayers, 8, Options{Rotations: good}); err != nil {
 		t.Fatal(err)

@@ -368,7 +368,11 @@ func checkRotations(r *Rotations, layers []Layer, mixed bool) error {
 			continue
 		}
 		if len(c.b) != len(layers) {
-			return fmt.Errorf("%w: Rotations.%s has %d widths, want %d (one per layer)", ErrBadShape, c.name, len(c.b), len(layers))
+			hint := ""
+			if len(c.b) == 0 {
+				hint = ": oscar-mixed needs a rotation file with per-layer widths, made by lmpack quantize kv --kv-bits B (recipe: cache oscar-mixed with quantize.kv.kv_bits)"
+			}
+			return fmt.Errorf("%w: Rotations.%s has %d widths, want %d (one per layer)%s", ErrBadShape, c.name, len(c.b), len(layers), hint)
 		}
 		for i, b := range c.b {
 			if !slices.Contains(MixedWidths, b) {
