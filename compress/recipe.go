@@ -552,7 +552,7 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 			}
 		} else if kv.ClipK != 0 || kv.ClipV != 0 || kv.ClipK4 != 0 || kv.ClipV4 != 0 || kv.ClipK8 != 0 || kv.ClipV8 != 0 ||
 			kv.ClipSearch || kv.KVBits != 0 || kv.ServingCtx != 0 || kv.SearchTokens != 0 {
-			return bad("quantize.kv clip_k, clip_v, clip_k4, clip_v4, clip_k8, clip_v8, clip_search, kv_bits, serving_ctx, search_tokens: cache %s takes no rotations, so none of these (they configure oscar2, oscar4 and oscar-mixed)", kv.Cache)
+			return bad("quantize.kv clip_k, clip_v, clip_k4, clip_v4, clip_k8, clip_v8, clip_search, kv_bits, serving_ctx, search_tokens: cache %s takes no rotations, so none of these (they configure oscar2, oscar2-g32, oscar4 and oscar-mixed)", kv.Cache)
 		}
 	}
 	if r.Pack.LZ4 == nil {

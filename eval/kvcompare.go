@@ -110,9 +110,10 @@ type KVRow struct {
 	// per-channel block kind's unfinished 32-token block (kivi2, oscars2
 	// keep it in fp16 even with no windows). From KVMethod.Quantized under
 	// the decode protocol; 0 under fake-quant and for fp32/fp16, whose
-	// one format is not a window (FP16PerQueryKnown false there).
+	// one format is not a window (FP16PerQueryKnown, JSON
+	// fp16_tokens_per_query_known, false there).
 	FP16PerQuery      float64  `json:"fp16_tokens_per_query"`
-	FP16PerQueryKnown bool     `json:"-"`
+	FP16PerQueryKnown bool     `json:"fp16_tokens_per_query_known"`
 	Buckets           []Bucket `json:"buckets"`
 }
 

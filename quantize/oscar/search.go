@@ -244,8 +244,9 @@ const SearchMargin = 2
 // [window], ref being the default ratio's entry: the least mean (best)
 // when its paired per-window differences from ref, d_w, have mean +
 // SearchMargin·SE < 0 (SE = sample standard deviation of d_w / √n, n
-// windows ≥ 2; one window gives no noise estimate and keeps the least);
-// ref otherwise. So a ratio that beats the default by less than the
+// windows ≥ 2); ref otherwise, and always with one window (no noise
+// estimate: e.g. --search-tokens below two windows) or when the least
+// only ties ref. So a ratio that beats the default by less than the
 // spread between calibration windows, which would not carry to other
 // text, is not kept.
 func pick(e []float64, win [][]float64, ref int) int {
@@ -254,8 +255,8 @@ func pick(e []float64, win [][]float64, ref int) int {
 		return b
 	}
 	n := len(win[b])
-	if n < 2 {
-		return b
+	if n < 2 || !(e[b] < e[ref]) {
+		return ref
 	}
 	var m, ss float64
 	for w := range n {

@@ -383,8 +383,8 @@ func TestScorerSubstitution(t *testing.T) {
 // pick keeps a ratio over the default only when it wins on the
 // calibration windows by more than their spread: a ratio 0.001 better on
 // each of four windows is kept; one whose mean is better but that loses on
-// one window by more than it wins elsewhere is not; one window keeps the
-// least.
+// one window by more than it wins elsewhere is not; one window (no noise
+// estimate) and a tie keep the default.
 func TestPickMargin(t *testing.T) {
 	// entries: 0 = the default, 1 = a candidate.
 	steady := [][]float64{{0.010, 0.020, 0.015, 0.012}, {0.009, 0.019, 0.014, 0.011}}
@@ -396,8 +396,12 @@ func TestPickMargin(t *testing.T) {
 		t.Errorf("noisy win (differences −0.006, −0.004, −0.004, +0.008): kept %d, want the default", got)
 	}
 	one := [][]float64{{0.010}, {0.0099}}
-	if got := pick(mean2(one), one, 0); got != 1 {
-		t.Errorf("one window: kept %d, want the least", got)
+	if got := pick(mean2(one), one, 0); got != 0 {
+		t.Errorf("one window: kept %d, want the default", got)
+	}
+	tie := [][]float64{{0, 0, 0}, {0, 0, 0}}
+	if got := pick(mean2(tie), tie, 1); got != 1 {
+		t.Errorf("all-zero tie: kept %d, want the default 1", got)
 	}
 	if got := pick(mean2(steady), steady, 1); got != 1 {
 		t.Errorf("default already least: kept %d", got)
