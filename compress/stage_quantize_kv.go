@@ -2,6 +2,7 @@ package compress
 
 import (
 	"context"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 	"path/filepath"
 
 	"github.com/lmpack/lmpack/calibrate"
@@ -50,12 +51,10 @@ func (p *pipeline) quantizeKVStage() stage {
 	return stage{name: "quantize-kv", params: section(p.r.Quantize.KV), run: p.quantizeKV}
 }
 
-// rotates reports whether a kvcache method takes OSCAR rotations that
-// this stage computes: oscar2, oscar2-g32, oscar4 and oscar-mixed (whose
-// per-layer widths come from quantize.kv.kv_bits).
-func rotates(cache string) bool {
-	return cache == "oscar2" || cache == "oscar2-g32" || cache == "oscar4" || cache == "oscar-mixed"
-}
+// rotates reports whether a kvcache method takes OSCAR rotations, which
+// this stage computes (kvcache.NeedsRotations: oscar2, oscar2-g32, oscar4,
+// and oscar-mixed, whose per-layer widths come from quantize.kv.kv_bits).
+func rotates(cache string) bool { return kvcache.NeedsRotations(cache) }
 
 // kvSummary is the quantize-kv stage's result.
 type kvSummary struct {
