@@ -151,33 +151,7 @@ func TestDotQ8Rows(t *testing.T) {
 								break
 							}
 						}
-						for i := 0; i < m; i++ {
-							for r := 0; r < rows; r++ {
-								var refQ, refX, absQ, actBound float64
-								for j := 0; j < c.k; j++ {
-									g, b := j/c.group, j/block
-									s := float64(safetensors.F16ToFloat32(scales[r*ng+g]))
-									z := float64(zsym)
-									if !sym {
-										z = float64(safetensors.F16ToFloat32(zeros[r*ng+g]))
-									}
-									cj := codeAt(codes[r*rb:], bits, j)
-									S, q := float64(a.S[i*(c.k/block)+b]), float64(a.Q[i*c.k+j])
-									refQ += s * (cj - z) * S * q
-									refX += s * (cj - z) * float64(x[i*c.k+j])
-									absQ += math.Abs(s) * (cj + math.Abs(z)) * S * math.Abs(q)
-									actBound += math.Abs(s*(cj-z)) * S / 2
-								}
-								got := float64(y[i*rows+r])
-								tol := float64(c.k/block+16) * 0x1p-23 * absQ
-								if e := math.Abs(got - refQ); !(e <= tol) {
-									t.Errorf("%s row %d/%d: %g, quantised-activation reference %g: error %.3g > %.3g", label, i, r, got, refQ, e, tol)
-								}
-								if e := math.Abs(got - refX); !(e <= tol+actBound*(1+1e-6)) {
-									t.Errorf("%s row %d/%d: %g, float64 reference %g: error %.3g > bound %.3g", label, i, r, got, refX, e, tol+actBound)
-								}
-							}
-						}
+						checkQ8Bound(t, label, y, x, &a, codes, rb, bits, scales, zeros, zsym, sym, c.k, c.group, block, m, rows)
 					}
 				}
 			}
@@ -462,6 +436,46 @@ func TestDotQ8ActBoundTight(t *testing.T) {
 						}
 					}
 				}
+			}
+		}
+	}
+}
+
+// checkQ8Bound checks y ([m, rows]: activation row i against packed row r
+// at y[i·rows + r]) of a DotQ8 kernel on codes (rows of rb bytes, bits
+// wide, k columns, scales and zeros per group, zsym the implicit zero when
+// sym) and activations x quantised into a (blocks of block): within the
+// float32 scaling bound (k/block + 16)·2⁻²³·Σ|terms| of the
+// quantised-activation float64 reference, and within that plus the
+// activation rounding bound Σ_j |s_g·(c_j − z_g)|·S_b/2 of the float64
+// product with x.
+func checkQ8Bound(t *testing.T, label string, y, x []float32, a *Q8Act, codes []byte, rb, bits int, scales, zeros []uint16, zsym float32, sym bool, k, group, block, m, rows int) {
+	t.Helper()
+	ng := k / group
+	for i := 0; i < m; i++ {
+		for r := 0; r < rows; r++ {
+			var refQ, refX, absQ, actBound float64
+			for j := 0; j < k; j++ {
+				g, b := j/group, j/block
+				s := float64(safetensors.F16ToFloat32(scales[r*ng+g]))
+				z := float64(zsym)
+				if !sym {
+					z = float64(safetensors.F16ToFloat32(zeros[r*ng+g]))
+				}
+				cj := codeAt(codes[r*rb:], bits, j)
+				S, q := float64(a.S[i*(k/block)+b]), float64(a.Q[i*k+j])
+				refQ += s * (cj - z) * S * q
+				refX += s * (cj - z) * float64(x[i*k+j])
+				absQ += math.Abs(s) * (cj + math.Abs(z)) * S * math.Abs(q)
+				actBound += math.Abs(s*(cj-z)) * S / 2
+			}
+			got := float64(y[i*rows+r])
+			tol := float64(k/block+16) * 0x1p-23 * absQ
+			if e := math.Abs(got - refQ); !(e <= tol) {
+				t.Errorf("%s row %d/%d: %g, quantised-activation reference %g: error %.3g > %.3g", label, i, r, got, refQ, e, tol)
+			}
+			if e := math.Abs(got - refX); !(e <= tol+actBound*(1+1e-6)) {
+				t.Errorf("%s row %d/%d: %g, float64 reference %g: error %.3g > bound %.3g", label, i, r, got, refX, e, tol+actBound)
 			}
 		}
 	}

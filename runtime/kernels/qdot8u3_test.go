@@ -2,7 +2,6 @@ package kernels
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -115,33 +114,7 @@ func TestDotQ8MatrixU3(t *testing.T) {
 							}
 						}
 					}
-					for i := 0; i < m; i++ {
-						for r := 0; r < rows; r++ {
-							var refQ, refX, absQ, actBound float64
-							for j := 0; j < c.k; j++ {
-								g, b := j/c.group, j/block
-								s := float64(safetensors.F16ToFloat32(scales[r*ng+g]))
-								z := float64(zsym)
-								if !sym {
-									z = float64(safetensors.F16ToFloat32(zeros[r*ng+g]))
-								}
-								cj := codeAt(codes[r*rb:], bits, j)
-								S, q := float64(a.S[i*(c.k/block)+b]), float64(a.Q[i*c.k+j])
-								refQ += s * (cj - z) * S * q
-								refX += s * (cj - z) * float64(x[i*c.k+j])
-								absQ += math.Abs(s) * (cj + math.Abs(z)) * S * math.Abs(q)
-								actBound += math.Abs(s*(cj-z)) * S / 2
-							}
-							got := float64(y[i*rows+r])
-							tol := float64(c.k/block+16) * 0x1p-23 * absQ
-							if e := math.Abs(got - refQ); !(e <= tol) {
-								t.Errorf("%s row %d/%d: %g, quantised-activation reference %g: error %.3g > %.3g", label, i, r, got, refQ, e, tol)
-							}
-							if e := math.Abs(got - refX); !(e <= tol+actBound*(1+1e-6)) {
-								t.Errorf("%s row %d/%d: %g, float64 reference %g: error %.3g > bound %.3g", label, i, r, got, refX, e, tol+actBound)
-							}
-						}
-					}
+					checkQ8Bound(t, label, y, x, &a, codes, rb, bits, scales, zeros, zsym, sym, c.k, c.group, block, m, rows)
 				}
 			}
 		}
