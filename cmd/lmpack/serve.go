@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -185,7 +186,7 @@ func checkServeFlags(fl *serveFlags) (kvMem int64, err error) {
 // checkpoint (fp32 by default, the cache lmpack run uses), with
 // --kv-rotations read (and checked against the model's fingerprint) for
 // oscar2/oscar4.
-func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, string, error) {
+func servePool(e *engine.Engine, fl *serveFlags, kvMem int64, logger *slog.Logger) (*kvcache.Pool, string, error) {
 	method := "fp32"
 	var opt kvcache.Options
 	if e.Artifact != nil {
@@ -233,6 +234,9 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64) (*kvcache.Pool, st
 	if maxLen > 0 && bt > maxLen {
 		return nil, "", fmt.Errorf("--kv-block-tokens %d: larger than the max model length %d (--max-model-len); every request would reserve a block of %d tokens", bt, maxLen, bt)
 	}
+	if w := opt.Sink + opt.Recent; maxLen > 0 && w >= maxLen && method != "fp32" && method != "fp16" && logger != nil {
+		logger.Warn("the KV windows cover the whole max model length: no token is ever quantized, the cache costs fp16 bytes", "kv", method, "sink", opt.Sink, "recent", opt.Recent, "max_model_len", maxLen)
+	}
 	p, err := kvcache.NewPool(method, kvcache.LayersOf(e.Desc), opt, kvMem, bt)
 	if errors.Is(err, kvcache.ErrNoRotations) {
 		return nil, "", fmt.Errorf("--kv %s needs --kv-rotations ROT (a rotation file from lmpack quantize kv): %w", method, err)
@@ -270,7 +274,7 @@ func runServe(ctx context.Context, g *globalFlags, name string, fl *serveFlags) 
 		return err
 	}
 	defer e.Close()
-	pool, method, err := servePool(e, fl, kvMem)
+	pool, method, err := servePool(e, fl, kvMem, g.logger)
 	if err != nil {
 		return err
 	}

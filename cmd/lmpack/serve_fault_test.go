@@ -310,3 +310,21 @@ func TestServeSignals(t *testing.T) {
 	}
 	t.Logf("second signal: exit %d after %v", code, took.Round(time.Millisecond))
 }
+
+// TestServeWindowsCoverContext: a quantized --kv whose fp16 windows cover
+// the whole --max-model-len quantizes nothing; serve says so at start
+// (a warning naming the windows and the length), and only then.
+func TestServeWindowsCoverContext(t *testing.T) {
+	t.Parallel()
+	const warn = "the KV windows cover the whole max model length"
+	covered := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--threads", "1", "--kv", "int4", "--kv-window", "64,64", "--max-model-len", "128")
+	covered.stop(t)
+	if out := covered.stderr.String(); !strings.Contains(out, warn) || !strings.Contains(out, `"max_model_len":128`) {
+		t.Errorf("--kv int4 --kv-window 64,64 --max-model-len 128: no warning %q with max_model_len 128 in stderr:\n%s", warn, abbrev(out))
+	}
+	partial := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--threads", "1", "--kv", "int4", "--kv-window", "16,64", "--max-model-len", "128")
+	partial.stop(t)
+	if out := partial.stderr.String(); strings.Contains(out, warn) {
+		t.Errorf("--kv int4 --kv-window 16,64 --max-model-len 128 (80 of 128 tokens in fp16): unexpected warning %q:\n%s", warn, abbrev(out))
+	}
+}
