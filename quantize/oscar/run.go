@@ -273,6 +273,16 @@ func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Cal
 		maxTok = DefaultSearchTokens
 	}
 	w := attnWindows{sink: opt.Sink, recent: opt.Recent}
+	longest := 0
+	for _, win := range wins {
+		longest = max(longest, len(win))
+	}
+	// The last query of the longest window reads key j quantized only when
+	// sink ≤ j < (longest−1) − recent: none such, nothing is measured.
+	if longest-1-opt.Recent <= opt.Sink {
+		return fmt.Errorf("oscar: --kv-window %d,%d covers every calibration window of %s (the longest holds %d tokens): no key or value would be read quantized, so --clip-search and --kv-bits would measure nothing; want sink + recent < %d (smaller windows, or calibrate with longer windows)",
+			opt.Sink, opt.Recent, opt.Calib, longest, longest-1)
+	}
 	tabs, n, err := measureAll(ctx, ld.Model, wins, maxTok, layers, clips, w, opt.Threads)
 	if err != nil {
 		return err

@@ -4,8 +4,10 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/calibrate"
@@ -208,6 +210,23 @@ func TestQuantizeKVSearch(t *testing.T) {
 	}
 	if _, h1, _ := ReadFile(out, model.Expect{}); h1.ClipK4 != nil || h1.ClipV8 != nil {
 		t.Errorf("without the search and without 4-/8-bit ratios the file holds %v %v", h1.ClipK4, h1.ClipV8)
+	}
+}
+
+// TestQuantizeKVSearchCoveredWindows: windows that cover every
+// calibration window leave nothing quantized to measure; the search is
+// refused naming --kv-window and the window length, and no file is written.
+func TestQuantizeKVSearchCoveredWindows(t *testing.T) {
+	cal := calibFile(t)
+	dir, _, _ := modelInfo(t, "stories260K-hf")
+	out := filepath.Join(t.TempDir(), "covered.safetensors")
+	_, err := QuantizeKV(context.Background(), KVOptions{Model: dir, Calib: cal, ClipK: DefaultClipK, ClipV: DefaultClipV, Out: out,
+		ClipSearch: true, Sink: 64, Recent: 100000, SearchTokens: 256, Threads: 2})
+	if err == nil || !strings.Contains(err.Error(), "--kv-window 64,100000 covers every calibration window") {
+		t.Fatalf("covering windows: error %v, want one naming --kv-window 64,100000", err)
+	}
+	if _, serr := os.Stat(out); !os.IsNotExist(serr) {
+		t.Errorf("%s written after the refusal (stat: %v)", out, serr)
 	}
 }
 
