@@ -47,7 +47,19 @@ func TestArtifactKVMixed(t *testing.T) {
 			t.Errorf("quantize kv report lacks %q:\n%s", want, r.stdout)
 		}
 	}
-	art := packArtifact(t, "--kv-rotations", rot)
+	// Packed with the windows the widths were chosen for: no warning; with
+	// others (none): a warning naming both.
+	const winWarn = "per-layer KV widths were chosen for other fp16 windows"
+	if r := lmpack(t, nil, "pack", modelDir(t), "-o", filepath.Join(t.TempDir(), "w.lmpk"), "--kv-rotations", rot, "--kv-window", "4,16"); r.code != 0 || strings.Contains(r.stderr, winWarn) {
+		t.Errorf("pack --kv-window 4,16 (the windows of --kv-bits): exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	out := filepath.Join(t.TempDir(), "m.lmpk")
+	r = lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-rotations", rot)
+	wantOK(t, r)
+	if !strings.Contains(r.stderr, winWarn) || !strings.Contains(r.stderr, "chosen_for_window=4,16") {
+		t.Errorf("pack without --kv-window of a rotation file chosen for 4,16: no warning %q in stderr:\n%s", winWarn, r.stderr)
+	}
+	art := out
 	rd, err := pack.Open(art)
 	if err != nil {
 		t.Fatal(err)

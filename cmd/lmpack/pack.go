@@ -11,6 +11,7 @@ import (
 	"github.com/lmpack/lmpack/internal/field"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/pack"
+	"github.com/lmpack/lmpack/quantize/oscar"
 	"github.com/spf13/cobra"
 )
 
@@ -83,6 +84,14 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 			a, err := pack.FromCheckpoint(dir, fo)
 			if err != nil {
 				return field.Rename(err, packFlags)
+			}
+			// Per-layer widths (quantize kv --kv-bits) were chosen within a
+			// budget that counts the windows given then.
+			if rot != "" {
+				if _, h, err := oscar.ReadFile(rot, model.Expect{}); err == nil && h.KVBits > 0 && (h.KVSink != sink || h.KVRecent != recent) {
+					g.logger.Warn("the rotation file's per-layer KV widths were chosen for other fp16 windows: the --kv-bits budget no longer holds as stated",
+						"kv_rotations", rot, "kv_bits", h.KVBits, "chosen_for_window", fmt.Sprintf("%d,%d", h.KVSink, h.KVRecent), "kv_window", fmt.Sprintf("%d,%d", sink, recent))
+				}
 			}
 			defer a.Close()
 			st, err := pack.Write(out, a, pack.WriteOptions{NoCompress: noCompress})
