@@ -39,6 +39,24 @@ func dotQ8x1AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, 
 //go:noescape
 func dotQ8x1VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
 
+// Two-row VNNI kernels (qdot8p_amd64.s): the VNNI one-row kernel of the
+// same width on the rows pairs of packed rows r and r+dist (r < rows ≤
+// dist; results y[r], y[r+dist]), each result bit for bit the one-row
+// kernel's, the two rows in the halves of Z registers (AVX-512F with
+// VNNI).
+
+//go:noescape
+func dotQ8x8p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
+//go:noescape
+func dotQ8x4p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
+//go:noescape
+func dotQ8x2p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
+//go:noescape
+func dotQ8x1p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
 // Four-row kernels of DotQ8Matrix (qdot8m_amd64.s): the one-row kernel
 // of the same width for activation rows i < 4 at once, row i's
 // activations at xq + i·xstride, xs + i·sstride, xsum + i·sstride
@@ -75,3 +93,20 @@ func dotQ8x1m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 //
 //go:noescape
 func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int)
+
+// dotQ8Pairs runs the two-row VNNI kernel of the width on the packed rows
+// r and r+pairs for r < pairs (dotQ8Asm's arguments; hasVNNI).
+func dotQ8Pairs(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, pairs int) {
+	k, nb := a.K, a.K/32
+	s, sm := &a.S[i*nb], &a.Sum[i*nb]
+	switch bits {
+	case 8:
+		dotQ8x8p2VNNI(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+	case 4:
+		dotQ8x4p2VNNI(&a.perm[4][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+	case 2:
+		dotQ8x2p2VNNI(&a.perm[2][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+	default:
+		dotQ8x1p2VNNI(&a.perm[1][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+	}
+}

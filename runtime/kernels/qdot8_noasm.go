@@ -71,3 +71,7 @@ func dotQ8x1m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int) {
 	panic(unreachable)
 }
+
+func dotQ8Pairs(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, pairs int) {
+	panic(unreachable)
+}

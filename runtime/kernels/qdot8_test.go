@@ -480,3 +480,63 @@ func checkQ8Bound(t *testing.T, label string, y, x []float32, a *Q8Act, codes []
 		}
 	}
 }
+
+// The two-row VNNI kernels (dotQ8Pairs, qdot8p_amd64.s) give every output
+// of DotQ8Matrix with one activation row (the decode GEMV: one kernel
+// call over the whole matrix) bit for bit what the one-row VNNI kernel
+// gives it, for 1, 2, 3, 7, 8 and 13 packed rows (odd counts leave the
+// last row to the one-row kernel), groups of one block (the eight-group
+// loop and its tail of 1-7 groups) and of several blocks (per channel
+// too), with and without zero-points; and every output is within
+// checkQ8Bound of the float64 references.
+func TestDotQ8PairsBitwise(t *testing.T) {
+	if !hasVNNI {
+		t.Skip("no AVX-512 VNNI on this CPU or in this build")
+	}
+	rng := rand.New(rand.NewPCG(91, 92))
+	defer func(v bool, b int) { usePairs, pairsMinBPG = v, b }(usePairs, pairsMinBPG)
+	pairsMinBPG = 1 // the two-row kernels on every group size
+	for _, bits := range []int{1, 2, 4, 8} {
+		for _, c := range []struct{ k, group int }{{32, 32}, {224, 32}, {288, 32}, {544, 32}, {2080, 32}, {448, 64}, {640, 128}, {544, 544}, {2048, 2048}} {
+			ng := c.k / c.group
+			rb := c.k * bits / 8
+			for _, rows := range []int{1, 2, 3, 7, 8, 13} {
+				codes := make([]byte, rows*rb)
+				for i := range codes {
+					codes[i] = byte(rng.IntN(256))
+				}
+				scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
+				for g := range scales {
+					scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
+					zeros[g] = safetensors.F16FromFloat32(float32(rng.IntN(1 << uint(bits))))
+				}
+				zsym := float32(int(1) << uint(bits-1))
+				x := make([]float32, c.k)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				var a Q8Act
+				QuantizeActQ8(&a, x, c.k, 1, c.k, 32)
+				a.Prepare(bits)
+				for _, sym := range []bool{false, true} {
+					zm := zeros
+					if sym {
+						zm = nil
+					}
+					label := fmt.Sprintf("bits %d k %d group %d rows %d sym %v", bits, c.k, c.group, rows, sym)
+					want, got := make([]float32, rows), make([]float32, rows)
+					usePairs = false
+					DotQ8Matrix(want, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+					usePairs = true
+					DotQ8Matrix(got, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+					for r := range got {
+						if math.Float32bits(got[r]) != math.Float32bits(want[r]) {
+							t.Errorf("%s: packed row %d: pairs %g (%#08x), one-row kernel %g (%#08x)", label, r, got[r], math.Float32bits(got[r]), want[r], math.Float32bits(want[r]))
+						}
+					}
+					checkQ8Bound(t, label, got, x, &a, codes, rb, bits, scales, zeros, zsym, sym, c.k, c.group, 32, 1, rows)
+				}
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 // Command asmgen writes the integer-dot-product assembly of package
 // kernels: qdot8_amd64.s (one activation row), qdot8m_amd64.s (four
-// activation rows) and qdot8act_amd64.s (QuantizeActQ8's blocks of 32).
+// activation rows), qdot8p_amd64.s (one activation row, two packed rows
+// at once in AVX-512) and qdot8act_amd64.s (QuantizeActQ8's blocks of 32).
 // The .s files are its output and are committed; edit this generator, run
 // `go generate ./runtime/kernels` (the directive is in
 // runtime/kernels/asmgen.go), and commit both. TestAsmgenUpToDate in

@@ -13,6 +13,7 @@ func main() {
 	files := map[string]func() string{
 		"qdot8_amd64.s":    oneRowFile,
 		"qdot8m_amd64.s":   multiRowFile,
+		"qdot8p_amd64.s":   pairRowFile,
 		"qdot8act_amd64.s": actFile,
 	}
 	for name, f := range files {
