@@ -17,8 +17,10 @@ const halfAttnRows = 64
 // and s [nq, n] float32 (row stride lds ≥ n), overwritten. Each output is
 // summed in float32 in an order that depends only on hd. On the AVX2 path
 // (F16C, hd a multiple of 8) four key rows are widened in registers by
-// VCVTPH2PS and multiplied into four 8-lane accumulators per load of q;
-// the portable path sums each output sequentially in d. It panics on bad
+// VCVTPH2PS and multiplied into four 8-lane accumulators per load of q
+// (four query rows at a time: two key rows, each widened once for the
+// four; the same bits, so a row's scores do not depend on nq); the
+// portable path sums each output sequentially in d. It panics on bad
 // shapes; it allocates nothing.
 func HalfScores(nq, n, hd int, q []float32, ldq int, k []uint16, ldk int, s []float32, lds int) {
 	if nq < 0 || n < 0 || hd < 0 {
@@ -40,7 +42,18 @@ func HalfScores(nq, n, hd int, q []float32, ldq int, k []uint16, ldk int, s []fl
 	}
 	for j0 := 0; j0 < n; j0 += halfAttnRows {
 		jn := min(halfAttnRows, n-j0)
-		for i := 0; i < nq; i++ {
+		i := 0
+		if j2 := jn &^ 1; j2 > 0 {
+			for ; i+4 <= nq; i += 4 {
+				halfScores4AVX2(&q[i*ldq], ldq, &k[j0*ldk], ldk, j2, hd, &s[i*lds+j0], lds)
+				if j2 < jn {
+					for r := i; r < i+4; r++ {
+						halfScoresAVX2(&q[r*ldq], &k[(j0+j2)*ldk], ldk, 1, hd, &s[r*lds+j0+j2])
+					}
+				}
+			}
+		}
+		for ; i < nq; i++ {
 			halfScoresAVX2(&q[i*ldq], &k[j0*ldk], ldk, jn, hd, &s[i*lds+j0])
 		}
 	}
@@ -56,7 +69,9 @@ func HalfScores(nq, n, hd int, q []float32, ldq int, k []uint16, ldk int, s []fl
 // into. Each output adds the n terms in float32 in order of j (fused
 // multiply-adds on the AVX2 path: F16C, hd a multiple of 8, where a row of
 // out is held in registers over 64 rows of v at a time and v is widened
-// there by VCVTPH2PS). It panics on bad shapes; it allocates nothing.
+// there by VCVTPH2PS; four rows of p at a time, 16 columns, when hd is a
+// multiple of 16: each chunk of v widened once for the four, the same
+// bits). It panics on bad shapes; it allocates nothing.
 func HalfAccum(nq, n, hd int, p []float32, ldp int, v []uint16, ldv int, out []float32, ldo int) {
 	if nq < 0 || n < 0 || hd < 0 {
 		panicf("HalfAccum: negative size nq=%d n=%d hd=%d", nq, n, hd)
@@ -73,7 +88,13 @@ func HalfAccum(nq, n, hd int, p []float32, ldp int, v []uint16, ldv int, out []f
 	}
 	for j0 := 0; j0 < n; j0 += halfAttnRows {
 		jn := min(halfAttnRows, n-j0)
-		for i := 0; i < nq; i++ {
+		i := 0
+		if hd%16 == 0 {
+			for ; i+4 <= nq; i += 4 {
+				halfAccum4AVX2(&p[i*ldp+j0], ldp, &v[j0*ldv], ldv, jn, hd, &out[i*ldo], ldo)
+			}
+		}
+		for ; i < nq; i++ {
 			halfAccumAVX2(&p[i*ldp+j0], &v[j0*ldv], ldv, jn, hd, &out[i*ldo])
 		}
 	}

@@ -18,3 +18,17 @@ func halfScoresAVX2(q *float32, k *uint16, ldk, n, hd int, s *float32)
 //
 //go:noescape
 func halfAccumAVX2(p *float32, v *uint16, ldv, n, hd int, out *float32)
+
+// halfScores4AVX2 is halfScoresAVX2 for four query rows q + i·ldq into
+// s + i·lds (i < 4), each chunk of k widened once for the four; the same
+// bits as four halfScoresAVX2 calls. n ≥ 2 even, hd ≥ 8 a multiple of 8.
+//
+//go:noescape
+func halfScores4AVX2(q *float32, ldq int, k *uint16, ldk, n, hd int, s *float32, lds int)
+
+// halfAccum4AVX2 is halfAccumAVX2 for four rows p + i·ldp into out +
+// i·ldo (i < 4), each chunk of v widened once for the four; the same bits
+// as four halfAccumAVX2 calls. n ≥ 1, hd ≥ 16 a multiple of 16.
+//
+//go:noescape
+func halfAccum4AVX2(p *float32, ldp int, v *uint16, ldv, n, hd int, out *float32, ldo int)

@@ -175,3 +175,153 @@ acLoop8:
 acDone:
 	VZEROUPPER
 	RET
+
+// func halfScores4AVX2(q *float32, ldq int, k *uint16, ldk, n, hd int, s *float32, lds int)
+// halfScoresAVX2 for four query rows (q + i·ldq, s + i·lds, i < 4) and
+// two rows of k at a time: each 8-wide chunk of k is widened once for the
+// four rows, and every output is summed and reduced exactly as
+// halfScoresAVX2 sums it (the same bits). n ≥ 2 even, hd ≥ 8 a multiple
+// of 8.
+TEXT ·halfScores4AVX2(SB), NOSPLIT, $0-64
+	MOVQ q+0(FP), SI
+	MOVQ ldq+8(FP), R8
+	SHLQ $2, R8
+	LEAQ (SI)(R8*2), R10
+	LEAQ (R10)(R8*1), R13
+	ADDQ SI, R8
+	MOVQ k+16(FP), BX
+	MOVQ ldk+24(FP), R11
+	SHLQ $1, R11
+	MOVQ n+32(FP), CX
+	MOVQ hd+40(FP), DX
+	MOVQ s+48(FP), DI
+	MOVQ lds+56(FP), R9
+	SHLQ $2, R9
+
+s4Pair:
+	LEAQ (BX)(R11*1), R12
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	VXORPS Y12, Y12, Y12
+	VXORPS Y13, Y13, Y13
+	XORQ AX, AX
+
+s4Loop:
+	VMOVUPS (SI)(AX*4), Y0
+	VMOVUPS (R8)(AX*4), Y1
+	VMOVUPS (R10)(AX*4), Y2
+	VMOVUPS (R13)(AX*4), Y3
+	VCVTPH2PS (BX)(AX*2), Y4
+	VCVTPH2PS (R12)(AX*2), Y5
+	VFMADD231PS Y4, Y0, Y6
+	VFMADD231PS Y5, Y0, Y7
+	VFMADD231PS Y4, Y1, Y8
+	VFMADD231PS Y5, Y1, Y9
+	VFMADD231PS Y4, Y2, Y10
+	VFMADD231PS Y5, Y2, Y11
+	VFMADD231PS Y4, Y3, Y12
+	VFMADD231PS Y5, Y3, Y13
+	ADDQ $8, AX
+	CMPQ AX, DX
+	JLT  s4Loop
+
+	// [s0j s0j' s1j s1j'] in X6, [s2j s2j' s3j s3j'] in X10.
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y8, Y6, Y6
+	VEXTRACTF128 $1, Y6, X7
+	VADDPS X7, X6, X6
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y13, Y12, Y12
+	VHADDPS Y12, Y10, Y10
+	VEXTRACTF128 $1, Y10, X11
+	VADDPS X11, X10, X10
+	VMOVSD X6, (DI)
+	VMOVHPS X6, (DI)(R9*1)
+	VMOVSD X10, (DI)(R9*2)
+	LEAQ (DI)(R9*2), R14
+	VMOVHPS X10, (R14)(R9*1)
+	ADDQ $8, DI
+	LEAQ (BX)(R11*2), BX
+	SUBQ $2, CX
+	JNZ  s4Pair
+
+	VZEROUPPER
+	RET
+
+// func halfAccum4AVX2(p *float32, ldp int, v *uint16, ldv, n, hd int, out *float32, ldo int)
+// halfAccumAVX2 for four rows (p + i·ldp, out + i·ldo, i < 4), 16
+// columns at a time: each 8-wide chunk of a row of v is widened once for
+// the four rows, and every output adds the same fused products in the
+// same order as halfAccumAVX2 (the same bits). n ≥ 1, hd ≥ 16 a multiple
+// of 16.
+TEXT ·halfAccum4AVX2(SB), NOSPLIT, $0-64
+	MOVQ p+0(FP), SI
+	MOVQ ldp+8(FP), R8
+	SHLQ $2, R8
+	LEAQ (SI)(R8*2), R10
+	LEAQ (R10)(R8*1), R13
+	ADDQ SI, R8
+	MOVQ v+16(FP), R14
+	MOVQ ldv+24(FP), R11
+	SHLQ $1, R11
+	MOVQ hd+40(FP), DX
+	MOVQ out+48(FP), DI
+	MOVQ ldo+56(FP), R9
+	SHLQ $2, R9
+	XORQ R12, R12
+
+a4Col:
+	LEAQ (DI)(R12*4), CX
+	VMOVUPS (CX), Y6
+	VMOVUPS 32(CX), Y7
+	VMOVUPS (CX)(R9*1), Y8
+	VMOVUPS 32(CX)(R9*1), Y9
+	VMOVUPS (CX)(R9*2), Y10
+	VMOVUPS 32(CX)(R9*2), Y11
+	ADDQ R9, CX
+	VMOVUPS (CX)(R9*2), Y12
+	VMOVUPS 32(CX)(R9*2), Y13
+	LEAQ (R14)(R12*2), BX
+	XORQ AX, AX
+
+a4Row:
+	VCVTPH2PS (BX), Y4
+	VCVTPH2PS 16(BX), Y5
+	VBROADCASTSS (SI)(AX*4), Y0
+	VBROADCASTSS (R8)(AX*4), Y1
+	VBROADCASTSS (R10)(AX*4), Y2
+	VBROADCASTSS (R13)(AX*4), Y3
+	VFMADD231PS Y4, Y0, Y6
+	VFMADD231PS Y5, Y0, Y7
+	VFMADD231PS Y4, Y1, Y8
+	VFMADD231PS Y5, Y1, Y9
+	VFMADD231PS Y4, Y2, Y10
+	VFMADD231PS Y5, Y2, Y11
+	VFMADD231PS Y4, Y3, Y12
+	VFMADD231PS Y5, Y3, Y13
+	ADDQ R11, BX
+	INCQ AX
+	CMPQ AX, n+32(FP)
+	JLT  a4Row
+
+	LEAQ (DI)(R12*4), CX
+	VMOVUPS Y6, (CX)
+	VMOVUPS Y7, 32(CX)
+	VMOVUPS Y8, (CX)(R9*1)
+	VMOVUPS Y9, 32(CX)(R9*1)
+	VMOVUPS Y10, (CX)(R9*2)
+	VMOVUPS Y11, 32(CX)(R9*2)
+	ADDQ R9, CX
+	VMOVUPS Y12, (CX)(R9*2)
+	VMOVUPS Y13, 32(CX)(R9*2)
+	ADDQ $16, R12
+	CMPQ R12, DX
+	JLT  a4Col
+
+	VZEROUPPER
+	RET

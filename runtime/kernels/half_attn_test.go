@@ -9,12 +9,12 @@ import (
 )
 
 // halfAttnShapes are HalfScores/HalfAccum's test shapes: nq 1 (MHA
-// decode), 4 and 7 (GQA groups, odd); n rows around the 4-row unroll and
+// decode), 4, 7 and 8 (GQA groups: the four-row kernels, odd remainders); n rows around the 4-row unroll and
 // the 64-row pass; head_dim 8 (one step), 12 (not a multiple of 8: the
 // portable path), 24, 40 (below 64: HalfAccum's 8-column loop only), 64,
 // 72 (64 + an 8-column tail) and 128.
 var (
-	halfAttnNQ = []int{1, 4, 7}
+	halfAttnNQ = []int{1, 4, 7, 8}
 	halfAttnN  = []int{1, 3, 4, 5, 7, 63, 64, 65, 130}
 	halfAttnHD = []int{8, 12, 24, 40, 64, 72, 128}
 )
@@ -171,4 +171,41 @@ func BenchmarkHalfAttn(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestHalfAttnRowsAlone checks that a query row's HalfScores and
+// HalfAccum outputs have the same bits whether it runs in a group of 8 or
+// alone (the four-row kernels sum as the one-row ones do), on both paths.
+func TestHalfAttnRowsAlone(t *testing.T) {
+	bothPaths(t, func(t *testing.T) {
+		for _, hd := range []int{24, 64, 72} {
+			for _, n := range []int{5, 64, 131} {
+				const nq = 8
+				r := newRand(uint64(n + hd))
+				q, p := randSlice(r, nq*hd), randSlice(r, nq*n)
+				k, _ := randHalfRows(t, 1, n, hd, hd)
+				v, _ := randHalfRows(t, 2, n, hd, hd)
+				s, out := make([]float32, nq*n), randSlice(r, nq*hd)
+				s1, out1 := make([]float32, n), make([]float32, hd)
+				base := append([]float32(nil), out...)
+				HalfScores(nq, n, hd, q, hd, k, hd, s, n)
+				HalfAccum(nq, n, hd, p, n, v, hd, out, hd)
+				for i := 0; i < nq; i++ {
+					HalfScores(1, n, hd, q[i*hd:], hd, k, hd, s1, n)
+					copy(out1, base[i*hd:(i+1)*hd])
+					HalfAccum(1, n, hd, p[i*n:], n, v, hd, out1, hd)
+					for j := range s1 {
+						if math.Float32bits(s1[j]) != math.Float32bits(s[i*n+j]) {
+							t.Fatalf("hd %d n %d: score[%d][%d] %v in the group, %v alone", hd, n, i, j, s[i*n+j], s1[j])
+						}
+					}
+					for d := range out1 {
+						if math.Float32bits(out1[d]) != math.Float32bits(out[i*hd+d]) {
+							t.Fatalf("hd %d n %d: out[%d][%d] %v in the group, %v alone", hd, n, i, d, out[i*hd+d], out1[d])
+						}
+					}
+				}
+			}
+		}
+	})
 }
