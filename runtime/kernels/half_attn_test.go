@@ -9,10 +9,11 @@ import (
 )
 
 // halfAttnShapes are HalfScores/HalfAccum's test shapes: nq 1 (MHA
-// decode), 4, 7 and 8 (GQA groups: the four-row kernels, odd remainders); n rows around the 4-row unroll and
-// the 64-row pass; head_dim 8 (one step), 12 (not a multiple of 8: the
-// portable path), 24, 40 (below 64: HalfAccum's 8-column loop only), 64,
-// 72 (64 + an 8-column tail) and 128.
+// decode), 4, 7 and 8 (GQA groups: the four-row kernels and odd
+// remainders); n rows around the 4-row unroll and the 64-row pass;
+// head_dim 8 (one step), 12 (not a multiple of 8: the portable path), 24,
+// 40 (below 64: HalfAccum's 8-column loop only), 64, 72 (64 + an
+// 8-column tail) and 128.
 var (
 	halfAttnNQ = []int{1, 4, 7, 8}
 	halfAttnN  = []int{1, 3, 4, 5, 7, 63, 64, 65, 130}
