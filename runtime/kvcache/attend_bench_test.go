@@ -64,4 +64,3 @@ func BenchmarkAttendLongKV(b *testing.B) {
 		}
 	}
 }
-
