@@ -25,7 +25,9 @@ import (
 // Tokens are decoded attendTokens at a time into a block of the caller's
 // scratch that stays in L1 (codes to float32, the store's scale and zero
 // applied) and multiplied there; the history is never written out. The
-// fp16 sink and recent window are read in fp16 in the model's space.
+// fp16 sink and recent window, and the fp16 kind's store, are read in
+// place as binary16 rows (kernels.HalfScores, kernels.HalfAccum: widened
+// in registers), the windows in the model's space.
 
 // attendTokens is the block of tokens decoded together.
 const attendTokens = 64
@@ -181,26 +183,50 @@ func (c *cache) checkAttend(L *layerState, fn string, layer, p0, p1 int) {
 	}
 }
 
-// fp16Rows decodes positions [a, b) (at most attendTokens) of kv head h
-// from the sink (sink true) or the ring into blk (exact, as kvq.DecodeF16;
-// F16C where the CPU has it, as the fp16 store's get).
-func (c *cache) fp16Rows(L *layerState, kSide, sink bool, h, a, b int, blk []float32) {
-	hd, d := L.hd, L.kvDim
-	src := L.ringK
-	switch {
-	case sink && kSide:
-		src = L.sinkK
-	case sink:
-		src = L.sinkV
-	case !kSide:
-		src = L.ringV
-	}
-	for p := a; p < b; p++ {
-		r := p
-		if !sink {
-			r = p % c.ring
+// fp16Span returns the binary16 rows of kv head h for positions [a, e)
+// of the sink (sink true) or the ring, e ≤ b the end of the contiguous
+// run from a (the ring wraps at slot ring−1), as [e−a, head_dim]: the
+// windows are head-major (row16), read in place by kernels.HalfScores and
+// kernels.HalfAccum. a < b.
+func (c *cache) fp16Span(L *layerState, kSide, sink bool, h, a, b int) ([]uint16, int) {
+	hd := L.hd
+	if sink {
+		src := L.sinkV
+		if kSide {
+			src = L.sinkK
 		}
-		kernels.WidenHalf(kernels.F16, blk[(p-a)*hd:(p-a+1)*hd], src[r*d+h*hd:r*d+(h+1)*hd])
+		return src[(h*c.sink+a)*hd : (h*c.sink+b)*hd], b
+	}
+	src := L.ringV
+	if kSide {
+		src = L.ringK
+	}
+	r := a % c.ring
+	e := min(b, a+c.ring-r)
+	return src[(h*c.ring+r)*hd : (h*c.ring+r+e-a)*hd], e
+}
+
+// scores writes q_i·x_j of store tokens [i0, i1) of kv head h (x_j the
+// binary16 rows, read in place) into out[i·lds + j−i0] for the nq rows of
+// q ([nq, head_dim], stride ldq).
+func (s f16Raw) scores(h, i0, i1, nq int, q []float32, ldq int, out []float32, lds int) {
+	for i := i0; i < i1; {
+		e := s.p.runEnd(i, i1)
+		o := s.vals.at(s.p, h, i)
+		kernels.HalfScores(nq, e-i, s.hd, q, ldq, s.p.get(i).u16[o:o+(e-i)*s.hd], s.hd, out[i-i0:], lds)
+		i = e
+	}
+}
+
+// accum adds Σ_j p[i·ldp + j−i0]·x_j over store tokens [i0, i1) of kv
+// head h (binary16 rows, read in place) to acc[i·head_dim:] for the nq
+// rows of p.
+func (s f16Raw) accum(h, i0, i1, nq int, p []float32, ldp int, acc []float32) {
+	for i := i0; i < i1; {
+		e := s.p.runEnd(i, i1)
+		o := s.vals.at(s.p, h, i)
+		kernels.HalfAccum(nq, e-i, s.hd, p[i-i0:], ldp, s.p.get(i).u16[o:o+(e-i)*s.hd], s.hd, acc, s.hd)
+		i = e
 	}
 }
 
@@ -235,10 +261,10 @@ func (c *cache) Scores(layer, h, p0, p1, nq int, q []float32, ldq int, s []float
 	qs, _, _, blk, _, aux := c.attendScratch(L, nq, scratch)
 	// fp16 rows: the sink [p0, min(p1, sink)) and the ring [max(q, sink), p1).
 	fp16 := func(sink bool, a0, a1 int) {
-		for a := a0; a < a1; a += attendTokens {
-			b := min(a1, a+attendTokens)
-			c.fp16Rows(L, true, sink, h, a, b, blk)
-			kernels.MatMulNT(nq, b-a, hd, q, ldq, blk, hd, s[a-p0:], lds)
+		for a := a0; a < a1; {
+			rows, e := c.fp16Span(L, true, sink, h, a, a1)
+			kernels.HalfScores(nq, e-a, hd, q, ldq, rows, hd, s[a-p0:], lds)
+			a = e
 		}
 	}
 	fp16(true, p0, min(p1, c.sink))
@@ -252,6 +278,9 @@ func (c *cache) Scores(layer, h, p0, p1, nq int, q []float32, ldq int, s []float
 			a1 = a0
 		} else if rr, g, ok := ggmlRows(sd, nq); ok {
 			rr.ggmlScores(g, h, a0-c.sink, a1-c.sink, nq, qs, s[a0-p0:], lds, blk)
+			a1 = a0
+		} else if f, ok := sd.raw.(f16Raw); ok && !sd.norm {
+			f.scores(h, a0-c.sink, a1-c.sink, nq, qs, hd, s[a0-p0:], lds)
 			a1 = a0
 		}
 		for a := a0; a < a1; a += attendTokens {
@@ -283,11 +312,10 @@ func (c *cache) AccumV(layer, h, p0, p1, nq int, p []float32, ldp int, out []flo
 		}
 	}
 	fp16 := func(sink bool, a0, a1 int) {
-		for a := a0; a < a1; a += attendTokens {
-			b := min(a1, a+attendTokens)
-			c.fp16Rows(L, false, sink, h, a, b, blk)
-			kernels.MatMulNN(nq, hd, b-a, p[a-p0:], ldp, blk, hd, tmp, hd)
-			addRows(tmp)
+		for a := a0; a < a1; {
+			rows, e := c.fp16Span(L, false, sink, h, a, a1)
+			kernels.HalfAccum(nq, e-a, hd, p[a-p0:], ldp, rows, hd, out, ldo)
+			a = e
 		}
 	}
 	fp16(true, p0, min(p1, c.sink))
@@ -298,6 +326,9 @@ func (c *cache) AccumV(layer, h, p0, p1, nq int, p []float32, ldp int, out []flo
 			a0 = a1 // done
 		} else if rr, g, ok := ggmlRows(sd, nq); ok {
 			rr.ggmlAccum(g, h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc, blk)
+			a0 = a1
+		} else if f, ok := sd.raw.(f16Raw); ok && !sd.norm {
+			f.accum(h, a0-c.sink, a1-c.sink, nq, p[a0-p0:], ldp, acc)
 			a0 = a1
 		}
 		for a := a0; a < a1; a += attendTokens {

@@ -259,3 +259,53 @@ func TestAttendCodePaths(t *testing.T) {
 	t.Logf("worst score error %.3g, output error %.3g (relative to the bounds' scales)", worstS, worstV)
 	worstS, worstV = 0, 0
 }
+
+// TestAttendAfterTruncate checks Scores and AccumV of every kind against
+// Read (TestAttendMatchesRead's bound) after truncations that move the
+// head-major fp16 ring back: a cancelled step (90 tokens, back to 87,
+// then 3 rewritten), a truncation into the quantized history that the
+// ring still covers (back to 80), and one past it (back to 20, then 41
+// written), on head_dims 64 and 40 (the fp16 kernels' 64- and 8-column
+// loops) with 1 and 7 query rows.
+func TestAttendAfterTruncate(t *testing.T) {
+	const tol = 2e-6
+	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 3, HeadDim: 40}}
+	for name, c := range attendCaches(t, layers, 200) {
+		t.Run(name, func(t *testing.T) {
+			ka := c.(runtime.KVAttender)
+			rng := rand.New(rand.NewPCG(11, 12))
+			write := func(pos, n int) {
+				for li, l := range layers {
+					d := l.NumKVHeads * l.HeadDim
+					k, v := make([]float32, n*d), make([]float32, n*d)
+					for r := 0; r < n*l.NumKVHeads; r++ {
+						copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
+						copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
+					}
+					c.Write(li, pos, n, k, v)
+				}
+				c.Commit(n)
+			}
+			check := func() {
+				for li, l := range layers {
+					if !ka.AttendsKV(li) {
+						continue
+					}
+					for _, nq := range []int{1, 7} {
+						checkAttend(t, c, ka, li, l, c.Len(), nq, rng, tol)
+					}
+				}
+			}
+			write(0, 90)
+			check()
+			c.Truncate(87)
+			write(87, 3)
+			check()
+			c.Truncate(80)
+			check()
+			c.Truncate(20)
+			write(20, 41)
+			check()
+		})
+	}
+}

@@ -41,12 +41,14 @@ type side struct {
 // [q, len) in the fp16 ring (slot p mod ring). ringPos[slot] is the
 // position whose binary16 row the slot holds (−1: none); rows stay in the
 // ring after they are quantized until overwritten, so Truncate can bring
-// them back into the fp16 window.
+// them back into the fp16 window. The sink and the ring are head-major
+// ([kv head][rows][head_dim]: row16), so that one head's window is
+// contiguous for attention.
 type layerState struct {
 	nkv, hd, kvDim int
 	len, q         int
-	sinkK, sinkV   []uint16 // [sink, kvDim] binary16
-	ringK, ringV   []uint16 // [ring, kvDim] binary16
+	sinkK, sinkV   []uint16 // [nkv, sink, head_dim] binary16
+	ringK, ringV   []uint16 // [nkv, ring, head_dim] binary16
 	ringPos        []int    // [ring]
 	k, v           side
 }
@@ -241,6 +243,28 @@ func resize[T any](s []T, n int) []T {
 	return make([]T, n)
 }
 
+// row16 is the binary16 row of kv head h at row r of a head-major
+// window buffer buf ([nkv, rows, hd]: the sink or the ring).
+func row16(buf []uint16, rows, hd, h, r int) []uint16 {
+	o := (h*rows + r) * hd
+	return buf[o : o+hd]
+}
+
+// putRow16 writes the token x ([nkv·hd] float32, head-major as Write's
+// rows) into row r of every head of buf ([nkv, rows, hd]) as binary16.
+func putRow16(buf []uint16, rows, nkv, hd, r int, x []float32) {
+	for h := 0; h < nkv; h++ {
+		kvq.EncodeF16(row16(buf, rows, hd, h, r), x[h*hd:(h+1)*hd])
+	}
+}
+
+// getRow16 is putRow16's inverse (exact): row r of every head into x.
+func getRow16(x []float32, buf []uint16, rows, nkv, hd, r int) {
+	for h := 0; h < nkv; h++ {
+		kvq.DecodeF16(x[h*hd:(h+1)*hd], row16(buf, rows, hd, h, r))
+	}
+}
+
 // newSide builds a side of ss for layer l, claiming its regions of lay in
 // the pages p.
 func newSide(ss sideSpec, l Layer, lay *layout, p *pages, block int) side {
@@ -379,8 +403,8 @@ func (c *cache) decodeToRing(L *layerState, a, b int) {
 	}
 	for r := 0; r < t; r++ {
 		slot := (a + r) % c.ring
-		kvq.EncodeF16(L.ringK[slot*L.kvDim:(slot+1)*L.kvDim], c.xk[r*L.kvDim:(r+1)*L.kvDim])
-		kvq.EncodeF16(L.ringV[slot*L.kvDim:(slot+1)*L.kvDim], c.xv[r*L.kvDim:(r+1)*L.kvDim])
+		putRow16(L.ringK, c.ring, L.nkv, L.hd, slot, c.xk[r*L.kvDim:(r+1)*L.kvDim])
+		putRow16(L.ringV, c.ring, L.nkv, L.hd, slot, c.xv[r*L.kvDim:(r+1)*L.kvDim])
 		L.ringPos[slot] = a + r
 	}
 }
@@ -410,8 +434,8 @@ func (c *cache) Write(layer, pos, n int, k, v []float32) {
 	}
 	end := pos + n
 	for p := pos; p < min(end, c.sink); p++ {
-		kvq.EncodeF16(L.sinkK[p*d:(p+1)*d], k[(p-pos)*d:(p-pos+1)*d])
-		kvq.EncodeF16(L.sinkV[p*d:(p+1)*d], v[(p-pos)*d:(p-pos+1)*d])
+		putRow16(L.sinkK, c.sink, L.nkv, L.hd, p, k[(p-pos)*d:(p-pos+1)*d])
+		putRow16(L.sinkV, c.sink, L.nkv, L.hd, p, v[(p-pos)*d:(p-pos+1)*d])
 	}
 	q := c.idealQ(L.q, end)
 	for a := L.q; a < q; a += chunkTokens {
@@ -420,8 +444,8 @@ func (c *cache) Write(layer, pos, n int, k, v []float32) {
 			xk, xv := c.xk[(p-a)*d:(p-a+1)*d], c.xv[(p-a)*d:(p-a+1)*d]
 			if p < pos {
 				slot := p % c.ring
-				kvq.DecodeF16(xk, L.ringK[slot*d:(slot+1)*d])
-				kvq.DecodeF16(xv, L.ringV[slot*d:(slot+1)*d])
+				getRow16(xk, L.ringK, c.ring, L.nkv, L.hd, slot)
+				getRow16(xv, L.ringV, c.ring, L.nkv, L.hd, slot)
 			} else {
 				copy(xk, k[(p-pos)*d:])
 				copy(xv, v[(p-pos)*d:])
@@ -432,8 +456,8 @@ func (c *cache) Write(layer, pos, n int, k, v []float32) {
 	}
 	for p := max(q, pos, c.sink); p < end; p++ {
 		slot := p % c.ring
-		kvq.EncodeF16(L.ringK[slot*d:(slot+1)*d], k[(p-pos)*d:(p-pos+1)*d])
-		kvq.EncodeF16(L.ringV[slot*d:(slot+1)*d], v[(p-pos)*d:(p-pos+1)*d])
+		putRow16(L.ringK, c.ring, L.nkv, L.hd, slot, k[(p-pos)*d:(p-pos+1)*d])
+		putRow16(L.ringV, c.ring, L.nkv, L.hd, slot, v[(p-pos)*d:(p-pos+1)*d])
 		L.ringPos[slot] = p
 	}
 	L.q, L.len = q, end
@@ -522,10 +546,10 @@ func (c *cache) Read(layer, h, n int, k, v []float32) {
 	if n > L.len || n < 0 {
 		panic(fmt.Sprintf("kvcache: %s: Read: %d tokens of layer %d, which holds %d", c.name, n, layer, L.len))
 	}
-	hd, d := L.hd, L.kvDim
+	hd := L.hd
 	for p := 0; p < min(n, c.sink); p++ {
-		kvq.DecodeF16(k[p*hd:(p+1)*hd], L.sinkK[p*d+h*hd:p*d+(h+1)*hd])
-		kvq.DecodeF16(v[p*hd:(p+1)*hd], L.sinkV[p*d+h*hd:p*d+(h+1)*hd])
+		kvq.DecodeF16(k[p*hd:(p+1)*hd], row16(L.sinkK, c.sink, hd, h, p))
+		kvq.DecodeF16(v[p*hd:(p+1)*hd], row16(L.sinkV, c.sink, hd, h, p))
 	}
 	if qe := min(n, L.q); qe > c.sink {
 		c.decode(L, &L.k, h, 0, qe-c.sink, k[c.sink*hd:qe*hd])
@@ -533,8 +557,8 @@ func (c *cache) Read(layer, h, n int, k, v []float32) {
 	}
 	for p := max(L.q, c.sink); p < n; p++ {
 		slot := p % c.ring
-		kvq.DecodeF16(k[p*hd:(p+1)*hd], L.ringK[slot*d+h*hd:slot*d+(h+1)*hd])
-		kvq.DecodeF16(v[p*hd:(p+1)*hd], L.ringV[slot*d+h*hd:slot*d+(h+1)*hd])
+		kvq.DecodeF16(k[p*hd:(p+1)*hd], row16(L.ringK, c.ring, hd, h, slot))
+		kvq.DecodeF16(v[p*hd:(p+1)*hd], row16(L.ringV, c.ring, hd, h, slot))
 	}
 }
 
