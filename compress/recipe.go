@@ -549,6 +549,10 @@ func (r *Recipe) validateLines(name string, lines map[string]int) error {
 				return bad("quantize.kv.cache oscar-mixed needs quantize.kv.kv_bits: the average bits per element its per-layer widths are chosen within (e.g. 3)")
 			case kv.Cache != "oscar-mixed" && kv.KVBits != 0:
 				return bad("quantize.kv.kv_bits %v: per-layer widths are the oscar-mixed cache's; cache %s has one width (give cache: oscar-mixed)", kv.KVBits, kv.Cache)
+			case kv.ServingCtx != 0 && kv.KVBits == 0:
+				return bad("quantize.kv.serving_ctx %d: the context at which kv_bits counts bits per element; without kv_bits (cache oscar-mixed) it does nothing", kv.ServingCtx)
+			case kv.SearchTokens != 0 && kv.KVBits == 0 && !kv.ClipSearch:
+				return bad("quantize.kv.search_tokens %d: the calibration tokens of the clip_search / kv_bits measurement; without either it does nothing", kv.SearchTokens)
 			}
 		} else if kv.ClipK != 0 || kv.ClipV != 0 || kv.ClipK4 != 0 || kv.ClipV4 != 0 || kv.ClipK8 != 0 || kv.ClipV8 != 0 ||
 			kv.ClipSearch || kv.KVBits != 0 || kv.ServingCtx != 0 || kv.SearchTokens != 0 {

@@ -74,6 +74,8 @@ func TestRecipeValues(t *testing.T) {
 		{"kv_bits range", "cache: oscar2", "cache: oscar-mixed\n    kv_bits: 1", "quantize.kv.kv_bits 1: want 0 (uniform widths) or average bits per element in [2, 16]", ErrRecipe},
 		{"clip_k4 range", "cache: oscar2", "cache: oscar4\n    clip_k4: 2", "quantize.kv.clip_k4 2", ErrRecipe},
 		{"serving_ctx below windows", "cache: oscar2", "cache: oscar-mixed\n    kv_bits: 3\n    sink: 16\n    recent: 64\n    serving_ctx: 64", "quantize.kv.serving_ctx 64: want a context above the windows' 80 tokens", ErrRecipe},
+		{"serving_ctx without kv_bits", "cache: oscar2", "cache: oscar2\n    serving_ctx: 4096", "quantize.kv.serving_ctx 4096: the context at which kv_bits counts", ErrRecipe},
+		{"search_tokens without a search", "cache: oscar2", "cache: oscar2\n    search_tokens: 512", "quantize.kv.search_tokens 512: the calibration tokens of the clip_search / kv_bits measurement", ErrRecipe},
 		{"search_tokens negative", "cache: oscar2", "cache: oscar2\n    clip_search: true\n    search_tokens: -1", "quantize.kv.search_tokens -1", ErrRecipe},
 		{"no calibrate", "calibrate:\n  data: calib.txt\n  tokens: 1024\n  ctx: 256\n", "", "needs a calibrate section", ErrRecipe},
 		{"prune both", "quantize:", "prune:\n  layers: 1\n  layer_ratio: 0.2\nquantize:", "prune.layers 1: want exactly one of prune.layers and prune.layer_ratio", ErrRecipe},

@@ -447,6 +447,10 @@ func TestBadFlags(t *testing.T) {
 		{"run top-p NaN", []string{"run", model, "--top-p", "nan"}, []string{"--top-p NaN: want in (0, 1]"}},
 		{"run threads -1", []string{"run", model, "--threads", "-1"}, []string{"--threads -1: want 0 (all cores) to 1024"}},
 		{"eval threads huge", []string{"eval", model, "--data", data, "--threads", "1000000000"}, []string{"--threads 1000000000: want 0 (all cores) to 1024"}},
+		// Measurement-only flags of quantize kv without the measurement.
+		{"quantize kv window without search", []string{"quantize", "kv", model, "--calib", data, "-o", filepath.Join(t.TempDir(), "r.st"), "--kv-window", "4,16"}, []string{"--kv-window applies to the error measurement of --clip-search or --kv-bits"}},
+		{"quantize kv search-tokens without search", []string{"quantize", "kv", model, "--calib", data, "-o", filepath.Join(t.TempDir(), "r.st"), "--search-tokens", "256"}, []string{"--search-tokens applies to the error measurement"}},
+		{"quantize kv serving ctx without kv-bits", []string{"quantize", "kv", model, "--calib", data, "-o", filepath.Join(t.TempDir(), "r.st"), "--clip-search", "--kv-serving-ctx", "4096"}, []string{"--kv-serving-ctx is the context at which --kv-bits counts"}},
 		// As eval refuses a data file that is not UTF-8 (TestBadDataFile).
 		{"run prompt not UTF-8", []string{"run", model, "--prompt", "caf\xe9 au lait", "--max-tokens", "4"}, []string{"prompt is not valid UTF-8", "first bad byte at offset 3"}},
 	}

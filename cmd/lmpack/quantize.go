@@ -73,6 +73,17 @@ windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 					return fmt.Errorf("--kv-window %q: want SINK,RECENT (two non-negative token counts, e.g. 16,64)", window)
 				}
 			}
+			// Flags that only the measurement reads would do nothing.
+			if !opt.ClipSearch && opt.KVBits == 0 {
+				for _, name := range []string{"kv-window", "search-tokens"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s applies to the error measurement of --clip-search or --kv-bits; without either it does nothing (the cache's windows are given to pack, eval or serve)", name)
+					}
+				}
+			}
+			if opt.KVBits == 0 && cmd.Flags().Changed("kv-serving-ctx") {
+				return fmt.Errorf("--kv-serving-ctx is the context at which --kv-bits counts bits per element; without --kv-bits it does nothing")
+			}
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
 			}
