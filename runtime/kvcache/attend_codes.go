@@ -209,6 +209,9 @@ func codeRowsScratch(blk []float32, nq, ng int) (qs, sz, tmp []float32) {
 // in a page, attendTokens rows at a time, t = x_g·c_jg by kernels.CodeDots
 // per group g, then s_j = Σ_g s_jg·(t − z_jg·Σ_{c∈g} x_c).
 func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) {
+	if ng == 1 && codeScoresQ8(cs, bits, hd, h, i0, i1, nq, xs, s, lds, blk) {
+		return
+	}
 	G, gb := hd/ng, hd/ng*bits/8
 	qsum, sz, tmp := codeRowsScratch(blk, nq, ng)
 	for r := 0; r < nq; r++ {
@@ -252,6 +255,52 @@ func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float
 		i = e
 	}
 }
+
+// codeQ8MaxNQ is the most query rows codeScoresQ8 takes (its stack
+// arrays; codeRowsMaxNQ is at most this).
+const codeQ8MaxNQ = 8
+
+// codeScoresQ8 is codeScoresRows for one group per row by integer dot
+// products (kernels.CodeDotsQ8, AVX-512 VNNI): each query row is rounded
+// once to int8 with its absmax scale δ_r = max|x_r|/127, which moves a
+// score by at most (δ_r/2)·‖x̂_j‖₁ (kernels codesq8.go; TestCodeDotsQ8,
+// TestAttendCodesQ8Bound), and the row's scale and zero are applied in
+// the kernel. It returns false, doing nothing, where the kernels do not
+// take the shape (kernels.CodeQ8Fast) or nq exceeds codeQ8MaxNQ.
+func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) bool {
+	if !codeQ8 || nq > codeQ8MaxNQ || !kernels.CodeQ8Fast(hd, bits) {
+		return false
+	}
+	_, sz, _ := codeRowsScratch(blk, nq, 1)
+	L := kernels.CodeQ8Len(hd)
+	rest := blk[nq+3*attendTokens:]
+	if 4*len(rest) < nq*L {
+		return false
+	}
+	qb := unsafe.Slice((*byte)(unsafe.Pointer(&rest[0])), 4*len(rest))[:nq*L]
+	var sc, sm [codeQ8MaxNQ]float32
+	for r := 0; r < nq; r++ {
+		sc[r], sm[r] = kernels.CodeQ8Query(qb[r*L:(r+1)*L], xs[r*hd:(r+1)*hd], bits)
+	}
+	for i := i0; i < i1; {
+		e, codes, params := cs.codeRows(h, i, i1)
+		rb, pr := len(codes)/(e-i), len(params)/(e-i)
+		for a := i; a < e; a += attendTokens {
+			n := min(e-a, attendTokens)
+			cb := codes[(a-i)*rb : (a-i+n)*rb]
+			codeParams(cs, params[(a-i)*pr:], n, 1, sz)
+			for r := 0; r < nq; r++ {
+				row := s[r*lds+a-i0 : r*lds+a-i0+n]
+				kernels.CodeDotsQ8(row, qb[r*L:(r+1)*L], sc[r], sm[r], cb, bits, rb, n, sz)
+			}
+		}
+		i = e
+	}
+	return true
+}
+
+// codeQ8 enables codeScoresQ8 (tests compare it with the float kernels).
+var codeQ8 = true
 
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
 // ([nq, hd], in the side's space), store indices [i0, i1) of head h;
