@@ -299,7 +299,8 @@ func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, ld
 	return true
 }
 
-// codeQ8 enables codeScoresQ8 (tests compare it with the float kernels).
+// codeQ8 enables codeScoresQ8 and the AVX-512 value kernel of
+// codeAccumRows (tests compare them with the AVX2 float kernels).
 var codeQ8 = true
 
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
@@ -384,6 +385,18 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 // acc_g += Σ_j w_j·c_jg by kernels.CodeAxpy and cz_g += Σ_j w_j·z_jg,
 // subtracted from the group's channels at the end.
 func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
+	if sym, _ := cs.symZero(); ng == 1 && !sym && codeQ8 && kernels.CodeAccumFast(hd, bits) {
+		// One call per run and query row (AVX-512: w_j = p_j·s_j and
+		// the zero term in the kernel, fp16 parameters read directly).
+		for i := i0; i < i1; {
+			e, codes, params := cs.codeRows(h, i, i1)
+			for r := 0; r < nq; r++ {
+				kernels.CodeAccumF16(acc[r*hd:(r+1)*hd], p[r*ldp+i-i0:r*ldp+e-i0], params, codes, bits, len(codes)/(e-i), e-i, blk[:hd])
+			}
+			i = e
+		}
+		return
+	}
 	G, gb := hd/ng, hd/ng*bits/8
 	cz, sz, w := codeRowsScratch(blk, nq, ng)
 	clear(cz)
