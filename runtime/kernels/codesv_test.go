@@ -36,8 +36,8 @@ func TestCodeAccumF16(t *testing.T) {
 						params := make([]uint16, 2*n)
 						for j := range p {
 							p[j] = float32(r.Float64())
-							params[2*j] = halfBits(F16, float32(0.01 + 0.1*r.Float64()))
-							params[2*j+1] = halfBits(F16, float32(r.Float64() * float64(int(1)<<bits)))
+							params[2*j] = halfBits(F16, float32(0.01+0.1*r.Float64()))
+							params[2*j+1] = halfBits(F16, float32(r.Float64()*float64(int(1)<<bits)))
 						}
 						acc := randSlice(r, hd)
 						base := append([]float32(nil), acc...)
