@@ -266,9 +266,12 @@ const codeQ8MaxNQ = 8
 // score by at most (δ_r/2)·‖x̂_j‖₁ (kernels codesq8.go; TestCodeDotsQ8,
 // TestAttendCodesQ8Bound), and the row's scale and zero are applied in
 // the kernel. It returns false, doing nothing, where the kernels do not
-// take the shape (kernels.CodeQ8Fast) or nq exceeds codeQ8MaxNQ.
+// take the shape (kernels.CodeQ8Fast) or nq exceeds codeQ8MaxNQ, and for
+// 8-bit codes: int8 KV decode is bound by its bytes (BenchmarkDecodeLongKV:
+// the same 9.5 GB/cpu-s with either kernel), and the query's rounding
+// would add as much error as the codes' (tiny1m KL 0.00012 → 0.00019).
 func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) bool {
-	if !codeQ8 || nq > codeQ8MaxNQ || !kernels.CodeQ8Fast(hd, bits) {
+	if !codeQ8 || bits == 8 || nq > codeQ8MaxNQ || !kernels.CodeQ8Fast(hd, bits) {
 		return false
 	}
 	_, sz, _ := codeRowsScratch(blk, nq, 1)
