@@ -25,7 +25,12 @@ import (
 //     registers; nothing is expanded to memory. Rows of several channel
 //     groups (kivi2's values) run per group; kivi2's per-channel keys and
 //     llama.cpp's q8_0/q4_0 rows take the same kernels (scoresRows,
-//     ggmlScores, ggmlAccum below).
+//     ggmlScores, ggmlAccum below). Where the CPU has AVX-512 (VNNI),
+//     rows of one group take faster kernels: keys of 2 and 4 bits are
+//     scored against the query rounded once to int8 (codeScoresQ8,
+//     kernels.CodeDotsQ8: exact integer products, a bounded rounding
+//     error), values of every width accumulate by kernels.CodeAccumF16
+//     (float32, the fp16 scale and zero read in the kernel).
 //   - block path (prefill chunks, other shapes, builds without the
 //     assembly): a byte becomes its 4 (2-bit), 2 (4-bit) or 1 (8-bit)
 //     code values by one table copy into a block that stays in L1, and
