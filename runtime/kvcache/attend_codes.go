@@ -276,7 +276,7 @@ const codeQ8MaxNQ = 8
 // the same 9.5 GB/cpu-s with either kernel), and the query's rounding
 // would add as much error as the codes' (tiny1m KL 0.00012 → 0.00019).
 func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) bool {
-	if !codeQ8 || bits == 8 || nq > codeQ8MaxNQ || !kernels.CodeQ8Fast(hd, bits) {
+	if !roundsQuery(bits, hd, nq) {
 		return false
 	}
 	_, sz, _ := codeRowsScratch(blk, nq, 1)
@@ -305,6 +305,12 @@ func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, ld
 		i = e
 	}
 	return true
+}
+
+// roundsQuery reports whether codeScoresQ8 takes nq query rows of codes
+// of bits, head_dim hd (one group per row).
+func roundsQuery(bits, hd, nq int) bool {
+	return codeQ8 && bits != 8 && nq <= codeQ8MaxNQ && kernels.CodeQ8Fast(hd, bits)
 }
 
 // codeQ8 enables codeScoresQ8 and the AVX-512 value kernel of
@@ -643,4 +649,23 @@ func (s rowRaw) ggmlAccum(g *ggmlCodec, h, i0, i1, nq int, p []float32, ldp int,
 		}
 		g.unpermuteAdd(acc[r*hd:], ap[r*hd:])
 	}
+}
+
+// QueryRounder is implemented by the caches of New and Pool: whether
+// their KVAttender scores a layer's quantized keys against a query
+// rounded to int8 for nq query rows (codeScoresQ8; depends on the CPU),
+// so that a comparison with the dequantise-then-attend path (Read) must
+// allow the rounding's bound, (max|x|/254)·‖x̂_j‖₁ per score for the
+// side-space query x and key x̂_j.
+type QueryRounder interface {
+	RoundsQuery(layer, nq int) bool
+}
+
+var _ QueryRounder = (*cache)(nil)
+
+// RoundsQuery implements QueryRounder.
+func (c *cache) RoundsQuery(layer, nq int) bool {
+	L := &c.layers[layer]
+	cs, bits, ok := codesOf(&L.k)
+	return ok && cs.codeGroups() == 1 && useCodeRows(L.hd, nq, bits) && roundsQuery(bits, L.hd, nq)
 }
