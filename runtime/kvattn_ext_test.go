@@ -31,7 +31,13 @@ import (
 //
 // Bound: max|Δlogit| ≤ 1e-4·max|logit| (float32 sums in another order;
 // the kernels' own bounds against float64 are kvcache's
-// TestAttendMatchesRead). One thread and two give bit-identical logits
+// TestAttendMatchesRead), and 2e-2·max|logit| for a cache whose
+// KVAttender rounds the query to int8 for its key scores
+// (kvcache.QueryRounder; AVX-512 VNNI, 2- and 4-bit keys of head_dim 32
+// here): that rounding's per-score bound, (max|x|/254)·‖x̂_j‖₁, is checked
+// in kvcache's TestAttendCodePaths and kernels' TestCodeDotsQ8; through
+// softmax and two layers of this random model it is not derived (seen:
+// 4.5e-3 for int4). One thread and two give bit-identical logits
 // (determinism: the per-head work does not depend on the split).
 func TestKVAttenderMatchesRead(t *testing.T) {
 	type model struct {
@@ -69,6 +75,14 @@ func TestKVAttenderMatchesRead(t *testing.T) {
 				if ka.AttendsKV(0) {
 					covered++
 				}
+				tol := 1e-4
+				if qr, ok := c.(kvcache.QueryRounder); ok {
+					for li := range md.d.Layers {
+						if qr.RoundsQuery(li, 1) {
+							tol = 2e-2
+						}
+					}
+				}
 				V := md.d.VocabSize
 				lf, lf2, lr := make([]float32, V), make([]float32, V), make([]float32, V)
 				pos := 0
@@ -88,8 +102,8 @@ func TestKVAttenderMatchesRead(t *testing.T) {
 						}
 					}
 					pos += n
-					if d := relDiff(lf, lr); !(d <= 1e-4) {
-						t.Fatalf("%s: at position %d the logits through KVAttender differ from Read's by %.3g of max|logit| (bound 1e-4)", name, pos, d)
+					if d := relDiff(lf, lr); !(d <= tol) {
+						t.Fatalf("%s: at position %d the logits through KVAttender differ from Read's by %.3g of max|logit| (bound %g)", name, pos, d, tol)
 					}
 					for i := range lf {
 						if lf[i] != lf2[i] {

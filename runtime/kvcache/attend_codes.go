@@ -25,7 +25,12 @@ import (
 //     registers; nothing is expanded to memory. Rows of several channel
 //     groups (kivi2's values) run per group; kivi2's per-channel keys and
 //     llama.cpp's q8_0/q4_0 rows take the same kernels (scoresRows,
-//     ggmlScores, ggmlAccum below).
+//     ggmlScores, ggmlAccum below). Where the CPU has AVX-512 (VNNI),
+//     rows of one group take faster kernels: keys of 2 and 4 bits are
+//     scored against the query rounded once to int8 (codeScoresQ8,
+//     kernels.CodeDotsQ8: exact integer products, a bounded rounding
+//     error), values of every width accumulate by kernels.CodeAccumF16
+//     (float32, the fp16 scale and zero read in the kernel).
 //   - block path (prefill chunks, other shapes, builds without the
 //     assembly): a byte becomes its 4 (2-bit), 2 (4-bit) or 1 (8-bit)
 //     code values by one table copy into a block that stays in L1, and
@@ -209,6 +214,9 @@ func codeRowsScratch(blk []float32, nq, ng int) (qs, sz, tmp []float32) {
 // in a page, attendTokens rows at a time, t = x_g·c_jg by kernels.CodeDots
 // per group g, then s_j = Σ_g s_jg·(t − z_jg·Σ_{c∈g} x_c).
 func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) {
+	if ng == 1 && codeScoresQ8(cs, bits, hd, h, i0, i1, nq, xs, s, lds, blk) {
+		return
+	}
 	G, gb := hd/ng, hd/ng*bits/8
 	qsum, sz, tmp := codeRowsScratch(blk, nq, ng)
 	for r := 0; r < nq; r++ {
@@ -252,6 +260,62 @@ func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float
 		i = e
 	}
 }
+
+// codeQ8MaxNQ is the most query rows codeScoresQ8 takes (its stack
+// arrays; codeRowsMaxNQ is at most this).
+const codeQ8MaxNQ = 8
+
+// codeScoresQ8 is codeScoresRows for one group per row by integer dot
+// products (kernels.CodeDotsQ8, AVX-512 VNNI): each query row is rounded
+// once to int8 with its absmax scale δ_r = max|x_r|/127, which moves a
+// score by at most (δ_r/2)·‖x̂_j‖₁ (kernels codesq8.go; TestCodeDotsQ8,
+// TestAttendCodesQ8Bound), and the row's scale and zero are applied in
+// the kernel. It returns false, doing nothing, where the kernels do not
+// take the shape (kernels.CodeQ8Fast) or nq exceeds codeQ8MaxNQ, and for
+// 8-bit codes: int8 KV decode is bound by its bytes (BenchmarkDecodeLongKV:
+// the same 9.5 GB/cpu-s with either kernel), and the query's rounding
+// would add as much error as the codes' (tiny1m KL 0.00012 → 0.00019).
+func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) bool {
+	if !roundsQuery(bits, hd, nq) {
+		return false
+	}
+	_, sz, _ := codeRowsScratch(blk, nq, 1)
+	L := kernels.CodeQ8Len(hd)
+	rest := blk[nq+3*attendTokens:]
+	if 4*len(rest) < nq*L {
+		return false
+	}
+	qb := unsafe.Slice((*byte)(unsafe.Pointer(&rest[0])), 4*len(rest))[:nq*L]
+	var sc, sm [codeQ8MaxNQ]float32
+	for r := 0; r < nq; r++ {
+		sc[r], sm[r] = kernels.CodeQ8Query(qb[r*L:(r+1)*L], xs[r*hd:(r+1)*hd], bits)
+	}
+	for i := i0; i < i1; {
+		e, codes, params := cs.codeRows(h, i, i1)
+		rb, pr := len(codes)/(e-i), len(params)/(e-i)
+		for a := i; a < e; a += attendTokens {
+			n := min(e-a, attendTokens)
+			cb := codes[(a-i)*rb : (a-i+n)*rb]
+			codeParams(cs, params[(a-i)*pr:], n, 1, sz)
+			for r := 0; r < nq; r++ {
+				row := s[r*lds+a-i0 : r*lds+a-i0+n]
+				kernels.CodeDotsQ8(row, qb[r*L:(r+1)*L], sc[r], sm[r], cb, bits, rb, n, sz)
+			}
+		}
+		i = e
+	}
+	return true
+}
+
+// roundsQuery reports whether codeScoresQ8 takes nq query rows of codes
+// of bits, head_dim hd (one group per row).
+func roundsQuery(bits, hd, nq int) bool {
+	return codeQ8 && bits != 8 && nq <= codeQ8MaxNQ && kernels.CodeQ8Fast(hd, bits)
+}
+
+// codeQ8 enables codeScoresQ8 and the AVX-512 value kernel of
+// codeAccumRows (tests compare them with the AVX2 float kernels).
+var codeQ8 = true
 
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
 // ([nq, hd], in the side's space), store indices [i0, i1) of head h;
@@ -335,6 +399,18 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 // acc_g += Σ_j w_j·c_jg by kernels.CodeAxpy and cz_g += Σ_j w_j·z_jg,
 // subtracted from the group's channels at the end.
 func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
+	if sym, _ := cs.symZero(); ng == 1 && !sym && codeQ8 && kernels.CodeAccumFast(hd, bits) {
+		// One call per run and query row (AVX-512: w_j = p_j·s_j and
+		// the zero term in the kernel, fp16 parameters read directly).
+		for i := i0; i < i1; {
+			e, codes, params := cs.codeRows(h, i, i1)
+			for r := 0; r < nq; r++ {
+				kernels.CodeAccumF16(acc[r*hd:(r+1)*hd], p[r*ldp+i-i0:r*ldp+e-i0], params, codes, bits, len(codes)/(e-i), e-i, blk[:hd])
+			}
+			i = e
+		}
+		return
+	}
 	G, gb := hd/ng, hd/ng*bits/8
 	cz, sz, w := codeRowsScratch(blk, nq, ng)
 	clear(cz)
@@ -573,4 +649,23 @@ func (s rowRaw) ggmlAccum(g *ggmlCodec, h, i0, i1, nq int, p []float32, ldp int,
 		}
 		g.unpermuteAdd(acc[r*hd:], ap[r*hd:])
 	}
+}
+
+// QueryRounder is implemented by the caches of New and Pool: whether
+// their KVAttender scores a layer's quantized keys against a query
+// rounded to int8 for nq query rows (codeScoresQ8; depends on the CPU),
+// so that a comparison with the dequantise-then-attend path (Read) must
+// allow the rounding's bound, (max|x|/254)·‖x̂_j‖₁ per score for the
+// side-space query x and key x̂_j.
+type QueryRounder interface {
+	RoundsQuery(layer, nq int) bool
+}
+
+var _ QueryRounder = (*cache)(nil)
+
+// RoundsQuery implements QueryRounder.
+func (c *cache) RoundsQuery(layer, nq int) bool {
+	L := &c.layers[layer]
+	cs, bits, ok := codesOf(&L.k)
+	return ok && cs.codeGroups() == 1 && useCodeRows(L.hd, nq, bits) && roundsQuery(bits, L.hd, nq)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/lmpack/lmpack/runtime"
+	"github.com/lmpack/lmpack/runtime/kernels"
 )
 
 // attendLayerSets are the shapes of the attention parity test: GQA-like
@@ -70,6 +71,8 @@ func attendCaches(t *testing.T, layers []Layer, capacity int) map[string]runtime
 // there, and true on every other layer of every kind.
 func TestAttendMatchesRead(t *testing.T) {
 	const tol = 2e-6
+	defer func(v bool) { codeQ8 = v }(codeQ8)
+	codeQ8 = false // float kernels only; TestAttendCodePaths checks the int8-query scores
 	for si, layers := range attendLayerSets {
 		caches := attendCaches(t, layers, 200)
 		for name, c := range caches {
@@ -113,8 +116,9 @@ func TestAttendMatchesRead(t *testing.T) {
 	}
 }
 
-// worstS and worstV are the largest error ratios seen (logged).
-var worstS, worstV float64
+// worstS and worstV are the largest error ratios seen (logged); worstQ8
+// the largest score error over the int8-query bound when codeQ8 is on.
+var worstS, worstV, worstQ8 float64
 
 func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int, l Layer, n, nq int, rng *rand.Rand, tol float64) {
 	t.Helper()
@@ -159,7 +163,16 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 					}
 					got := float64(s[i*lds+j-p0])
 					worstS = max(worstS, math.Abs(got-ref)/(math.Sqrt(nq2*nk2)+abs))
-					if bound := tol * (math.Sqrt(nq2*nk2) + abs); !(math.Abs(got-ref) <= bound) {
+					bound := tol * (math.Sqrt(nq2*nk2) + abs)
+					if codeQ8 {
+						// codeScoresQ8's rounding of the side-space query x
+						// (‖x‖ = ‖q‖ under the kinds' orthogonal rotations):
+						// ≤ (max|x|/254)·‖x̂_j‖₁ ≤ ‖q‖·√hd·‖k_j‖/254.
+						q8 := math.Sqrt(nq2*nk2*float64(hd)) / 254
+						worstQ8 = max(worstQ8, math.Abs(got-ref)/q8)
+						bound += q8
+					}
+					if !(math.Abs(got-ref) <= bound) {
 						t.Fatalf("layer %d head %d [%d,%d) nq %d: score[%d][%d] = %g, Read gives %g (bound %.3g)", li, h, p0, p1, nq, i, j, got, ref, bound)
 					}
 				}
@@ -219,11 +232,11 @@ func TestAttendCodePaths(t *testing.T) {
 	const tol = 2e-6
 	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 1, HeadDim: 96}}
 	kinds := map[string]bool{"int8": true, "int4": true, "int2-naive": true, "quarot2": true, "oscar2": true, "oscar4": true, "kivi2": true, "q8_0": true, "q4_0": true}
-	for _, path := range []string{"rows", "block"} {
+	for _, path := range []string{"rows", "rows-q8", "block"} {
 		func() {
-			defer func(a, b int) { codeRowsMaxNQ, codeRowsMaxNQ2 = a, b }(codeRowsMaxNQ, codeRowsMaxNQ2)
-			codeRowsMaxNQ, codeRowsMaxNQ2 = 0, 0
-			if path == "rows" {
+			defer func(a, b int, q bool) { codeRowsMaxNQ, codeRowsMaxNQ2, codeQ8 = a, b, q }(codeRowsMaxNQ, codeRowsMaxNQ2, codeQ8)
+			codeRowsMaxNQ, codeRowsMaxNQ2, codeQ8 = 0, 0, path == "rows-q8"
+			if path != "block" {
 				codeRowsMaxNQ, codeRowsMaxNQ2 = 1<<30, 1<<30
 			}
 			for name, c := range attendCaches(t, layers, 300) {
@@ -256,8 +269,11 @@ func TestAttendCodePaths(t *testing.T) {
 			}
 		}()
 	}
-	t.Logf("worst score error %.3g, output error %.3g (relative to the bounds' scales)", worstS, worstV)
-	worstS, worstV = 0, 0
+	t.Logf("worst score error %.3g, output error %.3g (relative to the bounds' scales); int8-query scores: worst error %.3g of their bound", worstS, worstV, worstQ8)
+	if kernels.CodeQ8Fast(64, 4) && !(worstQ8 > 1e-3) {
+		t.Errorf("int8-query scores: worst error %.3g of the bound: the q8 path did not run, or the bound is vacuous", worstQ8)
+	}
+	worstS, worstV, worstQ8 = 0, 0, 0
 }
 
 // TestAttendAfterTruncate checks Scores and AccumV of every kind against

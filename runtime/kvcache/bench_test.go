@@ -119,8 +119,10 @@ func BenchmarkDecodeStories260K(b *testing.B) {
 
 // BenchmarkCodeKernels measures one head's Scores and AccumV over 2,048
 // quantized tokens (head_dim 64, no windows) for nq query rows, by the
-// row kernels (rows: kernels.CodeDots/CodeAxpy on the packed codes) and
-// by the block path (block: codes expanded to float32 per 64-token block,
+// row kernels (rows: the AVX-512 kernels where the CPU has them,
+// kernels.CodeDotsQ8 on an int8-rounded query for 2- and 4-bit keys and
+// kernels.CodeAccumF16 for values; rows-avx2: the float AVX2 kernels
+// kernels.CodeDots/CodeAxpy on the packed codes) and by the block path (block: codes expanded to float32 per 64-token block,
 // then the float32 matrix products), for the per-row code kinds; it
 // chose codeRowsMaxNQ and codeRowsMaxNQ2. Reports
 // CPU ns per token and query row of the pair (cpu-ns/tok-row; the
@@ -137,11 +139,12 @@ func BenchmarkCodeKernels(b *testing.B) {
 		c.Commit(n)
 		ka := c.(runtime.KVAttender)
 		for _, nq := range []int{1, 2, 4, 8, 16, 32} {
-			for _, path := range []string{"rows", "block"} {
+			for _, path := range []string{"rows", "rows-avx2", "block"} {
 				b.Run(fmt.Sprintf("%s/nq=%d/%s", name, nq, path), func(b *testing.B) {
-					defer func(a, b int) { codeRowsMaxNQ, codeRowsMaxNQ2 = a, b }(codeRowsMaxNQ, codeRowsMaxNQ2)
+					defer func(a, b int, q bool) { codeRowsMaxNQ, codeRowsMaxNQ2, codeQ8 = a, b, q }(codeRowsMaxNQ, codeRowsMaxNQ2, codeQ8)
 					codeRowsMaxNQ, codeRowsMaxNQ2 = 0, 0
-					if path == "rows" {
+					codeQ8 = path == "rows" // rows-avx2: the float AVX2 row kernels only
+					if path != "block" {
 						codeRowsMaxNQ, codeRowsMaxNQ2 = nq, nq
 					}
 					q, s, o := randRow(rng, nq*hd, 1), make([]float32, nq*n), make([]float32, nq*hd)

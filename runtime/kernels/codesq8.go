@@ -1,0 +1,157 @@
+package kernels
+
+import "math"
+
+// Integer scoring of a query against rows of packed unsigned codes
+// (attention against a quantized KV cache, runtime/kvcache
+// attend_codes.go). The query q ([hd] float32) is rounded once to int8
+// with one absmax scale δ = max_c |q_c| / 127 (q̃_c = δ·round(q_c/δ)), and
+// each row's products Σ_c q8_c·code_c are exact int32 sums (AVX-512 VNNI
+// vpdpbusd: unsigned code bytes × signed query bytes). The rounding
+// moves a score of a row x̂_j = s_j·(c_j − z_j) by
+//
+//	|q̃·x̂_j − q·x̂_j| ≤ (δ/2)·‖x̂_j‖₁ = (max|q| / 254)·‖x̂_j‖₁
+//
+// (each |q̃_c − q_c| ≤ δ/2), plus float32 rounding of the final scale and
+// zero terms; CodeDotsQ8 uses Σ q̃ for the zero term, so the bound is the
+// one of an exact dot product with q̃ (TestCodeDotsQ8Bound).
+//
+// The rounded query is stored pre-permuted ("planes"): a row of R =
+// hd·bits/8 bytes holds P = 8/bits codes per byte, code P·k+m in bits
+// [m·bits, (m+1)·bits) of byte k; plane m of the row is the R bytes
+// (byte_k >> m·bits) & mask, and the query's plane m the R int8 values
+// q8[P·k+m]. The planes are cut into u = R/16 units of 16 bytes, each
+// stored four times (64 bytes, one per zmm lane: the kernel scores four
+// rows at once, one per 128-bit lane), unit-major within a plane:
+// qb[((m·u + k)·64 + l·16 + b] = q8[P·(16k+b)+m] for l < 4.
+
+// CodeQ8Len is the length in bytes of the rounded query of CodeQ8Query
+// for hd codes: 4·hd.
+func CodeQ8Len(hd int) int { return 4 * hd }
+
+// CodeQ8Fast reports whether CodeDotsQ8 runs in assembly for rows of hd
+// codes of bits (2, 4 or 8, unsigned): AVX-512 VNNI and a row of a
+// positive multiple of 16 bytes. Callers without it keep the float
+// kernels (CodeDots); CodeDotsQ8 itself runs anywhere (portable Go).
+func CodeQ8Fast(hd, bits int) bool {
+	return hasVNNI512 && (bits == 2 || bits == 4 || bits == 8) && hd > 0 && hd*bits%128 == 0
+}
+
+// CodeQ8Query rounds q ([hd] float32, hd·bits a multiple of 128) to int8
+// into qb ([CodeQ8Len(hd)] bytes, the plane layout above) for codes of
+// bits, and returns the scale δ (float32; 0 for a zero query) and
+// Σ_c q̃_c = δ·Σ_c q8_c. It panics (a programmer error) on another
+// width, a row that is not whole 16-byte units, or a short qb.
+func CodeQ8Query(qb []byte, q []float32, bits int) (scale, sum float32) {
+	hd := len(q)
+	if bits != 2 && bits != 4 && bits != 8 {
+		panicf("CodeQ8Query: bits %d, want 2, 4 or 8", bits)
+	}
+	if hd*bits%128 != 0 || hd == 0 {
+		panicf("CodeQ8Query: %d codes of %d bits are not whole 16-byte units", hd, bits)
+	}
+	if len(qb) < CodeQ8Len(hd) {
+		panicf("CodeQ8Query: %d bytes, want %d", len(qb), CodeQ8Len(hd))
+	}
+	var amax float64
+	for _, x := range q {
+		amax = math.Max(amax, math.Abs(float64(x)))
+	}
+	if amax == 0 {
+		clear(qb[:CodeQ8Len(hd)])
+		return 0, 0
+	}
+	d := amax / 127
+	P, u := 8/bits, hd*bits/128
+	var s int64
+	for c, x := range q {
+		v := int8(max(-127, min(127, math.RoundToEven(float64(x)/d))))
+		s += int64(v)
+		k, m := c/P, c%P
+		o := (m*u+k/16)*64 + k%16
+		for l := 0; l < 4; l++ {
+			qb[o+16*l] = byte(v)
+		}
+	}
+	return float32(d), float32(d * float64(s))
+}
+
+// q8At returns q8[c] from the plane layout (P codes per byte, u units).
+func q8At(qb []byte, c, P, u int) int32 {
+	k, m := c/P, c%P
+	return int32(int8(qb[(m*u+k/16)*64+k%16]))
+}
+
+// CodeDotsQ8 sets out[j] = sz[2j]·(scale·t_j − sz[2j+1]·sum) for the n
+// rows j of codes (row j at codes[j·rb:], hd unsigned codes of bits, as
+// CodeDots takes them), where t_j = Σ_c q8_c·code_jc is the exact int32
+// product with the query qb rounded by CodeQ8Query (scale, sum its
+// results), and sz holds each row's float32 scale and zero ([n, 2]). hd
+// is len(qb)/4. With CodeQ8Fast(hd, bits) four rows at a time run in
+// assembly, the rest in Go; the float32 arithmetic on t_j differs in
+// rounding only (the assembly fuses scale·t − z·sum). It panics as
+// CodeDots does, or on a short sz or out.
+func CodeDotsQ8(out []float32, qb []byte, scale, sum float32, codes []byte, bits, rb, n int, sz []float32) {
+	hd := len(qb) / 4
+	checkCodes("CodeDotsQ8", hd, bits, n, rb, len(codes))
+	if bits == CodeS8 || hd*bits%128 != 0 {
+		panicf("CodeDotsQ8: %d codes of %d bits are not whole 16-byte units", hd, bits)
+	}
+	if n <= 0 {
+		return
+	}
+	out, sz = out[:n], sz[:2*n]
+	j := 0
+	if CodeQ8Fast(hd, bits) && n >= 4 {
+		n4 := n / 4
+		coef := [2]float32{scale, sum}
+		u := hd * bits / 128
+		switch bits {
+		case 2:
+			codeDotsQ8b2VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &sz[0], &coef[0], &q8Consts)
+		case 4:
+			codeDotsQ8b4VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &sz[0], &coef[0], &q8Consts)
+		default:
+			codeDotsQ8b8VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &sz[0], &coef[0], &q8Consts)
+		}
+		j = 4 * n4
+	}
+	codeDotsQ8Go(out[j:], qb, scale, sum, codes[j*rb:], bits, rb, sz[2*j:])
+}
+
+// codeDotsQ8Go is CodeDotsQ8 in Go for len(out) rows.
+func codeDotsQ8Go(out []float32, qb []byte, scale, sum float32, codes []byte, bits, rb int, sz []float32) {
+	hd := len(qb) / 4
+	P, u, R := 8/bits, hd*bits/128, hd*bits/8
+	mask := byte(1<<uint(bits) - 1)
+	for j := range out {
+		row := codes[j*rb : j*rb+R]
+		var t int32
+		for k, b := range row {
+			for m := 0; m < P; m++ {
+				t += int32(b>>uint(m*bits)&mask) * q8At(qb, P*k+m, P, u)
+			}
+		}
+		out[j] = sz[2*j] * (scale*float32(t) - sz[2*j+1]*sum)
+	}
+}
+
+// q8ConstTab is the layout of q8Consts (byte offsets 0, 64, 96, 160:
+// codesq8_amd64.s reads them so).
+type q8ConstTab struct {
+	lanes [16]int32
+	split [8]int32
+	mask2 [64]byte
+	mask4 [64]byte
+}
+
+// q8Consts are the VNNI kernels' constants: the dword permutation taking
+// lane sums (dword 0 of each 128-bit lane) to dwords 0–3, the float
+// permutation splitting [s0 z0 s1 z1 …] into scales then zeros, and the
+// 2- and 4-bit byte masks.
+var q8Consts = q8ConstTab{
+	lanes: [16]int32{0, 4, 8, 12},
+	split: [8]int32{0, 2, 4, 6, 1, 3, 5, 7},
+	mask2: [64]byte{3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+	mask4: [64]byte{15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15},
+}

@@ -1,0 +1,24 @@
+//go:build !purego
+
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// hasVNNI512 reports whether the 512-bit VNNI code kernels of CodeDotsQ8
+// (codesq8_amd64.s: AVX-512 F, BW, VL and VNNI) run on this CPU.
+var hasVNNI512 = hasVNNI && cpu.X86.HasAVX512F
+
+// Four-row integer code kernels (codesq8_amd64.s): for n4 groups of four
+// rows (rb bytes apart, 16·u bytes of codes each) out[j] =
+// sz[2j]·(coef[0]·t_j − sz[2j+1]·coef[1]), t_j the int32 product of the
+// row's code planes with the query planes at qb (CodeQ8Query's layout);
+// consts is &q8Consts.
+
+//go:noescape
+func codeDotsQ8b2VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)

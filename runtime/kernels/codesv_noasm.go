@@ -1,0 +1,15 @@
+//go:build !amd64 || purego
+
+package kernels
+
+var hasAVX512 = false
+
+func codeAccumF16b2AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
+	panic(unreachable)
+}
+func codeAccumF16b4AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
+	panic(unreachable)
+}
+func codeAccumF16b8AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
+	panic(unreachable)
+}
