@@ -43,3 +43,4 @@ var (
 )
 
 type BatchPlan = batchPlan
+

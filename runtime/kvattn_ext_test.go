@@ -31,13 +31,14 @@ import (
 //
 // Bound: max|Δlogit| ≤ 1e-4·max|logit| (float32 sums in another order;
 // the kernels' own bounds against float64 are kvcache's
-// TestAttendMatchesRead), and 2e-2·max|logit| for a cache whose
-// KVAttender rounds the query to int8 for its key scores
-// (kvcache.QueryRounder; AVX-512 VNNI, 2- and 4-bit keys of head_dim 32
-// here): that rounding's per-score bound, (max|x|/254)·‖x̂_j‖₁, is checked
-// in kvcache's TestAttendCodePaths and kernels' TestCodeDotsQ8; through
-// softmax and two layers of this random model it is not derived (seen:
-// 4.5e-3 for int4). One thread and two give bit-identical logits
+// TestAttendMatchesRead). A cache whose KVAttender rounds the query to
+// int8 for its key scores (kvcache.QueryRounder; AVX-512 VNNI, 2- and
+// 4-bit keys) has its per-score bound, (max|x|/254)·‖x̂_j‖₁, checked in
+// kvcache's TestAttendCodePaths and kernels' TestCodeDotsQ8; through
+// softmax and the layers that bound gives no useful logit bound, so its
+// logits (every call's last position) meet the runtime's criterion for
+// int8 rounding instead, chosen before these kernels existed
+// (q8logits_test.go: mean KL ≤ 1e-3 nats, top-1 flips only at near ties). One thread and two give bit-identical logits
 // (determinism: the per-head work does not depend on the split).
 func TestKVAttenderMatchesRead(t *testing.T) {
 	type model struct {
@@ -75,14 +76,14 @@ func TestKVAttenderMatchesRead(t *testing.T) {
 				if ka.AttendsKV(0) {
 					covered++
 				}
-				tol := 1e-4
+				const tol = 1e-4
+				rounds := false
 				if qr, ok := c.(kvcache.QueryRounder); ok {
 					for li := range md.d.Layers {
-						if qr.RoundsQuery(li, 1) {
-							tol = 2e-2
-						}
+						rounds = rounds || qr.RoundsQuery(li, 1)
 					}
 				}
+				var gotAll, wantAll []float32
 				V := md.d.VocabSize
 				lf, lf2, lr := make([]float32, V), make([]float32, V), make([]float32, V)
 				pos := 0
@@ -102,7 +103,9 @@ func TestKVAttenderMatchesRead(t *testing.T) {
 						}
 					}
 					pos += n
-					if d := relDiff(lf, lr); !(d <= tol) {
+					if rounds {
+						gotAll, wantAll = append(gotAll, lf...), append(wantAll, lr...)
+					} else if d := relDiff(lf, lr); !(d <= tol) {
 						t.Fatalf("%s: at position %d the logits through KVAttender differ from Read's by %.3g of max|logit| (bound %g)", name, pos, d, tol)
 					}
 					for i := range lf {
@@ -110,6 +113,9 @@ func TestKVAttenderMatchesRead(t *testing.T) {
 							t.Fatalf("%s: at position %d logit %d is %v with one thread, %v with two", name, pos, i, lf[i], lf2[i])
 						}
 					}
+				}
+				if rounds {
+					runtime.CheckQ8Logits(t, name+" (int8-rounded query)", gotAll, wantAll, V)
 				}
 			}
 		}
