@@ -43,4 +43,3 @@ var (
 )
 
 type BatchPlan = batchPlan
-
