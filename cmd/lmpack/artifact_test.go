@@ -236,3 +236,14 @@ func TestArtifactKVNoRotations(t *testing.T) {
 	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-window", "4,64"), "--kv-window sink: want --kv-cache")
 	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "int4", "--kv-window", "4"), "--kv-window \"4\"")
 }
+
+// TestServeArtifactRefusesKVFlags: an artifact serves with its own KV
+// scheme; --kv-window alone (or with --kv) is refused as such, not as a
+// window without --kv.
+func TestServeArtifactRefusesKVFlags(t *testing.T) {
+	t.Parallel()
+	art := packArtifact(t)
+	for _, extra := range [][]string{{"--kv-window", "16,64"}, {"--kv", "int4", "--kv-window", "16,64"}} {
+		wantError(t, lmpack(t, nil, append([]string{"serve", art, "--port", "0"}, extra...)...), "is an artifact, which serves with its own KV cache scheme")
+	}
+}

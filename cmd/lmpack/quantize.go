@@ -34,7 +34,7 @@ func newQuantizeKVCmd(g *globalFlags) *cobra.Command {
 		window string
 	)
 	cmd := &cobra.Command{
-		Use:   "kv MODEL --calib CALIB -o ROT [--clip-search] [--kv-bits B [--kv-serving-ctx N] [--kv-window SINK,RECENT]]",
+		Use:   "kv MODEL --calib CALIB -o ROT [--clip-search] [--kv-bits B [--kv-serving-ctx N]] [--kv-window SINK,RECENT] [--search-tokens N]",
 		Short: "KV-cache rotations for a 2-bit cache (OSCAR) from a calibration file",
 		Long: `kv computes, per layer, the OSCAR rotations of keys and values (eigenvectors of
 the calibrated covariances, a Walsh–Hadamard transform, a bit-reversal
@@ -75,10 +75,11 @@ windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 			}
 			// Flags that only the measurement reads would do nothing.
 			if !opt.ClipSearch && opt.KVBits == 0 {
-				for _, name := range []string{"kv-window", "search-tokens"} {
-					if cmd.Flags().Changed(name) {
-						return fmt.Errorf("--%s applies to the error measurement of --clip-search or --kv-bits; without either it does nothing (the cache's windows are given to pack, eval or serve)", name)
-					}
+				if cmd.Flags().Changed("kv-window") {
+					return fmt.Errorf("--kv-window applies to the error measurement of --clip-search or --kv-bits; without either it does nothing (the cache's windows are given to pack, eval or serve)")
+				}
+				if cmd.Flags().Changed("search-tokens") {
+					return fmt.Errorf("--search-tokens applies to the error measurement of --clip-search or --kv-bits; without either it does nothing")
 				}
 			}
 			if opt.KVBits == 0 && cmd.Flags().Changed("kv-serving-ctx") {
@@ -113,8 +114,8 @@ windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 	f.BoolVar(&opt.ClipSearch, "clip-search", false, "pick per-layer K and V ratios at 2 and 4 bits by the KL of the final logits on CALIB (one side quantized as served)")
 	f.Float64Var(&opt.KVBits, "kv-bits", 0, "per-layer K and V widths in {2,4,8} (cache oscar-mixed) within this many bits per element")
 	f.IntVar(&opt.ServingCtx, "kv-serving-ctx", oscar.DefaultServingCtx, "context in tokens at which --kv-bits counts bits per element")
-	f.StringVar(&window, "kv-window", "", "SINK,RECENT fp16 windows the cache will run with (counted in --kv-bits; read exact when measuring)")
-	f.IntVar(&opt.SearchTokens, "search-tokens", oscar.DefaultSearchTokens, "calibration tokens the error measurement runs")
+	f.StringVar(&window, "kv-window", "", "SINK,RECENT fp16 windows the cache will run with (with --clip-search or --kv-bits: read exact when measuring, counted in --kv-bits)")
+	f.IntVar(&opt.SearchTokens, "search-tokens", oscar.DefaultSearchTokens, "calibration tokens the error measurement of --clip-search / --kv-bits runs")
 	f.IntVar(&opt.Threads, "threads", 0, "worker threads (default: all cores)")
 	f.StringVarP(&opt.Out, "output", "o", "", "rotation file to write")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")

@@ -158,9 +158,6 @@ func checkServeFlags(fl *serveFlags) (kvMem int64, err error) {
 	default:
 		return 0, fmt.Errorf("--device %q: want auto, cpu or cuda", fl.device)
 	}
-	if fl.kvWindow != "" && fl.kv == "" {
-		return 0, fmt.Errorf("--kv-window %s without --kv: the default fp32 cache has no windows; give --kv METHOD", fl.kvWindow)
-	}
 	if fl.maxModelLen < 0 {
 		return 0, fmt.Errorf("--max-model-len %d: want > 0 (0: the model's context)", fl.maxModelLen)
 	}
@@ -201,6 +198,10 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64, logger *slog.Logge
 			method, opt = m, o
 		}
 	} else {
+		// After the artifact check: an artifact refuses the flags whole.
+		if fl.kvWindow != "" && fl.kv == "" {
+			return nil, "", fmt.Errorf("--kv-window %s without --kv: the default fp32 cache has no windows; give --kv METHOD", fl.kvWindow)
+		}
 		if fl.kv != "" {
 			method = fl.kv
 		}
