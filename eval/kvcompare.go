@@ -293,6 +293,13 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 		}
 		if meth.Quantized != nil {
 			r.NothingQuantized = meth.Quantized(T) == 0
+			if opt.Protocol != ProtocolFakeQuant {
+				// What the last scored position's call reads quantised: the
+				// tokens quantised before it began (a call reads its own
+				// tokens exact), e.g. none with windows of ctx−1 tokens, or
+				// with one call holding the whole window.
+				r.NothingQuantized = meth.Quantized(callStart(P, C, T-2)) == 0
+			}
 			if opt.Protocol != ProtocolFakeQuant && r.Method != "fp32" && r.Method != "fp16" {
 				r.FP16PerQuery, r.FP16PerQueryKnown = fp16PerQuery(meth.Quantized, P, C, T), true
 			}
@@ -356,6 +363,16 @@ func klFromLogP(logP []float64, qLogits []float32) float64 {
 	return math.Max(kl, 0)
 }
 
+// callStart is the first position of the call that holds scored position
+// t under the decode protocol: a prompt of P tokens (t ≥ P), then calls
+// of C tokens.
+func callStart(P, C, t int) int {
+	if C > 1 {
+		return P + (t-P)/C*C
+	}
+	return t
+}
+
 // fp16PerQuery is KVRow.FP16PerQuery: scored positions t in [P, T−2]
 // (prompt P in one call, then chunks of C) read the c0 tokens cached
 // before their call, of which quantized(c0) are quantised.
@@ -363,11 +380,7 @@ func fp16PerQuery(quantized func(ctx int) int, P, C, T int) float64 {
 	var sum float64
 	n := 0
 	for t := P; t <= T-2; t++ {
-		c0 := t
-		if C > 1 {
-			c0 = P + (t-P)/C*C
-		}
-		if c0 > 0 {
+		if c0 := callStart(P, C, t); c0 > 0 {
 			sum += float64(c0 - quantized(c0))
 		}
 		n++

@@ -447,6 +447,7 @@ func TestBadFlags(t *testing.T) {
 		{"run top-p NaN", []string{"run", model, "--top-p", "nan"}, []string{"--top-p NaN: want in (0, 1]"}},
 		{"run threads -1", []string{"run", model, "--threads", "-1"}, []string{"--threads -1: want 0 (all cores) to 1024"}},
 		{"eval threads huge", []string{"eval", model, "--data", data, "--threads", "1000000000"}, []string{"--threads 1000000000: want 0 (all cores) to 1024"}},
+		{"eval kv-chunk holds the window", []string{"eval", model, "--data", data, "--ctx", "256", "--kv", "int4", "--kv-chunk", "1000"}, []string{"--kv-chunk 1000: want < --ctx − 1 = 255 without a prompt"}},
 		{"serve kv-window without kv", []string{"serve", model, "--kv-window", "16,64", "--port", "0"}, []string{"--kv-window 16,64 without --kv: the default fp32 cache has no windows"}},
 		// Measurement-only flags of quantize kv without the measurement.
 		{"quantize kv window without search", []string{"quantize", "kv", model, "--calib", data, "-o", filepath.Join(t.TempDir(), "r.st"), "--kv-window", "4,16"}, []string{"--kv-window applies to the error measurement of --clip-search or --kv-bits"}},

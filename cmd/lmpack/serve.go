@@ -235,7 +235,9 @@ func servePool(e *engine.Engine, fl *serveFlags, kvMem int64, logger *slog.Logge
 	if maxLen > 0 && bt > maxLen {
 		return nil, "", fmt.Errorf("--kv-block-tokens %d: larger than the max model length %d (--max-model-len); every request would reserve a block of %d tokens", bt, maxLen, bt)
 	}
-	if w := opt.Sink + opt.Recent; maxLen > 0 && w >= maxLen && method != "fp32" && method != "fp16" && logger != nil {
+	// The newest token reads what was quantized before it (the first
+	// maxLen−1 tokens at most) and its own key and value exact.
+	if w := opt.Sink + opt.Recent; maxLen > 0 && w >= maxLen-1 && method != "fp32" && method != "fp16" && logger != nil {
 		logger.Warn("the KV windows cover the whole max model length: no token is ever quantized, the cache costs fp16 bytes", "kv", method, "sink", opt.Sink, "recent", opt.Recent, "max_model_len", maxLen)
 	}
 	p, err := kvcache.NewPool(method, kvcache.LayersOf(e.Desc), opt, kvMem, bt)

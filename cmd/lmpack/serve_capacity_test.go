@@ -25,7 +25,7 @@ import (
 // scheduler allocates KV memory on demand (a sequence reserves its prompt
 // plus one 16-token block at admission, then grows), so the prompts are
 // 240 token ids and max_tokens 16: each reserves its whole context at
-// admission, and --max-prefill-tokens 16 keeps the admitted ones
+// admission, and --max-prefill-tokens 4 keeps the admitted ones
 // prefilling (holding that reservation) long enough to be counted. fp16 must
 // admit 8; oscar2 (an artifact packed with OSCAR rotations computed on
 // calibration data, windows 0,0) at least 6× as many (the bound).
@@ -69,7 +69,7 @@ func TestServeCapacity(t *testing.T) {
 
 	const requests = 80
 	common := []string{"--served-model-name", servedName, "--kv-memory", strconv.FormatInt(budget, 10), "--max-batch", "256",
-		"--max-queue", "256", "--max-model-len", strconv.Itoa(ctxLen), "--threads", "1", "--max-prefill-tokens", "16"}
+		"--max-queue", "256", "--max-model-len", strconv.Itoa(ctxLen), "--threads", "1", "--max-prefill-tokens", "4"}
 	fp16 := admitted(t, startServe(t, 0, model, append([]string{"--kv", "fp16"}, common...)...), requests, ctxLen)
 	oscar2 := admitted(t, startServe(t, 0, art, common...), requests, ctxLen)
 	windowed := admitted(t, startServe(t, 0, artWin, common...), requests, ctxLen)
@@ -129,9 +129,11 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 	}
 	// While requests wait in the queue the pool is full (admission is
 	// FIFO), so the most sequences running at such a moment is what the
-	// budget admits; once all n are running or queued, a few readings
-	// suffice.
-	peak, full := 0.0, 0
+	// budget admits. Admission takes scheduler steps, slower on a loaded
+	// machine: once all n are running or queued, the running count must
+	// hold for 30 readings (≥ 300 ms; the admitted sequences prefill for
+	// far longer at --max-prefill-tokens 4) before it is taken.
+	peak, full, last, seenAll := 0.0, 0, -1.0, false
 	end := time.Now().Add(settleWait)
 	for {
 		m, err := readMetrics(s.base)
@@ -145,10 +147,16 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 		if queue > 0 {
 			peak = max(peak, run)
 			if run+queue == float64(n) {
-				full++
+				seenAll = true
 			}
+			if run+queue == float64(n) && run == last {
+				full++
+			} else {
+				full = 0
+			}
+			last = run
 		}
-		if full >= 3 || (queue == 0 && run == float64(n)) || (full > 0 && run+queue < float64(n)) {
+		if full >= 30 || (queue == 0 && run == float64(n)) || (seenAll && run+queue < float64(n)) {
 			// (the last: requests began to finish after all were seen)
 			peak = max(peak, run)
 			break

@@ -322,9 +322,16 @@ func TestServeWindowsCoverContext(t *testing.T) {
 	if out := covered.stderr.String(); !strings.Contains(out, warn) || !strings.Contains(out, `"max_model_len":128`) {
 		t.Errorf("--kv int4 --kv-window 64,64 --max-model-len 128: no warning %q with max_model_len 128 in stderr:\n%s", warn, abbrev(out))
 	}
-	partial := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--threads", "1", "--kv", "int4", "--kv-window", "16,64", "--max-model-len", "128")
+	// 127 fp16 tokens of 128: the newest token reads the first 127 exact
+	// (windows) and itself exact, so nothing is read quantized either.
+	edge := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--threads", "1", "--kv", "int4", "--kv-window", "100,27", "--max-model-len", "128")
+	edge.stop(t)
+	if out := edge.stderr.String(); !strings.Contains(out, warn) {
+		t.Errorf("--kv int4 --kv-window 100,27 --max-model-len 128: no warning %q in stderr:\n%s", warn, abbrev(out))
+	}
+	partial := startServe(t, 0, modelDir(t), "--served-model-name", servedName, "--threads", "1", "--kv", "int4", "--kv-window", "100,26", "--max-model-len", "128")
 	partial.stop(t)
 	if out := partial.stderr.String(); strings.Contains(out, warn) {
-		t.Errorf("--kv int4 --kv-window 16,64 --max-model-len 128 (80 of 128 tokens in fp16): unexpected warning %q:\n%s", warn, abbrev(out))
+		t.Errorf("--kv int4 --kv-window 100,26 --max-model-len 128 (126 of 128 tokens in fp16): unexpected warning %q:\n%s", warn, abbrev(out))
 	}
 }

@@ -69,6 +69,18 @@ func TestEqualFooting(t *testing.T) {
 			t.Errorf("%s at ctx 64: %+v, want a row marked nothing quantised with the KL of fp16 rounding (< 1e-6)", name, r)
 		}
 	}
+	// Windows of ctx−2 = 62 tokens: the last scored position (62) reads
+	// the 62 tokens before it from the windows and itself exact, so
+	// nothing is read quantised although the cache quantises a token at
+	// ctx 64; 61 leaves one token read quantised.
+	edge := run(Options{Windows: true, Sink: 1, Recent: 61})
+	if r := edge["int4+w1,61"]; !r.NothingQuantized || !(r.KL < 1e-6) {
+		t.Errorf("int4+w1,61 at ctx 64: %+v, want nothing quantised, KL < 1e-6", r)
+	}
+	edge = run(Options{Windows: true, Sink: 1, Recent: 60})
+	if r := edge["int4+w1,60"]; r.NothingQuantized || !(r.KL > 0) {
+		t.Errorf("int4+w1,60 at ctx 64: %+v, want one token read quantised, KL > 0", r)
+	}
 	fake := run(Options{Protocol: eval.ProtocolFakeQuant})
 	if k, d := fake["kivi2"], zero["kivi2"]; k.NothingQuantized || k.BitsPerElement != d.BitsPerElement || math.Abs(k.KL-d.KL) < 1e-6 {
 		t.Errorf("kivi2 fake-quant %+v vs decode 0,0 %+v: want the same storage, a different KL", k, d)

@@ -57,6 +57,8 @@ func (opt *Options) Validate() error {
 		return field.New("Prompt", opt.Prompt, "in [0, {Ctx} − 2 = "+strconv.Itoa(opt.Ctx-2)+"] (the prompt's positions are not scored; at least one must be)")
 	case opt.Chunk < 1:
 		return field.New("Chunk", opt.Chunk, ">= 1 tokens per decode call")
+	case !fake && opt.Prompt == 0 && opt.Chunk >= opt.Ctx-1:
+		return field.New("Chunk", opt.Chunk, "< {Ctx} − 1 = "+strconv.Itoa(opt.Ctx-1)+" without a prompt (one call would hold every scored position of a window, and a call reads its own tokens exact: nothing would be read quantised)")
 	case fake && opt.Prompt != 0:
 		return field.New("Prompt", opt.Prompt, "0 with {Protocol} fake-quant (each window goes through the cache in one call)")
 	case fake && opt.Chunk != 1:
