@@ -833,3 +833,54 @@ func TestSlowConsumer(t *testing.T) {
 		}
 	}
 }
+
+// poisonModel sets the first logit of every sequence whose new tokens
+// include marker to NaN after the wrapped model's forward: a forward
+// pass that overflowed for that request alone.
+type poisonModel struct {
+	runtime.Model
+	marker int
+}
+
+func (p *poisonModel) ForwardBatch(ctx context.Context, seqs []runtime.Seq) error {
+	if err := runtime.ForwardBatch(ctx, p.Model, seqs); err != nil {
+		return err
+	}
+	for _, q := range seqs {
+		if slices.Contains(q.Tokens, p.marker) {
+			q.Logits[0] = float32(math.NaN())
+		}
+	}
+	return nil
+}
+
+// TestNonFiniteLogitsFailTheRequest: a request whose logits come back NaN
+// finishes with "error" naming the overflow, emitting no token; a request
+// batched with it is unaffected (the tokens it emits alone).
+func TestNonFiniteLogitsFailTheRequest(t *testing.T) {
+	m := loadStories(t)
+	marker := m.Description().VocabSize - 1
+	good := &GenRequest{ID: "good", Prompt: storyTokens(t, 7, 9), MaxTokens: 12, TopLogprobs: -1}
+	if slices.Contains(good.Prompt, marker) {
+		t.Fatalf("the good prompt holds the marker id %d", marker)
+	}
+	want, _ := reference(t, m, good, storiesEOS)
+	bad := &GenRequest{ID: "bad", Prompt: append(storyTokens(t, 300, 5), marker), MaxTokens: 12, TopLogprobs: -1}
+	s := startSched(t, &poisonModel{Model: m, marker: marker}, newFakePool(t, m, 1<<30), SchedOptions{MaxBatch: 4, MaxPrefillTokens: 64, MaxQueue: 4})
+	ctx := context.Background()
+	chBad, err := s.Submit(ctx, bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chGood, err := s.Submit(ctx, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, rg := collect(t, chBad), collect(t, chGood)
+	if rb.finish.Finish != FinishError || rb.finish.Err == nil || !strings.Contains(rb.finish.Err.Error(), "logit 0 is NaN: the forward pass overflowed") || len(rb.tokens) != 0 {
+		t.Errorf("poisoned request: finish %q err %v, %d tokens; want error naming logit 0 NaN, no token", rb.finish.Finish, rb.finish.Err, len(rb.tokens))
+	}
+	if !equalInts(rg.tokens, want) {
+		t.Errorf("batched good request: %v, want %v (alone)", rg.tokens, want)
+	}
+}
