@@ -147,7 +147,7 @@ type GenerateStats struct {
 	DecodeTPS       float64 `json:"decode_tokens_per_second"`
 	IDs             []int   `json:"ids"`
 	// ContextLimited says generation stopped at the model's context
-	// (prompt + MaxTokens would have exceeded it).
+	// (prompt + MaxTokens would have exceeded it, and no EOS came first).
 	ContextLimited bool `json:"context_limited,omitempty"`
 }
 
@@ -255,6 +255,7 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 		}
 		next := sampler.Sample(logits)
 		if opt.StopAtEOS && eos[next] {
+			st.ContextLimited = false // it ended before the context did
 			break
 		}
 		st.IDs = append(st.IDs, next)
