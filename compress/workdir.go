@@ -161,14 +161,16 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	if err := os.RemoveAll(final); err != nil {
 		return nil, fmt.Errorf("compress: stage %s: %w", s.name, err)
 	}
-	if log != nil {
-		log.Info("stage started", "stage", s.name, "key", key[:12])
-	}
 	// A failed or interrupted stage leaves nothing behind (after a kill
 	// the next run removes the temporary directory: removeStale).
 	var out outputs
 	var rb []byte
 	err = fsx.WriteDir(final, func(tmp string) error {
+		// Logged once the temporary directory exists: a kill after this
+		// line leaves it for the next run to remove.
+		if log != nil {
+			log.Info("stage started", "stage", s.name, "key", key[:12])
+		}
 		o, res, err := s.run(ctx, tmp)
 		if err != nil {
 			return err

@@ -128,12 +128,15 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 		}()
 	}
 	// While requests wait in the queue the pool is full (admission is
-	// FIFO), so the most sequences running at such a moment is what the
-	// budget admits. Admission takes scheduler steps, slower on a loaded
-	// machine: once all n are running or queued, the running count must
-	// hold for 30 readings (≥ 300 ms; the admitted sequences prefill for
-	// far longer at --max-prefill-tokens 4) before it is taken.
-	peak, full, last, seenAll := 0.0, 0, -1.0, false
+	// FIFO and a sequence reserves its whole context when admitted), so
+	// the most sequences running at such a moment is what the budget
+	// admits, whenever the requests arrived. Admission takes scheduler
+	// steps (slower on a loaded machine; a request can wait a step
+	// before a pool with room admits it), so the reading ends when the
+	// running count has held for 30 consecutive readings with a queue
+	// (≥ 300 ms: only a full pool keeps a queue that long), or when all n
+	// run at once.
+	peak, stable, last := 0.0, 0, -1.0
 	end := time.Now().Add(settleWait)
 	for {
 		m, err := readMetrics(s.base)
@@ -146,19 +149,20 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 		}
 		if queue > 0 {
 			peak = max(peak, run)
-			if run+queue == float64(n) {
-				seenAll = true
-			}
-			if run+queue == float64(n) && run == last {
-				full++
+			if run == last {
+				stable++
 			} else {
-				full = 0
+				stable = 0
 			}
 			last = run
+		} else {
+			stable, last = 0, -1
 		}
-		if full >= 30 || (queue == 0 && run == float64(n)) || (seenAll && run+queue < float64(n)) {
-			// (the last: requests began to finish after all were seen)
-			peak = max(peak, run)
+		if stable >= 30 {
+			break
+		}
+		if queue == 0 && run == float64(n) {
+			peak = run
 			break
 		}
 		mu.Lock()
