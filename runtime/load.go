@@ -56,7 +56,7 @@ func floatTensor(src TensorSource, name string, want ...int) (*safetensors.Tenso
 // the tensor name and the element, when v (the tensor's values) holds a NaN
 // or ±Inf.
 func checkFinite(file, name string, v []float32) error {
-	if i := firstNonFinite(v); i >= 0 {
+	if i := FirstNonFinite(v); i >= 0 {
 		what := "NaN"
 		if math.IsInf(float64(v[i]), 0) {
 			what = "Inf"
@@ -66,8 +66,9 @@ func checkFinite(file, name string, v []float32) error {
 	return nil
 }
 
-// firstNonFinite returns the index of the first NaN or ±Inf, or -1.
-func firstNonFinite(v []float32) int {
+// FirstNonFinite returns the index of the first NaN or ±Inf in v (any
+// float32 vector: weights, logits), or -1 when every element is finite.
+func FirstNonFinite(v []float32) int {
 	for i, x := range v {
 		// x-x is NaN for NaN and ±Inf, 0 otherwise.
 		if x-x != 0 {

@@ -703,11 +703,9 @@ func (s *Scheduler) handle(q *request) {
 			return // a chunk that does not end the prompt: its logits are not needed
 		}
 	}
-	for j, v := range q.logits {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			s.finish(q, FinishError, fmt.Errorf("serve: request %s: logit %d is %v: the forward pass overflowed (weights are finite: activations left the float range, e.g. keys beyond a binary16 KV cache's 65504)", q.r.ID, j, v))
-			return
-		}
+	if j := runtime.FirstNonFinite(q.logits); j >= 0 {
+		s.finish(q, FinishError, fmt.Errorf("serve: request %s: logit %d is %v: the forward pass overflowed (weights are finite: activations left the float range, e.g. keys beyond a binary16 KV cache's 65504)", q.r.ID, j, q.logits[j]))
+		return
 	}
 	tok := q.sampler.Sample(q.logits)
 	now := time.Now()

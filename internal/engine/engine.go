@@ -250,7 +250,7 @@ func (e *Engine) Generate(ctx context.Context, prompt string, opt GenerateOption
 	t1 := time.Now()
 	tok := []int{0}
 	for i := 0; i < opt.MaxTokens; i++ {
-		if j := firstNonFinite(logits); j >= 0 {
+		if j := runtime.FirstNonFinite(logits); j >= 0 {
 			return st, fmt.Errorf("engine: step %d: logit %d is %v: the forward pass overflowed (weights are finite; detected at first use)", i, j, logits[j])
 		}
 		next := sampler.Sample(logits)
@@ -315,15 +315,6 @@ func memAvailable() int64 {
 // DefaultContextLimit bounds prompt + generated tokens when config.json
 // gives no max_position_embeddings.
 const DefaultContextLimit = 32768
-
-func firstNonFinite(v []float32) int {
-	for i, x := range v {
-		if x-x != 0 {
-			return i
-		}
-	}
-	return -1
-}
 
 // EvalOptions configures EvalFile. Prompt and Chunk are
 // eval.PerplexityOptions': Chunk 0 runs each window in one call, except
