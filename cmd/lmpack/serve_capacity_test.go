@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,12 +115,14 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var bad []string
+	var finished atomic.Int64 // streams that have ended
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			res := stream(ctx, client, s.base+"/v1/completions", map[string]any{"model": servedName, "prompt": prompt,
 				"max_tokens": maxTokens, "ignore_eos": true, "temperature": 0}, nil)
+			finished.Add(1)
 			if res.status != 200 && ctx.Err() == nil {
 				mu.Lock()
 				bad = append(bad, fmt.Sprintf("HTTP %d %s", res.status, res.body))
@@ -134,8 +137,10 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 	// steps (slower on a loaded machine; a request can wait a step
 	// before a pool with room admits it), so the reading ends when the
 	// running count has held for 30 consecutive readings with a queue
-	// (≥ 300 ms: only a full pool keeps a queue that long), or when all n
-	// run at once.
+	// (≥ 300 ms: only a full pool keeps a queue that long), or once every
+	// request has arrived (running or finished) and none waits: no queue
+	// can form after that. Under load requests arrive slowly and early
+	// ones finish while others come, so the running count may never hold.
 	peak, stable, last := 0.0, 0, -1.0
 	end := time.Now().Add(settleWait)
 	for {
@@ -158,7 +163,7 @@ func admitted(t *testing.T, s *serveProc, n, ctxLen int) int {
 		} else {
 			stable, last = 0, -1
 		}
-		if stable >= 30 {
+		if stable >= 30 || (queue == 0 && run+float64(finished.Load()) == float64(n) && peak > 0) {
 			break
 		}
 		if queue == 0 && run == float64(n) {
