@@ -26,7 +26,7 @@ import (
 //     groups (kivi2's values) run per group; kivi2's per-channel keys and
 //     llama.cpp's q8_0/q4_0 rows take the same kernels (scoresRows,
 //     ggmlScores, ggmlAccum below). Where the CPU has AVX-512 (VNNI),
-//     rows of one group take faster kernels: keys of 2 and 4 bits are
+//     rows of one group take faster kernels: keys of 2, 4 and 8 bits are
 //     scored against the query rounded once to int8 (codeScoresQ8,
 //     kernels.CodeDotsQ8: exact integer products, a bounded rounding
 //     error), values of every width accumulate by kernels.CodeAccumF16
@@ -271,10 +271,14 @@ const codeQ8MaxNQ = 8
 // score by at most (δ_r/2)·‖x̂_j‖₁ (kernels codesq8.go; TestCodeDotsQ8,
 // TestAttendCodesQ8Bound), and the row's scale and zero are applied in
 // the kernel. It returns false, doing nothing, where the kernels do not
-// take the shape (kernels.CodeQ8Fast) or nq exceeds codeQ8MaxNQ, and for
-// 8-bit codes: int8 KV decode is bound by its bytes (BenchmarkDecodeLongKV:
-// the same 9.5 GB/cpu-s with either kernel), and the query's rounding
-// would add as much error as the codes' (tiny1m KL 0.00012 → 0.00019).
+// take the shape (kernels.CodeQ8Fast) or nq exceeds codeQ8MaxNQ. 8-bit
+// keys take it too, as llama.cpp scores q8_0 keys against a query
+// rounded to q8_0: the float kernel (kernels.CodeDots, AVX2) and its
+// scale/zero pass held int8 KV decode below fp16's at 8,192 tokens
+// (BenchmarkDecodeLongKV mha-4bit: keys 3.9 of 9.0 ms per step; with
+// this kernel 2.4 of 7.2 ms), and the query's rounding adds an error of
+// the size of the codes' own (tiny1m decode-faithful KL, no windows,
+// 0.00012 → 0.00019; with 16+64 windows 0.00000 either way).
 func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, blk []float32) bool {
 	if !roundsQuery(bits, hd, nq) {
 		return false
@@ -310,7 +314,7 @@ func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, ld
 // roundsQuery reports whether codeScoresQ8 takes nq query rows of codes
 // of bits, head_dim hd (one group per row).
 func roundsQuery(bits, hd, nq int) bool {
-	return codeQ8 && bits != 8 && nq <= codeQ8MaxNQ && kernels.CodeQ8Fast(hd, bits)
+	return codeQ8 && nq <= codeQ8MaxNQ && kernels.CodeQ8Fast(hd, bits)
 }
 
 // codeQ8 enables codeScoresQ8 and the AVX-512 value kernel of

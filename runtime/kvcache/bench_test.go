@@ -120,7 +120,7 @@ func BenchmarkDecodeStories260K(b *testing.B) {
 // BenchmarkCodeKernels measures one head's Scores and AccumV over 2,048
 // quantized tokens (head_dim 64, no windows) for nq query rows, by the
 // row kernels (rows: the AVX-512 kernels where the CPU has them,
-// kernels.CodeDotsQ8 on an int8-rounded query for 2- and 4-bit keys and
+// kernels.CodeDotsQ8 on an int8-rounded query for 2-, 4- and 8-bit keys and
 // kernels.CodeAccumF16 for values; rows-avx2: the float AVX2 kernels
 // kernels.CodeDots/CodeAxpy on the packed codes) and by the block path (block: codes expanded to float32 per 64-token block,
 // then the float32 matrix products), for the per-row code kinds; it
