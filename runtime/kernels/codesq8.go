@@ -43,32 +43,71 @@ func CodeQ8Fast(hd, bits int) bool {
 // Σ_c q̃_c = δ·Σ_c q8_c. It panics (a programmer error) on another
 // width, a row that is not whole 16-byte units, or a short qb.
 func CodeQ8Query(qb []byte, q []float32, bits int) (scale, sum float32) {
-	hd := len(q)
+	checkQ8Query("CodeQ8Query", len(q), bits)
+	if len(qb) < CodeQ8Len(len(q)) {
+		panicf("CodeQ8Query: %d bytes, want %d", len(qb), CodeQ8Len(len(q)))
+	}
+	return codeQ8Round(qb, q, bits, 1, 0)
+}
+
+// CodeQ8Query4 is CodeQ8Query for four query rows q ([4, hd] row-major
+// float32) at once, for CodeDotsQ8F16x4: each row is rounded with its
+// own absmax scale (the same int8 values as CodeQ8Query gives it) into
+// qb ([4·CodeQ8Len(hd)] bytes), the four rows' copies of a 16-byte unit
+// 64 bytes apart: qb[(((m·u + k)·4 + r)·64 + l·16 + b] = q8_r[P·(16k+b)+m].
+// coef ([8] float32) receives each row's scale and Σ q̃: coef[2r],
+// coef[2r+1]. It panics as CodeQ8Query does, or on a q that is not four
+// rows or a short coef.
+func CodeQ8Query4(qb []byte, q []float32, bits int, coef []float32) {
+	hd := len(q) / 4
+	if len(q) != 4*hd {
+		panicf("CodeQ8Query4: %d query values are not four rows", len(q))
+	}
+	checkQ8Query("CodeQ8Query4", hd, bits)
+	if len(qb) < 4*CodeQ8Len(hd) || len(coef) < 8 {
+		panicf("CodeQ8Query4: %d bytes and %d coefficients, want %d and 8", len(qb), len(coef), 4*CodeQ8Len(hd))
+	}
+	for r := 0; r < 4; r++ {
+		coef[2*r], coef[2*r+1] = codeQ8Round(qb, q[r*hd:(r+1)*hd], bits, 4, r)
+	}
+}
+
+// checkQ8Query panics unless hd codes of bits are whole 16-byte units.
+func checkQ8Query(fn string, hd, bits int) {
 	if bits != 2 && bits != 4 && bits != 8 {
-		panicf("CodeQ8Query: bits %d, want 2, 4 or 8", bits)
+		panicf("%s: bits %d, want 2, 4 or 8", fn, bits)
 	}
 	if hd*bits%128 != 0 || hd == 0 {
-		panicf("CodeQ8Query: %d codes of %d bits are not whole 16-byte units", hd, bits)
+		panicf("%s: %d codes of %d bits are not whole 16-byte units", fn, hd, bits)
 	}
-	if len(qb) < CodeQ8Len(hd) {
-		panicf("CodeQ8Query: %d bytes, want %d", len(qb), CodeQ8Len(hd))
-	}
+}
+
+// codeQ8Round rounds q to int8 into row r of the nq-row plane layout
+// (nq 1: CodeQ8Query's; 4: CodeQ8Query4's) and returns δ and Σ q̃.
+func codeQ8Round(qb []byte, q []float32, bits, nq, r int) (scale, sum float32) {
+	hd := len(q)
+	P, u := 8/bits, hd*bits/128
 	var amax float64
 	for _, x := range q {
 		amax = math.Max(amax, math.Abs(float64(x)))
 	}
 	if amax == 0 {
-		clear(qb[:CodeQ8Len(hd)])
+		for c := 0; c < hd; c++ {
+			k, m := c/P, c%P
+			o := ((m*u+k/16)*nq+r)*64 + k%16
+			for l := 0; l < 4; l++ {
+				qb[o+16*l] = 0
+			}
+		}
 		return 0, 0
 	}
 	d := amax / 127
-	P, u := 8/bits, hd*bits/128
 	var s int64
 	for c, x := range q {
 		v := int8(max(-127, min(127, math.RoundToEven(float64(x)/d))))
 		s += int64(v)
 		k, m := c/P, c%P
-		o := (m*u+k/16)*64 + k%16
+		o := ((m*u+k/16)*nq+r)*64 + k%16
 		for l := 0; l < 4; l++ {
 			qb[o+16*l] = byte(v)
 		}
@@ -77,9 +116,12 @@ func CodeQ8Query(qb []byte, q []float32, bits int) (scale, sum float32) {
 }
 
 // q8At returns q8[c] from the plane layout (P codes per byte, u units).
-func q8At(qb []byte, c, P, u int) int32 {
+func q8At(qb []byte, c, P, u int) int32 { return q8AtN(qb, c, P, u, 1, 0) }
+
+// q8AtN returns q8_r[c] from the nq-row plane layout.
+func q8AtN(qb []byte, c, P, u, nq, r int) int32 {
 	k, m := c/P, c%P
-	return int32(int8(qb[(m*u+k/16)*64+k%16]))
+	return int32(int8(qb[((m*u+k/16)*nq+r)*64+k%16]))
 }
 
 // CodeDotsQ8 sets out[j] = sz[2j]·(scale·t_j − sz[2j+1]·sum) for the n
@@ -133,6 +175,96 @@ func codeDotsQ8Go(out []float32, qb []byte, scale, sum float32, codes []byte, bi
 			}
 		}
 		out[j] = sz[2*j] * (scale*float32(t) - sz[2*j+1]*sum)
+	}
+}
+
+// CodeDotsQ8F16 is CodeDotsQ8 with each row's scale and zero as fp16
+// params ([n, 2] uint16: scale, zero), widened exactly inside the
+// kernel instead of by the caller: for the same values it gives the
+// bits CodeDotsQ8 gives with sz the widened params (TestCodeDotsQ8F16).
+// It panics as CodeDotsQ8 does, or on short params.
+func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, bits, rb, n int, params []uint16) {
+	hd := len(qb) / 4
+	checkCodes("CodeDotsQ8F16", hd, bits, n, rb, len(codes))
+	if bits == CodeS8 || hd*bits%128 != 0 {
+		panicf("CodeDotsQ8F16: %d codes of %d bits are not whole 16-byte units", hd, bits)
+	}
+	if n <= 0 {
+		return
+	}
+	out, params = out[:n], params[:2*n]
+	j := 0
+	if CodeQ8Fast(hd, bits) && n >= 4 {
+		n4 := n / 4
+		coef := [2]float32{scale, sum}
+		u := hd * bits / 128
+		switch bits {
+		case 2:
+			codeDotsQ8F16b2VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case 4:
+			codeDotsQ8F16b4VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		default:
+			codeDotsQ8F16b8VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		}
+		j = 4 * n4
+	}
+	codeDotsQ8F16Go(out[j:], qb, 1, 0, scale, sum, codes[j*rb:], bits, rb, params[2*j:])
+}
+
+// CodeDotsQ8F16x4 is CodeDotsQ8F16 for four query rows at once, rounded
+// by CodeQ8Query4 into qb (coef its scales and sums): the scores of query
+// row r go to out[r·ldo + j], j < n (out at least 3·ldo + n floats, ldo ≥
+// n). Each unit of codes is loaded and split into planes once for the
+// four rows (a GQA group sharing a KV head), and every score has the
+// bits CodeDotsQ8F16 gives for that row alone (TestCodeDotsQ8F16).
+// It panics as CodeDotsQ8F16 does, or on short out, qb or coef.
+func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []byte, bits, rb, n int, params []uint16) {
+	hd := len(qb) / 16
+	checkCodes("CodeDotsQ8F16x4", hd, bits, n, rb, len(codes))
+	if bits == CodeS8 || hd*bits%128 != 0 {
+		panicf("CodeDotsQ8F16x4: %d codes of %d bits are not whole 16-byte units", hd, bits)
+	}
+	if n <= 0 {
+		return
+	}
+	if ldo < n || len(out) < 3*ldo+n || len(coef) < 8 || len(params) < 2*n {
+		panicf("CodeDotsQ8F16x4: out %d (ldo %d), coef %d, params %d for %d rows", len(out), ldo, len(coef), len(params), n)
+	}
+	j := 0
+	if CodeQ8Fast(hd, bits) && n >= 4 {
+		n4 := n / 4
+		u := hd * bits / 128
+		switch bits {
+		case 2:
+			codeDotsQ8F16x4b2VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case 4:
+			codeDotsQ8F16x4b4VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		default:
+			codeDotsQ8F16x4b8VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		}
+		j = 4 * n4
+	}
+	for r := 0; r < 4; r++ {
+		codeDotsQ8F16Go(out[r*ldo+j:r*ldo+n], qb, 4, r, coef[2*r], coef[2*r+1], codes[j*rb:], bits, rb, params[2*j:])
+	}
+}
+
+// codeDotsQ8F16Go is CodeDotsQ8F16 in Go for len(out) rows and query row
+// r of the nq-row layout at qb.
+func codeDotsQ8F16Go(out []float32, qb []byte, nq, r int, scale, sum float32, codes []byte, bits, rb int, params []uint16) {
+	hd := len(qb) / (4 * nq)
+	P, u, R := 8/bits, hd*bits/128, hd*bits/8
+	mask := byte(1<<uint(bits) - 1)
+	for j := range out {
+		row := codes[j*rb : j*rb+R]
+		var t int32
+		for k, b := range row {
+			for m := 0; m < P; m++ {
+				t += int32(b>>uint(m*bits)&mask) * q8AtN(qb, P*k+m, P, u, nq, r)
+			}
+		}
+		s, z := f16ToF32(params[2*j]), f16ToF32(params[2*j+1])
+		out[j] = s * (scale*float32(t) - z*sum)
 	}
 }
 

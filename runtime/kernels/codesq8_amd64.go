@@ -22,3 +22,26 @@ func codeDotsQ8b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *fl
 
 //go:noescape
 func codeDotsQ8b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)
+
+// The same with fp16 params ([4·n4, 2] scale, zero) read in the kernel.
+
+//go:noescape
+func codeDotsQ8F16b2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+// Four queries at once (CodeQ8Query4's layout at qb, coef [4, 2] their
+// scales and sums): query r's scores go to out[r·ldo + j].
+
+//go:noescape
+func codeDotsQ8F16x4b2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16x4b4VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16x4b8VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)

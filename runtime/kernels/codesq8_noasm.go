@@ -13,3 +13,21 @@ func codeDotsQ8b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *fl
 func codeDotsQ8b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab) {
 	panic(unreachable)
 }
+func codeDotsQ8F16b2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16x4b2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16x4b4VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16x4b8VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}

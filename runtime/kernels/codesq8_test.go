@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/lmpack/lmpack/quantize/kvq"
 )
 
 // q8Paths runs f with the VNNI kernels off (portable Go) and, where the
@@ -130,4 +132,85 @@ func TestCodeQ8QueryZero(t *testing.T) {
 			t.Fatalf("row %d: %g, want 0", j, v)
 		}
 	}
+}
+
+// TestCodeDotsQ8F16 checks the fp16-parameter kernels against
+// CodeDotsQ8 (TestCodeDotsQ8: float64 references and the rounding bound)
+// with sz the exactly widened params, bit for bit on each path, over odd
+// row counts and padded strides: CodeDotsQ8F16 for one query, and
+// CodeDotsQ8F16x4 for four (CodeQ8Query4 must give each row the int8
+// values CodeQ8Query gives it, and each row's scores the one-query bits).
+func TestCodeDotsQ8F16(t *testing.T) {
+	q8Paths(t, func(t *testing.T) {
+		for _, sh := range q8Shapes {
+			bits, hd := sh[0], sh[1]
+			R := hd * bits / 8
+			for _, n := range []int{1, 3, 4, 7, 13, 65} {
+				for _, pad := range []int{0, 5} {
+					name := fmt.Sprintf("b%d/hd%d/n%d/pad%d", bits, hd, n, pad)
+					rb := R + pad
+					codes, _ := codeRowsCase(uint64(300*bits+hd+7*n+pad), bits, hd, n, rb)
+					params := make([]uint16, 2*n)
+					sz := make([]float32, 2*n)
+					var q4 []float32
+					for r := 0; r < 4; r++ {
+						q, szr := q8Case(uint64(10*r+hd+n+pad), hd, n, bits)
+						for c := range q {
+							q[c] *= float32(1 + 0.37*float64(r)) // distinct scales per row
+						}
+						q4 = append(q4, q...)
+						if r == 0 {
+							for i, v := range szr {
+								params[i] = kvq.F16FromFloat32(v)
+								sz[i] = kvq.F16ToFloat32(params[i])
+							}
+						}
+					}
+					ldo := n + 3
+					out4 := make([]float32, 4*ldo)
+					for i := range out4 {
+						out4[i] = 42
+					}
+					qb4 := make([]byte, 4*CodeQ8Len(hd))
+					coef := make([]float32, 8)
+					CodeQ8Query4(qb4, q4, bits, coef)
+					CodeDotsQ8F16x4(out4, ldo, qb4, coef, codes, bits, rb, n, params)
+					for r := 0; r < 4; r++ {
+						qb := make([]byte, CodeQ8Len(hd))
+						scale, sum := CodeQ8Query(qb, q4[r*hd:(r+1)*hd], bits)
+						if scale != coef[2*r] || sum != coef[2*r+1] {
+							t.Fatalf("%s row %d: CodeQ8Query4 scale, sum %g %g; CodeQ8Query %g %g", name, r, coef[2*r], coef[2*r+1], scale, sum)
+						}
+						P, u := 8/bits, hd*bits/128
+						for c := 0; c < hd; c++ {
+							if a, b := q8AtN(qb4, c, P, u, 4, r), q8At(qb, c, P, u); a != b {
+								t.Fatalf("%s row %d: q8[%d] %d in the four-row layout, %d alone", name, r, c, a, b)
+							}
+						}
+						want := make([]float32, n)
+						CodeDotsQ8(want, qb, scale, sum, codes, bits, rb, n, sz)
+						got := make([]float32, n+1)
+						got[n] = 42
+						CodeDotsQ8F16(got, qb, scale, sum, codes, bits, rb, n, params)
+						if got[n] != 42 {
+							t.Fatalf("%s: CodeDotsQ8F16 wrote past n rows", name)
+						}
+						for j := 0; j < n; j++ {
+							if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+								t.Fatalf("%s row %d score %d: CodeDotsQ8F16 %g, CodeDotsQ8 %g", name, r, j, got[j], want[j])
+							}
+							if math.Float32bits(out4[r*ldo+j]) != math.Float32bits(want[j]) {
+								t.Fatalf("%s row %d score %d: CodeDotsQ8F16x4 %g, CodeDotsQ8 %g", name, r, j, out4[r*ldo+j], want[j])
+							}
+						}
+						for j := n; j < ldo; j++ {
+							if out4[r*ldo+j] != 42 {
+								t.Fatalf("%s row %d: CodeDotsQ8F16x4 wrote past n at %d", name, r, j)
+							}
+						}
+					}
+				}
+			}
+		}
+	})
 }

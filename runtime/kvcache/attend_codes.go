@@ -290,6 +290,10 @@ func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, ld
 		return false
 	}
 	qb := unsafe.Slice((*byte)(unsafe.Pointer(&rest[0])), 4*len(rest))[:nq*L]
+	if sym, _ := cs.symZero(); !sym {
+		codeScoresQ8F16(cs, bits, hd, h, i0, i1, nq, xs, s, lds, qb)
+		return true
+	}
 	var sc, sm [codeQ8MaxNQ]float32
 	for r := 0; r < nq; r++ {
 		sc[r], sm[r] = kernels.CodeQ8Query(qb[r*L:(r+1)*L], xs[r*hd:(r+1)*hd], bits)
@@ -310,6 +314,58 @@ func codeScoresQ8(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, ld
 	}
 	return true
 }
+
+// codeScoresQ8F16 is codeScoresQ8 for rows with an fp16 scale and zero
+// (asymmetric stores), read by the kernels themselves: one call per run
+// and query row (kernels.CodeDotsQ8F16), or, for GQA groups of a multiple
+// of 4 query rows, per run and 4 rows (kernels.CodeDotsQ8F16x4: each
+// unit of codes loaded once for the 4 rows; more than 4 rows take the
+// run in pieces of codeQ8Piece rows so that the later groups read them
+// from L1). The scores have the bits codeScoresQ8's per-row path gives.
+// qb is [nq·CodeQ8Len(hd)] bytes of scratch.
+func codeScoresQ8F16(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32, lds int, qb []byte) {
+	L := kernels.CodeQ8Len(hd)
+	if nq%4 != 0 {
+		var sc, sm [codeQ8MaxNQ]float32
+		for r := 0; r < nq; r++ {
+			sc[r], sm[r] = kernels.CodeQ8Query(qb[r*L:(r+1)*L], xs[r*hd:(r+1)*hd], bits)
+		}
+		for i := i0; i < i1; {
+			e, codes, params := cs.codeRows(h, i, i1)
+			rb := len(codes) / (e - i)
+			for r := 0; r < nq; r++ {
+				kernels.CodeDotsQ8F16(s[r*lds+i-i0:r*lds+e-i0], qb[r*L:(r+1)*L], sc[r], sm[r], codes, bits, rb, e-i, params)
+			}
+			i = e
+		}
+		return
+	}
+	var coef [2 * codeQ8MaxNQ]float32
+	for g := 0; g < nq/4; g++ {
+		kernels.CodeQ8Query4(qb[4*g*L:4*(g+1)*L], xs[4*g*hd:4*(g+1)*hd], bits, coef[8*g:8*(g+1)])
+	}
+	piece := i1 - i0
+	if nq > 4 {
+		piece = codeQ8Piece
+	}
+	for i := i0; i < i1; {
+		e, codes, params := cs.codeRows(h, i, i1)
+		rb := len(codes) / (e - i)
+		for a := i; a < e; a += piece {
+			b := min(e, a+piece)
+			cb, pb := codes[(a-i)*rb:(b-i)*rb], params[2*(a-i):2*(b-i)]
+			for g := 0; g < nq/4; g++ {
+				kernels.CodeDotsQ8F16x4(s[4*g*lds+a-i0:], lds, qb[4*g*L:4*(g+1)*L], coef[8*g:8*(g+1)], cb, bits, rb, b-a, pb)
+			}
+		}
+		i = e
+	}
+}
+
+// codeQ8Piece is the rows of a run codeScoresQ8F16 gives each group of 4
+// query rows in turn when more than 4 share a KV head (256 rows: 16 KiB
+// of int8 codes).
+const codeQ8Piece = 256
 
 // roundsQuery reports whether codeScoresQ8 takes nq query rows of codes
 // of bits, head_dim hd (one group per row).

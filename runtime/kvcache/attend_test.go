@@ -104,7 +104,7 @@ func TestAttendMatchesRead(t *testing.T) {
 						if !want {
 							continue
 						}
-						for _, nq := range []int{1, 3, 7} {
+						for _, nq := range []int{1, 3, 4, 7} {
 							checkAttend(t, c, ka, li, l, pos, nq, rng, tol)
 						}
 					}
@@ -260,7 +260,7 @@ func TestAttendCodePaths(t *testing.T) {
 						c.Commit(n)
 						pos += n
 						for li, l := range layers {
-							for _, nq := range []int{1, 7, 8, 16} {
+							for _, nq := range []int{1, 4, 7, 8, 16} {
 								checkAttend(t, c, ka, li, l, pos, nq, rng, tol)
 							}
 						}
