@@ -1,7 +1,5 @@
 package kernels
 
-import "math"
-
 // Integer scoring of a query against rows of packed unsigned codes
 // (attention against a quantized KV cache, runtime/kvcache
 // attend_codes.go). The query q ([hd] float32) is rounded once to int8
@@ -83,33 +81,52 @@ func checkQ8Query(fn string, hd, bits int) {
 }
 
 // codeQ8Round rounds q to int8 into row r of the nq-row plane layout
-// (nq 1: CodeQ8Query's; 4: CodeQ8Query4's) and returns δ and Σ q̃.
+// (nq 1: CodeQ8Query's; 4: CodeQ8Query4's) and returns δ and Σ q̃. The
+// values are rounded first (v8, by a multiplication and the float64
+// magic-constant rounding: no division or math.RoundToEven call per value), then each 16-byte unit is gathered
+// once and copied to the other three lanes. It runs once per head and
+// decode step, which at short contexts costs as much as the scoring
+// (BenchmarkCodeQ8Query).
 func codeQ8Round(qb []byte, q []float32, bits, nq, r int) (scale, sum float32) {
 	hd := len(q)
 	P, u := 8/bits, hd*bits/128
-	var amax float64
+	var amax float32
 	for _, x := range q {
-		amax = math.Max(amax, math.Abs(float64(x)))
-	}
-	if amax == 0 {
-		for c := 0; c < hd; c++ {
-			k, m := c/P, c%P
-			o := ((m*u+k/16)*nq+r)*64 + k%16
-			for l := 0; l < 4; l++ {
-				qb[o+16*l] = 0
-			}
+		if a := abs32(x); a > amax {
+			amax = a
 		}
-		return 0, 0
 	}
-	d := amax / 127
+	var buf [512]int8
+	v8 := buf[:]
+	if hd > len(buf) {
+		v8 = make([]int8, hd)
+	}
+	v8 = v8[:hd]
+	var d float64
 	var s int64
-	for c, x := range q {
-		v := int8(max(-127, min(127, math.RoundToEven(float64(x)/d))))
-		s += int64(v)
-		k, m := c/P, c%P
-		o := ((m*u+k/16)*nq+r)*64 + k%16
-		for l := 0; l < 4; l++ {
-			qb[o+16*l] = byte(v)
+	if amax > 0 {
+		d = float64(amax) / 127
+		inv := 127 / float64(amax)
+		for c, x := range q {
+			// x/δ (relative error 2⁻⁵², |x/δ| ≤ 127) rounded half to
+			// even by the magic constant 1.5·2⁵²; clamped to ±127.
+			t := float64(x)*inv + 0x1.8p52
+			v := int8(max(-127, min(127, int64(t-0x1.8p52))))
+			v8[c] = v
+			s += int64(v)
+		}
+	} else {
+		clear(v8)
+	}
+	for m := 0; m < P; m++ {
+		for k := 0; k < u; k++ {
+			o := ((m*u+k)*nq + r) * 64
+			unit := qb[o : o+64]
+			for b := 0; b < 16; b++ {
+				unit[b] = byte(v8[P*(16*k+b)+m])
+			}
+			copy(unit[16:32], unit[:16])
+			copy(unit[32:64], unit[:32])
 		}
 	}
 	return float32(d), float32(d * float64(s))

@@ -214,3 +214,18 @@ func TestCodeDotsQ8F16(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkCodeQ8Query measures rounding one head_dim-64 query row for
+// 2- and 8-bit codes (once per head and decode step; at short contexts
+// it is a visible part of scoring): ns per row.
+func BenchmarkCodeQ8Query(b *testing.B) {
+	for _, bits := range []int{2, 8} {
+		b.Run(fmt.Sprintf("b%d", bits), func(b *testing.B) {
+			q, _ := q8Case(1, 64, 1, bits)
+			qb := make([]byte, CodeQ8Len(64))
+			for i := 0; i < b.N; i++ {
+				CodeQ8Query(qb, q, bits)
+			}
+		})
+	}
+}
