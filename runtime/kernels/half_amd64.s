@@ -2,11 +2,6 @@
 
 #include "textflag.h"
 
-// PFD: each of the eight rows is prefetched PFD bytes ahead of its
-// load (BenchmarkGEMVDRAM bf16, five alternating runs: median ratio to
-// copy 0.537 without, 0.573 with 512; 256 and 1024 no better).
-#define PFD 512
-
 // Code generated from one template (BF16 and F16 differ only in how a row
 // of w is widened); keep the two functions in step.
 
@@ -68,14 +63,6 @@ BF16Tile:
 	JZ   BF16Rem
 
 BF16Loop:
-	PREFETCHT0 PFD(BX)
-	PREFETCHT0 PFD(BX)(R9*1)
-	PREFETCHT0 PFD(BX)(R9*2)
-	PREFETCHT0 PFD(DX)
-	PREFETCHT0 PFD(DX)(R9*1)
-	PREFETCHT0 PFD(DX)(R9*2)
-	PREFETCHT0 PFD(AX)
-	PREFETCHT0 PFD(AX)(R9*1)
 	VMOVUPS (SI), Y8
 	VPMOVZXWD (BX), Y9
 	VPSLLD $16, Y9, Y9
@@ -246,14 +233,6 @@ F16Tile:
 	JZ   F16Rem
 
 F16Loop:
-	PREFETCHT0 PFD(BX)
-	PREFETCHT0 PFD(BX)(R9*1)
-	PREFETCHT0 PFD(BX)(R9*2)
-	PREFETCHT0 PFD(DX)
-	PREFETCHT0 PFD(DX)(R9*1)
-	PREFETCHT0 PFD(DX)(R9*2)
-	PREFETCHT0 PFD(AX)
-	PREFETCHT0 PFD(AX)(R9*1)
 	VMOVUPS (SI), Y8
 	VCVTPH2PS (BX), Y9
 	VCVTPH2PS (BX)(R9*1), Y10
