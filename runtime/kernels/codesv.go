@@ -31,31 +31,13 @@ func CodeAccumF16(acc, p []float32, params []uint16, codes []byte, bits, rb, n i
 		switch bits {
 		case 2:
 			codeAccumF16b2AVX512(&tmp[0], &p[0], &params[0], &codes[0], n, hd/64, rb, &codeVTable2, &cz)
-			for c := 0; c < hd; c += 64 {
-				t := tmp[c : c+64]
-				for m := 0; m < 4; m++ {
-					for k := 0; k < 16; k++ {
-						acc[c+4*k+m] += t[16*m+k] - cz
-					}
-				}
-			}
 		case 4:
 			codeAccumF16b4AVX512(&tmp[0], &p[0], &params[0], &codes[0], n, hd/64, rb, &codeVTable4, &cz)
-			for c := 0; c < hd; c += 64 {
-				t := tmp[c : c+64]
-				for v := 0; v < 2; v++ {
-					for m := 0; m < 2; m++ {
-						for k := 0; k < 16; k++ {
-							acc[c+2*(16*v+k)+m] += t[16*(2*v+m)+k] - cz
-						}
-					}
-				}
-			}
 		default:
 			codeAccumF16b8AVX512(&tmp[0], &p[0], &params[0], &codes[0], n, hd/64, rb, &codeVTable4, &cz)
-			for c, t := range tmp {
-				acc[c] += t - cz
-			}
+		}
+		for c := 0; c < hd; c += 64 {
+			addPlanes(acc[c:c+64], tmp[c:c+64], bits, cz)
 		}
 		return
 	}
@@ -70,6 +52,81 @@ func CodeAccumF16(acc, p []float32, params []uint16, codes []byte, bits, rb, n i
 	}
 	for c := range acc {
 		acc[c] -= cz
+	}
+}
+
+// addPlanes adds t − cz to acc (64 channels) with t in the kernels'
+// plane order for codes of bits: 2-bit plane m holds channels 4k+m, the
+// 4-bit planes of each 16-byte half v channels 2(16v+k)+m, 8-bit none.
+func addPlanes(acc, t []float32, bits int, cz float32) {
+	acc, t = acc[:64], t[:64]
+	switch bits {
+	case 2:
+		for m := 0; m < 4; m++ {
+			for k := 0; k < 16; k++ {
+				acc[4*k+m] += t[16*m+k] - cz
+			}
+		}
+	case 4:
+		for v := 0; v < 2; v++ {
+			for m := 0; m < 2; m++ {
+				for k := 0; k < 16; k++ {
+					acc[2*(16*v+k)+m] += t[16*(2*v+m)+k] - cz
+				}
+			}
+		}
+	default:
+		for c, x := range t {
+			acc[c] += x - cz
+		}
+	}
+}
+
+// CodeAccumF16x4 is CodeAccumF16 for four query rows at once (a GQA
+// group sharing a KV head): acc is [4, hd] (row r = acc[r·hd:(r+1)·hd]),
+// the weights of query row r are p[r·ldp : r·ldp+n] (ldp ≥ n), params,
+// codes, bits, rb and n as CodeAccumF16 takes them, and tmp at least
+// 4·hd floats of scratch. With CodeAccumFast(hd, bits) each row's codes
+// are turned into floats once for the four query rows (AVX-512); the
+// per-channel sums run over the rows in order in one float32 sum, so the
+// bits may differ from CodeAccumF16's (two interleaved partial sums)
+// within the same bound (TestCodeAccumF16x4). Otherwise it calls
+// CodeAccumF16 per row. It panics as CodeAccumF16 does, or on short acc,
+// p or tmp.
+func CodeAccumF16x4(acc, p []float32, ldp int, params []uint16, codes []byte, bits, rb, n int, tmp []float32) {
+	hd := len(acc) / 4
+	if len(acc) != 4*hd || ldp < n || len(p) < 3*ldp+n || len(tmp) < 4*hd {
+		panicf("CodeAccumF16x4: acc %d (want 4 rows), p %d (ldp %d), tmp %d for %d rows", len(acc), len(p), ldp, len(tmp), n)
+	}
+	checkCodes("CodeAccumF16x4", hd, bits, n, rb, len(codes))
+	if bits == CodeS8 {
+		panicf("CodeAccumF16x4: signed codes")
+	}
+	if n <= 0 {
+		return
+	}
+	if !CodeAccumFast(hd, bits) {
+		for r := 0; r < 4; r++ {
+			CodeAccumF16(acc[r*hd:(r+1)*hd], p[r*ldp:r*ldp+n], params, codes, bits, rb, n, tmp)
+		}
+		return
+	}
+	params = params[:2*n]
+	tmp = tmp[:4*hd]
+	var cz [4]float32
+	switch bits {
+	case 2:
+		codeAccumF16x4b2AVX512(&tmp[0], &p[0], ldp, &params[0], &codes[0], n, hd/64, rb, &codeVTable2, &cz[0])
+	case 4:
+		codeAccumF16x4b4AVX512(&tmp[0], &p[0], ldp, &params[0], &codes[0], n, hd/64, rb, &codeVTable4, &cz[0])
+	default:
+		codeAccumF16x4b8AVX512(&tmp[0], &p[0], ldp, &params[0], &codes[0], n, hd/64, rb, &codeVTable4, &cz[0])
+	}
+	for c := 0; c < hd; c += 64 {
+		for r := 0; r < 4; r++ {
+			o := 4*c + 64*r // chunk c/64 holds [4][64]
+			addPlanes(acc[r*hd+c:r*hd+c+64], tmp[o:o+64], bits, cz[r])
+		}
 	}
 }
 

@@ -22,3 +22,16 @@ func codeAccumF16b4AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, r
 
 //go:noescape
 func codeAccumF16b8AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32)
+
+// The same for four query rows (CodeAccumF16x4): p's rows ldp floats
+// apart, tmp [nc][4][64] (query-major per chunk, each in the plane order
+// above), cz [4].
+
+//go:noescape
+func codeAccumF16x4b2AVX512(tmp, p *float32, ldp int, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32)
+
+//go:noescape
+func codeAccumF16x4b4AVX512(tmp, p *float32, ldp int, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32)
+
+//go:noescape
+func codeAccumF16x4b8AVX512(tmp, p *float32, ldp int, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32)

@@ -13,3 +13,12 @@ func codeAccumF16b4AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, r
 func codeAccumF16b8AVX512(tmp, p *float32, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
 	panic(unreachable)
 }
+func codeAccumF16x4b2AVX512(tmp, p *float32, ldp int, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
+	panic(unreachable)
+}
+func codeAccumF16x4b4AVX512(tmp, p *float32, ldp int, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
+	panic(unreachable)
+}
+func codeAccumF16x4b8AVX512(tmp, p *float32, ldp int, params *uint16, codes *byte, n, nc, rb int, table *[16]float32, cz *float32) {
+	panic(unreachable)
+}

@@ -362,9 +362,9 @@ func codeScoresQ8F16(cs codeStore, bits, hd, h, i0, i1, nq int, xs, s []float32,
 	}
 }
 
-// codeQ8Piece is the rows of a run codeScoresQ8F16 gives each group of 4
-// query rows in turn when more than 4 share a KV head (256 rows: 16 KiB
-// of int8 codes).
+// codeQ8Piece is the rows of a run codeScoresQ8F16 and codeAccumRows
+// give each group of 4 query rows in turn when more than 4 share a KV
+// head (256 rows: 16 KiB of int8 codes).
 const codeQ8Piece = 256
 
 // roundsQuery reports whether codeScoresQ8 takes nq query rows of codes
@@ -461,7 +461,30 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
 	if sym, _ := cs.symZero(); ng == 1 && !sym && codeQ8 && kernels.CodeAccumFast(hd, bits) {
 		// One call per run and query row (AVX-512: w_j = p_j·s_j and
-		// the zero term in the kernel, fp16 parameters read directly).
+		// the zero term in the kernel, fp16 parameters read directly),
+		// or per run and 4 query rows for GQA groups of a multiple of 4
+		// (kernels.CodeAccumF16x4: each row's codes widened once for the
+		// 4; more than 4 take the run in pieces of codeQ8Piece rows, so
+		// that the later groups read them from L1).
+		if nq%4 == 0 {
+			piece := i1 - i0
+			if nq > 4 {
+				piece = codeQ8Piece
+			}
+			for i := i0; i < i1; {
+				e, codes, params := cs.codeRows(h, i, i1)
+				rb := len(codes) / (e - i)
+				for a := i; a < e; a += piece {
+					b := min(e, a+piece)
+					cb, pb := codes[(a-i)*rb:(b-i)*rb], params[2*(a-i):2*(b-i)]
+					for g := 0; g < nq/4; g++ {
+						kernels.CodeAccumF16x4(acc[4*g*hd:4*(g+1)*hd], p[4*g*ldp+a-i0:], ldp, pb, cb, bits, rb, b-a, blk[:4*hd])
+					}
+				}
+				i = e
+			}
+			return
+		}
 		for i := i0; i < i1; {
 			e, codes, params := cs.codeRows(h, i, i1)
 			for r := 0; r < nq; r++ {
