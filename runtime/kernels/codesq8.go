@@ -215,10 +215,16 @@ func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, b
 		n4 := n / 4
 		coef := [2]float32{scale, sum}
 		u := hd * bits / 128
-		switch bits {
-		case 2:
+		switch c := contig(bits, u, rb); {
+		case c == 21:
+			codeDotsQ8F16b2C1VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case c == 22:
+			codeDotsQ8F16b2C2VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case c == 42:
+			codeDotsQ8F16b4C2VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case bits == 2:
 			codeDotsQ8F16b2VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
-		case 4:
+		case bits == 4:
 			codeDotsQ8F16b4VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
 		default:
 			codeDotsQ8F16b8VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
@@ -251,10 +257,16 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 	if CodeQ8Fast(hd, bits) && n >= 4 {
 		n4 := n / 4
 		u := hd * bits / 128
-		switch bits {
-		case 2:
+		switch c := contig(bits, u, rb); {
+		case c == 21:
+			codeDotsQ8F16x4b2C1VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case c == 22:
+			codeDotsQ8F16x4b2C2VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case c == 42:
+			codeDotsQ8F16x4b4C2VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
+		case bits == 2:
 			codeDotsQ8F16x4b2VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
-		case 4:
+		case bits == 4:
 			codeDotsQ8F16x4b4VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
 		default:
 			codeDotsQ8F16x4b8VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
@@ -264,6 +276,16 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 	for r := 0; r < 4; r++ {
 		codeDotsQ8F16Go(out[r*ldo+j:r*ldo+n], qb, 4, r, coef[2*r], coef[2*r+1], codes[j*rb:], bits, rb, params[2*j:])
 	}
+}
+
+// contig returns 10·bits + u for rows of u units stored contiguously (rb
+// = 16·u) that a contiguous kernel takes (2-bit u 1 or 2, 4-bit u 2:
+// head_dim 64 and 128 at 2 bits, 64 at 4), else 0.
+func contig(bits, u, rb int) int {
+	if rb != 16*u || !(bits == 2 && (u == 1 || u == 2) || bits == 4 && u == 2) {
+		return 0
+	}
+	return 10*bits + u
 }
 
 // codeDotsQ8F16Go is CodeDotsQ8F16 in Go for len(out) rows and query row

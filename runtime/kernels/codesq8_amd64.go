@@ -45,3 +45,24 @@ func codeDotsQ8F16x4b4VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int
 
 //go:noescape
 func codeDotsQ8F16x4b8VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+// Contiguous rows (rb = 16·u): the four rows' units loaded whole
+// (u 1: one load; u 2: two loads and a lane shuffle per unit).
+
+//go:noescape
+func codeDotsQ8F16b2C1VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b2C2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b4C2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16x4b2C1VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16x4b2C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16x4b4C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)

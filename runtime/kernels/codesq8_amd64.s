@@ -46,6 +46,34 @@
 #define PLANES8 \
 	VPDPBUSD (R13), Z1, Z0
 
+// Unit loops over a group of four rows (UNITS of Q8DOTS, Q8DOTS4):
+// PLANES per 16-byte unit with the query's unit QSTEP bytes on.
+// UNITSG: any row stride (LOADU gathers each unit of the four rows).
+#define UNITSG(PLANES, QSTEP) \
+unit: \
+	LOADU; \
+	PLANES; \
+	ADDQ $16, R8; \
+	ADDQ $QSTEP, R13; \
+	DECQ R14; \
+	JNZ unit
+
+// UNITSC1: rows of one unit, 16 bytes apart: the four rows are one load.
+#define UNITSC1(PLANES, QSTEP) \
+	VMOVDQU64 (R8), Z1; \
+	PLANES
+
+// UNITSC2: rows of two units, 32 bytes apart: two loads (rows 0–1 and
+// 2–3), each unit's four rows gathered by one 128-bit lane shuffle.
+#define UNITSC2(PLANES, QSTEP) \
+	VMOVDQU64 (R8), Z8; \
+	VMOVDQU64 64(R8), Z9; \
+	VSHUFI64X2 $0x88, Z9, Z8, Z1; \
+	PLANES; \
+	ADDQ $QSTEP, R13; \
+	VSHUFI64X2 $0xDD, Z9, Z8, Z1; \
+	PLANES
+
 // PF32 and PF16: the group's four scales into X1 and zeros into X2 from
 // float32 sz (32 bytes) or fp16 params (16 bytes, widened exactly).
 #define PF32 \
@@ -60,7 +88,7 @@
 // Q8DOTS(MASKOFF, PLANES, PLOAD, PSTEP): the kernel body; MASKOFF is the
 // byte offset of the mask in q8Consts, PLOAD loads a group's parameters
 // (PF32, PF16) and PSTEP is their bytes per group.
-#define Q8DOTS(MASKOFF, PLANES, PLOAD, PSTEP) \
+#define Q8DOTS(MASKOFF, PLANES, PLOAD, PSTEP, UNITS) \
 	MOVQ out+0(FP), DI; \
 	MOVQ qb+8(FP), BX; \
 	MOVQ codes+16(FP), SI; \
@@ -85,13 +113,7 @@ grp: \
 	MOVQ SI, R8; \
 	MOVQ BX, R13; \
 	MOVQ R10, R14; \
-unit: \
-	LOADU; \
-	PLANES; \
-	ADDQ $16, R8; \
-	ADDQ $64, R13; \
-	DECQ R14; \
-	JNZ unit; \
+	UNITS(PLANES, 64); \
 	VPADDD Z4, Z0, Z0; \
 	VPSHUFD $0x4E, Z0, Z1; \
 	VPADDD Z1, Z0, Z0; \
@@ -172,7 +194,7 @@ unit: \
 	VMULPS X1, XA, XA; \
 	VMOVUPS XA, OUT
 
-#define Q8DOTS4(MASKOFF, PLANES) \
+#define Q8DOTS4(MASKOFF, PLANES, UNITS) \
 	MOVQ out+0(FP), DI; \
 	MOVQ ldo+8(FP), R15; \
 	SHLQ $2, R15; \
@@ -207,13 +229,7 @@ grp: \
 	MOVQ SI, R8; \
 	MOVQ BX, R13; \
 	MOVQ R10, R14; \
-unit: \
-	LOADU; \
-	PLANES; \
-	ADDQ $16, R8; \
-	ADDQ $256, R13; \
-	DECQ R14; \
-	JNZ unit; \
+	UNITS(PLANES, 256); \
 	PF16; \
 	EPI4(Z16, X16, X24, X25, (DI)); \
 	EPI4(Z17, X17, X26, X27, (DI)(R15*1)); \
@@ -232,38 +248,65 @@ unit: \
 // func codeDotsQ8b2VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)
 // Requires n4 ≥ 1, u ≥ 1.
 TEXT ·codeDotsQ8b2VNNI(SB), NOSPLIT, $0-72
-	Q8DOTS(96, PLANES2, PF32, 32)
+	Q8DOTS(96, PLANES2, PF32, 32, UNITSG)
 
 // func codeDotsQ8b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8b4VNNI(SB), NOSPLIT, $0-72
-	Q8DOTS(160, PLANES4, PF32, 32)
+	Q8DOTS(160, PLANES4, PF32, 32, UNITSG)
 
 // func codeDotsQ8b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, sz, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8b8VNNI(SB), NOSPLIT, $0-72
-	Q8DOTS(96, PLANES8, PF32, 32)
+	Q8DOTS(96, PLANES8, PF32, 32, UNITSG)
 
 // func codeDotsQ8F16b2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 // codeDotsQ8b2VNNI with fp16 params ([4·n4, 2]: scale, zero).
 TEXT ·codeDotsQ8F16b2VNNI(SB), NOSPLIT, $0-72
-	Q8DOTS(96, PLANES2, PF16, 16)
+	Q8DOTS(96, PLANES2, PF16, 16, UNITSG)
 
 // func codeDotsQ8F16b4VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8F16b4VNNI(SB), NOSPLIT, $0-72
-	Q8DOTS(160, PLANES4, PF16, 16)
+	Q8DOTS(160, PLANES4, PF16, 16, UNITSG)
 
 // func codeDotsQ8F16b8VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8F16b8VNNI(SB), NOSPLIT, $0-72
-	Q8DOTS(96, PLANES8, PF16, 16)
+	Q8DOTS(96, PLANES8, PF16, 16, UNITSG)
 
 // func codeDotsQ8F16x4b2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 // Requires n4 ≥ 1, u ≥ 1.
 TEXT ·codeDotsQ8F16x4b2VNNI(SB), NOSPLIT, $0-80
-	Q8DOTS4(96, PLANES2X4)
+	Q8DOTS4(96, PLANES2X4, UNITSG)
 
 // func codeDotsQ8F16x4b4VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8F16x4b4VNNI(SB), NOSPLIT, $0-80
-	Q8DOTS4(160, PLANES4X4)
+	Q8DOTS4(160, PLANES4X4, UNITSG)
 
 // func codeDotsQ8F16x4b8VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8F16x4b8VNNI(SB), NOSPLIT, $0-80
-	Q8DOTS4(96, PLANES8X4)
+	Q8DOTS4(96, PLANES8X4, UNITSG)
+
+// Contiguous rows (rb = 16·u, u 1 or 2): the same kernels with the four
+// rows' units loaded by UNITSC1 / UNITSC2 (arguments as above; u unused).
+
+// func codeDotsQ8F16b2C1VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16b2C1VNNI(SB), NOSPLIT, $0-72
+	Q8DOTS(96, PLANES2, PF16, 16, UNITSC1)
+
+// func codeDotsQ8F16b2C2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16b2C2VNNI(SB), NOSPLIT, $0-72
+	Q8DOTS(96, PLANES2, PF16, 16, UNITSC2)
+
+// func codeDotsQ8F16b4C2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16b4C2VNNI(SB), NOSPLIT, $0-72
+	Q8DOTS(160, PLANES4, PF16, 16, UNITSC2)
+
+// func codeDotsQ8F16x4b2C1VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16x4b2C1VNNI(SB), NOSPLIT, $0-80
+	Q8DOTS4(96, PLANES2X4, UNITSC1)
+
+// func codeDotsQ8F16x4b2C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16x4b2C2VNNI(SB), NOSPLIT, $0-80
+	Q8DOTS4(96, PLANES2X4, UNITSC2)
+
+// func codeDotsQ8F16x4b4C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16x4b4C2VNNI(SB), NOSPLIT, $0-80
+	Q8DOTS4(160, PLANES4X4, UNITSC2)

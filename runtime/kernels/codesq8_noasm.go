@@ -31,3 +31,21 @@ func codeDotsQ8F16x4b4VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int
 func codeDotsQ8F16x4b8VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
 	panic(unreachable)
 }
+func codeDotsQ8F16b2C1VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16b2C2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16b4C2VNNI(out *float32, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16x4b2C1VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16x4b2C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16x4b4C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
