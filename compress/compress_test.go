@@ -749,7 +749,9 @@ func TestCompressModelMismatch(t *testing.T) {
 	for _, c := range []struct{ work, from, to, want string }{
 		{"work-i", "calibrate:\n  tokens: 1024\n  ctx: 256\n", "calibrate:\n  tokens: 2048\n  ctx: 1024\n", "calibrate.ctx 1024: want at most the model's max_position_embeddings 512"},
 		{"work-j", "eval:\n  ctx: 256\n", "eval:\n  ctx: 600\n", "eval.ctx 600: want at most the model's max_position_embeddings 512"},
-		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv.recent 600: want quantize.kv.sink 8 + quantize.kv.recent at most the model's max_position_embeddings 512"},
+		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv.recent 600: want at most the model's max_position_embeddings 512 tokens (the fp16 recent window must fit the context)"},
+		{"work-m", "sink: 8\n", "sink: 600\n", "quantize.kv.sink 600: want at most the model's max_position_embeddings 512 tokens (the fp16 sink window must fit the context)"},
+		{"work-n", "sink: 8\n", "sink: 500\n", "quantize.kv.recent 32: want at most 12 tokens: the model's max_position_embeddings 512 less quantize.kv.sink 500 (the two fp16 windows must fit the context together)"},
 	} {
 		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, c.from, c.to, 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
 		if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) {
@@ -763,7 +765,7 @@ func TestCompressModelMismatch(t *testing.T) {
 	if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "quantize.weights.moe_budget 0.5: want at least the smallest allocation on this model, every expert at 1 bit") || !strings.Contains(err.Error(), "1.4032") {
 		t.Errorf("moe_budget 0.5: %v", err)
 	}
-	for _, w := range []string{"work-a", "work-b", "work-c", "work-d", "work-e", "work-f", "work-g", "work-h", "work-i", "work-j", "work-k", "work-l"} {
+	for _, w := range []string{"work-a", "work-b", "work-c", "work-d", "work-e", "work-f", "work-g", "work-h", "work-i", "work-j", "work-k", "work-l", "work-m", "work-n"} {
 		if _, err := os.Stat(filepath.Join(dir, w)); !os.IsNotExist(err) {
 			t.Errorf("%s created before the recipe was checked against the model", w)
 		}
