@@ -20,20 +20,26 @@ import (
 // KL(p_source ‖ p_artifact) of the next-token distributions in nats per
 // position; Top1Agreement the fraction of positions with the same argmax.
 // KVBitsPerElement is the artifact's KV cache storage in bits per cached
-// K/V element for one full window (kvcache.Sizer; 32 for float32).
+// K/V element for one full window (kvcache.Sizer; 32 for float32);
+// KVBitsPerElementServing the same once ServingCtx tokens are cached
+// (kveval.ServingBits, eval --kv's serving-context column: the fp16
+// windows amortised over ServingCtx), ServingCtx the recipe's
+// quantize.kv.serving_ctx or else kveval.DefaultServingCtx (32768).
 type EvalResult struct {
-	Ctx              int     `json:"ctx"`
-	KVPrompt         int     `json:"kv_prompt"`
-	KVChunk          int     `json:"kv_chunk"`
-	Windows          int     `json:"windows"`
-	TokensScored     int     `json:"tokens_scored"`
-	SourcePerplexity float64 `json:"source_perplexity"`
-	Perplexity       float64 `json:"perplexity"`
-	DeltaPPL         float64 `json:"delta_ppl"`
-	KL               float64 `json:"kl"`
-	Top1Agreement    float64 `json:"top1_agreement"`
-	KVCache          string  `json:"kv_cache"`
-	KVBitsPerElement float64 `json:"kv_bits_per_element"`
+	Ctx                     int     `json:"ctx"`
+	KVPrompt                int     `json:"kv_prompt"`
+	KVChunk                 int     `json:"kv_chunk"`
+	Windows                 int     `json:"windows"`
+	TokensScored            int     `json:"tokens_scored"`
+	SourcePerplexity        float64 `json:"source_perplexity"`
+	Perplexity              float64 `json:"perplexity"`
+	DeltaPPL                float64 `json:"delta_ppl"`
+	KL                      float64 `json:"kl"`
+	Top1Agreement           float64 `json:"top1_agreement"`
+	KVCache                 string  `json:"kv_cache"`
+	KVBitsPerElement        float64 `json:"kv_bits_per_element"`
+	ServingCtx              int     `json:"serving_ctx"`
+	KVBitsPerElementServing float64 `json:"kv_bits_per_element_serving"`
 }
 
 // compareModels runs ids in non-overlapping windows of ctxLen tokens (at

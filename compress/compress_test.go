@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,6 +64,14 @@ func testOptions(t *testing.T, r *Recipe, out, work string) Options {
 		Data: shared.Path(t, "tinystories-valid", "calib.txt"), EvalData: shared.Path(t, "tinystories-valid", "heldout.txt"),
 		Threads: 1, Version: "test"}
 }
+
+// oscar2Serving is the KV bits per element of smallRecipe's cache
+// (oscar2, fp16 windows 8 and 32) on stories260K (head_dim 8) at the
+// default serving context of 32768 tokens, by hand: a quantized token
+// stores 2-bit codes and an fp16 scale and zero per (token, head) row of 8
+// channels, 2 + 32/8 = 6 bits per element; the 40 window tokens 16 bits:
+// (40·16 + (32768−40)·6) / 32768 = 197008/32768.
+const oscar2Serving = 197008.0 / 32768
 
 // cachedStages maps stage name to its Cached flag.
 func cachedStages(rep *Report) map[string]bool {
@@ -377,8 +386,23 @@ func TestCompressKVMixed(t *testing.T) {
 			sum += float64(b) + 32/float64(hd)
 		}
 	}
-	if avg := sum / float64(2*layers); avg > 7+1e-9 {
+	avg := sum / float64(2*layers)
+	if avg > 7+1e-9 {
 		t.Errorf("average %.4f bits/element of the widths above kv_bits 7 (widths K %v V %v)", avg, kv.BitsK, kv.BitsV)
+	}
+	// The report's figure at the serving context (default 32768): the
+	// widths' average over the quantized tokens and the 8+32 fp16 window
+	// tokens at 16 bits, every layer of the same kvDim; within kv_bits,
+	// the budget the DP chose the widths for at that context.
+	serving := (40*16 + (32768-40)*avg) / 32768
+	if e := rep.Eval; e.ServingCtx != 32768 || math.Abs(e.KVBitsPerElementServing-serving) > 1e-12*serving ||
+		rep.KVServingCtx != 32768 || rep.KVBitsPerElementServing != e.KVBitsPerElementServing || !(e.KVBitsPerElementServing <= 7) {
+		t.Errorf("kv bits/element at serving context %d: %v (report %d: %v), want %v (widths K %v V %v)",
+			e.ServingCtx, e.KVBitsPerElementServing, rep.KVServingCtx, rep.KVBitsPerElementServing, serving, kv.BitsK, kv.BitsV)
+	}
+	// At the eval context (256 tokens, measured) the windows weigh more.
+	if want := (40*16 + (256-40)*avg) / 256; math.Abs(rep.Eval.KVBitsPerElement-want) > 1e-12*want {
+		t.Errorf("kv bits/element at the eval context %d: %v, want %v", rep.Eval.Ctx, rep.Eval.KVBitsPerElement, want)
 	}
 	if wider == 0 {
 		t.Errorf("kv_bits 7 above the all-2-bit cost %.2f gave no wider side (K %v V %v)", 2+32/float64(hd), kv.BitsK, kv.BitsV)
@@ -471,6 +495,9 @@ func TestCompressWeightsEvalMatchesCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The artifact's figure at the serving context (its manifest's
+	// scheme), which compareModels leaves to the eval stage.
+	want.ServingCtx, want.KVBitsPerElementServing = 32768, oscar2Serving
 	t.Logf("artifact eval %+v; weights bpw %.3f", *rep.Eval, rep.WeightsBitsPerWeight)
 	if *rep.Eval != *want {
 		t.Errorf("artifact eval %+v\nquantized checkpoint + oscar2 %+v", *rep.Eval, *want)
@@ -591,6 +618,8 @@ func TestCompressMoEMixed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No KV scheme: the float32 cache, 32 bits at any context.
+	want.ServingCtx, want.KVBitsPerElementServing = 32768, 32
 	if *rep.Eval != *want {
 		t.Errorf("artifact eval %+v\nquantized checkpoint %+v", *rep.Eval, *want)
 	}
@@ -749,7 +778,9 @@ func TestCompressModelMismatch(t *testing.T) {
 	for _, c := range []struct{ work, from, to, want string }{
 		{"work-i", "calibrate:\n  tokens: 1024\n  ctx: 256\n", "calibrate:\n  tokens: 2048\n  ctx: 1024\n", "calibrate.ctx 1024: want at most the model's max_position_embeddings 512"},
 		{"work-j", "eval:\n  ctx: 256\n", "eval:\n  ctx: 600\n", "eval.ctx 600: want at most the model's max_position_embeddings 512"},
-		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv.recent 600: want quantize.kv.sink 8 + quantize.kv.recent at most the model's max_position_embeddings 512"},
+		{"work-k", "recent: 32\n", "recent: 600\n", "quantize.kv.recent 600: want at most the model's max_position_embeddings 512 tokens (the fp16 recent window must fit the context)"},
+		{"work-m", "sink: 8\n", "sink: 600\n", "quantize.kv.sink 600: want at most the model's max_position_embeddings 512 tokens (the fp16 sink window must fit the context)"},
+		{"work-n", "sink: 8\n", "sink: 500\n", "quantize.kv.recent 32: want at most 12 tokens: the model's max_position_embeddings 512 less quantize.kv.sink 500 (the two fp16 windows must fit the context together)"},
 	} {
 		o = testOptions(t, mustRecipe(t, strings.Replace(smallRecipe, c.from, c.to, 1)), filepath.Join(dir, c.work+".lmpk"), filepath.Join(dir, c.work))
 		if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), c.want) {
@@ -763,7 +794,7 @@ func TestCompressModelMismatch(t *testing.T) {
 	if _, err := Run(t.Context(), o); !errors.Is(err, ErrRecipe) || !strings.Contains(err.Error(), "quantize.weights.moe_budget 0.5: want at least the smallest allocation on this model, every expert at 1 bit") || !strings.Contains(err.Error(), "1.4032") {
 		t.Errorf("moe_budget 0.5: %v", err)
 	}
-	for _, w := range []string{"work-a", "work-b", "work-c", "work-d", "work-e", "work-f", "work-g", "work-h", "work-i", "work-j", "work-k", "work-l"} {
+	for _, w := range []string{"work-a", "work-b", "work-c", "work-d", "work-e", "work-f", "work-g", "work-h", "work-i", "work-j", "work-k", "work-l", "work-m", "work-n"} {
 		if _, err := os.Stat(filepath.Join(dir, w)); !os.IsNotExist(err) {
 			t.Errorf("%s created before the recipe was checked against the model", w)
 		}

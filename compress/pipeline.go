@@ -98,9 +98,13 @@ type Report struct {
 	Stages        []StageReport `json:"stages"`
 	Sizes         Sizes         `json:"sizes"`
 	// KVCache is the artifact's KV cache method ("fp32" when none) and
-	// KVBitsPerElement its storage (from the eval stage; 0 without one).
-	KVCache          string  `json:"kv_cache"`
-	KVBitsPerElement float64 `json:"kv_bits_per_element,omitempty"`
+	// KVBitsPerElement its storage at the eval context,
+	// KVBitsPerElementServing at KVServingCtx tokens (from the eval stage,
+	// EvalResult; 0 without one).
+	KVCache                 string  `json:"kv_cache"`
+	KVBitsPerElement        float64 `json:"kv_bits_per_element,omitempty"`
+	KVServingCtx            int     `json:"kv_serving_ctx,omitempty"`
+	KVBitsPerElementServing float64 `json:"kv_bits_per_element_serving,omitempty"`
 	// WeightsMethod and WeightsBitsPerWeight describe the quantize-weights
 	// stage ("" and 0 without one): the method and the storage bits per
 	// quantized weight (codes, scales, zero-points, permutations).

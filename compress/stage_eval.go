@@ -1,6 +1,7 @@
 package compress
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,7 +9,9 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/eval"
+	"github.com/lmpack/lmpack/eval/kveval"
 	"github.com/lmpack/lmpack/internal/engine"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
 // evalKeys names eval.PerplexityOptions' fields as recipe keys
@@ -31,7 +34,8 @@ func (e *EvalStage) options() eval.PerplexityOptions {
 func (p *pipeline) evalStage() stage {
 	// "protocol decode": results of the former one-shot protocol are
 	// not reused.
-	return stage{name: "eval", params: append(append(section(p.r.Eval), "protocol decode"...), p.evalFP...), run: p.eval,
+	// "serving bits": nor those without the serving-context figure.
+	return stage{name: "eval", params: append(append(section(p.r.Eval), "protocol decode; serving bits"...), p.evalFP...), run: p.eval,
 		report: func(rep *Report, res json.RawMessage) error {
 			var ev EvalResult
 			if err := json.Unmarshal(res, &ev); err != nil {
@@ -39,6 +43,7 @@ func (p *pipeline) evalStage() stage {
 			}
 			rep.Eval = &ev
 			rep.KVBitsPerElement = ev.KVBitsPerElement
+			rep.KVServingCtx, rep.KVBitsPerElementServing = ev.ServingCtx, ev.KVBitsPerElementServing
 			return nil
 		}}
 }
@@ -106,5 +111,29 @@ func (p *pipeline) eval(ctx context.Context, dir string) (outputs, any, error) {
 	if err != nil {
 		return outputs{}, nil, err
 	}
+	if err := p.servingBits(r, art); err != nil {
+		return outputs{}, nil, err
+	}
 	return outputs{}, r, nil
+}
+
+// servingBits sets r's ServingCtx (the recipe's quantize.kv.serving_ctx,
+// else kveval.DefaultServingCtx) and KVBitsPerElementServing, the
+// artifact's KV scheme (its manifest's cache and options) at that context
+// by eval's kveval.ServingBits.
+func (p *pipeline) servingBits(r *EvalResult, art *engine.Engine) error {
+	r.ServingCtx = kveval.DefaultServingCtx
+	if q := p.r.Quantize; q != nil && q.KV != nil && q.KV.ServingCtx > 0 {
+		r.ServingCtx = q.KV.ServingCtx
+	}
+	method, o, err := art.Artifact.KVCache()
+	if err != nil {
+		return err
+	}
+	b, err := kveval.ServingBits(cmp.Or(method, "fp32"), kvcache.LayersOf(art.Desc), o, r.ServingCtx)
+	if err != nil {
+		return fmt.Errorf("compress: eval: kv bits/element at serving context %d: %w", r.ServingCtx, err)
+	}
+	r.KVBitsPerElementServing = b
+	return nil
 }

@@ -130,6 +130,9 @@ func TestCompressWidth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Head groups removed, head_dim kept: oscar2's bits per element at
+	// the serving context are smallRecipe's.
+	want.ServingCtx, want.KVBitsPerElementServing = 32768, oscar2Serving
 	t.Logf("width artifact: %d → %d bytes, eval %+v", rep.Sizes.SourceTensorBytes, rep.Sizes.ArtifactBytes, *rep.Eval)
 	if *rep.Eval != *want {
 		t.Errorf("artifact eval %+v\nprune-width checkpoint + oscar2 %+v", *rep.Eval, *want)

@@ -46,14 +46,24 @@ func (opt *FromOptions) Validate() error {
 	return nil
 }
 
-// ValidateModel checks the KV windows against the model d's context:
-// KVSink + KVRecent at most max_position_embeddings (when the config
-// gives it; CheckKVWindows).
+// ValidateModel checks the KV windows against the model d's context
+// (when the config gives max_position_embeddings mp; CheckKVWindows):
+// KVSink at most mp, KVRecent at most mp, and KVSink + KVRecent at most mp.
 //
-// Errors: a *field.Error naming KVRecent.
+// Errors: a *field.Error naming the window that does not fit: KVSink when
+// it alone exceeds mp, else KVRecent (alone, or with the sink: then the
+// error says KVRecent's room, mp − KVSink).
 func (opt *FromOptions) ValidateModel(d *arch.Description) error {
-	if mp := d.MaxPositionEmbeddings; mp > 0 && (opt.KVSink > mp || opt.KVRecent > mp || opt.KVSink+opt.KVRecent > mp) {
-		return field.New("KVRecent", opt.KVRecent, "{KVSink} "+strconv.Itoa(opt.KVSink)+" + {KVRecent} at most the model's max_position_embeddings "+strconv.Itoa(mp))
+	mp := d.MaxPositionEmbeddings
+	ctx := "the model's max_position_embeddings " + strconv.Itoa(mp)
+	switch {
+	case mp <= 0:
+	case opt.KVSink > mp:
+		return field.New("KVSink", opt.KVSink, "at most "+ctx+" tokens (the fp16 sink window must fit the context)")
+	case opt.KVRecent > mp:
+		return field.New("KVRecent", opt.KVRecent, "at most "+ctx+" tokens (the fp16 recent window must fit the context)")
+	case opt.KVSink+opt.KVRecent > mp:
+		return field.New("KVRecent", opt.KVRecent, "at most "+strconv.Itoa(mp-opt.KVSink)+" tokens: "+ctx+" less {KVSink} "+strconv.Itoa(opt.KVSink)+" (the two fp16 windows must fit the context together)")
 	}
 	return nil
 }

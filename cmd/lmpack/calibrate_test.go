@@ -92,7 +92,11 @@ func TestCalibrateQuantizeKV(t *testing.T) {
 		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--clip-k4", "1.5", "-o", other}, []string{"--clip-k4 1.5: want 0 (no clipping) or a ratio in (0, 1]"}},
 		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "1", "-o", other}, []string{"--kv-bits 1: want 0 (uniform widths) or average bits per element in [2, 16]"}},
 		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-window", "16", "-o", other}, []string{`--kv-window "16": want SINK,RECENT`}},
-		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-serving-ctx", "64", "--kv-window", "16,64", "-o", other}, []string{"--kv-serving-ctx 64: want a context above the windows' 80 tokens"}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-serving-ctx", "64", "--kv-window", "16,64", "-o", other}, []string{"--kv-serving-ctx 64: want a context above the fp16 windows' --kv-window sink 16 + --kv-window recent 64 = 80 tokens"}},
+		// Windows too long for the default serving context name the
+		// window, not --kv-serving-ctx (not given).
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-window", "16,40000", "-o", other}, []string{"--kv-window recent 40000: want a window below 32752 tokens: the default serving context 32768 (no --kv-serving-ctx), at which --kv-bits counts bits per element, less --kv-window sink 16 (or give a longer --kv-serving-ctx)"}},
+		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--kv-window", "40000,16", "-o", other}, []string{"--kv-window sink 40000: want a window below the default serving context 32768 (no --kv-serving-ctx)"}},
 		// head_dim 8: all-2-bit sides store 6 bits per element.
 		{[]string{"quantize", "kv", modelDir(t), "--calib", cal, "--kv-bits", "3", "--search-tokens", "64", "-o", other}, []string{"--kv-bits 3", "every layer at 2 bits: 6.0000 bits/element", "want --kv-bits ≥ 6.0000", "infeasible"}},
 	} {

@@ -38,7 +38,8 @@ and a changed recipe section recomputes that stage and the later ones only.
 Data paths in the recipe are relative to the recipe file; --data and
 --eval-data override them. MODEL and the data files are never modified.
 Prints the eval table, or with --json the full report (sizes, bits per
-weight, KV bits, PPL and KL deltas, seconds per stage).`,
+weight, KV bits per element at the eval and the serving context, PPL and KL
+deltas, seconds per stage).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if recipePath == "" {
@@ -137,7 +138,8 @@ func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
 // writeCompressTable prints the stages, sizes, gate verdict and output,
-// then the eval table (perplexity, ΔPPL, KL, top-1 agreement, KV bits).
+// then the eval table (perplexity, ΔPPL, KL, top-1 agreement, KV bits
+// per element at the eval context and at the serving context).
 func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-16s %-7s %9s\n", "stage", "cached", "seconds")
@@ -196,9 +198,13 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 		fmt.Fprintf(&b, "wrote %s: %d bytes, sha256 %s\n", r.Out, z.ArtifactBytes, r.SHA256)
 	}
 	if e := r.Eval; e != nil {
-		fmt.Fprintf(&b, "\n%-10s %10s %10s %9s %9s %8s %8s\n", "model", "perplexity", "delta_ppl", "kl", "top1", "kv", "kv_bits")
-		fmt.Fprintf(&b, "%-10s %10.4f %10s %9s %9s %8s %8.2f\n", "source", e.SourcePerplexity, "", "", "", "fp32", 32.0)
-		fmt.Fprintf(&b, "%-10s %10.4f %+10.4f %9.5f %9.4f %8s %8.2f\n", "artifact", e.Perplexity, e.DeltaPPL, e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement)
+		// kv_bits at the eval context (e.Ctx tokens cached, measured) and
+		// at the serving context (as eval --kv's bits@N column).
+		serving := fmt.Sprintf("kv_bits@%d", e.ServingCtx)
+		w := max(8, len(serving))
+		fmt.Fprintf(&b, "\n%-10s %10s %10s %9s %9s %8s %8s %*s\n", "model", "perplexity", "delta_ppl", "kl", "top1", "kv", "kv_bits", w, serving)
+		fmt.Fprintf(&b, "%-10s %10.4f %10s %9s %9s %8s %8.2f %*.2f\n", "source", e.SourcePerplexity, "", "", "", "fp32", 32.0, w, 32.0)
+		fmt.Fprintf(&b, "%-10s %10.4f %+10.4f %9.5f %9.4f %8s %8.2f %*.2f\n", "artifact", e.Perplexity, e.DeltaPPL, e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement, w, e.KVBitsPerElementServing)
 	}
 	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
 	return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,13 +90,24 @@ func TestCompressCLI(t *testing.T) {
 			} `json:"stages"`
 			KVCache string `json:"kv_cache"`
 			Eval    struct {
-				DeltaPPL float64 `json:"delta_ppl"`
-				KL       float64 `json:"kl"`
+				DeltaPPL      float64 `json:"delta_ppl"`
+				KL            float64 `json:"kl"`
+				KVBits        float64 `json:"kv_bits_per_element"`
+				ServingCtx    int     `json:"serving_ctx"`
+				KVBitsServing float64 `json:"kv_bits_per_element_serving"`
 			} `json:"eval"`
 		}
 		decodeOneJSON(t, r.stdout, &rep)
 		if !rep.Written || rep.KVCache != "oscar2" || len(rep.Stages) != 4 || !(rep.Eval.KL > 0) {
 			t.Fatalf("run %d report: %+v", i, rep)
+		}
+		// oscar2 on head_dim 8: 6 bits per quantized element (2-bit codes,
+		// fp16 scale and zero per row of 8), the 8+32 window tokens 16:
+		// (40·16 + 216·6)/256 at the eval context, (40·16 + 32728·6)/32768
+		// at the default serving context.
+		if rep.Eval.KVBits != 1936.0/256 || rep.Eval.ServingCtx != 32768 || rep.Eval.KVBitsServing != 197008.0/32768 {
+			t.Errorf("run %d: kv bits/element %v at ctx 256, %v at serving ctx %d; want %v and %v at 32768",
+				i, rep.Eval.KVBits, rep.Eval.KVBitsServing, rep.Eval.ServingCtx, 1936.0/256, 197008.0/32768)
 		}
 		for _, s := range rep.Stages {
 			if !s.Cached {
@@ -109,6 +121,12 @@ func TestCompressCLI(t *testing.T) {
 	wantOK(t, r)
 	if !strings.Contains(r.stdout, "gate passed (ΔPPL ") || !strings.Contains(r.stdout, "of the source perplexity; max_delta_ppl_pct 100000)\n") || strings.Contains(r.stdout, "max_kl") {
 		t.Errorf("gate line with max_kl unset: want only max_delta_ppl_pct named:\n%s", r.stdout)
+	}
+	// The eval table gives KV bits/element at the eval context and at the
+	// serving context, as eval --kv does: 7.5625 and 6.0122 (above).
+	if !strings.Contains(r.stdout, "     kv  kv_bits kv_bits@32768\n") || !regexp.MustCompile(`\nsource .* fp32    32\.00         32\.00\n`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`\nartifact .* oscar2     7\.56          6\.01\n`).MatchString(r.stdout) {
+		t.Errorf("eval table: want kv_bits 7.56 and kv_bits@32768 6.01 for the artifact:\n%s", r.stdout)
 	}
 	wantOK(t, lmpack(t, nil, "verify", out))
 	wantOK(t, lmpack(t, nil, "eval", out, "--data", valText(t), "--ctx", "256", "--max-windows", "1"))

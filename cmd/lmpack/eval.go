@@ -175,7 +175,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&kvProto, "kv-protocol", eval.ProtocolDecode, "with --kv: decode (full-precision prompt, then teacher-forced decode as in generation) or fake-quant (KVQuant's: each window in one call, every token read back quantised, no windows)")
 	f.IntVar(&kvP, "kv-prompt", 0, "P first tokens of each window prefilled in one call (full precision among themselves), not scored (with --kv, or for an artifact's own KV cache)")
 	f.IntVar(&kvC, "kv-chunk", 1, "tokens per decode call after the prompt (with --kv, or for an artifact's own KV cache, which eval always feeds decode-faithful)")
-	f.IntVar(&kvServe, "kv-serving-ctx", 32768, "with --kv: also report bits/element at this serving context (computed from the cache's layout)")
+	f.IntVar(&kvServe, "kv-serving-ctx", kveval.DefaultServingCtx, "with --kv: also report bits/element at this serving context (computed from the cache's layout)")
 	f.BoolVar(&layers, "kv-layers", false, "with --kv: also print per-layer attention-logit and output errors (teacher-forced, first window)")
 	f.StringVar(&plot, "plot", "", "with --kv: write KL and ΔPPL against bits/element (Pareto view, FILE.svg) or perplexity against bits/element (FILE.png)")
 	return cmd

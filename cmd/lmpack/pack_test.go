@@ -146,15 +146,18 @@ func TestPackQuantizedKV(t *testing.T) {
 }
 
 // TestPackKVWindowBound: KV windows beyond max_position_embeddings (512
-// for stories260K) are refused naming the bound; inspect of an artifact
+// for stories260K) are refused naming the window that does not fit and
+// the bound; inspect of an artifact
 // shows its format version, weights and KV cache methods and windows, in
 // text and JSON.
 func TestPackKVWindowBound(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "m.lmpk")
-	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "99999999999999,1"), "max_position_embeddings 512")
-	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "500,13"), "max_position_embeddings 512")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "99999999999999,1"), "--kv-window sink 99999999999999: want at most the model's max_position_embeddings 512 tokens (the fp16 sink window must fit the context)")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "600,8"), "--kv-window sink 600: want at most the model's max_position_embeddings 512")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "8,600"), "--kv-window recent 600: want at most the model's max_position_embeddings 512")
+	wantError(t, lmpack(t, nil, "pack", modelDir(t), "-o", out, "--kv-cache", "kivi2", "--kv-window", "500,13"), "--kv-window recent 13: want at most 12 tokens: the model's max_position_embeddings 512 less --kv-window sink 500")
 	if _, err := os.Stat(out); err == nil {
 		t.Error("a refused pack wrote its output")
 	}

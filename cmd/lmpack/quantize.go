@@ -25,7 +25,7 @@ func newQuantizeCmd(g *globalFlags) *cobra.Command {
 // (field.Rename of Validate's errors).
 var kvFlags = map[string]string{"Model": "MODEL", "Calib": "--calib", "Out": "-o", "Method": "--method", "ClipK": "--clip-k", "ClipV": "--clip-v",
 	"ClipK4": "--clip-k4", "ClipV4": "--clip-v4", "ClipK8": "--clip-k8", "ClipV8": "--clip-v8", "ClipSearch": "--clip-search",
-	"KVBits": "--kv-bits", "ServingCtx": "--kv-serving-ctx", "Sink": "--kv-window", "Recent": "--kv-window", "SearchTokens": "--search-tokens", "Threads": "--threads"}
+	"KVBits": "--kv-bits", "ServingCtx": "--kv-serving-ctx", "Sink": "--kv-window sink", "Recent": "--kv-window recent", "SearchTokens": "--search-tokens", "Threads": "--threads"}
 
 func newQuantizeKVCmd(g *globalFlags) *cobra.Command {
 	var (
@@ -87,6 +87,12 @@ windows amortised) stays <= B. The report lists ratios, errors and widths.`,
 			}
 			if err := checkThreads(opt.Threads); err != nil {
 				return err
+			}
+			if !cmd.Flags().Changed("kv-serving-ctx") {
+				// The default (oscar.DefaultServingCtx): Validate then
+				// blames windows that do not fit it on --kv-window, not
+				// on a flag that was not given.
+				opt.ServingCtx = 0
 			}
 			if err := opt.Validate(); err != nil {
 				return field.Rename(err, kvFlags)

@@ -18,6 +18,21 @@ import (
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
 
+// DefaultServingCtx is the serving context of the second bits/element
+// figure when none is given: eval --kv-serving-ctx's default and the one
+// compress reports (unless the recipe's quantize.kv.serving_ctx names
+// another), in tokens.
+const DefaultServingCtx = 32768
+
+// ServingBits returns the bits per cached K/V element that a cache of
+// method (kvcache.Methods) for layers under o holds once ctx tokens are
+// written (kvcache.BitsAt: codes, scales, zero-points and the fp16
+// windows amortised over ctx; 32 for fp32): the figure of eval's
+// serving-context column (KVRow.BitsServing). Errors: kvcache.BitsAt's.
+func ServingBits(method string, layers []kvcache.Layer, o kvcache.Options, ctx int) (float64, error) {
+	return kvcache.BitsAt(method, layers, o, ctx)
+}
+
 // Options configures Run.
 type Options struct {
 	Ctx, MaxWindows int
@@ -36,8 +51,8 @@ type Options struct {
 	// Windows).
 	Protocol      string
 	Prompt, Chunk int
-	// ServingCtx is the context of the second bits/element column (e.g.
-	// 32768); 0: not reported.
+	// ServingCtx is the context of the second bits/element column
+	// (ServingBits; e.g. DefaultServingCtx); 0: not reported.
 	ServingCtx int
 	// Windows: Sink and Recent were given (--kv-window). Then every
 	// method, kivi2 and oscars2 included, gets exactly those windows (0:
@@ -114,7 +129,7 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 		methods = append(methods, eval.KVMethod{Name: label, Method: name,
 			New: func(n int) (runtime.KVCache, error) { return newCache(name, layers, n, o) },
 			BitsAt: func(ctx int) float64 {
-				b, _ := kvcache.BitsAt(name, layers, o, ctx)
+				b, _ := ServingBits(name, layers, o, ctx)
 				return b
 			},
 			Quantized: func(ctx int) int {

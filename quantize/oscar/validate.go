@@ -10,11 +10,13 @@ import (
 // Validate checks opt's values without opening anything: Method empty or
 // Method ("oscar"), ClipK and ClipV ratios in (0, 1], ClipK4 … ClipV8 0
 // or in (0, 1], KVBits 0 or in [2, 16], ServingCtx, Sink, Recent,
-// SearchTokens ≥ 0 (ServingCtx above Sink+Recent when given), Calib and
-// Out given.
+// SearchTokens ≥ 0, ServingCtx above Sink+Recent when given (and with
+// KVBits, DefaultServingCtx above them when not), Calib and Out given.
 //
 // Errors: a *field.Error naming the Go field (cmd/lmpack and compress
-// rename it to their flag or recipe key).
+// rename it to their flag or recipe key). Windows that do not fit the
+// serving context name ServingCtx when it is given, else the window
+// (Sink when it alone reaches DefaultServingCtx, else Recent).
 func (opt *KVOptions) Validate() error {
 	ratio := func(v float64) bool { return v > 0 && v <= 1 && !math.IsNaN(v) }
 	switch {
@@ -41,7 +43,11 @@ func (opt *KVOptions) Validate() error {
 	case opt.Recent < 0:
 		return field.New("Recent", opt.Recent, "a window in tokens ≥ 0")
 	case opt.ServingCtx > 0 && opt.ServingCtx <= opt.Sink+opt.Recent:
-		return field.New("ServingCtx", opt.ServingCtx, fmt.Sprintf("a context above the windows' %d tokens", opt.Sink+opt.Recent))
+		return field.New("ServingCtx", opt.ServingCtx, fmt.Sprintf("a context above the fp16 windows' {Sink} %d + {Recent} %d = %d tokens (the context at which {KVBits} counts bits per element)", opt.Sink, opt.Recent, opt.Sink+opt.Recent))
+	case opt.KVBits > 0 && opt.ServingCtx == 0 && opt.Sink >= DefaultServingCtx:
+		return field.New("Sink", opt.Sink, fmt.Sprintf("a window below the default serving context %d (no {ServingCtx}), at which {KVBits} counts bits per element (or give a longer {ServingCtx})", DefaultServingCtx))
+	case opt.KVBits > 0 && opt.ServingCtx == 0 && opt.Sink+opt.Recent >= DefaultServingCtx:
+		return field.New("Recent", opt.Recent, fmt.Sprintf("a window below %d tokens: the default serving context %d (no {ServingCtx}), at which {KVBits} counts bits per element, less {Sink} %d (or give a longer {ServingCtx})", DefaultServingCtx-opt.Sink, DefaultServingCtx, opt.Sink))
 	case opt.SearchTokens < 0:
 		return field.New("SearchTokens", opt.SearchTokens, "a number of calibration tokens ≥ 0 (0: 2048)")
 	case opt.Calib == "":

@@ -3,6 +3,7 @@ package oscar
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/lmpack/lmpack/internal/field"
@@ -39,6 +40,41 @@ func TestValidate(t *testing.T) {
 		var fe *field.Error
 		if err := o.Validate(); !errors.As(err, &fe) || fe.Field != c.field {
 			t.Errorf("%+v: Validate = %v, want a field error naming %s", o, err, c.field)
+		}
+	}
+}
+
+// TestValidateWindowsServingCtx: fp16 windows that do not fit the
+// serving context of KVBits are blamed on ServingCtx only when it was
+// given, else on the window that does not fit the default (Sink when it
+// alone reaches it, else Recent), and the error says what fits; without
+// KVBits the default context does not bound the windows.
+func TestValidateWindowsServingCtx(t *testing.T) {
+	ok := KVOptions{Model: "m", Calib: "c", Out: "o", ClipK: DefaultClipK, ClipV: DefaultClipV}
+	for _, c := range []struct {
+		kvBits                   float64
+		servingCtx, sink, recent int
+		field, want              string // field "": no error
+	}{
+		{3, 80, 16, 64, "ServingCtx", "ServingCtx 80: want a context above the fp16 windows' Sink 16 + Recent 64 = 80 tokens (the context at which KVBits counts bits per element)"},
+		{0, 80, 16, 64, "ServingCtx", "ServingCtx 80: want a context above"},
+		{3, 0, 16, 40000, "Recent", "Recent 40000: want a window below 32752 tokens: the default serving context 32768 (no ServingCtx), at which KVBits counts bits per element, less Sink 16 (or give a longer ServingCtx)"},
+		{3, 0, 16, 32752, "Recent", "Recent 32752: want a window below 32752 tokens"},
+		{3, 0, 40000, 64, "Sink", "Sink 40000: want a window below the default serving context 32768 (no ServingCtx), at which KVBits counts bits per element (or give a longer ServingCtx)"},
+		{3, 0, 32768, 0, "Sink", "Sink 32768: want a window below"},
+		{3, 0, 16, 32751, "", ""},
+		{3, 65536, 16, 40000, "", ""},
+		{0, 0, 16, 40000, "", ""}, // no KVBits: no serving context
+	} {
+		o := ok
+		o.KVBits, o.ServingCtx, o.Sink, o.Recent = c.kvBits, c.servingCtx, c.sink, c.recent
+		err := o.Validate()
+		var fe *field.Error
+		switch {
+		case c.field == "" && err != nil:
+			t.Errorf("kv_bits %g, serving ctx %d, windows %d,%d: %v, want no error", c.kvBits, c.servingCtx, c.sink, c.recent, err)
+		case c.field != "" && (!errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("kv_bits %g, serving ctx %d, windows %d,%d: %v, want a field error naming %s with %q", c.kvBits, c.servingCtx, c.sink, c.recent, err, c.field, c.want)
 		}
 	}
 }
