@@ -121,3 +121,78 @@ func TestCodeAccumF16x4(t *testing.T) {
 		})
 	}
 }
+
+// TestCodeAccumQ8 checks CodeAccumQ8 (Go and VNNI/VBMI paths) against the
+// float64 sum Σ_j p_j·s_j·(code_jc − z_j) onto a non-zero acc, over odd
+// row counts (1, 15, 16, 17, 65, 201: whole and partial blocks of 16)
+// and padded strides (pad 3: the Go path), with weights of mixed signs
+// and sizes. Bound: the weight rounding of codesvq8.go, Σ_B (δ_B/2)·
+// Σ_{j∈B} |code_jc − z_j| with δ_B = max_{j∈B}|p_j s_j|/127, plus
+// TestCodeAccumF16's float32 bound doubled; the test also checks the
+// rounding term is not vacuous (the worst channel uses > 1% of it).
+func TestCodeAccumQ8(t *testing.T) {
+	defer func(v bool) { hasVBMI = v }(hasVBMI)
+	have := hasVBMI
+	for _, path := range []string{"go", "vbmi"} {
+		if path == "vbmi" && !have {
+			t.Log("no AVX-512 VBMI/VNNI in this build or CPU; only the Go path ran")
+			continue
+		}
+		hasVBMI = path == "vbmi"
+		t.Run(path, func(t *testing.T) {
+			for _, sh := range [][2]int{{2, 64}, {2, 128}, {4, 64}, {8, 64}} {
+				bits, hd := sh[0], sh[1]
+				for _, n := range []int{1, 15, 16, 17, 65, 201} {
+					for _, pad := range []int{0, 3} {
+						name := fmt.Sprintf("b%d/hd%d/n%d/pad%d", bits, hd, n, pad)
+						rb := hd*bits/8 + pad
+						codes, vals := codeRowsCase(uint64(13*bits+hd+n+pad), bits, hd, n, rb)
+						r := newRand(uint64(5*n + hd + pad))
+						p := make([]float32, n)
+						params := make([]uint16, 2*n)
+						for j := range p {
+							p[j] = float32(r.Float64() * math.Exp(-8*r.Float64())) // softmax-like spread
+							if j%7 == 3 {
+								p[j] = -p[j]
+							}
+							params[2*j] = halfBits(F16, float32(0.01+0.1*r.Float64()))
+							params[2*j+1] = halfBits(F16, float32(r.Float64()*float64(int(1)<<bits)))
+						}
+						acc := randSlice(r, hd)
+						base := append([]float32(nil), acc...)
+						tmp := make([]float32, hd)
+						CodeAccumQ8(acc, p, params, codes, bits, rb, n, tmp)
+						worst := 0.0
+						for c := 0; c < hd; c++ {
+							ref, mag, rnd := float64(base[c]), 0.0, 0.0
+							for b0 := 0; b0 < n; b0 += 16 {
+								b1 := min(n, b0+16)
+								var m, l1 float64
+								for j := b0; j < b1; j++ {
+									w := float64(p[j]) * float64(F16.Widen(params[2*j]))
+									z := float64(F16.Widen(params[2*j+1]))
+									ref += w * (float64(vals[j][c]) - z)
+									mag += math.Abs(w) * (float64(vals[j][c]) + math.Abs(z))
+									m = math.Max(m, math.Abs(w))
+									l1 += math.Abs(float64(vals[j][c]) - z)
+								}
+								rnd += m / 254 * l1 * (1 + 1e-5)
+							}
+							fp := 2*(float64(n+4)*0x1p-24*mag) + 0x1p-23*math.Abs(ref)
+							d := math.Abs(float64(acc[c]) - ref)
+							if !(d <= rnd+fp) {
+								t.Fatalf("%s: acc[%d] = %g, float64 %g (|err| %g > %g + %g)", name, c, acc[c], ref, d, rnd, fp)
+							}
+							if rnd > 0 {
+								worst = math.Max(worst, (d-fp)/rnd)
+							}
+						}
+						if n >= 65 && worst < 0.01 {
+							t.Errorf("%s: worst error %.2g of the rounding bound: vacuous", name, worst)
+						}
+					}
+				}
+			}
+		})
+	}
+}

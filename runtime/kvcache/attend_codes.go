@@ -485,10 +485,19 @@ func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, l
 			}
 			return
 		}
+		// Other row counts (MHA: one per KV head): 2-bit rows of
+		// head_dim 64 with the weights rounded to int8 per 16 rows
+		// (kernels.CodeAccumQ8, VNNI: a quarter of the float kernel's
+		// instructions), else the float kernel.
 		for i := i0; i < i1; {
 			e, codes, params := cs.codeRows(h, i, i1)
+			rb := len(codes) / (e - i)
+			accum := kernels.CodeAccumF16
+			if kernels.CodeAccumQ8Fast(hd, bits, rb) {
+				accum = kernels.CodeAccumQ8
+			}
 			for r := 0; r < nq; r++ {
-				kernels.CodeAccumF16(acc[r*hd:(r+1)*hd], p[r*ldp+i-i0:r*ldp+e-i0], params, codes, bits, len(codes)/(e-i), e-i, blk[:hd])
+				accum(acc[r*hd:(r+1)*hd], p[r*ldp+i-i0:r*ldp+e-i0], params, codes, bits, rb, e-i, blk[:hd])
 			}
 			i = e
 		}
@@ -737,18 +746,38 @@ func (s rowRaw) ggmlAccum(g *ggmlCodec, h, i0, i1, nq int, p []float32, ldp int,
 // QueryRounder is implemented by the caches of New and Pool: whether
 // their KVAttender scores a layer's quantized keys against a query
 // rounded to int8 for nq query rows (codeScoresQ8; depends on the CPU),
-// so that a comparison with the dequantise-then-attend path (Read) must
-// allow the rounding's bound, (max|x|/254)·‖x̂_j‖₁ per score for the
-// side-space query x and key x̂_j.
+// or accumulates its values with the attention weights rounded to int8
+// (kernels.CodeAccumQ8), so that a comparison with the
+// dequantise-then-attend path (Read) must allow the rounding's bound:
+// (max|x|/254)·‖x̂_j‖₁ per score for the side-space query x and key x̂_j;
+// for values, each weight p_j·s_j moved by at most 1/254 of the largest
+// of its block of 16 rows.
 type QueryRounder interface {
 	RoundsQuery(layer, nq int) bool
 }
 
 var _ QueryRounder = (*cache)(nil)
 
-// RoundsQuery implements QueryRounder.
+// RoundsQuery implements QueryRounder: true where the layer's keys are
+// scored against the int8-rounded query or its values accumulated with
+// int8-rounded weights (roundsWeights).
 func (c *cache) RoundsQuery(layer, nq int) bool {
 	L := &c.layers[layer]
 	cs, bits, ok := codesOf(&L.k)
-	return ok && cs.codeGroups() == 1 && useCodeRows(L.hd, nq, bits) && roundsQuery(bits, L.hd, nq)
+	return ok && cs.codeGroups() == 1 && useCodeRows(L.hd, nq, bits) && roundsQuery(bits, L.hd, nq) || c.roundsWeights(layer, nq)
+}
+
+// roundsWeights reports whether AccumV of layer for nq query rows takes
+// kernels.CodeAccumQ8 (the weights p_j·s_j rounded to int8 per 16 rows):
+// codeAccumRows's condition.
+func (c *cache) roundsWeights(layer, nq int) bool {
+	L := &c.layers[layer]
+	cs, bits, ok := codesOf(&L.v)
+	if !ok || cs.codeGroups() != 1 || !useCodeRows(L.hd, nq, bits) || nq%4 == 0 || !codeQ8 || !kernels.CodeAccumFast(L.hd, bits) {
+		return false
+	}
+	if sym, _ := cs.symZero(); sym {
+		return false
+	}
+	return kernels.CodeAccumQ8Fast(L.hd, bits, L.hd*bits/8)
 }

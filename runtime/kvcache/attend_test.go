@@ -117,8 +117,9 @@ func TestAttendMatchesRead(t *testing.T) {
 }
 
 // worstS and worstV are the largest error ratios seen (logged); worstQ8
-// the largest score error over the int8-query bound when codeQ8 is on.
-var worstS, worstV, worstQ8 float64
+// the largest score error over the int8-query bound when codeQ8 is on,
+// worstQ8V the largest value error over the int8-weight bound.
+var worstS, worstV, worstQ8, worstQ8V float64
 
 func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int, l Layer, n, nq int, rng *rand.Rand, tol float64) {
 	t.Helper()
@@ -194,7 +195,27 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 			}
 			base := append([]float32(nil), out...)
 			ka.AccumV(li, h, p0, p1, nq, p, ldp, out, ldo, scratch)
+			rw := false
+			if cc, ok := c.(*cache); ok {
+				rw = cc.roundsWeights(li, nq)
+			}
 			for i := 0; i < nq; i++ {
+				// With int8-rounded weights (kernels.CodeAccumQ8), each
+				// p_j·s_j moves by at most 1/254 of its block's largest
+				// (16 rows from a start the test does not know: the 31
+				// rows around j); in value terms ≤ κ·max_i |p_i|·‖v̂_i‖/254
+				// per row, κ = 4 allowing for the ratio of the rows' scales
+				// within a block (these rows are drawn alike).
+				var q8v float64
+				if rw {
+					for j := p0; j < p1; j++ {
+						var m float64
+						for a := max(p0, j-15); a < min(p1, j+16); a++ {
+							m = max(m, math.Abs(float64(p[i*ldp+a-p0]))*vmag[a])
+						}
+						q8v += 4 * m / 254
+					}
+				}
 				for ch := 0; ch < hd; ch++ {
 					ref, mag := float64(base[i*ldo+ch]), 0.0
 					for j := p0; j < p1; j++ {
@@ -204,10 +225,13 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 					}
 					got := float64(out[i*ldo+ch])
 					ulp := 0x1p-23 * math.Abs(got) // the rounding of the sum onto out
-					if mag > 0 {
+					if mag > 0 && !rw {
 						worstV = max(worstV, (math.Abs(got-ref)-ulp)/mag)
 					}
-					if bound := tol*mag + ulp; !(math.Abs(got-ref) <= bound) {
+					if rw && q8v > 0 {
+						worstQ8V = max(worstQ8V, math.Abs(got-ref)/q8v)
+					}
+					if bound := tol*mag + ulp + q8v; !(math.Abs(got-ref) <= bound) {
 						t.Fatalf("layer %d head %d [%d,%d) nq %d: out[%d][%d] = %g, Read gives %g (bound %.3g)", li, h, p0, p1, nq, i, ch, got, ref, bound)
 					}
 				}
@@ -269,7 +293,10 @@ func TestAttendCodePaths(t *testing.T) {
 			}
 		}()
 	}
-	t.Logf("worst score error %.3g, output error %.3g (relative to the bounds' scales); int8-query scores: worst error %.3g of their bound", worstS, worstV, worstQ8)
+	t.Logf("worst score error %.3g, output error %.3g (relative to the bounds' scales); int8-query scores: worst error %.3g of their bound; int8-weight values: %.3g", worstS, worstV, worstQ8, worstQ8V)
+	if kernels.CodeAccumQ8Fast(64, 2, 16) && !(worstQ8V > 1e-3) {
+		t.Errorf("int8-weight values: worst error %.3g of the bound: the path did not run, or the bound is vacuous", worstQ8V)
+	}
 	if kernels.CodeQ8Fast(64, 4) && !(worstQ8 > 1e-3) {
 		t.Errorf("int8-query scores: worst error %.3g of the bound: the q8 path did not run, or the bound is vacuous", worstQ8)
 	}

@@ -1,0 +1,121 @@
+package kernels
+
+import "math"
+
+// CodeAccumQ8 is CodeAccumF16 with the row weights w_j = p_j·s_j rounded
+// to int8, so that the products with the codes are exact integer dot
+// products over four rows at a time (AVX-512 VNNI VPDPBUSD, the rows'
+// code bytes transposed by VBMI VPERMB): for each block of 16 rows B,
+// δ_B = max_{j∈B} |w_j| / 127 and w̃_j = δ_B·round(w_j/δ_B) (nearest
+// even), and
+//
+//	acc[c] += Σ_j w̃_j·(code_jc − z_j)
+//
+// the value side of attention with each weight moved by at most δ_B/2:
+// |Σ_j (w̃_j − w_j)(code_jc − z_j)| ≤ Σ_B (δ_B/2)·Σ_{j∈B} |code_jc − z_j|,
+// plus float32 rounding of the block sums (TestCodeAccumQ8). As
+// llama.cpp rounds the query for quantised keys, this rounds the softmax
+// weights for quantised values; the error is of the order of 1/254 of
+// each block's largest weight, far below the 2-bit codes' own.
+//
+// acc ([hd] float32), p ([n]), params ([n, 2] fp16 scale, zero), codes
+// (row j at codes[j·rb:]), bits, rb and n are as CodeAccumF16 takes
+// them; tmp is at least hd floats of scratch. With CodeAccumQ8Fast(hd,
+// bits, rb) whole blocks of 16 rows run in assembly and the n%16 rows
+// left by CodeAccumF16 (unrounded); otherwise every block runs in Go
+// with the same rounding. It panics as CodeAccumF16 does.
+func CodeAccumQ8(acc, p []float32, params []uint16, codes []byte, bits, rb, n int, tmp []float32) {
+	hd := len(acc)
+	checkCodes("CodeAccumQ8", hd, bits, n, rb, len(codes))
+	if bits == CodeS8 {
+		panicf("CodeAccumQ8: signed codes")
+	}
+	if n <= 0 {
+		return
+	}
+	p, params = p[:n], params[:2*n]
+	n16 := n / 16
+	if CodeAccumQ8Fast(hd, bits, rb) && n16 > 0 {
+		tmp = tmp[:64]
+		var cz float32
+		codeAccumQ8b2C1(&tmp[0], &p[0], &params[0], &codes[0], n16, &q8vConsts, &cz)
+		addPlanes(acc, tmp, 2, cz)
+		j := 16 * n16
+		CodeAccumF16(acc, p[j:], params[2*j:], codes[j*rb:], bits, rb, n-j, tmp)
+		return
+	}
+	codeAccumQ8Go(acc, p, params, codes, bits, rb)
+}
+
+// CodeAccumQ8Fast reports whether CodeAccumQ8 runs in assembly for rows
+// of hd codes of bits rb bytes apart: AVX-512 VNNI and VBMI, 2-bit codes,
+// head_dim 64, rows stored contiguously (rb = 16).
+func CodeAccumQ8Fast(hd, bits, rb int) bool {
+	return hasVBMI && bits == 2 && hd == 64 && rb == 16
+}
+
+// codeAccumQ8Go is CodeAccumQ8 in Go: blocks of 16 rows (the last one
+// shorter) with the rounding of the assembly; float32 sums per block.
+func codeAccumQ8Go(acc, p []float32, params []uint16, codes []byte, bits, rb int) {
+	n := len(p)
+	hd := len(acc)
+	var isum [512]int32
+	is := isum[:]
+	if hd > len(is) {
+		is = make([]int32, hd)
+	}
+	is = is[:hd]
+	var cz float32
+	for b0 := 0; b0 < n; b0 += 16 {
+		b1 := min(n, b0+16)
+		var w [16]float32
+		var m float32
+		for j := b0; j < b1; j++ {
+			w[j-b0] = p[j] * F16.Widen(params[2*j])
+			m = max(m, abs32(w[j-b0]))
+		}
+		m = max(m, q8vTiny)
+		inv, d := 127/m, m/127
+		clear(is)
+		for j := b0; j < b1; j++ {
+			w8 := int32(max(-128, min(127, math.RoundToEven(float64(w[j-b0]*inv)))))
+			cz += (d * float32(w8)) * F16.Widen(params[2*j+1])
+			row := codes[j*rb:]
+			for c := range is {
+				is[c] += w8 * int32(rowCode(row, c, bits))
+			}
+		}
+		for c := range acc {
+			acc[c] += d * float32(is[c])
+		}
+	}
+	for c := range acc {
+		acc[c] -= cz
+	}
+}
+
+// q8vTiny is the least block maximum CodeAccumQ8 divides by (an all-zero
+// block gets weights 0).
+const q8vTiny = 1e-30
+
+// q8vConstTab is the layout of q8vConsts (byte offsets 0, 64, 128, 192,
+// 256, 260, 264: codesvq8_amd64.s reads them so).
+type q8vConstTab struct {
+	perm       [64]byte  // VPERMB: byte 4k+r ← byte 16r+k (four rows of 16 bytes)
+	sIdx, zIdx [16]int32 // VPERMT2PS: scales (even), zeros (odd) of 16 rows
+	mask2      [64]byte
+	c127, tiny float32
+	abs        uint32
+}
+
+var q8vConsts = func() (t q8vConstTab) {
+	for b := 0; b < 64; b++ {
+		t.perm[b] = byte(16*(b%4) + b/4)
+		t.mask2[b] = 3
+	}
+	for i := 0; i < 16; i++ {
+		t.sIdx[i], t.zIdx[i] = int32(2*i), int32(2*i+1)
+	}
+	t.c127, t.tiny, t.abs = 127, q8vTiny, 0x7fffffff
+	return
+}()

@@ -1,0 +1,16 @@
+//go:build !purego
+
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// hasVBMI reports whether CodeAccumQ8's kernel (codesvq8_amd64.s:
+// AVX-512 VBMI VPERMB and VNNI VPDPBUSD) runs on this CPU.
+var hasVBMI = hasVNNI512 && hasF16C && cpu.X86.HasAVX512VBMI
+
+// codeAccumQ8b2C1 is CodeAccumQ8's kernel for n16 blocks of 16 rows of
+// 64 2-bit codes 16 bytes apart: tmp [64] receives the plane-ordered
+// sums (as codeAccumF16b2AVX512's) and *cz Σ_j w̃_j·z_j.
+//
+//go:noescape
+func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)
