@@ -82,8 +82,8 @@ func checkQ8Query(fn string, hd, bits int) {
 
 // codeQ8Round rounds q to int8 into row r of the nq-row plane layout
 // (nq 1: CodeQ8Query's; 4: CodeQ8Query4's) and returns δ and Σ q̃. The
-// values are rounded first (v8, by a multiplication and the float64
-// magic-constant rounding: no division or math.RoundToEven call per value), then each 16-byte unit is gathered
+// values are rounded first (v8, by a division and the float64
+// magic-constant rounding: no math.RoundToEven call per value), then each 16-byte unit is gathered
 // once and copied to the other three lanes. It runs once per head and
 // decode step, which at short contexts costs as much as the scoring
 // (BenchmarkCodeQ8Query).
@@ -92,8 +92,8 @@ func codeQ8Round(qb []byte, q []float32, bits, nq, r int) (scale, sum float32) {
 	P, u := 8/bits, hd*bits/128
 	var amax float32
 	for _, x := range q {
-		if a := abs32(x); a > amax {
-			amax = a
+		if a := abs32(x); a > amax || a != a {
+			amax = a // a NaN stays (a > NaN is false): NaN scale, NaN scores
 		}
 	}
 	var buf [512]int8
@@ -104,13 +104,13 @@ func codeQ8Round(qb []byte, q []float32, bits, nq, r int) (scale, sum float32) {
 	v8 = v8[:hd]
 	var d float64
 	var s int64
-	if amax > 0 {
+	if amax > 0 || amax != amax {
 		d = float64(amax) / 127
-		inv := 127 / float64(amax)
 		for c, x := range q {
-			// x/δ (relative error 2⁻⁵², |x/δ| ≤ 127) rounded half to
-			// even by the magic constant 1.5·2⁵²; clamped to ±127.
-			t := float64(x)*inv + 0x1.8p52
+			// x/δ (correctly rounded, |x/δ| ≤ 127) rounded half to even
+			// by the magic constant 1.5·2⁵²; clamped to ±127. (A
+			// multiplication by 1/δ would move exact ties.)
+			t := float64(x)/d + 0x1.8p52
 			v := int8(max(-127, min(127, int64(t-0x1.8p52))))
 			v8[c] = v
 			s += int64(v)

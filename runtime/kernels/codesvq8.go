@@ -13,7 +13,10 @@ import "math"
 //
 // the value side of attention with each weight moved by at most δ_B/2:
 // |Σ_j (w̃_j − w_j)(code_jc − z_j)| ≤ Σ_B (δ_B/2)·Σ_{j∈B} |code_jc − z_j|,
-// plus float32 rounding of the block sums (TestCodeAccumQ8). As
+// plus float32 rounding of the block sums (TestCodeAccumQ8), for blocks
+// whose largest |w_j| is at least 1e-30 (below it the scale is taken as
+// 1e-30/127). A NaN or infinite weight makes every output NaN, as the
+// float kernels' sums do. As
 // llama.cpp rounds the query for quantised keys, this rounds the softmax
 // weights for quantised values; the error is of the order of 1/254 of
 // each block's largest weight, far below the 2-bit codes' own.
@@ -99,13 +102,14 @@ func codeAccumQ8Go(acc, p []float32, params []uint16, codes []byte, bits, rb int
 const q8vTiny = 1e-30
 
 // q8vConstTab is the layout of q8vConsts (byte offsets 0, 64, 128, 192,
-// 256, 260, 264: codesvq8_amd64.s reads them so).
+// 256, 260, 264, 268: codesvq8_amd64.s reads them so).
 type q8vConstTab struct {
 	perm       [64]byte  // VPERMB: byte 4k+r ← byte 16r+k (four rows of 16 bytes)
 	sIdx, zIdx [16]int32 // VPERMT2PS: scales (even), zeros (odd) of 16 rows
 	mask2      [64]byte
 	c127, tiny float32
 	abs        uint32
+	zero       float32
 }
 
 var q8vConsts = func() (t q8vConstTab) {

@@ -14,7 +14,9 @@
 // R8 cz, R9 consts; Z11 127, Z29 the smallest max, Z30 the abs mask,
 // Z12/Z14 the z/s indices, Z13 the transpose, Z15 the 2-bit mask;
 // Z16–Z19 the float sums (plane order), Z20 the Σ w̃·z lanes, Z21–Z24
-// the block's int32 sums, Z25–Z28 the four rows' weights of a group.
+// the block's int32 sums, Z25–Z28 the four rows' weights of a group,
+// Z31 Σ 0·w (0, or NaN where a weight is NaN or infinite: added to cz so
+// that such a weight makes every output NaN).
 
 // GROUP(OFF, ZW): rows OFF/16 .. OFF/16+3 of the block with weights ZW.
 #define GROUP(OFF, ZW) \
@@ -53,6 +55,7 @@ TEXT ·codeAccumQ8b2C1(SB), NOSPLIT, $0-56
 	VPXORD Z18, Z18, Z18
 	VPXORD Z19, Z19, Z19
 	VPXORD Z20, Z20, Z20
+	VPXORD Z31, Z31, Z31
 
 blk:
 	VMOVUPS (SI), Z0
@@ -63,6 +66,8 @@ blk:
 	VMOVAPS Z1, Z4
 	VPERMT2PS Z2, Z12, Z4
 	VMULPS Z3, Z0, Z5
+	VMULPS.BCST 268(R9), Z5, Z1
+	VADDPS Z1, Z31, Z31
 	VPANDD Z30, Z5, Z6
 	VEXTRACTF32X8 $1, Z6, Y7
 	VMAXPS Y7, Y6, Y6
@@ -115,6 +120,7 @@ blk:
 	VMOVUPS Z17, 64(DI)
 	VMOVUPS Z18, 128(DI)
 	VMOVUPS Z19, 192(DI)
+	VADDPS Z31, Z20, Z20
 	VEXTRACTF32X8 $1, Z20, Y1
 	VADDPS Y1, Y20, Y20
 	VEXTRACTF32X4 $1, Y20, X1
