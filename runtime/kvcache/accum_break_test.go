@@ -191,4 +191,3 @@ func TestBreakQ8AccumNonFinite(t *testing.T) {
 		}
 	}
 }
-

@@ -325,7 +325,6 @@ func TestBreakQ8NonFinite(t *testing.T) {
 	}
 }
 
-
 // breakKeys are key-row generators for TestBreakQ8Keys.
 var breakKeys = map[string]func(rng *rand.Rand, k []float32){
 	"offset": func(rng *rand.Rand, k []float32) { // a row far from 0: zero ≫ the codes
@@ -382,4 +381,3 @@ func TestBreakQ8Keys(t *testing.T) {
 		}
 	}
 }
-
