@@ -28,3 +28,7 @@ var hasVBMI = false
 func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32) {
 	panic(unreachable)
 }
+
+func codeAccumQ8b2C2(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32) {
+	panic(unreachable)
+}

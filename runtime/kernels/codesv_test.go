@@ -196,3 +196,34 @@ func TestCodeAccumQ8(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCodeAccum compares the value kernels on 2,048 rows of 2-bit
+// codes (head_dim 64 and 128, one query row): CodeAccumF16 (float32
+// weights) and CodeAccumQ8 (int8-rounded weights). Reports ns per row.
+func BenchmarkCodeAccum(b *testing.B) {
+	for _, hd := range []int{64, 128} {
+		const n = 2048
+		rb := hd / 4
+		codes, _ := codeRowsCase(1, 2, hd, n, rb)
+		r := newRand(2)
+		p := make([]float32, n)
+		params := make([]uint16, 2*n)
+		for j := range p {
+			p[j] = float32(r.Float64())
+			params[2*j] = halfBits(F16, float32(0.01+0.1*r.Float64()))
+			params[2*j+1] = halfBits(F16, float32(r.Float64()*4))
+		}
+		acc, tmp := make([]float32, hd), make([]float32, hd)
+		for _, k := range []struct {
+			name string
+			f    func(acc, p []float32, params []uint16, codes []byte, bits, rb, n int, tmp []float32)
+		}{{"f16", CodeAccumF16}, {"q8", CodeAccumQ8}} {
+			b.Run(fmt.Sprintf("hd%d/%s", hd, k.name), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					k.f(acc, p, params, codes, 2, rb, n, tmp)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/row")
+			})
+		}
+	}
+}

@@ -39,10 +39,16 @@ func CodeAccumQ8(acc, p []float32, params []uint16, codes []byte, bits, rb, n in
 	p, params = p[:n], params[:2*n]
 	n16 := n / 16
 	if CodeAccumQ8Fast(hd, bits, rb) && n16 > 0 {
-		tmp = tmp[:64]
+		tmp = tmp[:hd]
 		var cz float32
-		codeAccumQ8b2C1(&tmp[0], &p[0], &params[0], &codes[0], n16, &q8vConsts, &cz)
-		addPlanes(acc, tmp, 2, cz)
+		if hd == 64 {
+			codeAccumQ8b2C1(&tmp[0], &p[0], &params[0], &codes[0], n16, &q8vConsts, &cz)
+		} else {
+			codeAccumQ8b2C2(&tmp[0], &p[0], &params[0], &codes[0], n16, &q8vConsts, &cz)
+		}
+		for c := 0; c < hd; c += 64 {
+			addPlanes(acc[c:c+64], tmp[c:c+64], 2, cz)
+		}
 		j := 16 * n16
 		CodeAccumF16(acc, p[j:], params[2*j:], codes[j*rb:], bits, rb, n-j, tmp)
 		return
@@ -52,9 +58,9 @@ func CodeAccumQ8(acc, p []float32, params []uint16, codes []byte, bits, rb, n in
 
 // CodeAccumQ8Fast reports whether CodeAccumQ8 runs in assembly for rows
 // of hd codes of bits rb bytes apart: AVX-512 VNNI and VBMI, 2-bit codes,
-// head_dim 64, rows stored contiguously (rb = 16).
+// head_dim 64 or 128, rows stored contiguously (rb = hd/4).
 func CodeAccumQ8Fast(hd, bits, rb int) bool {
-	return hasVBMI && bits == 2 && hd == 64 && rb == 16
+	return hasVBMI && bits == 2 && (hd == 64 || hd == 128) && rb == hd/4
 }
 
 // codeAccumQ8Go is CodeAccumQ8 in Go: blocks of 16 rows (the last one
@@ -102,7 +108,7 @@ func codeAccumQ8Go(acc, p []float32, params []uint16, codes []byte, bits, rb int
 const q8vTiny = 1e-30
 
 // q8vConstTab is the layout of q8vConsts (byte offsets 0, 64, 128, 192,
-// 256, 260, 264, 268: codesvq8_amd64.s reads them so).
+// 256, 260, 264, 268, 272, 336: codesvq8_amd64.s reads them so).
 type q8vConstTab struct {
 	perm       [64]byte  // VPERMB: byte 4k+r ← byte 16r+k (four rows of 16 bytes)
 	sIdx, zIdx [16]int32 // VPERMT2PS: scales (even), zeros (odd) of 16 rows
@@ -110,6 +116,7 @@ type q8vConstTab struct {
 	c127, tiny float32
 	abs        uint32
 	zero       float32
+	perm2      [2][64]byte // VPERMT2B, rows of 32 bytes: chunk c byte 4k+r ← byte 32r+16c+k
 }
 
 var q8vConsts = func() (t q8vConstTab) {
@@ -119,6 +126,11 @@ var q8vConsts = func() (t q8vConstTab) {
 	}
 	for i := 0; i < 16; i++ {
 		t.sIdx[i], t.zIdx[i] = int32(2*i), int32(2*i+1)
+	}
+	for c := 0; c < 2; c++ {
+		for b := 0; b < 64; b++ {
+			t.perm2[c][b] = byte(32*(b%4) + 16*c + b/4)
+		}
 	}
 	t.c127, t.tiny, t.abs = 127, q8vTiny, 0x7fffffff
 	return

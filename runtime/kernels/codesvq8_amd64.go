@@ -14,3 +14,9 @@ var hasVBMI = hasVNNI512 && hasF16C && cpu.X86.HasAVX512VBMI
 //
 //go:noescape
 func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)
+
+// codeAccumQ8b2C2 is codeAccumQ8b2C1 for head_dim 128 (rows 32 bytes
+// apart; tmp [128], the two 64-channel chunks in turn).
+//
+//go:noescape
+func codeAccumQ8b2C2(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)

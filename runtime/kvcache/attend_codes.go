@@ -486,7 +486,7 @@ func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, l
 			return
 		}
 		// Other row counts (MHA: one per KV head): 2-bit rows of
-		// head_dim 64 with the weights rounded to int8 per 16 rows
+		// head_dim 64 or 128 with the weights rounded to int8 per 16 rows
 		// (kernels.CodeAccumQ8, VNNI: a quarter of the float kernel's
 		// instructions), else the float kernel.
 		for i := i0; i < i1; {
