@@ -459,7 +459,7 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 // acc_g += Σ_j w_j·c_jg by kernels.CodeAxpy and cz_g += Σ_j w_j·z_jg,
 // subtracted from the group's channels at the end.
 func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
-	if sym, _ := cs.symZero(); ng == 1 && !sym && codeQ8 && kernels.CodeAccumFast(hd, bits) {
+	if accumAVX512(cs, bits, hd, ng) {
 		// One call per run and query row (AVX-512: w_j = p_j·s_j and
 		// the zero term in the kernel, fp16 parameters read directly),
 		// or per run and 4 query rows for GQA groups of a multiple of 4
@@ -493,7 +493,7 @@ func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, l
 			e, codes, params := cs.codeRows(h, i, i1)
 			rb := len(codes) / (e - i)
 			accum := kernels.CodeAccumF16
-			if kernels.CodeAccumQ8Fast(hd, bits, rb) {
+			if accumQ8(cs, bits, hd, ng, nq, rb) {
 				accum = kernels.CodeAccumQ8
 			}
 			for r := 0; r < nq; r++ {
@@ -773,11 +773,25 @@ func (c *cache) RoundsQuery(layer, nq int) bool {
 func (c *cache) roundsWeights(layer, nq int) bool {
 	L := &c.layers[layer]
 	cs, bits, ok := codesOf(&L.v)
-	if !ok || cs.codeGroups() != 1 || !useCodeRows(L.hd, nq, bits) || nq%4 == 0 || !codeQ8 || !kernels.CodeAccumFast(L.hd, bits) {
+	if !ok {
 		return false
 	}
-	if sym, _ := cs.symZero(); sym {
-		return false
-	}
-	return kernels.CodeAccumQ8Fast(L.hd, bits, L.hd*bits/8)
+	ng := cs.codeGroups()
+	return useCodeRows(L.hd/ng, nq, bits) && accumQ8(cs, bits, L.hd, ng, nq, kvq.PackedLen(L.hd, bits))
+}
+
+// accumAVX512 reports whether codeAccumRows takes rows of cs (bits,
+// head_dim hd, ng groups) by the AVX-512 value kernels: one group of an
+// asymmetric grid.
+func accumAVX512(cs codeStore, bits, hd, ng int) bool {
+	sym, _ := cs.symZero()
+	return ng == 1 && !sym && codeQ8 && kernels.CodeAccumFast(hd, bits)
+}
+
+// accumQ8 reports whether codeAccumRows accumulates nq query rows of such
+// rows (rb bytes apart) by kernels.CodeAccumQ8 (int8-rounded weights):
+// not a GQA group of a multiple of 4 (kernels.CodeAccumF16x4) and a shape
+// the kernel takes.
+func accumQ8(cs codeStore, bits, hd, ng, nq, rb int) bool {
+	return accumAVX512(cs, bits, hd, ng) && nq%4 != 0 && kernels.CodeAccumQ8Fast(hd, bits, rb)
 }
