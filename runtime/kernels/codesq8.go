@@ -70,6 +70,15 @@ func CodeQ8Query4(qb []byte, q []float32, bits int, coef []float32) {
 	}
 }
 
+// checkQ8Codes is checkCodes for the integer kernels, which also need
+// unsigned codes in whole 16-byte units per row.
+func checkQ8Codes(fn string, hd, bits, n, rb, ncodes int) {
+	checkCodes(fn, hd, bits, n, rb, ncodes)
+	if bits == CodeS8 || hd*bits%128 != 0 {
+		panicf("%s: %d codes of %d bits are not whole 16-byte units", fn, hd, bits)
+	}
+}
+
 // checkQ8Query panics unless hd codes of bits are whole 16-byte units.
 func checkQ8Query(fn string, hd, bits int) {
 	if bits != 2 && bits != 4 && bits != 8 {
@@ -152,10 +161,7 @@ func q8AtN(qb []byte, c, P, u, nq, r int) int32 {
 // CodeDots does, or on a short sz or out.
 func CodeDotsQ8(out []float32, qb []byte, scale, sum float32, codes []byte, bits, rb, n int, sz []float32) {
 	hd := len(qb) / 4
-	checkCodes("CodeDotsQ8", hd, bits, n, rb, len(codes))
-	if bits == CodeS8 || hd*bits%128 != 0 {
-		panicf("CodeDotsQ8: %d codes of %d bits are not whole 16-byte units", hd, bits)
-	}
+	checkQ8Codes("CodeDotsQ8", hd, bits, n, rb, len(codes))
 	if n <= 0 {
 		return
 	}
@@ -180,19 +186,25 @@ func CodeDotsQ8(out []float32, qb []byte, scale, sum float32, codes []byte, bits
 
 // codeDotsQ8Go is CodeDotsQ8 in Go for len(out) rows.
 func codeDotsQ8Go(out []float32, qb []byte, scale, sum float32, codes []byte, bits, rb int, sz []float32) {
-	hd := len(qb) / 4
-	P, u, R := 8/bits, hd*bits/128, hd*bits/8
-	mask := byte(1<<uint(bits) - 1)
 	for j := range out {
-		row := codes[j*rb : j*rb+R]
-		var t int32
-		for k, b := range row {
-			for m := 0; m < P; m++ {
-				t += int32(b>>uint(m*bits)&mask) * q8At(qb, P*k+m, P, u)
-			}
-		}
+		t := q8RowDot(codes[j*rb:], qb, 1, 0, bits)
 		out[j] = sz[2*j] * (scale*float32(t) - sz[2*j+1]*sum)
 	}
+}
+
+// q8RowDot is Σ_c q8_c·code_c (exact int32) of one row of hd codes of
+// bits at row and query row r of the nq-row plane layout at qb.
+func q8RowDot(row, qb []byte, nq, r, bits int) int32 {
+	hd := len(qb) / (4 * nq)
+	P, u := 8/bits, hd*bits/128
+	mask := byte(1<<uint(bits) - 1)
+	var t int32
+	for k, b := range row[:hd*bits/8] {
+		for m := 0; m < P; m++ {
+			t += int32(b>>uint(m*bits)&mask) * q8AtN(qb, P*k+m, P, u, nq, r)
+		}
+	}
+	return t
 }
 
 // CodeDotsQ8F16 is CodeDotsQ8 with each row's scale and zero as fp16
@@ -202,10 +214,7 @@ func codeDotsQ8Go(out []float32, qb []byte, scale, sum float32, codes []byte, bi
 // It panics as CodeDotsQ8 does, or on short params.
 func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, bits, rb, n int, params []uint16) {
 	hd := len(qb) / 4
-	checkCodes("CodeDotsQ8F16", hd, bits, n, rb, len(codes))
-	if bits == CodeS8 || hd*bits%128 != 0 {
-		panicf("CodeDotsQ8F16: %d codes of %d bits are not whole 16-byte units", hd, bits)
-	}
+	checkQ8Codes("CodeDotsQ8F16", hd, bits, n, rb, len(codes))
 	if n <= 0 {
 		return
 	}
@@ -243,10 +252,7 @@ func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, b
 // It panics as CodeDotsQ8F16 does, or on short out, qb or coef.
 func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []byte, bits, rb, n int, params []uint16) {
 	hd := len(qb) / 16
-	checkCodes("CodeDotsQ8F16x4", hd, bits, n, rb, len(codes))
-	if bits == CodeS8 || hd*bits%128 != 0 {
-		panicf("CodeDotsQ8F16x4: %d codes of %d bits are not whole 16-byte units", hd, bits)
-	}
+	checkQ8Codes("CodeDotsQ8F16x4", hd, bits, n, rb, len(codes))
 	if n <= 0 {
 		return
 	}
@@ -291,17 +297,8 @@ func contig(bits, u, rb int) int {
 // codeDotsQ8F16Go is CodeDotsQ8F16 in Go for len(out) rows and query row
 // r of the nq-row layout at qb.
 func codeDotsQ8F16Go(out []float32, qb []byte, nq, r int, scale, sum float32, codes []byte, bits, rb int, params []uint16) {
-	hd := len(qb) / (4 * nq)
-	P, u, R := 8/bits, hd*bits/128, hd*bits/8
-	mask := byte(1<<uint(bits) - 1)
 	for j := range out {
-		row := codes[j*rb : j*rb+R]
-		var t int32
-		for k, b := range row {
-			for m := 0; m < P; m++ {
-				t += int32(b>>uint(m*bits)&mask) * q8AtN(qb, P*k+m, P, u, nq, r)
-			}
-		}
+		t := q8RowDot(codes[j*rb:], qb, nq, r, bits)
 		s, z := f16ToF32(params[2*j]), f16ToF32(params[2*j+1])
 		out[j] = s * (scale*float32(t) - z*sum)
 	}
