@@ -2,36 +2,72 @@
 
 #include "textflag.h"
 
-// Value kernel of CodeAccumQ8 (codesvq8.go): 2-bit codes, head_dim 64,
-// rows 16 bytes apart, blocks of 16 rows. Per block: w = p·s (the fp16
-// scales deinterleaved from params by VPERMT2PS), δ = max|w|/127, w8 =
-// round(w/δ) (VCVTPS2DQ, nearest even) packed to int8; cz += δ·w8·z; for
-// each group of four rows the 64 code bytes are transposed by VPERMB
-// (dword k = byte k of the four rows: channels 4k..4k+3), split into the
-// four 2-bit planes, and VPDPBUSD adds code × w8 over the four rows into
-// int32 sums per plane (exact), which the block adds to float32 sums as
-// δ·sum. Registers: SI p, DX params, BX codes, CX blocks left, DI tmp,
-// R8 cz, R9 consts; Z11 127, Z29 the smallest max, Z30 the abs mask,
-// Z12/Z14 the z/s indices, Z13 the transpose, Z15 the 2-bit mask;
-// Z16–Z19 the float sums (plane order), Z20 the Σ w̃·z lanes, Z21–Z24
-// the block's int32 sums, Z25–Z28 the four rows' weights of a group,
-// Z31 Σ 0·w (0, or NaN where a weight is NaN or infinite: added to cz so
-// that such a weight makes every output NaN).
+// Value kernels of CodeAccumQ8 (codesvq8.go): 2-bit codes, head_dim 64
+// (rows 16 bytes apart) or 128 (32 bytes apart), blocks of 16 rows. Per
+// block (BLOCKW): w = p·s (the fp16 scales deinterleaved from params by
+// VPERMT2PS), δ = max|w|/127, w8 = round(w/δ) (VCVTPS2DQ, nearest even)
+// packed to int8 into the frame; cz += δ·w8·z. For each group of four
+// rows the code bytes of each 64-channel chunk are transposed (VPERMB,
+// or VPERMT2B from the group's two halves: dword k = byte k of the four
+// rows, channels 4k..4k+3), split into the four 2-bit planes, and
+// VPDPBUSD adds code × w8 over the four rows (the group's weight dword
+// broadcast from the frame) into int32 sums per plane (exact), which the
+// block adds to float32 sums as δ·sum. Registers: SI p, DX params, BX
+// codes, CX blocks left, DI tmp, R8 cz, R9 consts; Z11 127, Z12/Z14 the
+// z/s indices, Z13 (and Z29) the transpose, Z15 the 2-bit mask; Z10 δ;
+// Z16–Z19 (and Z21–Z24) the float sums in plane order, Z25–Z28 (and
+// Z5–Z8) the block's int32 sums; Z20 the Σ w̃·z lanes; Z31 Σ 0·w (0, or
+// NaN where a weight is NaN or infinite: added to cz so that such a
+// weight makes every output NaN).
 
-// GROUP(OFF, ZW): rows OFF/16 .. OFF/16+3 of the block with weights ZW.
-#define GROUP(OFF, ZW) \
-	VPERMB OFF(BX), Z13, Z1; \
-	VPANDD Z15, Z1, Z2; \
-	VPDPBUSD ZW, Z2, Z21; \
-	VPSRLW $2, Z1, Z3; \
-	VPANDD Z15, Z3, Z3; \
-	VPDPBUSD ZW, Z3, Z22; \
-	VPSRLW $4, Z1, Z2; \
-	VPANDD Z15, Z2, Z2; \
-	VPDPBUSD ZW, Z2, Z23; \
-	VPSRLW $6, Z1, Z3; \
-	VPANDD Z15, Z3, Z3; \
-	VPDPBUSD ZW, Z3, Z24
+// LOADARGSQ: arguments and the constants both kernels use.
+#define LOADARGSQ \
+	MOVQ tmp+0(FP), DI; \
+	MOVQ p+8(FP), SI; \
+	MOVQ params+16(FP), DX; \
+	MOVQ codes+24(FP), BX; \
+	MOVQ n16+32(FP), CX; \
+	MOVQ consts+40(FP), R9; \
+	MOVQ cz+48(FP), R8; \
+	VMOVDQU32 64(R9), Z14; \
+	VMOVDQU32 128(R9), Z12; \
+	VMOVDQU64 192(R9), Z15; \
+	VBROADCASTSS 256(R9), Z11; \
+	VPXORD Z20, Z20, Z20; \
+	VPXORD Z31, Z31, Z31
+
+// BLOCKW: the block's weights (see above) into (SP) and δ into Z10.
+#define BLOCKW \
+	VMOVUPS (SI), Z0; \
+	VCVTPH2PS (DX), Z1; \
+	VCVTPH2PS 32(DX), Z2; \
+	VMOVAPS Z1, Z3; \
+	VPERMT2PS Z2, Z14, Z3; \
+	VMOVAPS Z1, Z4; \
+	VPERMT2PS Z2, Z12, Z4; \
+	VMULPS Z3, Z0, Z5; \
+	VMULPS.BCST 268(R9), Z5, Z1; \
+	VADDPS Z1, Z31, Z31; \
+	VPANDD.BCST 264(R9), Z5, Z6; \
+	VEXTRACTF32X8 $1, Z6, Y7; \
+	VMAXPS Y7, Y6, Y6; \
+	VEXTRACTF128 $1, Y6, X7; \
+	VMAXPS X7, X6, X6; \
+	VPERMILPS $0x4E, X6, X7; \
+	VMAXPS X7, X6, X6; \
+	VPERMILPS $0xB1, X6, X7; \
+	VMAXPS X7, X6, X6; \
+	VBROADCASTSS X6, Z6; \
+	VMAXPS.BCST 260(R9), Z6, Z6; \
+	VDIVPS Z6, Z11, Z7; \
+	VDIVPS Z11, Z6, Z10; \
+	VMULPS Z7, Z5, Z8; \
+	VCVTPS2DQ Z8, Z8; \
+	VPMOVSDB Z8, X9; \
+	VMOVDQU X9, (SP); \
+	VCVTDQ2PS Z8, Z8; \
+	VMULPS Z10, Z8, Z8; \
+	VFMADD231PS Z4, Z8, Z20
 
 // PLANESW(SRC, A0, A1, A2, A3, WOFF): the four 2-bit planes of SRC (a
 // transposed chunk) times the group's weights (the dword at WOFF(SP),
@@ -49,9 +85,14 @@
 	VPANDD Z15, Z2, Z2; \
 	VPDPBUSD.BCST WOFF(SP), Z2, A3
 
-// GROUP2(OFF, WOFF): rows of the group at OFF (four rows of 32 bytes):
-// each 64-channel chunk's bytes of the four rows transposed by VPERMT2B
-// (Z13 chunk 0, Z29 chunk 1) from the group's two 64-byte halves.
+// GROUP1(OFF, WOFF): the group of four 16-byte rows at OFF.
+#define GROUP1(OFF, WOFF) \
+	VPERMB OFF(BX), Z13, Z1; \
+	PLANESW(Z1, Z25, Z26, Z27, Z28, WOFF)
+
+// GROUP2(OFF, WOFF): the group of four 32-byte rows at OFF, each
+// 64-channel chunk transposed by VPERMT2B (Z13 chunk 0, Z29 chunk 1)
+// from the group's two 64-byte halves.
 #define GROUP2(OFF, WOFF) \
 	VMOVDQU64 OFF(BX), Z1; \
 	VPERMT2B 64+OFF(BX), Z13, Z1; \
@@ -60,219 +101,98 @@
 	VPERMT2B 64+OFF(BX), Z29, Z3; \
 	PLANESW(Z3, Z5, Z6, Z7, Z8, WOFF)
 
-// func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)
-// Requires n16 ≥ 1.
-TEXT ·codeAccumQ8b2C1(SB), NOSPLIT, $0-56
-	MOVQ tmp+0(FP), DI
-	MOVQ p+8(FP), SI
-	MOVQ params+16(FP), DX
-	MOVQ codes+24(FP), BX
-	MOVQ n16+32(FP), CX
-	MOVQ consts+40(FP), R9
-	MOVQ cz+48(FP), R8
-	VMOVDQU64 (R9), Z13
-	VMOVDQU32 64(R9), Z14
-	VMOVDQU32 128(R9), Z12
-	VMOVDQU64 192(R9), Z15
-	VBROADCASTSS 256(R9), Z11
-	VBROADCASTSS 260(R9), Z29
-	VPBROADCASTD 264(R9), Z30
-	VPXORD Z16, Z16, Z16
-	VPXORD Z17, Z17, Z17
-	VPXORD Z18, Z18, Z18
-	VPXORD Z19, Z19, Z19
-	VPXORD Z20, Z20, Z20
-	VPXORD Z31, Z31, Z31
+// ZERO4(A0, A1, A2, A3) and ADDI4(I0..I3, F0..F3): clear int32 sums; add
+// them to float sums as δ·sum.
+#define ZERO4(A0, A1, A2, A3) \
+	VPXORD A0, A0, A0; \
+	VPXORD A1, A1, A1; \
+	VPXORD A2, A2, A2; \
+	VPXORD A3, A3, A3
 
-blk:
-	VMOVUPS (SI), Z0
-	VCVTPH2PS (DX), Z1
-	VCVTPH2PS 32(DX), Z2
-	VMOVAPS Z1, Z3
-	VPERMT2PS Z2, Z14, Z3
-	VMOVAPS Z1, Z4
-	VPERMT2PS Z2, Z12, Z4
-	VMULPS Z3, Z0, Z5
-	VMULPS.BCST 268(R9), Z5, Z1
-	VADDPS Z1, Z31, Z31
-	VPANDD Z30, Z5, Z6
-	VEXTRACTF32X8 $1, Z6, Y7
-	VMAXPS Y7, Y6, Y6
-	VEXTRACTF128 $1, Y6, X7
-	VMAXPS X7, X6, X6
-	VPERMILPS $0x4E, X6, X7
-	VMAXPS X7, X6, X6
-	VPERMILPS $0xB1, X6, X7
-	VMAXPS X7, X6, X6
-	VBROADCASTSS X6, Z6
-	VMAXPS Z29, Z6, Z6
-	VDIVPS Z6, Z11, Z7
-	VDIVPS Z11, Z6, Z6
-	VMULPS Z7, Z5, Z8
-	VCVTPS2DQ Z8, Z8
-	VPMOVSDB Z8, X9
-	VCVTDQ2PS Z8, Z8
-	VMULPS Z6, Z8, Z8
-	VFMADD231PS Z4, Z8, Z20
-	VPBROADCASTD X9, Z25
-	VPSRLDQ $4, X9, X10
-	VPBROADCASTD X10, Z26
-	VPSRLDQ $8, X9, X10
-	VPBROADCASTD X10, Z27
-	VPSRLDQ $12, X9, X10
-	VPBROADCASTD X10, Z28
-	VPXORD Z21, Z21, Z21
-	VPXORD Z22, Z22, Z22
-	VPXORD Z23, Z23, Z23
-	VPXORD Z24, Z24, Z24
-	GROUP(0, Z25)
-	GROUP(64, Z26)
-	GROUP(128, Z27)
-	GROUP(192, Z28)
-	VCVTDQ2PS Z21, Z21
-	VCVTDQ2PS Z22, Z22
-	VCVTDQ2PS Z23, Z23
-	VCVTDQ2PS Z24, Z24
-	VFMADD231PS Z21, Z6, Z16
-	VFMADD231PS Z22, Z6, Z17
-	VFMADD231PS Z23, Z6, Z18
-	VFMADD231PS Z24, Z6, Z19
+#define ADDI4(I0, I1, I2, I3, F0, F1, F2, F3) \
+	VCVTDQ2PS I0, I0; \
+	VCVTDQ2PS I1, I1; \
+	VCVTDQ2PS I2, I2; \
+	VCVTDQ2PS I3, I3; \
+	VFMADD231PS I0, Z10, F0; \
+	VFMADD231PS I1, Z10, F1; \
+	VFMADD231PS I2, Z10, F2; \
+	VFMADD231PS I3, Z10, F3
+
+// STORE4(F0..F3, OFF): a chunk's float sums to tmp at OFF.
+#define STORE4(F0, F1, F2, F3, OFF) \
+	VMOVUPS F0, OFF(DI); \
+	VMOVUPS F1, 64+OFF(DI); \
+	VMOVUPS F2, 128+OFF(DI); \
+	VMOVUPS F3, 192+OFF(DI)
+
+// CZEND: *cz = Σ lanes of Z20 + Z31.
+#define CZEND \
+	VADDPS Z31, Z20, Z20; \
+	VEXTRACTF32X8 $1, Z20, Y1; \
+	VADDPS Y1, Y20, Y20; \
+	VEXTRACTF32X4 $1, Y20, X1; \
+	VADDPS X1, X20, X20; \
+	VPERMILPS $0x4E, X20, X1; \
+	VADDPS X1, X20, X20; \
+	VPERMILPS $0xB1, X20, X1; \
+	VADDPS X1, X20, X20; \
+	VMOVSS X20, (R8)
+
+// func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)
+// head_dim 64: tmp [64]. Requires n16 ≥ 1.
+TEXT ·codeAccumQ8b2C1(SB), NOSPLIT, $16-56
+	LOADARGSQ
+	VMOVDQU64 (R9), Z13
+	ZERO4(Z16, Z17, Z18, Z19)
+
+blk1:
+	BLOCKW
+	ZERO4(Z25, Z26, Z27, Z28)
+	GROUP1(0, 0)
+	GROUP1(64, 4)
+	GROUP1(128, 8)
+	GROUP1(192, 12)
+	ADDI4(Z25, Z26, Z27, Z28, Z16, Z17, Z18, Z19)
 	ADDQ $64, SI
 	ADDQ $64, DX
 	ADDQ $256, BX
 	DECQ CX
-	JNZ  blk
+	JNZ  blk1
 
-	VMOVUPS Z16, (DI)
-	VMOVUPS Z17, 64(DI)
-	VMOVUPS Z18, 128(DI)
-	VMOVUPS Z19, 192(DI)
-	VADDPS Z31, Z20, Z20
-	VEXTRACTF32X8 $1, Z20, Y1
-	VADDPS Y1, Y20, Y20
-	VEXTRACTF32X4 $1, Y20, X1
-	VADDPS X1, X20, X20
-	VPERMILPS $0x4E, X20, X1
-	VADDPS X1, X20, X20
-	VPERMILPS $0xB1, X20, X1
-	VADDPS X1, X20, X20
-	VMOVSS X20, (R8)
+	STORE4(Z16, Z17, Z18, Z19, 0)
+	CZEND
 	VZEROUPPER
 	RET
 
 // func codeAccumQ8b2C2(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)
-// codeAccumQ8b2C1 for head_dim 128 (rows 32 bytes apart; tmp [128]: the
-// two chunks' plane-ordered sums). The block's int8 weights are kept in
-// the frame and broadcast from it; Z25–Z28 and Z5–Z8 are the chunks'
-// int32 sums, Z16–Z19 and Z21–Z24 their float sums, Z10 δ.
-// Requires n16 ≥ 1.
+// head_dim 128: tmp [128], the two 64-channel chunks in turn. Requires
+// n16 ≥ 1.
 TEXT ·codeAccumQ8b2C2(SB), NOSPLIT, $16-56
-	MOVQ tmp+0(FP), DI
-	MOVQ p+8(FP), SI
-	MOVQ params+16(FP), DX
-	MOVQ codes+24(FP), BX
-	MOVQ n16+32(FP), CX
-	MOVQ consts+40(FP), R9
-	MOVQ cz+48(FP), R8
+	LOADARGSQ
 	VMOVDQU64 272(R9), Z13
-	VMOVDQU32 64(R9), Z14
-	VMOVDQU32 128(R9), Z12
-	VMOVDQU64 192(R9), Z15
-	VBROADCASTSS 256(R9), Z11
 	VMOVDQU64 336(R9), Z29
-	VPXORD Z16, Z16, Z16
-	VPXORD Z17, Z17, Z17
-	VPXORD Z18, Z18, Z18
-	VPXORD Z19, Z19, Z19
-	VPXORD Z21, Z21, Z21
-	VPXORD Z22, Z22, Z22
-	VPXORD Z23, Z23, Z23
-	VPXORD Z24, Z24, Z24
-	VPXORD Z20, Z20, Z20
-	VPXORD Z31, Z31, Z31
+	ZERO4(Z16, Z17, Z18, Z19)
+	ZERO4(Z21, Z22, Z23, Z24)
 
 blk2:
-	VMOVUPS (SI), Z0
-	VCVTPH2PS (DX), Z1
-	VCVTPH2PS 32(DX), Z2
-	VMOVAPS Z1, Z3
-	VPERMT2PS Z2, Z14, Z3
-	VMOVAPS Z1, Z4
-	VPERMT2PS Z2, Z12, Z4
-	VMULPS Z3, Z0, Z5
-	VMULPS.BCST 268(R9), Z5, Z1
-	VADDPS Z1, Z31, Z31
-	VPANDD.BCST 264(R9), Z5, Z6
-	VEXTRACTF32X8 $1, Z6, Y7
-	VMAXPS Y7, Y6, Y6
-	VEXTRACTF128 $1, Y6, X7
-	VMAXPS X7, X6, X6
-	VPERMILPS $0x4E, X6, X7
-	VMAXPS X7, X6, X6
-	VPERMILPS $0xB1, X6, X7
-	VMAXPS X7, X6, X6
-	VBROADCASTSS X6, Z6
-	VMAXPS.BCST 260(R9), Z6, Z6
-	VDIVPS Z6, Z11, Z7
-	VDIVPS Z11, Z6, Z10
-	VMULPS Z7, Z5, Z8
-	VCVTPS2DQ Z8, Z8
-	VPMOVSDB Z8, X9
-	VMOVDQU X9, (SP)
-	VCVTDQ2PS Z8, Z8
-	VMULPS Z10, Z8, Z8
-	VFMADD231PS Z4, Z8, Z20
-	VPXORD Z25, Z25, Z25
-	VPXORD Z26, Z26, Z26
-	VPXORD Z27, Z27, Z27
-	VPXORD Z28, Z28, Z28
-	VPXORD Z5, Z5, Z5
-	VPXORD Z6, Z6, Z6
-	VPXORD Z7, Z7, Z7
-	VPXORD Z8, Z8, Z8
+	BLOCKW
+	ZERO4(Z25, Z26, Z27, Z28)
+	ZERO4(Z5, Z6, Z7, Z8)
 	GROUP2(0, 0)
 	GROUP2(128, 4)
 	GROUP2(256, 8)
 	GROUP2(384, 12)
-	VCVTDQ2PS Z25, Z25
-	VCVTDQ2PS Z26, Z26
-	VCVTDQ2PS Z27, Z27
-	VCVTDQ2PS Z28, Z28
-	VFMADD231PS Z25, Z10, Z16
-	VFMADD231PS Z26, Z10, Z17
-	VFMADD231PS Z27, Z10, Z18
-	VFMADD231PS Z28, Z10, Z19
-	VCVTDQ2PS Z5, Z5
-	VCVTDQ2PS Z6, Z6
-	VCVTDQ2PS Z7, Z7
-	VCVTDQ2PS Z8, Z8
-	VFMADD231PS Z5, Z10, Z21
-	VFMADD231PS Z6, Z10, Z22
-	VFMADD231PS Z7, Z10, Z23
-	VFMADD231PS Z8, Z10, Z24
+	ADDI4(Z25, Z26, Z27, Z28, Z16, Z17, Z18, Z19)
+	ADDI4(Z5, Z6, Z7, Z8, Z21, Z22, Z23, Z24)
 	ADDQ $64, SI
 	ADDQ $64, DX
 	ADDQ $512, BX
 	DECQ CX
 	JNZ  blk2
 
-	VMOVUPS Z16, (DI)
-	VMOVUPS Z17, 64(DI)
-	VMOVUPS Z18, 128(DI)
-	VMOVUPS Z19, 192(DI)
-	VMOVUPS Z21, 256(DI)
-	VMOVUPS Z22, 320(DI)
-	VMOVUPS Z23, 384(DI)
-	VMOVUPS Z24, 448(DI)
-	VADDPS Z31, Z20, Z20
-	VEXTRACTF32X8 $1, Z20, Y1
-	VADDPS Y1, Y20, Y20
-	VEXTRACTF32X4 $1, Y20, X1
-	VADDPS X1, X20, X20
-	VPERMILPS $0x4E, X20, X1
-	VADDPS X1, X20, X20
-	VPERMILPS $0xB1, X20, X1
-	VADDPS X1, X20, X20
-	VMOVSS X20, (R8)
+	STORE4(Z16, Z17, Z18, Z19, 0)
+	STORE4(Z21, Z22, Z23, Z24, 256)
+	CZEND
 	VZEROUPPER
 	RET
