@@ -6,6 +6,28 @@ import (
 	"testing"
 )
 
+// accumRef is the float64 value sum base + Σ_j w_j·(vals[j][c] − z_j),
+// w_j = p_j·s_j with the fp16 scales and zeros of params widened exactly,
+// over the rows of p; mag is Σ_j |w_j|·(|code| + |z_j|) (the float32
+// bounds' scale) and rnd the int8 weight rounding's bound for blocks of
+// block rows, Σ_B (max_{j∈B}|w_j|/254)·Σ_{j∈B} |code_jc − z_j|·(1+1e-5).
+func accumRef(base float64, p []float32, params []uint16, vals [][]int, c, block int) (ref, mag, rnd float64) {
+	ref = base
+	for b0 := 0; b0 < len(p); b0 += block {
+		var m, l1 float64
+		for j := b0; j < min(len(p), b0+block); j++ {
+			w := float64(p[j]) * float64(F16.Widen(params[2*j]))
+			z := float64(F16.Widen(params[2*j+1]))
+			ref += w * (float64(vals[j][c]) - z)
+			mag += math.Abs(w) * (float64(vals[j][c]) + math.Abs(z))
+			m = math.Max(m, math.Abs(w))
+			l1 += math.Abs(float64(vals[j][c]) - z)
+		}
+		rnd += m / 254 * l1 * (1 + 1e-5)
+	}
+	return ref, mag, rnd
+}
+
 // TestCodeAccumF16 checks CodeAccumF16 (Go and AVX-512 paths) against
 // the float64 sum Σ_j p_j·s_j·(code_jc − z_j) with the fp16 scales and
 // zeros widened exactly, onto a non-zero acc, over odd row counts (1, 2,
@@ -44,13 +66,7 @@ func TestCodeAccumF16(t *testing.T) {
 						tmp := make([]float32, hd)
 						CodeAccumF16(acc, p, params, codes, bits, rb, n, tmp)
 						for c := 0; c < hd; c++ {
-							ref, mag := float64(base[c]), 0.0
-							for j := 0; j < n; j++ {
-								w := float64(p[j]) * float64(F16.Widen(params[2*j]))
-								z := float64(F16.Widen(params[2*j+1]))
-								ref += w * (float64(vals[j][c]) - z)
-								mag += math.Abs(w) * (float64(vals[j][c]) + math.Abs(z))
-							}
+							ref, mag, _ := accumRef(float64(base[c]), p, params, vals, c, n+1)
 							bound := float64(n+4)*0x1p-24*mag + 0x1p-23*math.Abs(ref)
 							if d := math.Abs(float64(acc[c]) - ref); !(d <= bound) {
 								t.Fatalf("%s: acc[%d] = %g, float64 %g (|err| %g > %g)", name, c, acc[c], ref, d, bound)
@@ -102,13 +118,7 @@ func TestCodeAccumF16x4(t *testing.T) {
 						CodeAccumF16x4(acc, p, ldp, params, codes, bits, rb, n, tmp)
 						for q := 0; q < 4; q++ {
 							for c := 0; c < hd; c++ {
-								ref, mag := float64(base[q*hd+c]), 0.0
-								for j := 0; j < n; j++ {
-									w := float64(p[q*ldp+j]) * float64(F16.Widen(params[2*j]))
-									z := float64(F16.Widen(params[2*j+1]))
-									ref += w * (float64(vals[j][c]) - z)
-									mag += math.Abs(w) * (float64(vals[j][c]) + math.Abs(z))
-								}
+								ref, mag, _ := accumRef(float64(base[q*hd+c]), p[q*ldp:q*ldp+n], params, vals, c, n+1)
 								bound := float64(n+4)*0x1p-24*mag + 0x1p-23*math.Abs(ref)
 								if d := math.Abs(float64(acc[q*hd+c]) - ref); !(d <= bound) {
 									t.Fatalf("%s: row %d acc[%d] = %g, float64 %g (|err| %g > %g)", name, q, c, acc[q*hd+c], ref, d, bound)
@@ -164,20 +174,7 @@ func TestCodeAccumQ8(t *testing.T) {
 						CodeAccumQ8(acc, p, params, codes, bits, rb, n, tmp)
 						worst := 0.0
 						for c := 0; c < hd; c++ {
-							ref, mag, rnd := float64(base[c]), 0.0, 0.0
-							for b0 := 0; b0 < n; b0 += 16 {
-								b1 := min(n, b0+16)
-								var m, l1 float64
-								for j := b0; j < b1; j++ {
-									w := float64(p[j]) * float64(F16.Widen(params[2*j]))
-									z := float64(F16.Widen(params[2*j+1]))
-									ref += w * (float64(vals[j][c]) - z)
-									mag += math.Abs(w) * (float64(vals[j][c]) + math.Abs(z))
-									m = math.Max(m, math.Abs(w))
-									l1 += math.Abs(float64(vals[j][c]) - z)
-								}
-								rnd += m / 254 * l1 * (1 + 1e-5)
-							}
+							ref, mag, rnd := accumRef(float64(base[c]), p, params, vals, c, 16)
 							fp := 2*(float64(n+4)*0x1p-24*mag) + 0x1p-23*math.Abs(ref)
 							d := math.Abs(float64(acc[c]) - ref)
 							if !(d <= rnd+fp) {
