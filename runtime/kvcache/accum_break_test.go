@@ -63,14 +63,7 @@ func checkAccumW(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Layer
 	for h := 0; h < l.NumKVHeads; h++ {
 		c.Read(0, h, n, kr, vr)
 		vmag := make([]float64, n)
-		for j := range vmag {
-			var n2, mx float64
-			for _, e := range vr[j*hd : (j+1)*hd] {
-				n2 += float64(e) * float64(e)
-				mx = max(mx, math.Abs(float64(e)))
-			}
-			vmag[j] = math.Sqrt(n2) + mx
-		}
+		valueMags(vmag, vr, hd)
 		for _, r := range [][2]int{{0, n}, {3, n - 2}, {n - 40, n}} {
 			p0, p1 := r[0], r[1]
 			w := p1 - p0
@@ -90,13 +83,7 @@ func checkAccumW(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Layer
 			for i := 0; i < nq; i++ {
 				var q8v float64
 				if rw {
-					for j := p0; j < p1; j++ {
-						var m float64
-						for a := max(p0, j-15); a < min(p1, j+16); a++ {
-							m = max(m, math.Abs(float64(p[i*ldp+a-p0]))*vmag[a])
-						}
-						q8v += 4 * m / 254
-					}
+					q8v = q8WeightBound(p[i*ldp:i*ldp+w], vmag[p0:p1])
 				}
 				for ch := 0; ch < hd; ch++ {
 					ref, mag := float64(base[i*ldo+ch]), 0.0

@@ -130,14 +130,7 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 	vmag := make([]float64, n) // ‖v_j‖ + ‖v_j‖∞
 	for h := 0; h < l.NumKVHeads; h++ {
 		c.Read(li, h, n, kr, vr)
-		for j := range vmag {
-			var n2, mx float64
-			for _, e := range vr[j*hd : (j+1)*hd] {
-				n2 += float64(e) * float64(e)
-				mx = max(mx, math.Abs(float64(e)))
-			}
-			vmag[j] = math.Sqrt(n2) + mx
-		}
+		valueMags(vmag, vr, hd)
 		for _, r := range ranges {
 			p0, p1 := r[0], r[1]
 			w := p1 - p0
@@ -208,13 +201,7 @@ func checkAttend(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, li int,
 				// within a block (these rows are drawn alike).
 				var q8v float64
 				if rw {
-					for j := p0; j < p1; j++ {
-						var m float64
-						for a := max(p0, j-15); a < min(p1, j+16); a++ {
-							m = max(m, math.Abs(float64(p[i*ldp+a-p0]))*vmag[a])
-						}
-						q8v += 4 * m / 254
-					}
+					q8v = q8WeightBound(p[i*ldp:i*ldp+w], vmag[p0:p1])
 				}
 				for ch := 0; ch < hd; ch++ {
 					ref, mag := float64(base[i*ldo+ch]), 0.0
@@ -351,4 +338,33 @@ func TestAttendAfterTruncate(t *testing.T) {
 			check()
 		})
 	}
+}
+
+// valueMags sets vmag[j] = ‖v_j‖ + ‖v_j‖∞ for the rows v_j of vr
+// ([len(vmag), hd]): the scale of checkAttend's value bounds.
+func valueMags(vmag []float64, vr []float32, hd int) {
+	for j := range vmag {
+		var n2, mx float64
+		for _, e := range vr[j*hd : (j+1)*hd] {
+			n2 += float64(e) * float64(e)
+			mx = max(mx, math.Abs(float64(e)))
+		}
+		vmag[j] = math.Sqrt(n2) + mx
+	}
+}
+
+// q8WeightBound is checkAttend's allowance for int8-rounded value weights
+// (kernels.CodeAccumQ8) for one query row of weights p over rows of
+// value scales vmag: Σ_j κ·max_{|a−j|<16} |p_a|·vmag[a]/254, κ = 4 (see
+// checkAttend).
+func q8WeightBound(p []float32, vmag []float64) float64 {
+	var b float64
+	for j := range p {
+		var m float64
+		for a := max(0, j-15); a < min(len(p), j+16); a++ {
+			m = max(m, math.Abs(float64(p[a]))*vmag[a])
+		}
+		b += 4 * m / 254
+	}
+	return b
 }
