@@ -589,8 +589,7 @@ func (d kvDecodeTask) Run(lo, hi int) {
 			row[pos] = kernels.Dot(qh, K[pos*hd:(pos+1)*hd])
 			clear(row[:p0])
 			vis := row[p0:n]
-			kernels.Scale(t.scale, vis)
-			kernels.Softmax(vis)
+			kernels.SoftmaxScaled(t.scale, vis)
 			o := out[j*hd : (j+1)*hd]
 			clear(o)
 			kernels.Axpy(row[pos], V[pos*hd:(pos+1)*hd], o)
@@ -679,8 +678,7 @@ func (t *attnTask) Run(lo, hi int) {
 					clear(row[:lo])
 					clear(row[p+1:])
 					vis := row[lo : p+1]
-					kernels.Scale(t.scale, vis)
-					kernels.Softmax(vis)
+					kernels.SoftmaxScaled(t.scale, vis)
 					continue
 				}
 				// Earlier tokens [ra, ra+ext) are read quantized (rows
@@ -718,8 +716,7 @@ func softmaxRanges(row []float32, rs [][2]int, scale float32) {
 		}
 	}
 	vis := row[:off]
-	kernels.Scale(scale, vis)
-	kernels.Softmax(vis)
+	kernels.SoftmaxScaled(scale, vis)
 	end := len(row)
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]

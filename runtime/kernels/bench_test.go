@@ -161,3 +161,53 @@ func BenchmarkPoolRun(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSoftmaxScaled measures attention's scaled softmax over one
+// decode row of 8,193 scores (8,192 tokens of context and the new one) on
+// each path, fused (SoftmaxScaled: three passes) and as the two calls
+// Scale then Softmax (four passes), in ns per element. Each op first
+// restores the row (a copy, included in the time, also reported alone as
+// "copy").
+func BenchmarkSoftmaxScaled(b *testing.B) {
+	const n = 8193
+	const alpha = 0.125
+	v := randSlice(newRand(3), n)
+	for i := range v {
+		v[i] *= 8 // raw q·k of 64-channel unit-variance heads
+	}
+	y := make([]float32, n)
+	perElem := func(b *testing.B) {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/elem")
+	}
+	b.Run("copy", func(b *testing.B) {
+		for b.Loop() {
+			copy(y, v)
+		}
+		perElem(b)
+	})
+	defer func(v bool) { hasSoftmax512 = v }(hasSoftmax512)
+	have := hasSoftmax512
+	for _, path := range []string{"go", "avx2", "avx512"} {
+		if (path != "go" && !hasAsm) || (path == "avx512" && !have) {
+			continue
+		}
+		hasSoftmax512 = path == "avx512"
+		b.Run("fused/"+path, func(b *testing.B) {
+			setAsm(b, path != "go")
+			for b.Loop() {
+				copy(y, v)
+				SoftmaxScaled(alpha, y)
+			}
+			perElem(b)
+		})
+		b.Run("scale+softmax/"+path, func(b *testing.B) {
+			setAsm(b, path != "go")
+			for b.Loop() {
+				copy(y, v)
+				Scale(alpha, y)
+				Softmax(y)
+			}
+			perElem(b)
+		})
+	}
+}

@@ -75,6 +75,14 @@
 //   - Exp, SiLUMul, Softmax: a vector exp with Cody–Waite range reduction
 //     and a degree-7 polynomial (max relative error below 1e-6, see exp.go),
 //     two vectors in flight per iteration.
+//   - SoftmaxScaled (attention's softmax(q·kᵀ/√head_dim) over the raw
+//     dot products, softmax.go): three passes (max; exp of alpha·x − m,
+//     one FMA, and sum; normalise) instead of Scale then Softmax's four.
+//     Where the CPU has AVX-512 F the passes run on 16 lanes with masked
+//     tails and 2^n applied by VSCALEFPS (softmax_amd64.s; exp bits equal
+//     to the AVX2 path's). BenchmarkSoftmaxScaled on one decode row of
+//     8,193 scores: 0.37 ns per element against 0.60 for Scale+Softmax on
+//     AVX2 (copy of the row included, 0.07).
 //   - RMSNorm, Dot, Axpy, Scale: streaming loops with four accumulators or
 //     four vectors per iteration.
 //
@@ -96,6 +104,7 @@
 //
 // MatMulNT's products with 2 or 3 rows run as separate GEMVs, each
 // streaming w again (MatMulNTRows runs them as one-row kernels too).
-// There is no AVX-512 or arm64 NEON path; those machines use the portable
-// Go code.
+// The float32 GEMM/GEMV kernels have no AVX-512 path (the integer-dot,
+// KV-code and softmax kernels have), and there is no arm64 NEON path: those
+// machines use the portable Go code.
 package kernels

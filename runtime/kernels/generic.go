@@ -140,10 +140,13 @@ func maxGo(x []float32) float32 {
 	return m
 }
 
-func expSubSumGo(x []float32, m float32) float32 {
+// expScaleSubSumGo sets x[i] = exp(alpha·x[i] − m) and returns the
+// float32 sum. The product is exact in float64 and the argument is rounded
+// to float32 once more (for alpha = 1 it is the float32 difference).
+func expScaleSubSumGo(x []float32, alpha, m float32) float32 {
 	var s float32
 	for i, v := range x {
-		e := expGo(v - m)
+		e := expGo(float32(float64(alpha)*float64(v) - float64(m)))
 		x[i] = e
 		s += e
 	}

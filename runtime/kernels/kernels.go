@@ -129,31 +129,3 @@ func SiLUMul(gate, up []float32) {
 	}
 	siluMulGo(gate, up)
 }
-
-// Softmax replaces x with softmax(x) = e^(x[i]−max x) / Σ_j e^(x[j]−max x)
-// in place; subtracting the maximum keeps every exponent ≤ 0 so nothing
-// overflows. The normalizing sum is accumulated in float32. An empty x is
-// left alone; if every element is −Inf, or any is NaN, the result is NaN.
-func Softmax(x []float32) {
-	n := len(x)
-	if n == 0 {
-		return
-	}
-	n8 := n &^ 7
-	// NaN needs no special case: exp propagates NaN into the sum, and the
-	// final scaling by 1/sum spreads it to every element.
-	var m, s float32
-	if useAsm && n8 > 0 {
-		m = maxAVX2(&x[0], n8)
-		if n8 < n {
-			m = max(m, maxGo(x[n8:]))
-		}
-		s = expSubSumAVX2(&x[0], n8, m) + expSubSumGo(x[n8:], m)
-		scaleAVX2(1/s, &x[0], n8)
-		scaleGo(1/s, x[n8:])
-		return
-	}
-	m = maxGo(x)
-	s = expSubSumGo(x, m)
-	scaleGo(1/s, x)
-}

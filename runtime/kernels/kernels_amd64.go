@@ -30,7 +30,7 @@ func maxAVX2(x *float32, n int) float32
 func expAVX2(x *float32, n int)
 
 //go:noescape
-func expSubSumAVX2(x *float32, n int, m float32) float32
+func expScaleSubSumAVX2(x *float32, n int, alpha, m float32) float32
 
 //go:noescape
 func siluMulAVX2(gate, up *float32, n int)

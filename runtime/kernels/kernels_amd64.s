@@ -313,13 +313,15 @@ expDone:
 	VZEROUPPER
 	RET
 
-// func expSubSumAVX2(x *float32, n int, m float32) float32
-// x[i] = exp(x[i]-m); returns the float32 sum of the new values (two
-// vector accumulators). n is a multiple of 8.
-TEXT ·expSubSumAVX2(SB), NOSPLIT, $0-28
+// func expScaleSubSumAVX2(x *float32, n int, alpha, m float32) float32
+// x[i] = exp(alpha·x[i] − m) with the argument rounded once (FMA; for
+// alpha = 1 that is the float32 difference x[i] − m); returns the float32
+// sum of the new values (two vector accumulators). n is a multiple of 8.
+TEXT ·expScaleSubSumAVX2(SB), NOSPLIT, $0-28
 	MOVQ x+0(FP), SI
 	MOVQ n+8(FP), CX
-	VBROADCASTSS m+16(FP), Y10
+	VBROADCASTSS alpha+16(FP), Y11
+	VBROADCASTSS m+20(FP), Y10
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
 
@@ -328,8 +330,8 @@ ess16:
 	JL   ess8
 	VMOVUPS (SI), Y0
 	VMOVUPS 32(SI), Y4
-	VSUBPS Y10, Y0, Y0
-	VSUBPS Y10, Y4, Y4
+	VFMSUB213PS Y10, Y11, Y0
+	VFMSUB213PS Y10, Y11, Y4
 	EXP(Y0, Y1, Y2, Y3)
 	EXP(Y4, Y5, Y6, Y7)
 	VMOVUPS Y0, (SI)
@@ -344,7 +346,7 @@ ess8:
 	CMPQ CX, $8
 	JL   essReduce
 	VMOVUPS (SI), Y0
-	VSUBPS Y10, Y0, Y0
+	VFMSUB213PS Y10, Y11, Y0
 	EXP(Y0, Y1, Y2, Y3)
 	VMOVUPS Y0, (SI)
 	VADDPS Y0, Y8, Y8

@@ -13,7 +13,7 @@ func scaleAVX2(alpha float32, x *float32, n int)                      { panic(un
 func scaleMulAVX2(out, x, w *float32, n int, s float32)               { panic(unreachable) }
 func maxAVX2(x *float32, n int) float32                               { panic(unreachable) }
 func expAVX2(x *float32, n int)                                       { panic(unreachable) }
-func expSubSumAVX2(x *float32, n int, m float32) float32              { panic(unreachable) }
+func expScaleSubSumAVX2(x *float32, n int, alpha, m float32) float32  { panic(unreachable) }
 func siluMulAVX2(gate, up *float32, n int)                            { panic(unreachable) }
 func gemv4AVX2(x, w *float32, ldw, k int, y *float32, nt, rs, ys int) { panic(unreachable) }
 func gemmNN1AVX2(x, w *float32, ldw int, y *float32, k, n int)        { panic(unreachable) }

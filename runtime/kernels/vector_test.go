@@ -155,51 +155,125 @@ func TestSiLUMul(t *testing.T) {
 	})
 }
 
-func TestSoftmax(t *testing.T) {
-	bothPaths(t, func(t *testing.T) {
+// softmaxPaths runs f on each of SoftmaxScaled's paths this build and CPU
+// have: portable Go, AVX2+FMA (with the Go tail), AVX-512 F (masked tail).
+func softmaxPaths(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	defer func(v bool) { hasSoftmax512 = v }(hasSoftmax512)
+	have := hasSoftmax512
+	for _, path := range []string{"go", "avx2", "avx512"} {
+		if (path != "go" && !hasAsm) || (path == "avx512" && !have) {
+			t.Logf("no %s kernels in this build or CPU; that path did not run", path)
+			continue
+		}
+		hasSoftmax512 = path == "avx512"
+		t.Run(path, func(t *testing.T) {
+			setAsm(t, path != "go")
+			f(t)
+		})
+	}
+}
+
+// TestSoftmaxScaled checks Softmax and SoftmaxScaled on every path against
+// the float64 softmax of alpha·x (the products exact in float64), over
+// odd lengths (the 8- and 16-lane tails, and slices that end at a guard
+// page, so a tail read past the end faults), inputs up to 1e4 in
+// magnitude (exp overflows without the max shift), a −Inf (masked)
+// position, and alpha = 1, 1/8 (exact), 1/√7 and 1/√128 (rounded); alpha
+// ≤ 0 (−1/2 and 0, without the −Inf, which they turn into +Inf or NaN)
+// goes through Scale. Bound: 1e-5 relative plus 1e-40 absolute (the
+// float32 subnormal results). Each exponent is rounded once, to within
+// half an ulp of |alpha·x_i − m| ≤ 104 where the result is not 0 (≤ 3.8e-6
+// relative), exp adds a few ulps and the float32 sum of n terms the rest.
+func TestSoftmaxScaled(t *testing.T) {
+	softmaxPaths(t, func(t *testing.T) {
 		r := newRand(15)
+		alphas := []float32{1, 0.125, float32(1 / math.Sqrt(7)), float32(1 / math.Sqrt(128)), -0.5, 0}
 		for _, n := range vecLens[1:] {
-			for _, scale := range []float64{1, 30, 1e4} { // 1e4 overflows exp without the max shift
-				x := guarded(t, n)
-				for i := range x {
-					x[i] = float32(scale * (2*r.Float64() - 1))
-				}
-				if n > 2 {
-					x[n/2] = float32(math.Inf(-1)) // a masked position
-				}
-				in := append([]float32(nil), x...)
-				Softmax(x)
-				mx := math.Inf(-1)
-				for _, v := range in {
-					mx = math.Max(mx, float64(v))
-				}
-				var sum float64
-				for _, v := range in {
-					sum += math.Exp(float64(v) - mx)
-				}
-				for i, v := range in {
-					want := math.Exp(float64(v)-mx) / sum
-					if d := math.Abs(float64(x[i]) - want); d > 1e-5*want+1e-40 {
-						t.Fatalf("Softmax n=%d scale=%g: element %d = %v, want %v", n, scale, i, x[i], want)
+			for _, scale := range []float64{1, 30, 1e4} {
+				for _, alpha := range alphas {
+					x := guarded(t, n)
+					for i := range x {
+						x[i] = float32(scale * (2*r.Float64() - 1))
+					}
+					if n > 2 && alpha > 0 {
+						x[n/2] = float32(math.Inf(-1)) // a masked position
+					}
+					in := append([]float32(nil), x...)
+					if alpha == 1 && scale == 30 {
+						Softmax(x)
+					} else {
+						SoftmaxScaled(alpha, x)
+					}
+					a := make([]float64, n)
+					mx := math.Inf(-1)
+					for i, v := range in {
+						a[i] = float64(alpha) * float64(v)
+						mx = math.Max(mx, a[i])
+					}
+					var sum float64
+					for _, v := range a {
+						sum += math.Exp(v - mx)
+					}
+					for i, v := range a {
+						want := math.Exp(v-mx) / sum
+						if d := math.Abs(float64(x[i]) - want); !(d <= 1e-5*want+1e-40) {
+							t.Fatalf("SoftmaxScaled(%g) n=%d scale=%g: element %d = %v, want %v", alpha, n, scale, i, x[i], want)
+						}
 					}
 				}
 			}
 		}
-		// NaN anywhere, or all -Inf, yields NaN everywhere.
-		for _, x := range [][]float32{
-			{1, 2, float32(math.NaN()), 4, 5, 6, 7, 8, 9, 10},
-			{1, 2, 3, 4, 5, 6, 7, 8, 9, float32(math.NaN())},
-			{float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1))},
-		} {
-			Softmax(x)
-			for i, v := range x {
-				if v == v {
-					t.Fatalf("Softmax with NaN/all -Inf input: element %d = %v, want NaN", i, v)
+		// NaN or +Inf anywhere, or all −Inf, yields NaN everywhere.
+		inf, nan := float32(math.Inf(1)), float32(math.NaN())
+		for _, alpha := range []float32{1, 0.125} {
+			for _, in := range [][]float32{
+				{1, 2, nan, 4, 5, 6, 7, 8, 9, 10},
+				{1, 2, 3, 4, 5, 6, 7, 8, 9, nan},
+				{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, nan},
+				{1, inf, 3},
+				{-inf, -inf, -inf},
+				{-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf},
+			} {
+				x := append([]float32(nil), in...)
+				SoftmaxScaled(alpha, x)
+				for i, v := range x {
+					if v == v {
+						t.Fatalf("SoftmaxScaled(%g, %v): element %d = %v, want NaN", alpha, in, i, v)
+					}
 				}
 			}
 		}
 		Softmax(nil)
+		SoftmaxScaled(0.5, nil)
 	})
+}
+
+// TestSoftmaxExp512Bits checks that the AVX-512 exponential (EXP512, 2^n
+// by VSCALEFPS) gives the same bits as the AVX2 EXP (2^n as two exact
+// factors) over the whole float32 range it handles: normal results,
+// gradual underflow below 2^-126 down to 0 at −104, overflow to +Inf
+// above 88.72, ±Inf, ±0 and NaN. With alpha = 1 and m = 0 the argument is
+// x itself.
+func TestSoftmaxExp512Bits(t *testing.T) {
+	if !hasSoftmax512 {
+		t.Skip("no AVX-512 F in this build or CPU")
+	}
+	r := newRand(21)
+	const n = 1 << 16
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(-110 + 205*r.Float64())
+	}
+	copy(x, []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 0, float32(math.Copysign(0, -1)), -87.33, -103.97, 88.72, 88.73})
+	y := append([]float32(nil), x...)
+	expScaleSubSum512(&x[0], n, 1, 0)
+	expAVX2(&y[0], n)
+	for i := range x {
+		if math.Float32bits(x[i]) != math.Float32bits(y[i]) && !(x[i] != x[i] && y[i] != y[i]) {
+			t.Fatalf("exp at index %d: AVX-512 %v (%#08x), AVX2 %v (%#08x)", i, x[i], math.Float32bits(x[i]), y[i], math.Float32bits(y[i]))
+		}
+	}
 }
 
 func TestRMSNorm(t *testing.T) {
