@@ -90,7 +90,7 @@ unit: \
 // (PF32, PF16) and PSTEP is their bytes per group. Each group of four rows
 // first prefetches (PREFETCHT0) the codes 2 KB ahead (the lines of rows 0
 // and 2) and the parameters 512 bytes ahead: with head_dim-64 2-bit rows
-// streamed from DRAM (BenchmarkKVCodesDRAM keys/dram, three interleaved
+// streamed from DRAM (BenchmarkKVDecodeDRAM keys2/dram, three interleaved
 // runs) that took the kernel from 14.1–16.1 to 20.2–21.7 GB/s (l2, the
 // rows in cache: 22.6–25.3 GB/s, unchanged).
 #define Q8DOTS(MASKOFF, PLANES, PLOAD, PSTEP, UNITS) \

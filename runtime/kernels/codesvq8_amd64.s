@@ -15,7 +15,7 @@
 // block adds to float32 sums as δ·sum. Each block first prefetches
 // (PREFETCHT0) the codes 2 KB ahead (eight blocks at head_dim 64; every line of a
 // block) and the weights and params 512 bytes ahead: with the rows
-// streamed from DRAM (BenchmarkKVCodesDRAM values/dram, three interleaved
+// streamed from DRAM (BenchmarkKVDecodeDRAM values2/dram, three interleaved
 // runs) that took the kernel from 14.2–15.6 to 16.3–18.4 GB/s (l2, the
 // rows in cache: 18.6–20.7 GB/s, unchanged). Registers: SI p, DX params, BX
 // codes, CX blocks left, DI tmp, R8 cz, R9 consts; Z11 127, Z12/Z14 the

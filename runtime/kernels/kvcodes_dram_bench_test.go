@@ -5,62 +5,109 @@ import (
 	"testing"
 )
 
-// BenchmarkKVCodesDRAM measures the decode kernels of a 2-bit KV cache
-// (oscar2's) at head_dim 64, one query, as a long-context decode step
-// runs them: CodeDotsQ8F16 (keys: 16 code bytes and 4 param bytes read,
-// one score written per row) and CodeAccumQ8 (values: 16 code bytes, 4
-// param bytes and one float32 weight read per row), in calls of 8,192
-// rows (one kv head at 8,192 tokens of context). "l2" repeats one call
-// over the same rows (2,048 of them, L2-resident); "dram" walks 384 such
-// calls (3.1M rows, 72 MiB: more than twice a 32 MiB last-level cache) so
-// every row comes from DRAM. Reports ns/row and GB/s (the bytes above,
-// 1e9 B).
-func BenchmarkKVCodesDRAM(b *testing.B) {
-	const hd, rb, call = 64, 16, 8192
-	for _, c := range []struct {
-		name        string
-		rows, calls int
-	}{{"l2", 2048, 1}, {"dram", call, 384}} {
-		n := c.rows * c.calls
-		codes, _ := codeRowsCase(1, 2, hd, 2048, rb)
-		big := make([]byte, n*rb)
+// BenchmarkKVDecodeDRAM measures the one-query decode kernels of a KV
+// cache at head_dim 64 as a long-context decode step runs them, over rows
+// in cache and rows streamed from DRAM:
+//
+//   - keys2, values2: oscar2's 2-bit rows, CodeDotsQ8F16 (16 code bytes
+//     and 4 param bytes read, a float32 score written per row) and
+//     CodeAccumQ8 (the same bytes, and a float32 weight read per row);
+//   - keys16, values16: fp16 rows (an fp16 cache, and the sink and recent
+//     windows of the quantised ones), HalfScores (128 bytes read and a
+//     score written per row) and HalfAccum (128 bytes and a weight read).
+//
+// Layouts: "l2" repeats one call over the same 2,048 rows; "dram" walks
+// calls of 8,192 rows (one kv head at 8,192 tokens of context) over
+// 72 MiB of rows, more than twice a 32 MiB last-level cache; "win256"
+// walks calls of 256 rows (a recent window) over the same 72 MiB. Reports
+// ns/row and GB/s (the bytes above, 1e9 B).
+//
+// The 2-bit kernels gained from a software prefetch 2 KB ahead (see
+// codesq8_amd64.s and codesvq8_amd64.s); the fp16 ones did not: the same
+// prefetch (16 rows ahead, two lines per row) in halfScoresAVX2 and
+// halfAccumAVX2 took keys16/dram from 17.6–24.3 to 18.6–21.2 GB/s and
+// values16/dram from 26.2–28.3 to 17.2–21.0 (three interleaved runs), so
+// they stream on the hardware prefetcher alone.
+func BenchmarkKVDecodeDRAM(b *testing.B) {
+	const hd, total = 64, 72 << 20
+	type kind struct {
+		name     string
+		rowBytes int // bytes per row the metric counts
+		// setup allocates rows rows and returns the call over rows
+		// [j, j+n).
+		setup func(rows int) func(j, n int)
+	}
+	r := newRand(2)
+	q := randSlice(r, hd)
+	codeRows := func(rows int) ([]byte, []uint16, []float32) {
+		codes, _ := codeRowsCase(1, 2, hd, 2048, 16)
+		big := make([]byte, rows*16)
 		for i := 0; i < len(big); i += len(codes) {
 			copy(big[i:], codes)
 		}
-		r := newRand(2)
-		p, out := make([]float32, n), make([]float32, n)
-		params := make([]uint16, 2*n)
+		params, p := make([]uint16, 2*rows), make([]float32, rows)
 		for j := range p {
 			p[j] = float32(r.Float64())
 			params[2*j] = halfBits(F16, float32(0.01+0.1*r.Float64()))
 			params[2*j+1] = halfBits(F16, float32(r.Float64()*4))
 		}
-		q := randSlice(r, hd)
-		qb := make([]byte, CodeQ8Len(hd))
-		scale, sum := CodeQ8Query(qb, q, 2)
-		acc, tmp := make([]float32, hd), make([]float32, hd)
-		report := func(b *testing.B, bytesPerRow int) {
-			rows := float64(b.N) * float64(n)
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/rows, "ns/row")
-			b.ReportMetric(rows*float64(bytesPerRow)/b.Elapsed().Seconds()/1e9, "GB/s")
+		return big, params, p
+	}
+	halfRows := func(rows int) ([]uint16, []float32) {
+		v, p := make([]uint16, rows*hd), make([]float32, rows)
+		for i := range v {
+			v[i] = halfBits(F16, float32(r.NormFloat64()))
 		}
-		b.Run(fmt.Sprintf("keys/%s", c.name), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				for k := 0; k < c.calls; k++ {
-					j := k * c.rows
-					CodeDotsQ8F16(out[j:], qb, scale, sum, big[j*rb:], 2, rb, c.rows, params[2*j:])
+		for j := range p {
+			p[j] = float32(r.Float64())
+		}
+		return v, p
+	}
+	kinds := []kind{
+		{"keys2", 24, func(rows int) func(j, n int) {
+			codes, params, _ := codeRows(rows)
+			qb := make([]byte, CodeQ8Len(hd))
+			scale, sum := CodeQ8Query(qb, q, 2)
+			out := make([]float32, rows)
+			return func(j, n int) { CodeDotsQ8F16(out[j:], qb, scale, sum, codes[j*16:], 2, 16, n, params[2*j:]) }
+		}},
+		{"values2", 24, func(rows int) func(j, n int) {
+			codes, params, p := codeRows(rows)
+			acc, tmp := make([]float32, hd), make([]float32, hd)
+			return func(j, n int) { CodeAccumQ8(acc, p[j:], params[2*j:], codes[j*16:], 2, 16, n, tmp) }
+		}},
+		{"keys16", 2*hd + 4, func(rows int) func(j, n int) {
+			k, _ := halfRows(rows)
+			s := make([]float32, rows)
+			return func(j, n int) { HalfScores(1, n, hd, q, hd, k[j*hd:], hd, s[j:], n) }
+		}},
+		{"values16", 2*hd + 4, func(rows int) func(j, n int) {
+			v, p := halfRows(rows)
+			out := make([]float32, hd)
+			return func(j, n int) { HalfAccum(1, n, hd, p[j:], n, v[j*hd:], hd, out, hd) }
+		}},
+	}
+	for _, k := range kinds {
+		for _, l := range []struct {
+			name       string
+			call, rows int
+		}{{"l2", 2048, 2048}, {"dram", 8192, 0}, {"win256", 256, 0}} {
+			b.Run(fmt.Sprintf("%s/%s", k.name, l.name), func(b *testing.B) {
+				rows := l.rows
+				if rows == 0 {
+					rows = total / k.rowBytes / l.call * l.call
 				}
-			}
-			report(b, rb+4+4)
-		})
-		b.Run(fmt.Sprintf("values/%s", c.name), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				for k := 0; k < c.calls; k++ {
-					j := k * c.rows
-					CodeAccumQ8(acc, p[j:], params[2*j:], big[j*rb:], 2, rb, c.rows, tmp)
+				f := k.setup(rows)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					for j := 0; j < rows; j += l.call {
+						f(j, l.call)
+					}
 				}
-			}
-			report(b, rb+4+4)
-		})
+				n := float64(b.N) * float64(rows)
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/row")
+				b.ReportMetric(n*float64(k.rowBytes)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 	}
 }
