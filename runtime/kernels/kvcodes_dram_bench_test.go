@@ -12,6 +12,8 @@ import (
 //   - keys2, values2: oscar2's 2-bit rows, CodeDotsQ8F16 (16 code bytes
 //     and 4 param bytes read, a float32 score written per row) and
 //     CodeAccumQ8 (the same bytes, and a float32 weight read per row);
+//   - keys2x4: the same rows scored for a GQA group of four query heads
+//     at once, CodeDotsQ8F16x4 (the same bytes per row, four scores);
 //   - keys16, values16: fp16 rows (an fp16 cache, and the sink and recent
 //     windows of the quantised ones), HalfScores (128 bytes read and a
 //     score written per row) and HalfAccum (128 bytes and a weight read).
@@ -70,6 +72,13 @@ func BenchmarkKVDecodeDRAM(b *testing.B) {
 			scale, sum := CodeQ8Query(qb, q, 2)
 			out := make([]float32, rows)
 			return func(j, n int) { CodeDotsQ8F16(out[j:], qb, scale, sum, codes[j*16:], 2, 16, n, params[2*j:]) }
+		}},
+		{"keys2x4", 24, func(rows int) func(j, n int) {
+			codes, params, _ := codeRows(rows)
+			qb, coef := make([]byte, 4*CodeQ8Len(hd)), make([]float32, 8)
+			CodeQ8Query4(qb, randSlice(r, 4*hd), 2, coef)
+			out := make([]float32, 3*rows+rows)
+			return func(j, n int) { CodeDotsQ8F16x4(out[j:], rows, qb, coef, codes[j*16:], 2, 16, n, params[2*j:]) }
 		}},
 		{"values2", 24, func(rows int) func(j, n int) {
 			codes, params, p := codeRows(rows)
