@@ -14,6 +14,8 @@ import (
 //     CodeAccumQ8 (the same bytes, and a float32 weight read per row);
 //   - keys2x4: the same rows scored for a GQA group of four query heads
 //     at once, CodeDotsQ8F16x4 (the same bytes per row, four scores);
+//   - values2x4: the same rows accumulated for four query heads,
+//     CodeAccumF16x4 (four weights read per row; counted as values2);
 //   - keys16, values16: fp16 rows (an fp16 cache, and the sink and recent
 //     windows of the quantised ones), HalfScores (128 bytes read and a
 //     score written per row) and HalfAccum (128 bytes and a weight read).
@@ -29,7 +31,9 @@ import (
 // prefetch (16 rows ahead, two lines per row) in halfScoresAVX2 and
 // halfAccumAVX2 took keys16/dram from 17.6–24.3 to 18.6–21.2 GB/s and
 // values16/dram from 26.2–28.3 to 17.2–21.0 (three interleaved runs), so
-// they stream on the hardware prefetcher alone.
+// they stream on the hardware prefetcher alone. values2x4 is
+// compute-bound (3.3–3.6 GB/s in l2 and dram alike, about 1.2 ns per row
+// and query head); a PREFETCHT0 2 KB ahead per row in it changed nothing.
 func BenchmarkKVDecodeDRAM(b *testing.B) {
 	const hd, total = 64, 72 << 20
 	type kind struct {
@@ -84,6 +88,12 @@ func BenchmarkKVDecodeDRAM(b *testing.B) {
 			codes, params, p := codeRows(rows)
 			acc, tmp := make([]float32, hd), make([]float32, hd)
 			return func(j, n int) { CodeAccumQ8(acc, p[j:], params[2*j:], codes[j*16:], 2, 16, n, tmp) }
+		}},
+		{"values2x4", 24, func(rows int) func(j, n int) {
+			codes, params, _ := codeRows(rows)
+			p := randSlice(r, 4*rows)
+			acc, tmp := make([]float32, 4*hd), make([]float32, 4*hd)
+			return func(j, n int) { CodeAccumF16x4(acc, p[j:], rows, params[2*j:], codes[j*16:], 2, 16, n, tmp) }
 		}},
 		{"keys16", 2*hd + 4, func(rows int) func(j, n int) {
 			k, _ := halfRows(rows)
