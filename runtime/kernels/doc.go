@@ -114,7 +114,8 @@
 // with the widening removed (wrong results, same loads) it reaches only
 // 22 GB/s, so the eight 16-byte row streams, more than the VPMOVZXWD and
 // VPSLLD, hold it back; PREFETCHT0 1–2 KB ahead and two steps (32 bytes
-// of each row) per iteration changed nothing; and an AVX-512 BW loop that
+// of each row) per iteration, or the eight rows adjacent instead of an
+// eighth of the matrix apart, changed nothing; and an AVX-512 BW loop that
 // pairs two rows per zmm with VPERMT2W (same bits) fell to 15–16 GB/s. Keeping MatMulNTRows' bits rules out layouts that
 // split a row across more than 8 accumulator lanes.
 package kernels
