@@ -110,12 +110,14 @@
 //
 // The bfloat16 decode GEMV streams 19–21 GB/s from DRAM on one core where
 // float32 streams 24–27 and a bare read 29–34 (BenchmarkGEMVDRAM), so a
-// bf16 token is about 1.6× a widened one, not 2×. Measured without a fix:
-// with the widening removed (wrong results, same loads) it reaches only
-// 22 GB/s, so the eight 16-byte row streams, more than the VPMOVZXWD and
-// VPSLLD, hold it back; PREFETCHT0 1–2 KB ahead and two steps (32 bytes
-// of each row) per iteration, or the eight rows adjacent instead of an
-// eighth of the matrix apart, changed nothing; and an AVX-512 BW loop that
-// pairs two rows per zmm with VPERMT2W (same bits) fell to 15–16 GB/s. Keeping MatMulNTRows' bits rules out layouts that
-// split a row across more than 8 accumulator lanes.
+// bf16 token takes 1/1.5–1/2.2 of a widened one's time (median 1.76× over
+// 13 runs of BenchmarkHalfDecode), not half. Measured without a fix: with
+// the widening removed (wrong results, same loads) it reaches only 22 GB/s,
+// so the eight 16-byte row streams, more than the VPMOVZXWD and VPSLLD,
+// hold it back; PREFETCHT0 1–2 KB ahead, two steps (32 bytes of each row)
+// per iteration, or the eight rows adjacent instead of an eighth of the
+// matrix apart changed nothing; and an AVX-512 BW loop that pairs two rows
+// per zmm with VPERMT2W (same bits) fell to 15–16 GB/s. Keeping
+// MatMulNTRows' bits rules out layouts that split a row across more than 8
+// accumulator lanes.
 package kernels
