@@ -168,15 +168,7 @@ func TestBreakQ8Scores(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(hd), 5))
 				pos := 0
 				for _, n := range []int{37, 1, 263, 1} {
-					l := layers[0]
-					d := l.NumKVHeads * l.HeadDim
-					k, v := make([]float32, n*d), make([]float32, n*d)
-					for r := 0; r < n*l.NumKVHeads; r++ {
-						copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
-						copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
-					}
-					c.Write(0, pos, n, k, v)
-					c.Commit(n)
+					writeTokens(c, layers[:1], rng, pos, n)
 					pos += n
 				}
 				if !ka.AttendsKV(0) {
@@ -200,14 +192,7 @@ func TestBreakQ8Scores(t *testing.T) {
 
 // breakFill writes n random tokens to a one-layer cache.
 func breakFill(c runtime.KVCache, l Layer, rng *rand.Rand, n int) {
-	d := l.NumKVHeads * l.HeadDim
-	k, v := make([]float32, n*d), make([]float32, n*d)
-	for r := 0; r < n*l.NumKVHeads; r++ {
-		copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
-		copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
-	}
-	c.Write(0, 0, n, k, v)
-	c.Commit(n)
+	writeTokens(c, []Layer{l}, rng, 0, n)
 }
 
 // TestBreakQ8RowBits checks that a GQA group's scores (nq 4 and 8:

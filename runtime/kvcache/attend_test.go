@@ -21,6 +21,22 @@ var attendLayerSets = [][]Layer{
 	{{NumKVHeads: 2, HeadDim: 8}, {NumKVHeads: 1, HeadDim: 12}, {NumKVHeads: 3, HeadDim: 6}},
 }
 
+// writeTokens writes n tokens at position pos to every layer of c, for
+// each layer and KV row a key of N(0, 1) elements then a value of
+// N(0, 0.25) (randRow, from rng), and commits them.
+func writeTokens(c runtime.KVCache, layers []Layer, rng *rand.Rand, pos, n int) {
+	for li, l := range layers {
+		d := l.NumKVHeads * l.HeadDim
+		k, v := make([]float32, n*d), make([]float32, n*d)
+		for r := 0; r < n*l.NumKVHeads; r++ {
+			copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
+			copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
+		}
+		c.Write(li, pos, n, k, v)
+	}
+	c.Commit(n)
+}
+
 // attendCaches returns the caches of every method that takes layers:
 // from New and from a Pool with 32-token pages (so that runs cross
 // pages), with sink 5 and recent 7 (odd windows), random rotations with
@@ -84,16 +100,7 @@ func TestAttendMatchesRead(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(si), 9))
 				pos := 0
 				for _, n := range []int{37, 1, 50, 1, 68} {
-					for li, l := range layers {
-						d := l.NumKVHeads * l.HeadDim
-						k, v := make([]float32, n*d), make([]float32, n*d)
-						for r := 0; r < n*l.NumKVHeads; r++ {
-							copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
-							copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
-						}
-						c.Write(li, pos, n, k, v)
-					}
-					c.Commit(n)
+					writeTokens(c, layers, rng, pos, n)
 					pos += n
 					for li, l := range layers {
 						turbo := strings.HasPrefix(name, "turboquant")
@@ -259,16 +266,7 @@ func TestAttendCodePaths(t *testing.T) {
 					rng := rand.New(rand.NewPCG(7, 9))
 					pos := 0
 					for _, n := range []int{131, 1, 70} {
-						for li, l := range layers {
-							d := l.NumKVHeads * l.HeadDim
-							k, v := make([]float32, n*d), make([]float32, n*d)
-							for r := 0; r < n*l.NumKVHeads; r++ {
-								copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
-								copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
-							}
-							c.Write(li, pos, n, k, v)
-						}
-						c.Commit(n)
+						writeTokens(c, layers, rng, pos, n)
 						pos += n
 						for li, l := range layers {
 							for _, nq := range []int{1, 4, 7, 8, 16} {
@@ -304,18 +302,7 @@ func TestAttendAfterTruncate(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ka := c.(runtime.KVAttender)
 			rng := rand.New(rand.NewPCG(11, 12))
-			write := func(pos, n int) {
-				for li, l := range layers {
-					d := l.NumKVHeads * l.HeadDim
-					k, v := make([]float32, n*d), make([]float32, n*d)
-					for r := 0; r < n*l.NumKVHeads; r++ {
-						copy(k[r*l.HeadDim:], randRow(rng, l.HeadDim, 1))
-						copy(v[r*l.HeadDim:], randRow(rng, l.HeadDim, 0.5))
-					}
-					c.Write(li, pos, n, k, v)
-				}
-				c.Commit(n)
-			}
+			write := func(pos, n int) { writeTokens(c, layers, rng, pos, n) }
 			check := func() {
 				for li, l := range layers {
 					if !ka.AttendsKV(li) {
