@@ -23,8 +23,9 @@ import (
 // So each packed weight has one path for every m, fixed at load:
 //   - int8 activations (packedLinear.q8, every quantized segment of 1, 2,
 //     3, 4 or 8 bits with the assembly: qseg.q8, chosen per width by
-//     benchmark, q8Widths; 3-bit codes split at load into a 2-bit and a
-//     1-bit plane, kernels.SplitU3), for decode and prefill alike: every row of x
+//     benchmark, q8Widths; 3-bit codes rearranged at load into blocks of
+//     a 2-bit plane and the high bits, kernels.SplitU3), for decode and
+//     prefill alike: every row of x
 //     is permuted into storage order for an act-order weight and
 //     quantized to int8 per block of 32 (kernels.QuantizeActQ8) once per
 //     matmul, and kernels.DotQ8Matrix sums code·q in int32 per block
@@ -130,7 +131,11 @@ func (s *qseg) fusable() bool {
 // both: decode gains 3-9×; prefill loses
 // 1.3-1.6×. Whole-model decode of the 22M model at 3 bits
 // (BenchmarkQuantDecode22M, one thread, -count 3): 264–287 tokens per
-// CPU-second on int8 against 101–115 on the tiles.
+// CPU-second on int8 against 101–115 on the tiles. Those figures were
+// the two planes' kernels; the fused 3-bit kernel (kernels.SplitU3's
+// blocks, 2026-12-03, AVX-512 VNNI machine) runs m = 64 at 0.31–0.35
+// packed GB/s against the tiles' 0.22–0.27, so prefill now gains as well
+// (docs/QUANT.md).
 //
 // The int8 path also takes act-order weights of these widths (x is
 // permuted into storage order once per matmul, never the weights; 3-bit
@@ -152,7 +157,7 @@ var q8Widths = [9]bool{1: true, 2: true, 3: true, 4: true, 8: true}
 // can run on int8 activations in this build on this CPU: the width is
 // marked in q8Widths, the activation blocks are of 32 (q8Widths' doc),
 // and but for 8 bits the assembly takes its
-// activation block (3 bits: the 2-bit and 1-bit kernels of the planes,
+// activation block (3 bits: kernels.Q8AsmU3, the kernels of
 // kernels.DotQ8MatrixU3).
 func q8Capable(bits, group int) bool {
 	blk := kernels.ActBlock(group)
@@ -162,7 +167,7 @@ func q8Capable(bits, group int) bool {
 	case bits == 8:
 		return true
 	case bits == 3:
-		return kernels.Q8Asm(2, blk) && kernels.Q8Asm(1, blk)
+		return kernels.Q8AsmU3(blk)
 	}
 	return kernels.Q8Asm(bits, blk)
 }
@@ -176,7 +181,7 @@ func (s *qseg) q8() bool {
 		return false
 	}
 	if s.q.Bits == 3 {
-		return s.u3lo != nil && (s.q.Codes == nil || q8Capable(3, s.q.GroupSize))
+		return s.u3 != nil && (s.q.Codes == nil || q8Capable(3, s.q.GroupSize))
 	}
 	return q8Capable(s.q.Bits, s.q.GroupSize)
 }
@@ -187,10 +192,10 @@ type qseg struct {
 	f          []float32          // [rows, k] when q == nil
 	rb, ng     int                // packed row bytes, groups per row
 	zsym       float64            // implicit zero-point when symmetric
-	// u3lo [rows·k/4] and u3hi [rows·k/8]: a 3-bit weight's codes split
-	// into a 2-bit and a 1-bit plane (kernels.SplitU3) for the int8 path
+	// u3 [rows·3k/8]: a 3-bit weight's codes rearranged into blocks of a
+	// 2-bit plane and the high bits (kernels.SplitU3) for the int8 path
 	// (kernels.DotQ8MatrixU3); nil otherwise.
-	u3lo, u3hi []byte
+	u3 []byte
 }
 
 // bytes returns the resident bytes of w: packed codes, scales, zero-points
@@ -215,7 +220,7 @@ func (w *linear) bytes() int64 {
 		if s.q == nil {
 			b += 4 * int64(len(s.f))
 		} else {
-			b += s.q.Bytes() + int64(len(s.u3lo)+len(s.u3hi))
+			b += s.q.Bytes() + int64(len(s.u3))
 		}
 	}
 	return b
@@ -262,9 +267,9 @@ func loadLinear(d *arch.Description, src, raw TensorSource, packed bool, cols in
 	if p.q8 {
 		// Every quantized segment runs on int8 activations, so the tiles
 		// never decode this weight: a 3-bit segment keeps only its
-		// planes (the same bytes as its codes).
+		// rearranged codes (the same bytes as its codes).
 		for i := range p.segs {
-			if s := &p.segs[i]; s.u3lo != nil {
+			if s := &p.segs[i]; s.u3 != nil {
 				s.q.Codes = nil
 			}
 		}
@@ -315,10 +320,9 @@ func (w *packedLinear) setFused() {
 	w.fused, w.q8 = true, true
 	for i := range w.segs {
 		s := &w.segs[i]
-		if s.q != nil && s.q.Bits == 3 && s.u3lo == nil && q8Capable(3, s.q.GroupSize) {
-			lb, hb := kernels.U3PlaneBytes(w.k)
-			s.u3lo, s.u3hi = make([]byte, s.rows*lb), make([]byte, s.rows*hb)
-			kernels.SplitU3(s.u3lo, s.u3hi, s.q.Codes, s.rb, s.rows, w.k)
+		if s.q != nil && s.q.Bits == 3 && s.u3 == nil && q8Capable(3, s.q.GroupSize) {
+			s.u3 = make([]byte, s.rows*3*w.k/8)
+			kernels.SplitU3(s.u3, s.q.Codes, s.rb, s.rows, w.k)
 		}
 	}
 	for i := range w.segs {
@@ -447,8 +451,9 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi, tmp []float32) {
 				if !q.Symmetric {
 					zeros = q.Zeros[la*s.ng : lb*s.ng]
 				}
-				if s.u3lo != nil {
-					t.gemvU3(s, &t.acts[t.actOf[si]], la, lb, a, zeros, tmp)
+				if s.u3 != nil {
+					rb := 3 * k / 8
+					kernels.DotQ8MatrixU3(t.y[a:], t.ldy, &t.acts[t.actOf[si]], s.u3[la*rb:lb*rb], b-a, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
 					continue
 				}
 				kernels.DotQ8Matrix(t.y[a:], t.ldy, &t.acts[t.actOf[si]], q.Codes[la*s.rb:lb*s.rb], s.rb, b-a, q.Bits, q.Scales[la*s.ng:lb*s.ng], zeros, q.GroupSize, float32(s.zsym))
@@ -475,28 +480,6 @@ func (t *qmmTask) gemvRows(r0, r1 int, xi, tmp []float32) {
 				}
 			}
 		}
-	}
-}
-
-// gemvU3 computes rows [la, lb) of the 3-bit segment s (output rows from
-// a) for every row of x, quantized in act, on its planes (kernels.DotQ8MatrixU3), zeros the
-// segment's zero-points from row la (nil when symmetric), in chunks of
-// rows small enough for the 1-bit plane's sums to fit tmp (the unit's
-// tile scratch, unused on the GEMV path; at least t.m floats).
-func (t *qmmTask) gemvU3(s *qseg, act *kernels.Q8Act, la, lb, a int, zeros []uint16, tmp []float32) {
-	q, k := s.q, t.w.k
-	lob, hib := kernels.U3PlaneBytes(k)
-	step := max(len(tmp)/t.m, 1)
-	if step*t.m > len(tmp) {
-		tmp = make([]float32, t.m) // more rows of x than scratch floats
-	}
-	for r := la; r < lb; r += step {
-		e := min(r+step, lb)
-		var zs []uint16
-		if zeros != nil {
-			zs = zeros[(r-la)*s.ng : (e-la)*s.ng]
-		}
-		kernels.DotQ8MatrixU3(t.y[a+r-la:], t.ldy, act, s.u3lo[r*lob:e*lob], s.u3hi[r*hib:e*hib], e-r, q.Scales[r*s.ng:e*s.ng], zs, q.GroupSize, float32(s.zsym), tmp)
 	}
 }
 

@@ -285,8 +285,8 @@ func BenchmarkPackedMatMul(b *testing.B) {
 // BenchmarkQuantDecode22M measures single-token decode (cache refilled
 // from empty every 128 tokens) of the 22M synthetic Llama (quant22M) at
 // 8-bit, 4-bit and 3-bit group 32 (asymmetric): "packed" is the runtime's
-// choice per width (q8Widths: int8 activations; 3 bits on the planes of
-// kernels.DotQ8MatrixU3), "float" the float fused kernels with 8-bit and
+// choice per width (q8Widths: int8 activations; 3 bits on
+// kernels.DotQ8MatrixU3's blocks), "float" the float fused kernels with 8-bit and
 // 3-bit rows on the tile path (q8Widths all false: the decode path before
 // the int8 kernels), "f32" the same weights dequantized at load
 // (the F32 decode they are compared with). It reports tokens/s (wall),

@@ -187,13 +187,12 @@ func dramMatrix(r *rand.Rand, bits, group int, half bool, n, k int, x []float32)
 	zsym := float32(int(1) << uint(bits-1))
 	var a Q8Act
 	if bits == 3 {
-		lb, hb := U3PlaneBytes(k)
-		lo, hi, tmp := make([]byte, n*lb), make([]byte, n*hb), make([]float32, n)
-		SplitU3(lo, hi, codes, rb, n, k)
+		split := make([]byte, n*rb)
+		SplitU3(split, codes, rb, n, k)
 		return func() {
 			QuantizeActQ8(&a, x, k, 1, k, 32)
 			a.Prepare(3)
-			DotQ8MatrixU3(y, n, &a, lo, hi, n, scales, zeros, group, zsym, tmp)
+			DotQ8MatrixU3(y, n, &a, split, n, scales, zeros, group, zsym)
 		}
 	}
 	return func() {

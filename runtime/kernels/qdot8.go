@@ -40,16 +40,15 @@ type Q8Act struct {
 // Q reordered within each block of 32 into the order of the codes the
 // kernel extracts from a block's bytes with one shift per lane (4 bits:
 // the 16 even columns, then the 16 odd ones; 2 bits: columns 4i+t at
-// 8t+i; 1 bit: columns 8i+t at 4t+i); for 3 bits it prepares both 2 and
-// 1 bits (the planes of DotQ8MatrixU3); otherwise it does nothing. Call it
+// 8t+i; 1 bit: columns 8i+t at 4t+i); for 3 bits the 2-bit order (the
+// low plane of DotQ8MatrixU3's blocks); otherwise it does nothing. Call it
 // once after QuantizeActQ8 and before the dot products, which may then
 // run on several goroutines; they panic (a programmer error) on a Q8Act
 // not prepared for their width.
 func (a *Q8Act) Prepare(bits int) {
-	if bits == 3 { // DotQ8MatrixU3: the 2-bit and 1-bit kernels
+	if bits == 3 { // DotQ8MatrixU3: the 2-bit plane's order
 		a.Prepare(2)
-		a.Prepare(1)
-		a.ready[3] = a.ready[2] && a.ready[1]
+		a.ready[3] = a.ready[2]
 		return
 	}
 	if bits < 1 || bits > 4 || a.ready[bits] || a.Block != 32 {
@@ -259,8 +258,12 @@ func dotQ8Asm(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, b
 		dotQ8x8AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, rows)
 		return
 	}
-	q := &a.perm[bits][i*k]
+	q := &a.perm[permOf(bits)][i*k]
 	switch {
+	case bits == 3 && hasVNNI:
+		dotQ8x3VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
+	case bits == 3:
+		dotQ8x3AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
 	case bits == 4 && hasVNNI:
 		dotQ8x4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows)
 	case bits == 4:
@@ -323,6 +326,23 @@ func DotQ8Matrix(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows in
 		return
 	}
 	a.checkPrepared(bits)
+	dotQ8MatrixAsm(y, ldy, a, codes, rowBytes, rows, bits, scales, zeros, ng, group, zsym)
+}
+
+// permOf is the width whose activation order (Q8Act.Prepare) the
+// assembly kernels of bits-bit codes take: 3-bit blocks begin with a
+// 2-bit plane.
+func permOf(bits int) int {
+	if bits == 3 {
+		return 2
+	}
+	return bits
+}
+
+// dotQ8MatrixAsm is DotQ8Matrix's assembly path (and DotQ8MatrixU3's,
+// bits 3), its arguments checked and a prepared.
+func dotQ8MatrixAsm(y []float32, ldy int, a *Q8Act, codes []byte, rowBytes, rows, bits int, scales, zeros []uint16, ng, group int, zsym float32) {
+	k := a.K
 	var zp *uint16
 	if zeros != nil {
 		zp = &zeros[0]
@@ -382,8 +402,12 @@ func dotQ8Asm4(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, 
 		dotQ8x8m4AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, rows, k, ss, ys)
 		return
 	}
-	q := &a.perm[bits][i*k]
+	q := &a.perm[permOf(bits)][i*k]
 	switch {
+	case bits == 3 && hasVNNI:
+		dotQ8x3m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
+	case bits == 3:
+		dotQ8x3m4AVX2(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
 	case bits == 4 && hasVNNI:
 		dotQ8x4m4VNNI(q, s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, rows, k, ss, ys)
 	case bits == 4:

@@ -39,6 +39,14 @@ func dotQ8x1AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, 
 //go:noescape
 func dotQ8x1VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
 
+// 3-bit kernels on SplitU3's blocks of 12 bytes (qdot8u3.go).
+
+//go:noescape
+func dotQ8x3AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
+//go:noescape
+func dotQ8x3VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int)
+
 // Two-row VNNI kernels (qdot8p_amd64.s): the VNNI one-row kernel of the
 // same width on the rows pairs of packed rows r and r+dist (r < rows ≤
 // dist; results y[r], y[r+dist]), each result bit for bit the one-row
@@ -56,6 +64,9 @@ func dotQ8x2p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 
 //go:noescape
 func dotQ8x1p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
+//go:noescape
+func dotQ8x3p2VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
 
 // Four-row kernels of DotQ8Matrix (qdot8m_amd64.s): the one-row kernel
 // of the same width for activation rows i < 4 at once, row i's
@@ -86,6 +97,12 @@ func dotQ8x1m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 //go:noescape
 func dotQ8x1m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
 
+//go:noescape
+func dotQ8x3m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
+//go:noescape
+func dotQ8x3m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int)
+
 // quantActQ8x32 is QuantizeActQ8 on nb consecutive blocks of 32 values of
 // one row, x [nb·32] into q [nb·32], s and sum [nb] (qdot8act_amd64.s,
 // AVX2), bit for bit the Go loop's; it returns the number of blocks it
@@ -106,6 +123,8 @@ func dotQ8Pairs(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng,
 		dotQ8x4p2VNNI(&a.perm[4][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
 	case 2:
 		dotQ8x2p2VNNI(&a.perm[2][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+	case 3:
+		dotQ8x3p2VNNI(&a.perm[2][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
 	default:
 		dotQ8x1p2VNNI(&a.perm[1][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
 	}

@@ -43,19 +43,17 @@ func BenchmarkQ8GEMV(b *testing.B) {
 						row := make([]float32, s.k)
 						zsym := float32(int(1) << uint(bits-1))
 						var a Q8Act
-						var lo, hi []byte
-						var tmp []float32
-						if bits == 3 { // the planes of DotQ8MatrixU3, split at load
-							lb, hb := U3PlaneBytes(s.k)
-							lo, hi, tmp = make([]byte, s.n*lb), make([]byte, s.n*hb), make([]float32, m*s.n)
-							SplitU3(lo, hi, codes, rb, s.n, s.k)
+						var split []byte
+						if bits == 3 { // DotQ8MatrixU3's blocks, split at load
+							split = make([]byte, s.n*rb)
+							SplitU3(split, codes, rb, s.n, s.k)
 						}
 						for b.Loop() {
 							if path == "int8" {
 								QuantizeActQ8(&a, x, s.k, m, s.k, ActBlock(group))
 								a.Prepare(bits)
 								if bits == 3 {
-									DotQ8MatrixU3(y, s.n, &a, lo, hi, s.n, scales, zeros, group, zsym, tmp)
+									DotQ8MatrixU3(y, s.n, &a, split, s.n, scales, zeros, group, zsym)
 									continue
 								}
 								DotQ8Matrix(y, s.n, &a, codes, rb, s.n, bits, scales, zeros, group, zsym)

@@ -68,6 +68,22 @@ func dotQ8x1m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 	panic(unreachable)
 }
 
+func dotQ8x3AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x3VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int) {
+	panic(unreachable)
+}
+
+func dotQ8x3m4AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int) {
+	panic(unreachable)
+}
+
+func dotQ8x3m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows int, xstride, sstride, ystride int) {
+	panic(unreachable)
+}
+
 func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int) {
 	panic(unreachable)
 }

@@ -1,81 +1,139 @@
 package kernels
 
 // The int8-activation GEMV for 3-bit codes (docs/QUANT.md "Runtime"). The
-// stored 3-bit layout (8 codes in 3 bytes, LSB first) has no assembly of
-// its own; a 3-bit code c splits into c = lo + 4·hi with lo = c & 3 (2
-// bits) and hi = c >> 2 (1 bit), so a row stored as a 2-bit plane of the
-// lo codes and a 1-bit plane of the hi codes (SplitU3, once at load: the
-// same 3 bits per weight) runs on the 2-bit and 1-bit kernels of
-// DotQ8Matrix:
+// stored 3-bit layout (8 codes in 3 bytes, LSB first) lets codes straddle
+// bytes, so at load each row is rearranged once (SplitU3, the same 3 bits
+// per weight) into blocks of 32 codes of 12 bytes: the 8 bytes of the
+// 2-bit plane lo_j = c_j & 3 (the 2-bit layout, LSB first), then the 4
+// bytes of the high bits hi_j = c_j >> 2 in the order the kernels test
+// them. The assembly unpacks a block as the 2-bit kernels do and adds 4 to
+// every code whose high bit is set, so each block's Σ c_j·Q_j is one
+// exact int32 sum and is scaled once, as for every other width:
 //
-//	Σ_j s_g·(c_j − z_g)·x_j = Σ_j s_g·(lo_j − z_g)·x_j + 4·Σ_j s_g·hi_j·x_j,
+//	Σ_j s_g·(c_j − z_g)·S_b·Q_j,   c_j = lo_j + 4·hi_j.
 //
-// the first the 2-bit kernel with the weight's zero-points, the second the
-// 1-bit kernel with zero-point 0 and the same scales.
+// An earlier version ran the 2-bit and the 1-bit kernels on two planes and
+// added 4 times the second, reading the activations twice and scaling
+// every block twice: BenchmarkGEMVDRAM's 3bit-g32 (one thread, AVX-512
+// VNNI) went from 6.8–8.0 to 11.1–11.6 weight GB/s with the fused kernel,
+// alternating the two builds (docs/QUANT.md has the runtime's figures).
 
-// U3PlaneBytes returns the bytes of one row of k codes in each plane of
-// SplitU3: k/4 for the 2-bit plane, k/8 for the 1-bit plane (k a
-// multiple of 8).
-func U3PlaneBytes(k int) (lo, hi int) { return k / 4, k / 8 }
+// U3BlockBytes is the bytes of one block of 32 codes in SplitU3's layout:
+// 8 of the 2-bit plane, 4 of the high bits.
+const U3BlockBytes = 12
 
-// SplitU3 splits rows packed rows of k 3-bit codes (the LSB-first bit
-// stream of docs/QUANT.md, row r at src[r·rowBytes:], rowBytes ≥
-// 3k/8) into lo [rows·k/4], the 2-bit codes c & 3 in the 2-bit layout
-// (LSB first, 4 codes a byte), and hi [rows·k/8], the bits c >> 2 in the
-// 1-bit layout (8 codes a byte), both rows contiguous. k must be a
-// multiple of 8; it panics (a programmer error) otherwise or when a slice
-// is short.
-func SplitU3(lo, hi, src []byte, rowBytes, rows, k int) {
-	lb, hb := U3PlaneBytes(k)
-	if k%8 != 0 || rowBytes < 3*k/8 || len(lo) < rows*lb || len(hi) < rows*hb || (rows > 0 && len(src) < (rows-1)*rowBytes+3*k/8) {
-		panicf("SplitU3: %d rows of %d codes (%d bytes each) from %d bytes into %d and %d bytes", rows, k, rowBytes, len(src), len(lo), len(hi))
+// u3HiBit returns where SplitU3 puts the high bit of code j (0 ≤ j < 32)
+// of a block: byte (of the block's 4 high bytes) and bit. The 2-bit
+// unpacking leaves code 4i+t at byte p = 8t+i of the register; the
+// kernels test byte p of the broadcast high dword, that is high byte p%4,
+// against the bit 1 << (p/4) (the asm generator's hbit table).
+func u3HiBit(j int) (byteIdx, bit int) {
+	p := 8*(j%4) + j/4
+	return p % 4, p / 4
+}
+
+// SplitU3 rearranges rows packed rows of k 3-bit codes (the LSB-first bit
+// stream of docs/QUANT.md, row r at src[r·rowBytes:], rowBytes ≥ 3k/8)
+// into dst [rows·3k/8], rows contiguous, each row k/32 blocks of
+// U3BlockBytes: the codes c & 3 in the 2-bit layout (LSB first, 4 codes
+// a byte), then the bits c >> 2 at the bytes and bits u3HiBit gives. k
+// must be a multiple of 32; it panics (a programmer error) otherwise or
+// when a slice is short.
+func SplitU3(dst, src []byte, rowBytes, rows, k int) {
+	rb := 3 * k / 8
+	if k%32 != 0 || rowBytes < rb || len(dst) < rows*rb || (rows > 0 && len(src) < (rows-1)*rowBytes+rb) {
+		panicf("SplitU3: %d rows of %d codes (%d bytes each) from %d bytes into %d bytes", rows, k, rowBytes, len(src), len(dst))
 	}
 	for r := 0; r < rows; r++ {
-		s := src[r*rowBytes : r*rowBytes+3*k/8]
-		l, h := lo[r*lb:(r+1)*lb], hi[r*hb:(r+1)*hb]
-		for i := 0; i < k/8; i++ {
-			v := uint32(s[3*i]) | uint32(s[3*i+1])<<8 | uint32(s[3*i+2])<<16
-			var lw uint16
-			var hw byte
-			for t := 0; t < 8; t++ {
-				c := v >> (3 * uint(t)) & 7
-				lw |= uint16(c&3) << (2 * uint(t))
-				hw |= byte(c>>2) << uint(t)
-			}
-			l[2*i], l[2*i+1], h[i] = byte(lw), byte(lw>>8), hw
+		s := src[r*rowBytes : r*rowBytes+rb]
+		d := dst[r*rb : (r+1)*rb]
+		clear(d)
+		for j := 0; j < k; j++ {
+			c := u3Code(s, j)
+			b := d[j/32*U3BlockBytes:]
+			jb := j % 32
+			b[jb/4] |= (c & 3) << (2 * uint(jb%4))
+			hb, bit := u3HiBit(jb)
+			b[8+hb] |= (c >> 2) << uint(bit)
 		}
 	}
 }
 
+// u3Code returns code j of the LSB-first 3-bit stream s.
+func u3Code(s []byte, j int) byte {
+	p := 3 * j
+	v := uint16(s[p>>3])
+	if p&7 > 5 {
+		v |= uint16(s[p>>3+1]) << 8
+	}
+	return byte(v >> uint(p&7) & 7)
+}
+
+// u3BlockCode returns code j (0 ≤ j < 32) of a block of SplitU3's layout.
+func u3BlockCode(b []byte, j int) int32 {
+	hb, bit := u3HiBit(j)
+	return int32(b[j/4]>>(2*uint(j%4))&3) | int32(b[8+hb]>>uint(bit)&1)<<2
+}
+
+// Q8AsmU3 reports whether DotQ8MatrixU3 runs in assembly for activation
+// block blk in this build on this CPU (AVX2 and F16C, blk = 32; AVX-512
+// VNNI with BW where the CPU has it), rather than in portable Go.
+func Q8AsmU3(blk int) bool { return useAsm && hasF16C && blk == 32 }
+
 // DotQ8MatrixU3 is DotQ8Matrix for rows consecutive rows of 3-bit codes
-// split into planes by SplitU3 (lo: rows·k/4 bytes, hi: rows·k/8 bytes,
-// k = a.K): y[i·ldy + r] = Σ_j s_g·(c_j − z_g)·S[i,b]·Q[i,j] for
-// activation row i < a.M, with c_j = lo_j + 4·hi_j, s_g the float16
-// scales[r·ng + g] and z_g zeros[r·ng + g] (zsym when zeros is nil), ng
-// = a.K/group, group a multiple of a.Block dividing a.K. It computes the
-// 2-bit plane's sum with the weight's zero-points into y and the 1-bit
-// plane's with zero-point 0 into tmp [a.M·rows] (scratch), then y += 4·tmp
-// (exact scaling by 4); both run on the assembly kernels where Q8Asm(2,
-// a.Block) and Q8Asm(1, a.Block), which need a prepared for 3 bits
-// (Q8Act.Prepare(3)). Each output is, bit for bit, what it is for any
-// other a.M and rows (DotQ8Matrix's property), and it is within
-// (a.K/a.Block + 16)·2^−23 of Σ_j |s_g|·(c_j + |z_g|)·S·|Q| of the float64
-// sum (qdot8u3_test.go). It panics (a programmer error) on inconsistent
-// lengths.
-func DotQ8MatrixU3(y []float32, ldy int, a *Q8Act, lo, hi []byte, rows int, scales, zeros []uint16, group int, zsym float32, tmp []float32) {
+// in SplitU3's layout (codes [rows·3k/8], k = a.K a multiple of 32):
+// y[i·ldy + r] = Σ_j s_g·(c_j − z_g)·S[i,b]·Q[i,j] for activation row
+// i < a.M, s_g the float16 scales[r·ng + g] and z_g zeros[r·ng + g]
+// (zsym when zeros is nil), ng = a.K/group, group a multiple of a.Block
+// dividing a.K. With the assembly (Q8AsmU3) a must be prepared for 3
+// bits (Q8Act.Prepare(3)). Each output is, bit for bit, what it is for
+// any other a.M and rows (DotQ8Matrix's property), and it is within
+// (a.K/a.Block + 16)·2^−23 of Σ_j |s_g|·(c_j + |z_g|)·S·|Q| of the
+// float64 sum (qdot8u3_test.go). It panics (a programmer error) on
+// inconsistent lengths.
+func DotQ8MatrixU3(y []float32, ldy int, a *Q8Act, codes []byte, rows int, scales, zeros []uint16, group int, zsym float32) {
+	k := a.K
 	if rows <= 0 || a.M == 0 {
 		return
 	}
-	if len(tmp) < a.M*rows || a.K%8 != 0 {
-		panicf("DotQ8MatrixU3: %d scratch floats for %d rows of %d outputs, %d columns", len(tmp), a.M, rows, a.K)
+	rb := 3 * k / 8
+	if k%32 != 0 || group <= 0 || k%group != 0 || group%a.Block != 0 {
+		panicf("DotQ8MatrixU3: group %d for %d columns and activation block %d, want columns a multiple of 32 and a group dividing them and a multiple of the block", group, k, a.Block)
 	}
-	lb, hb := U3PlaneBytes(a.K)
-	DotQ8Matrix(y, ldy, a, lo, lb, rows, 2, scales, zeros, group, zsym)
-	DotQ8Matrix(tmp, rows, a, hi, hb, rows, 1, scales, nil, group, 0)
-	for i := 0; i < a.M; i++ {
-		yr, tr := y[i*ldy:i*ldy+rows], tmp[i*rows:(i+1)*rows]
-		for r, v := range tr {
-			yr[r] += 4 * v
+	ng := k / group
+	if len(codes) < rows*rb || len(scales) < rows*ng || (zeros != nil && len(zeros) < rows*ng) || len(y) < (a.M-1)*ldy+rows {
+		panicf("DotQ8MatrixU3: %d code bytes, %d scales, %d zeros, %d outputs for %d rows of %d groups", len(codes), len(scales), len(zeros), len(y), rows, ng)
+	}
+	if Q8AsmU3(a.Block) {
+		a.checkPrepared(3)
+		dotQ8MatrixAsm(y, ldy, a, codes, rb, rows, 3, scales, zeros, ng, group, zsym)
+		return
+	}
+	blk := a.Block
+	nb, bpg := k/blk, group/blk
+	for r := 0; r < rows; r++ {
+		row := codes[r*rb : (r+1)*rb]
+		for i := 0; i < a.M; i++ {
+			q := a.Q[i*k : (i+1)*k]
+			s, sm := a.S[i*nb:(i+1)*nb], a.Sum[i*nb:(i+1)*nb]
+			var total float32
+			for g := 0; g < ng; g++ {
+				z := zsym
+				if zeros != nil {
+					z = f16ToF32(zeros[r*ng+g])
+				}
+				var acc, zacc float32
+				for b := g * bpg; b < (g+1)*bpg; b++ {
+					var dot int32
+					for j := b * blk; j < (b+1)*blk; j++ {
+						dot += u3BlockCode(row[j/32*U3BlockBytes:], j%32) * int32(q[j])
+					}
+					acc += s[b] * float32(dot)
+					zacc += sm[b]
+				}
+				total += f16ToF32(scales[r*ng+g]) * (acc - z*zacc)
+			}
+			y[i*ldy+r] = total
 		}
 	}
 }

@@ -114,7 +114,7 @@ func multiRowDot(a *asm, w width, k isa, class string, xo, i int) {
 // multiUnpack writes the Y-register unpacking of the block at src offset
 // so (8-bit AVX2: also the sign split).
 func multiUnpack(a *asm, w width, k isa, so int) {
-	unpack(a, w, so)
+	unpack(a, w, k, so, "Y2", "q8m")
 	if w.bits == 8 && k == avx2 {
 		a.op("VPXOR", "Y15", "Y4", "Y4")
 		a.op("VPSIGNB", "Y4", "Y4", "Y3")
@@ -127,6 +127,22 @@ func pairUnpack(a *asm, w width, p int) {
 	so := 2 * p * w.blockBytes()
 	if w.bits == 8 {
 		a.op("VMOVDQU64", off(so, "SI"), "Z4")
+		return
+	}
+	if w.u3() {
+		// Each block's two planes by broadcasts, the high dwords of both
+		// tested at once.
+		bb := w.blockBytes()
+		a.op("VPBROADCASTQ", off(so, "SI"), "Y4")
+		a.op("VPBROADCASTQ", off(so+bb, "SI"), "Y29")
+		a.op("VINSERTI64X4", "$1", "Y29", "Z4", "Z4")
+		a.op("VPBROADCASTD", off(so+8, "SI"), "Y28")
+		a.op("VPBROADCASTD", off(so+bb+8, "SI"), "Y29")
+		a.op("VINSERTI64X4", "$1", "Y29", "Z28", "Z28")
+		a.op("VPTESTMB", "Z30", "Z28", "K2")
+		a.op(w.shift, "Z14", "Z4", "Z4")
+		a.op("VPANDD", "Z15", "Z4", "Z4")
+		a.op("VPADDB", "Z31", "Z4", "K2", "Z4")
 		return
 	}
 	a.op(w.pairLoad, off(so, "SI"), w.pairClass+"4")
@@ -150,12 +166,15 @@ func multiRowKernel(a *asm, w width, k isa) {
 		if w.bits == 8 {
 			a.op("VMOVDQU", "Y9", "Y14")
 		} else {
-			a.op("VMOVDQU", fmt.Sprintf("q8mshift%d<>(SB)", w.bits), "Y14")
+			a.op("VMOVDQU", fmt.Sprintf("q8mshift%d<>(SB)", w.shifts()), "Y14")
 		}
 	} else {
 		byteConsts(a, w, "Z", false)
 		if w.bits != 8 {
-			a.op("VMOVDQU64", fmt.Sprintf("q8mshift%d<>(SB)", w.bits), "Z14")
+			a.op("VMOVDQU64", fmt.Sprintf("q8mshift%d<>(SB)", w.shifts()), "Z14")
+		}
+		if w.u3() {
+			hiConsts(a, "q8m")
 		}
 		if w.idx != "" {
 			a.op("VMOVDQU64", w.idx+"<>(SB)", "Z9")
@@ -315,6 +334,7 @@ func multiRowFile() string {
 	}
 	a.data("q8midx2", 8, 8, func(k int) int { return k / 4 })
 	a.data("q8midx1", 4, 16, func(k int) int { return k / 8 })
+	hiTables(&a, "q8m", 2)
 	for _, w := range widths {
 		for _, k := range []isa{avx2, vnni} {
 			multiRowKernel(&a, w, k)

@@ -70,6 +70,18 @@ var oneRowDoc = map[int]map[isa]string{
 `,
 		vnni: "// 1-bit codes, AVX-512 VNNI (VL): the codes as for dotQ8x1AVX2, vpdpbusd.\n",
 	},
+	3: {
+		avx2: `// 3-bit codes (SplitU3's blocks of 12 bytes), AVX2: the 2-bit plane's 8
+// bytes unpacked as for dotQ8x2AVX2, 4 added to (or'ed into) the bytes
+// whose high bit is set (the high dword broadcast, vpand and vpcmpeqb
+// with q8hbit, vpand with q8four): the order of Prepare(2); vpmaddubsw
+// (pairs ≤ 2·7·127), vpmaddwd into int32.
+`,
+		vnni: `// 3-bit codes, AVX-512 VNNI (VL, BW): the 2-bit plane as for
+// dotQ8x2AVX2, vptestmb of the broadcast high dword with q8hbit into K2,
+// a K2-masked vpaddb of 4; vpdpbusd.
+`,
+	},
 }
 
 // oneRowArgs is the Go signature shared by the one-row kernels.
@@ -95,7 +107,7 @@ func byteConsts(a *asm, w width, class string, ones bool) {
 // oneRowDot writes the exact int32 dot product of the block at src offset
 // so with the activations at xq offset xo into Y3, converted to float32.
 func oneRowDot(a *asm, w width, k isa, so, xo int) {
-	unpack(a, w, so)
+	unpack(a, w, k, so, "Y8", "q8")
 	switch {
 	case k == vnni:
 		a.op("VPXOR", "Y3", "Y3", "Y3")
@@ -133,7 +145,10 @@ func oneRowKernel(a *asm, w width, k isa) {
 	if w.bits == 8 {
 		a.op("VMOVDQU", "Y9", "Y14")
 	} else {
-		a.op("VMOVDQU", fmt.Sprintf("q8shift%d<>(SB)", w.bits), "Y14")
+		a.op("VMOVDQU", fmt.Sprintf("q8shift%d<>(SB)", w.shifts()), "Y14")
+	}
+	if w.u3() && k == vnni {
+		hiConsts(a, "q8")
 	}
 
 	rowStart(a, l)
@@ -224,6 +239,7 @@ func oneRowFile() string {
 	for _, w := range widths[1:] {
 		shiftTable(&a, "q8shift", w, 1)
 	}
+	hiTables(&a, "q8", 2)
 	for _, w := range widths {
 		for _, k := range []isa{avx2, vnni} {
 			oneRowKernel(&a, w, k)

@@ -48,8 +48,17 @@ func unpackPair(a *asm, w width, so int) {
 	a.op(w.load, off(so, "SI"), "Y4")
 	a.op(w.load, fmt.Sprintf("%d(SI)(R14*1)", so), "Y6")
 	a.op("VINSERTI64X4", "$1", "Y6", "Z4", "Z4")
+	if w.u3() {
+		a.op("VPBROADCASTD", off(so+8, "SI"), "Y28")
+		a.op("VPBROADCASTD", fmt.Sprintf("%d(SI)(R14*1)", so+8), "Y29")
+		a.op("VINSERTI64X4", "$1", "Y29", "Z28", "Z28")
+		a.op("VPTESTMB", "Z30", "Z28", "K2")
+	}
 	a.op(w.shift, "Z14", "Z4", "Z4")
 	a.op("VPANDD", "Z15", "Z4", "Z4")
+	if w.u3() {
+		a.op("VPADDB", "Z31", "Z4", "K2", "Z4")
+	}
 }
 
 // pairDot writes the exact int32 dot products of both rows' blocks at src
@@ -88,14 +97,22 @@ func pairRowKernel(a *asm, w width) {
 	a.op("IMULQ", "dist+88(FP)", "R11")
 	a.op("MOVQ", "R11", "R14")
 	a.op("IMULQ", "bpg+56(FP)", "R14")
-	a.op("SHLQ", imm(map[int]int{32: 5, 16: 4, 8: 3, 4: 2}[bb]), "R14")
+	if bb == 12 {
+		a.op("LEAQ", "(R14)(R14*2)", "R14")
+		a.op("SHLQ", "$2", "R14")
+	} else {
+		a.op("SHLQ", imm(map[int]int{32: 5, 16: 4, 8: 3, 4: 2}[bb]), "R14")
+	}
 	a.op("SHLQ", "$1", "R11")
 	a.op("MOVQ", "dist+88(FP)", "AX")
 	a.op("SHLQ", "$2", "AX")
 	a.op("MOVQ", "AX", "yoff-8(SP)")
 	byteConsts(a, w, "Z", false)
 	if w.bits != 8 {
-		a.op("VMOVDQU64", fmt.Sprintf("q8pshift%d<>(SB)", w.bits), "Z14")
+		a.op("VMOVDQU64", fmt.Sprintf("q8pshift%d<>(SB)", w.shifts()), "Z14")
+	}
+	if w.u3() {
+		hiConsts(a, "q8p")
 	}
 	for b := 0; b < 8; b++ {
 		a.op("VMOVDQU64", fmt.Sprintf("q8pidx<>+%d(SB)", 64*b), reg("Z", 16+b))
@@ -212,6 +229,7 @@ func pairRowFile() string {
 	}
 	a.raw("\n// q8pidx<> row b: the VPERMPS index of d_b into the low half and d_{8+b}\n// (row 2p+1's d_b) into the high half.\n")
 	a.data("q8pidx", 4, 128, func(k int) int { return k/16 + 8*(k%16/8) })
+	hiTables(&a, "q8p", 2)
 	for _, w := range widths {
 		pairRowKernel(&a, w)
 	}

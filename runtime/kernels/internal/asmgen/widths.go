@@ -23,7 +23,20 @@ type width struct {
 	// idx is the name of the VNNI m4 permutation index table loaded into Z9
 	// (empty where none is needed).
 	idx string
+	// table is the width whose shift table the kernels load (3 bits: the
+	// 2-bit table of their low plane).
+	table int
 }
+
+// u3 reports whether w is the 3-bit width: blocks of 12 bytes, the 8
+// bytes of a 2-bit plane (codes c & 3, the 2-bit layout) then the 4 bytes
+// of the high bits c >> 2 in the order hiBitTable tests them
+// (runtime/kernels qdot8u3.go, SplitU3). A block is unpacked as the 2-bit
+// codes, then 4 is added to every byte whose high bit is set: AVX-512,
+// vptestmb of the broadcast high dword against hiBitTable into K2 and a
+// byte-masked vpaddb of 4; AVX2, vpand and vpcmpeqb against the table, a
+// vpand with the 4s and a vpor.
+func (w width) u3() bool { return w.bits == 3 }
 
 // blockBytes is the bytes of packed codes in a block of 32.
 func (w width) blockBytes() int { return w.bits * 4 }
@@ -36,6 +49,24 @@ var widths = []width{
 		pairLoad: "VMOVDQU", pairClass: "X", spread: "VPERMQ Z4, Z9, Z4", idx: "q8midx2"},
 	{bits: 1, mask: "0x01", load: "VPBROADCASTD", shift: "VPSRLVD",
 		pairLoad: "VMOVQ", pairClass: "X", spread: "VPERMD Z4, Z9, Z4", idx: "q8midx1"},
+	{bits: 3, mask: "0x03", load: "VPBROADCASTQ", shift: "VPSRLVQ", table: 2},
+}
+
+// shifts is the width whose shift table w loads.
+func (w width) shifts() int {
+	if w.table != 0 {
+		return w.table
+	}
+	return w.bits
+}
+
+// hiTables writes the 3-bit kernels' tables, reps times 32 bytes each:
+// <prefix>hbit, byte j = 1 << (j%32/4), the bit of the high dword's byte
+// j%4 that holds the high bit of the code at byte j of the unpacked
+// block, and <prefix>four, bytes of 4.
+func hiTables(a *asm, prefix string, reps int) {
+	a.data(prefix+"hbit", 1, 32*reps, func(k int) int { return 1 << (k % 32 / 4) })
+	a.data(prefix+"four", 1, 32*reps, func(int) int { return 4 })
 }
 
 // isa is the instruction set a kernel is written for.
@@ -61,13 +92,44 @@ func shiftTable(a *asm, prefix string, w width, reps int) {
 
 // unpack writes the instructions that bring the block at src offset so
 // into Y4 as one code a byte (for 8 bits: the codes xored with 0x80), for
-// the one-row kernels and the Y-register block loops.
-func unpack(a *asm, w width, so int) {
+// the one-row kernels and the Y-register block loops. For 3 bits the
+// AVX2 kernels use the Y register scratch and the tables <prefix>hbit and
+// <prefix>four from memory; the VNNI kernels Y28 and the tables in Y30,
+// Y31 (hiConsts).
+func unpack(a *asm, w width, k isa, so int, scratch, prefix string) {
 	if w.bits == 8 {
 		a.op("VMOVDQU", off(so, "SI"), "Y4")
 		return
 	}
 	a.op(w.load, off(so, "SI"), "Y4")
+	if w.u3() {
+		h := scratch
+		if k == vnni {
+			h = "Y28"
+		}
+		a.op("VPBROADCASTD", off(so+8, "SI"), h)
+		if k == vnni {
+			a.op("VPTESTMB", "Y30", h, "K2")
+		} else {
+			a.op("VPAND", prefix+"hbit<>(SB)", h, h)
+			a.op("VPCMPEQB", prefix+"hbit<>(SB)", h, h)
+			a.op("VPAND", prefix+"four<>(SB)", h, h)
+		}
+	}
 	a.op(w.shift, "Y14", "Y4", "Y4")
 	a.op("VPAND", "Y15", "Y4", "Y4")
+	if w.u3() {
+		if k == vnni {
+			a.op("VPADDB", "Y31", "Y4", "K2", "Y4")
+		} else {
+			a.op("VPOR", scratch, "Y4", "Y4")
+		}
+	}
+}
+
+// hiConsts loads the 3-bit VNNI kernels' tables <prefix>hbit and
+// <prefix>four (64 bytes each) into Z30 and Z31.
+func hiConsts(a *asm, prefix string) {
+	a.op("VMOVDQU64", prefix+"hbit<>(SB)", "Z30")
+	a.op("VMOVDQU64", prefix+"four<>(SB)", "Z31")
 }
