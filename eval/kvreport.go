@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -92,7 +93,7 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 		if row.FP16PerQueryKnown {
 			fq = fmt.Sprintf("%.1f", row.FP16PerQuery)
 		}
-		c = append(c, fmt.Sprintf("%d", row.KVBytes), fq, fmt.Sprintf("%.4f", row.Perplexity), fmt.Sprintf("%+.4f", row.DeltaPPL),
+		c = append(c, fmt.Sprintf("%d", row.KVBytes), fq, fmt.Sprintf("%.4f", row.Perplexity), Signed(row.DeltaPPL, 4),
 			fmt.Sprintf("%.5f", row.KL), fmt.Sprintf("%.4f", row.Top1Agreement), fmt.Sprintf("%.1f", row.TokensPerSecond), note)
 		cells = append(cells, c)
 	}
@@ -261,4 +262,17 @@ func (r *KVReport) WriteSVG(out io.Writer, title string) error {
 
 func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}
+
+// Signed formats v with an explicit sign and prec decimals, writing a
+// value that rounds to zero as +0 ("+0.0000", never "-0.0000").
+func Signed(v float64, prec int) string {
+	s := strconv.FormatFloat(v, 'f', prec, 64)
+	if strings.Trim(s, "-0.") == "" {
+		return "+" + strings.TrimPrefix(s, "-")
+	}
+	if v >= 0 {
+		return "+" + s
+	}
+	return s
 }

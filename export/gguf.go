@@ -881,7 +881,7 @@ func (e *exporter) convert(in string, t gguf.Type, perm func(int) int) ([]byte, 
 			if err != nil {
 				return nil, "", "", fmt.Errorf("export: %s: %w", in, err)
 			}
-			return b, ModeRequantized, "requantized from the dequantized weights (" + why + ")", nil
+			return b, ModeRequantized, "from the dequantized weights: " + why, nil
 		case gguf.TypeF32:
 			v, _ := w.floats()
 			return safetensors.F32Bytes(v), ModeExact, "dequantized to F32 (lmpack's values exactly)", nil
@@ -891,7 +891,7 @@ func (e *exporter) convert(in string, t gguf.Type, perm func(int) int) ([]byte, 
 		if err != nil {
 			return nil, "", "", fmt.Errorf("export: %s: %w", in, err)
 		}
-		return b, ModeRequantized, "requantized from the dequantized weights", nil
+		return b, ModeRequantized, "from the dequantized weights", nil
 	}
 	ft := floatType[w.t.DType]
 	if ft == t {

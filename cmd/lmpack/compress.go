@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/lmpack/lmpack/compress"
+	"github.com/lmpack/lmpack/eval"
 	"github.com/lmpack/lmpack/model"
 	"github.com/lmpack/lmpack/prune"
 	"github.com/spf13/cobra"
@@ -166,7 +167,7 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 		}
 	}
 	z := r.Sizes
-	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/weight, lz4 saved %d bytes, kv cache %s\n",
+	fmt.Fprintf(&b, "size %d -> %d bytes (%.2fx), %d -> %d params, %.2f bits/param (whole file), lz4 saved %d bytes, kv cache %s\n",
 		z.SourceTensorBytes, z.ArtifactBytes, z.Ratio, z.SourceParams, z.Params, z.BitsPerWeight, z.LZ4SavedBytes, r.KVCache)
 	if r.WeightsMethod != "" {
 		fmt.Fprintf(&b, "weights %s, %.3f bits per quantized weight (codes, scales, zero-points)", r.WeightsMethod, r.WeightsBitsPerWeight)
@@ -189,7 +190,11 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 			if len(bounds) == 0 {
 				bounds = append(bounds, "no bound set: eval.max_delta_ppl_pct and eval.max_kl are unset")
 			}
-			fmt.Fprintf(&b, "gate passed (ΔPPL %+.2f%% of the source perplexity; %s)\n", g.DeltaPPLPct, strings.Join(bounds, ", "))
+			kl := ""
+			if r.Eval != nil {
+				kl = fmt.Sprintf(", KL %.5f", r.Eval.KL)
+			}
+			fmt.Fprintf(&b, "gate passed (ΔPPL %s%% of the source perplexity%s; %s)\n", eval.Signed(g.DeltaPPLPct, 2), kl, strings.Join(bounds, ", "))
 		} else {
 			fmt.Fprintf(&b, "gate FAILED: %s\n", strings.Join(g.Failures, "; "))
 		}
@@ -204,7 +209,7 @@ func writeCompressTable(cmd *cobra.Command, r *compress.Report) error {
 		w := max(8, len(serving))
 		fmt.Fprintf(&b, "\n%-10s %10s %10s %9s %9s %8s %8s %*s\n", "model", "perplexity", "delta_ppl", "kl", "top1", "kv", "kv_bits", w, serving)
 		fmt.Fprintf(&b, "%-10s %10.4f %10s %9s %9s %8s %8.2f %*.2f\n", "source", e.SourcePerplexity, "", "", "", "fp32", 32.0, w, 32.0)
-		fmt.Fprintf(&b, "%-10s %10.4f %+10.4f %9.5f %9.4f %8s %8.2f %*.2f\n", "artifact", e.Perplexity, e.DeltaPPL, e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement, w, e.KVBitsPerElementServing)
+		fmt.Fprintf(&b, "%-10s %10.4f %10s %9.5f %9.4f %8s %8.2f %*.2f\n", "artifact", e.Perplexity, eval.Signed(e.DeltaPPL, 4), e.KL, e.Top1Agreement, e.KVCache, e.KVBitsPerElement, w, e.KVBitsPerElementServing)
 	}
 	_, err := fmt.Fprint(cmd.OutOrStdout(), b.String())
 	return err

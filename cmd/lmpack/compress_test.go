@@ -115,11 +115,12 @@ func TestCompressCLI(t *testing.T) {
 			}
 		}
 	}
-	// The text report's gate line names only the bounds that are set
-	// (max_kl 0 is no bound, not "max_kl 0").
+	// The text report's gate line gives the measured ΔPPL and KL and
+	// names only the bounds that are set (max_kl 0 is no bound, not
+	// "max_kl 0").
 	r = lmpack(t, nil, "compress", modelDir(t), "--recipe", writeRecipe(t, 1024, "100000", "0"), "-o", out)
 	wantOK(t, r)
-	if !strings.Contains(r.stdout, "gate passed (ΔPPL ") || !strings.Contains(r.stdout, "of the source perplexity; max_delta_ppl_pct 100000)\n") || strings.Contains(r.stdout, "max_kl") {
+	if !strings.Contains(r.stdout, "gate passed (ΔPPL +") || !regexp.MustCompile(`of the source perplexity, KL [0-9]\.[0-9]{5}; max_delta_ppl_pct 100000\)\n`).MatchString(r.stdout) || strings.Contains(r.stdout, "max_kl") {
 		t.Errorf("gate line with max_kl unset: want only max_delta_ppl_pct named:\n%s", r.stdout)
 	}
 	// The eval table gives KV bits/element at the eval context and at the
