@@ -21,7 +21,8 @@ const dramBenchBytes = 96 << 20
 // up, down), as many layers as make dramBenchBytes, in every weight
 // format the runtime decodes (f32 MatMulNTRows, bf16 MatMulNTHalf,
 // asymmetric group-32 DotQ8Matrix at 8, 4 and 2 bits, 4 bits per channel,
-// 3 bits DotQ8MatrixU3 on its planes), against the copy bandwidth
+// 3 bits DotQ8MatrixU3 on SplitU3's blocks at group 32 and 128, GPTQ's
+// usual group), against the copy bandwidth
 // measured in the same loop: before every pass over the layers, untimed, one copy of a
 // 64 MiB buffer into another (Go's copy), and one read of a third 64 MiB
 // buffer by streamReadAVX2 (32-byte loads and nothing else: what one core
@@ -63,7 +64,7 @@ func BenchmarkGEMVDRAM(b *testing.B) {
 	formats := []format{
 		{name: "f32"}, {name: "bf16", half: true},
 		{name: "8bit-g32", bits: 8, group: 32}, {name: "4bit-g32", bits: 4, group: 32},
-		{name: "4bit-perchannel", bits: 4, group: 0}, {name: "3bit-g32", bits: 3, group: 32},
+		{name: "4bit-perchannel", bits: 4, group: 0}, {name: "3bit-g32", bits: 3, group: 32}, {name: "3bit-g128", bits: 3, group: 128},
 		{name: "2bit-g32", bits: 2, group: 32},
 	}
 	for _, f := range formats {
