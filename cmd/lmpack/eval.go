@@ -38,7 +38,7 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 	var dequantize bool // --dequantize
 	cmd := &cobra.Command{
 		Use:   "eval MODEL --data FILE",
-		Short: "Perplexity of a model on a text file (non-overlapping windows, BOS prepended)",
+		Short: "Perplexity of a model on a text file (non-overlapping windows, BOS prepended); with --kv, KV-cache methods side by side",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if data == "" {
