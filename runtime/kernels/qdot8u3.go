@@ -75,6 +75,21 @@ func u3BlockCode(b []byte, j int) int32 {
 	return int32(b[j/4]>>(2*uint(j%4))&3) | int32(b[8+hb]>>uint(bit)&1)<<2
 }
 
+// joinU3 writes one row of k codes from SplitU3's layout (src [3k/8])
+// back into the stored LSB-first 3-bit stream (dst [3k/8]), SplitU3's
+// inverse.
+func joinU3(dst, src []byte, k int) {
+	clear(dst[:3*k/8])
+	for j := 0; j < k; j++ {
+		c := u3BlockCode(src[j/32*U3BlockBytes:], j%32)
+		p := 3 * j
+		dst[p>>3] |= byte(c << uint(p&7))
+		if p&7 > 5 {
+			dst[p>>3+1] |= byte(c >> uint(8-p&7))
+		}
+	}
+}
+
 // Q8AsmU3 reports whether DotQ8MatrixU3 runs in assembly for activation
 // block blk in this build on this CPU (AVX2 and F16C, blk = 32; AVX-512
 // VNNI with BW where the CPU has it), rather than in portable Go.
@@ -109,31 +124,16 @@ func DotQ8MatrixU3(y []float32, ldy int, a *Q8Act, codes []byte, rows int, scale
 		dotQ8MatrixAsm(y, ldy, a, codes, rb, rows, 3, scales, zeros, ng, group, zsym)
 		return
 	}
-	blk := a.Block
-	nb, bpg := k/blk, group/blk
+	// The portable loop (tests, and CPUs without the assembly, where the
+	// runtime keeps 3-bit weights on its tiles): each row back in the
+	// stored stream (joinU3) through DotQ8Rows' Go loop.
+	stream := make([]byte, rb)
 	for r := 0; r < rows; r++ {
-		row := codes[r*rb : (r+1)*rb]
-		for i := 0; i < a.M; i++ {
-			q := a.Q[i*k : (i+1)*k]
-			s, sm := a.S[i*nb:(i+1)*nb], a.Sum[i*nb:(i+1)*nb]
-			var total float32
-			for g := 0; g < ng; g++ {
-				z := zsym
-				if zeros != nil {
-					z = f16ToF32(zeros[r*ng+g])
-				}
-				var acc, zacc float32
-				for b := g * bpg; b < (g+1)*bpg; b++ {
-					var dot int32
-					for j := b * blk; j < (b+1)*blk; j++ {
-						dot += u3BlockCode(row[j/32*U3BlockBytes:], j%32) * int32(q[j])
-					}
-					acc += s[b] * float32(dot)
-					zacc += sm[b]
-				}
-				total += f16ToF32(scales[r*ng+g]) * (acc - z*zacc)
-			}
-			y[i*ldy+r] = total
+		joinU3(stream, codes[r*rb:(r+1)*rb], k)
+		var zr []uint16
+		if zeros != nil {
+			zr = zeros[r*ng : (r+1)*ng]
 		}
+		dotQ8RowsGo(y[r:], ldy, a, stream, 3, scales[r*ng:(r+1)*ng], zr, group, zsym)
 	}
 }

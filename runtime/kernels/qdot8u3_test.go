@@ -35,6 +35,16 @@ func TestSplitU3(t *testing.T) {
 			}
 		}
 	}
+	// joinU3 is SplitU3's inverse (the source rows' padding aside).
+	back := make([]byte, ob)
+	for r := 0; r < rows; r++ {
+		joinU3(back, dst[r*ob:(r+1)*ob], k)
+		for i := 0; i < ob; i++ {
+			if back[i] != src[r*rb+i] {
+				t.Fatalf("row %d byte %d: joinU3 gives %#x, the stream has %#x", r, i, back[i], src[r*rb+i])
+			}
+		}
+	}
 	// u3HiBit is a bijection of the 32 codes onto the 32 high bits.
 	seen := map[[2]int]bool{}
 	for j := 0; j < 32; j++ {
