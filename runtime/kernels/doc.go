@@ -117,7 +117,11 @@
 // hold it back; PREFETCHT0 1–2 KB ahead, two steps (32 bytes of each row)
 // per iteration, or the eight rows adjacent instead of an eighth of the
 // matrix apart changed nothing; and an AVX-512 BW loop that pairs two rows
-// per zmm with VPERMT2W (same bits) fell to 15–16 GB/s. Keeping
+// per zmm with VPERMT2W (same bits) fell to 15–16 GB/s; widening by
+// VBROADCASTI128 and one VPSHUFB instead of VPMOVZXWD and VPSLLD (same
+// bits, one ALU op fewer per 8 weights) left BenchmarkHalfDecode's in-place
+// bf16 decode where it was (medians 386 and 388 tokens/s over 6
+// interleaved pairs, 2026-12-03). Keeping
 // MatMulNTRows' bits rules out layouts that split a row across more than 8
 // accumulator lanes.
 package kernels
