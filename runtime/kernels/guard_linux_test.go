@@ -14,8 +14,19 @@ import (
 // one element past the end faults. The memory is unmapped at test cleanup.
 func guarded(t *testing.T, n int) []float32 {
 	t.Helper()
+	b := guardedBytes(t, 4*n)
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+}
+
+// guardedBytes is guarded for n bytes (zeroed), the last one just before
+// the inaccessible page; its capacity is n.
+func guardedBytes(t *testing.T, n int) []byte {
+	t.Helper()
 	page := unix.Getpagesize()
-	data := (n*4 + page - 1) / page * page
+	data := (n + page - 1) / page * page
 	mem, err := unix.Mmap(-1, 0, data+page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		t.Fatalf("mmap %d bytes: %v", data+page, err)
@@ -27,7 +38,7 @@ func guarded(t *testing.T, n int) []float32 {
 	if n == 0 {
 		return nil
 	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&mem[data-n*4])), n)
+	return mem[data-n : data : data]
 }
 
 const haveGuard = true
