@@ -188,6 +188,13 @@ func bigBWSource(b *testing.B, f bigBWFormat) (*arch.Description, *lazySource) {
 // of the process (bytes per CPU-second of the decode over bytes per
 // CPU-second of the copy passes), the figure a shared machine's
 // time-slicing does not dilute.
+//
+// The passes between tokens slow the two-thread decode of the fastest
+// formats: on the 2-core development machine (2026-12-03) 4-bit g32 gave
+// 57–60 tokens/s at two threads here, below its 65–73 at one, while the
+// same loop without the passes (a one-off copy of this benchmark) gave
+// 67–69 at one thread and 80–95 at two, and 3-bit g32 59 and 101–107.
+// Read the two-thread ratios as lower bounds.
 func BenchmarkDecodeBandwidthBig(b *testing.B) {
 	if os.Getenv("LMPACK_BIG_BENCH") == "" {
 		b.Skip("LMPACK_BIG_BENCH is not set: this benchmark draws a 414M-parameter model in 7 formats (minutes, 3.8 GB peak); set LMPACK_BIG_BENCH=1 to run it")
