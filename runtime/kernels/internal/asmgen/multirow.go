@@ -31,9 +31,11 @@ const multiRowHeader = `//go:build !purego
 // their totals of odd blocks, or (spilled to the stack) the group
 // accumulators; Y15 (VNNI: Z15) the byte constant, Y14 (Z14) the shifts
 // (8 bits: int16 ones), Y9 int16 ones (VNNI: Z9 the qword or dword index
-// that spreads two blocks' codes, K1 the mask of the high half); Y0-Y4
-// scratch. Stack: 0 the rows' d_b = s_b·S_b
-// (8 floats each), 128 the vector zero terms, 256 the spilled odd totals,
+// that spreads two blocks' codes, K1 the mask of the high half, Y16-Y19
+// the rows' d_b = s_b·S_b of a run of eight groups and Z20-Z23 the
+// VPERMPS indices that put d_2p and d_2p+1 in the two halves; 3 bits:
+// Z28-Z31, K2); Y0-Y4 scratch. Stack: 0 the rows' d_b (AVX2; 8 floats
+// each), 128 the vector zero terms, 256 the spilled odd totals,
 // 384 the scalar zero terms, 400 s_g, 404 z_g, 408 y, 416 rows left.
 
 `
@@ -176,6 +178,9 @@ func multiRowKernel(a *asm, w width, k isa) {
 		if w.u3() {
 			hiConsts(a, "q8m")
 		}
+		for p := 0; p < 4; p++ {
+			a.op("VMOVDQU64", fmt.Sprintf("q8mdidx<>+%d(SB)", 64*p), reg("Z", 20+p))
+		}
 		if w.idx != "" {
 			a.op("VMOVDQU64", w.idx+"<>(SB)", "Z9")
 		}
@@ -212,8 +217,17 @@ func multiRowKernel(a *asm, w width, k isa) {
 		}
 	})
 	for i := 0; i < multiRows; i++ {
-		a.op("VMULPS", sRow("R12", i), "Y0", "Y2")
-		a.op("VMOVUPS", "Y2", sp(stackD+32*i))
+		if k == vnni {
+			// d_b kept in Y16+i and spread by VPERMPS: two broadcasts
+			// from the stack a block pair and row were the four-row
+			// kernels' bottleneck (BenchmarkQ8GEMV m=16, AVX-512 VNNI:
+			// 8 bits 2.6–3.2 → 3.8–4.3 GB/s, 4 bits 1.3–1.6 → 1.8–1.9;
+			// the same bits, VPERMPS copies the lane).
+			a.op("VMULPS", sRow("R12", i), "Y0", reg("Y", 16+i))
+		} else {
+			a.op("VMULPS", sRow("R12", i), "Y0", "Y2")
+			a.op("VMOVUPS", "Y2", sp(stackD+32*i))
+		}
 		a.op("VMOVUPS", sp(stackVZ+32*i), "Y3")
 		a.op("VFMADD231PS", sRow("R13", i), "Y1", "Y3")
 		a.op("VMOVUPS", "Y3", sp(stackVZ+32*i))
@@ -236,8 +250,7 @@ func multiRowKernel(a *asm, w width, k isa) {
 			pairUnpack(a, w, p)
 			for i := 0; i < multiRows; i++ {
 				multiRowDot(a, w, k, "Z", 64*p, i)
-				a.op("VBROADCASTSS", sp(stackD+32*i+8*p), "Z1")
-				a.op("VBROADCASTSS", sp(stackD+32*i+8*p+4), "K1", "Z1")
+				a.op("VPERMPS", reg("Z", 16+i), reg("Z", 20+p), "Z1")
 				a.op("VFMADD231PS", "Z1", "Z0", reg("Z", even(i)))
 			}
 		}
@@ -335,6 +348,7 @@ func multiRowFile() string {
 	a.data("q8midx2", 8, 8, func(k int) int { return k / 4 })
 	a.data("q8midx1", 4, 16, func(k int) int { return k / 8 })
 	hiTables(&a, "q8m", 2)
+	a.data("q8mdidx", 4, 64, func(k int) int { return 2*(k/16) + k%16/8 })
 	for _, w := range widths {
 		for _, k := range []isa{avx2, vnni} {
 			multiRowKernel(&a, w, k)
