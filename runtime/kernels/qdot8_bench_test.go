@@ -92,3 +92,48 @@ func BenchmarkQ8GEMV(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkQ8GEMM is the prefill shape of the int8-activation kernels: 16
+// activation rows (the four-row kernels, four at a time) against a packed
+// W [1408, 2048] (the FFN's gate/up shape of the synthetic model at four
+// times its width), one thread, asymmetric, at 8, 4 and 3 bits and groups
+// 32, 128 and per channel (the one-block runs and the group loop of the
+// kernels). It reports GMAC/s (multiply-adds of x·Wᵀ per second, 1e9).
+func BenchmarkQ8GEMM(b *testing.B) {
+	const n, k, m = 1408, 2048, 16
+	for _, bits := range []int{8, 4, 3} {
+		for _, group := range []int{32, 128, k} {
+			b.Run(fmt.Sprintf("bits=%d/group=%d", bits, group), func(b *testing.B) {
+				r := newRand(uint64(17 + bits))
+				rb, ng := k*bits/8, k/group
+				codes := make([]byte, n*rb)
+				for i := range codes {
+					codes[i] = byte(r.IntN(256))
+				}
+				if bits == 3 {
+					split := make([]byte, len(codes))
+					SplitU3(split, codes, rb, n, k)
+					codes = split
+				}
+				scales, zeros := make([]uint16, n*ng), make([]uint16, n*ng)
+				for i := range scales {
+					scales[i] = safetensors.F16FromFloat32(0.01 + 0.01*r.Float32())
+					zeros[i] = safetensors.F16FromFloat32(float32(r.IntN(1 << uint(bits))))
+				}
+				x := randSlice(r, m*k)
+				y := make([]float32, m*n)
+				var a Q8Act
+				QuantizeActQ8(&a, x, k, m, k, 32)
+				a.Prepare(bits)
+				for b.Loop() {
+					if bits == 3 {
+						DotQ8MatrixU3(y, n, &a, codes, n, scales, zeros, group, 4)
+					} else {
+						DotQ8Matrix(y, n, &a, codes, rb, n, bits, scales, zeros, group, 2)
+					}
+				}
+				b.ReportMetric(float64(n*k*m)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+			})
+		}
+	}
+}
