@@ -133,8 +133,9 @@ func (s *qseg) fusable() bool {
 // (BenchmarkQuantDecode22M, one thread, -count 3): 264–287 tokens per
 // CPU-second on int8 against 101–115 on the tiles. Those figures were
 // the two planes' kernels; the fused 3-bit kernel (kernels.SplitU3's
-// blocks, 2026-12-03, AVX-512 VNNI machine) runs m = 64 at 0.31–0.35
-// packed GB/s against the tiles' 0.22–0.27, so prefill now gains as well
+// blocks, 2026-12-03, AVX-512 VNNI machine) runs m = 64 at 0.39–0.43
+// packed GB/s (0.31–0.35 before the four-row kernels' VPERMPS change)
+// against the tiles' 0.22–0.27, so prefill now gains as well
 // (docs/QUANT.md).
 //
 // The int8 path also takes act-order weights of these widths (x is
@@ -401,7 +402,7 @@ func (t *qmmTask) quantizeActs() {
 func (t *qmmTask) Run(lo, hi int) {
 	w, k := t.w, t.w.k
 	if t.gemv {
-		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit, t.row[lo][:k], t.buf[lo])
+		t.gemvRows(lo*w.n/t.unit, hi*w.n/t.unit, t.row[lo][:k])
 		return
 	}
 	for u := lo; u < hi; u++ {
@@ -418,12 +419,13 @@ func (t *qmmTask) Run(lo, hi int) {
 
 // gemvRows computes y[i, r] = x[i]·W[r] for rows r in [r0, r1) of W and
 // every row i < t.m of x: on segments of the int8 path (qseg.q8)
-// kernels.DotQ8Matrix on t.acts (quantizeActs), all rows of x at once;
+// kernels.DotQ8Matrix (3 bits: DotQ8MatrixU3 on qseg.u3) on t.acts
+// (quantizeActs), all rows of x at once;
 // otherwise kernels.DotQRow on the packed codes of quantized rows (each
 // packed byte read once per row of x) — for 4-bit groups of multiples of
 // 16 codes kernels.DotU4RowIL on x interleaved once into xi [k]
 // (scratch) — and kernels.Dot on float rows.
-func (t *qmmTask) gemvRows(r0, r1 int, xi, tmp []float32) {
+func (t *qmmTask) gemvRows(r0, r1 int, xi []float32) {
 	w, k := t.w, t.w.k
 	for i := 0; i < t.m; i++ {
 		x := t.x[i*t.ldx : i*t.ldx+k]
