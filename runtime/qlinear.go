@@ -140,7 +140,7 @@ func (s *qseg) fusable() bool {
 //
 // The int8 path also takes act-order weights of these widths (x is
 // permuted into storage order once per matmul, never the weights; 3-bit
-// planes are split in storage order). 1, 2, 3 and 4 bits take it only
+// codes are rearranged in storage order). 1, 2, 3 and 4 bits take it only
 // where kernels.Q8Asm reports assembly (without it the float Go loop is
 // faster). Every width takes it only with activation blocks of 32 (a
 // group that is a multiple of 32, or per-channel rows of such a length):
@@ -174,8 +174,8 @@ func q8Capable(bits, group int) bool {
 }
 
 // q8 reports whether s's decode GEMV runs on int8 activations: its width
-// is q8Capable, and a 3-bit segment has its planes (setFused). A 3-bit
-// segment whose codes were dropped at load for the planes (loadLinear)
+// is q8Capable, and a 3-bit segment has its blocks (qseg.u3, setFused). A
+// 3-bit segment whose codes were dropped at load for them (loadLinear)
 // stays on them.
 func (s *qseg) q8() bool {
 	if s.q == nil || s.q.Bits == 2 && s.ng == 1 {
@@ -315,7 +315,7 @@ const qParallelMinMACs = 1 << 15
 func qScratchFloats(k int) int { return max(qTileBytes/4, 12*k) }
 
 // setFused splits the codes of every 3-bit segment that can run on int8
-// activations (q8Capable) into planes (qseg.u3lo, u3hi) and sets w.fused
+// activations (q8Capable) into kernels.SplitU3's blocks (qseg.u3) and sets w.fused
 // and w.q8 from the segments.
 func (w *packedLinear) setFused() {
 	w.fused, w.q8 = true, true

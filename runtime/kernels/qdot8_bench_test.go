@@ -11,7 +11,7 @@ import (
 // synthetic model's shapes (benchShapes), one thread, asymmetric group
 // 32, for every stored width and m = 1, 4 and 16 activation rows: "int8"
 // quantises x once (QuantizeActQ8) and runs DotQ8Matrix over W (3 bits:
-// DotQ8MatrixU3 over the planes SplitU3 made once, untimed);
+// DotQ8MatrixU3 over the blocks SplitU3 made once, untimed);
 // "float" runs the float fused kernels per row of W and row of x
 // (DotU4RowIL on x interleaved once for 4 bits, DotQRow for 1-3 bits; for
 // 8 bits, which have no fused float kernel, DequantBitsRow's Go loop into
