@@ -141,7 +141,7 @@ func (s *qseg) fusable() bool {
 // The int8 path also takes act-order weights of these widths (x is
 // permuted into storage order once per matmul, never the weights; 3-bit
 // codes are rearranged in storage order). 1, 2, 3 and 4 bits take it only
-// where kernels.Q8Asm reports assembly (without it the float Go loop is
+// where kernels.Q8Asm (3 bits: Q8AsmU3) reports assembly (without it the float Go loop is
 // faster). Every width takes it only with activation blocks of 32 (a
 // group that is a multiple of 32, or per-channel rows of such a length):
 // a row length like stories260K's 172-column down_proj would share one
