@@ -112,9 +112,21 @@ type KVRow struct {
 	// the decode protocol; 0 under fake-quant and for fp32/fp16, whose
 	// one format is not a window (FP16PerQueryKnown, JSON
 	// fp16_tokens_per_query_known, false there).
-	FP16PerQuery      float64  `json:"fp16_tokens_per_query"`
-	FP16PerQueryKnown bool     `json:"fp16_tokens_per_query_known"`
-	Buckets           []Bucket `json:"buckets"`
+	FP16PerQuery      float64 `json:"fp16_tokens_per_query"`
+	FP16PerQueryKnown bool    `json:"fp16_tokens_per_query_known"`
+	// BitsRead is the bits per K/V element of the cached tokens the
+	// scored queries read, averaged over every element they read: Σ_t
+	// BitsAt(c_t)·c_t / Σ_t c_t, where c_t is the number of tokens cached
+	// before position t's call (KVMethod.BitsAt at c_t counts the windows
+	// and a block kind's unfinished block as the cache holds them then).
+	// BitsPerElement is the layout once the whole window is cached, which
+	// for kivi2 and oscars2 at a context that is a multiple of 32 holds
+	// no fp16 block although their queries read one; BitsRead is the
+	// figure to compare methods by at the evaluated context under the
+	// decode protocol. 0 (not reported) under fake-quant, whose queries
+	// read the whole window in its one layout, or without BitsAt.
+	BitsRead float64  `json:"bits_per_element_read,omitempty"`
+	Buckets  []Bucket `json:"buckets"`
 }
 
 // KVReport is the outcome of CompareKV: one row per method, in order.
@@ -304,6 +316,9 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 				r.FP16PerQuery, r.FP16PerQueryKnown = fp16PerQuery(meth.Quantized, P, C, T), true
 			}
 		}
+		if meth.BitsAt != nil && opt.Protocol != ProtocolFakeQuant {
+			r.BitsRead = bitsRead(meth.BitsAt, P, C, T)
+		}
 		r.DeltaPPL = r.Perplexity - refPPL
 		if a.seconds > 0 {
 			r.TokensPerSecond = float64(n*T) / a.seconds
@@ -371,6 +386,32 @@ func callStart(P, C, t int) int {
 		return P + (t-P)/C*C
 	}
 	return t
+}
+
+// bitsRead is KVRow.BitsRead: scored positions t in [P, T−2] (prompt P
+// in one call, then chunks of C) read the c0 tokens cached before their
+// call, at bitsAt(c0) bits per element; 0 when no scored position reads
+// a cached token.
+func bitsRead(bitsAt func(ctx int) float64, P, C, T int) float64 {
+	var sum, elems float64
+	memo := map[int]float64{}
+	for t := P; t <= T-2; t++ {
+		c0 := callStart(P, C, t)
+		if c0 == 0 {
+			continue
+		}
+		b, ok := memo[c0]
+		if !ok {
+			b = bitsAt(c0)
+			memo[c0] = b
+		}
+		sum += b * float64(c0)
+		elems += float64(c0)
+	}
+	if elems == 0 {
+		return 0
+	}
+	return sum / elems
 }
 
 // fp16PerQuery is KVRow.FP16PerQuery: scored positions t in [P, T−2]

@@ -22,6 +22,9 @@ func (r *KVReport) protocolLine() string {
 	if r.ServingCtx > 0 {
 		s += fmt.Sprintf("; bits/element at ctx %d and at serving ctx %d", r.Ctx, r.ServingCtx)
 	}
+	if r.Protocol != ProtocolFakeQuant {
+		s += "; bits_read: bits/element of the cached tokens the scored queries read (windows and unfinished blocks as held then)"
+	}
 	return s
 }
 
@@ -66,7 +69,8 @@ func writeGrid(w io.Writer, cells [][]string, leftLast bool) {
 // WriteTable prints the comparison as a table whose columns are aligned by
 // rune count: a header line naming the protocol, prompt and chunk; then
 // per method bits/element at the evaluated context (and at the serving
-// context when known), KV bytes at the window length, perplexity, ΔPPL
+// context when known), bits per element read by the scored queries
+// (KVRow.BitsRead; "-" under fake-quant), KV bytes at the window length, perplexity, ΔPPL
 // against fp32 KV, KL (nats), top-1 agreement, tokens/s and a note
 // ("nothing quantised" for a row whose windows cover the context: its
 // numbers are not a result of its quantiser); then the per-position
@@ -78,7 +82,7 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 	if r.ServingCtx > 0 {
 		head = append(head, fmt.Sprintf("bits@%d", r.ServingCtx))
 	}
-	head = append(head, "kv_bytes", "fp16/query", "perplexity", "ΔPPL", "KL", "top-1", "tokens/s", "note")
+	head = append(head, "bits_read", "kv_bytes", "fp16/query", "perplexity", "ΔPPL", "KL", "top-1", "tokens/s", "note")
 	cells := [][]string{head}
 	for _, row := range r.Rows {
 		c := []string{row.KV, fmt.Sprintf("%.3f", row.BitsPerElement)}
@@ -93,7 +97,11 @@ func (r *KVReport) WriteTable(out io.Writer) error {
 		if row.FP16PerQueryKnown {
 			fq = fmt.Sprintf("%.1f", row.FP16PerQuery)
 		}
-		c = append(c, fmt.Sprintf("%d", row.KVBytes), fq, fmt.Sprintf("%.4f", row.Perplexity), Signed(row.DeltaPPL, 4),
+		br := "-"
+		if row.BitsRead > 0 {
+			br = fmt.Sprintf("%.3f", row.BitsRead)
+		}
+		c = append(c, br, fmt.Sprintf("%d", row.KVBytes), fq, fmt.Sprintf("%.4f", row.Perplexity), Signed(row.DeltaPPL, 4),
 			fmt.Sprintf("%.5f", row.KL), fmt.Sprintf("%.4f", row.Top1Agreement), fmt.Sprintf("%.1f", row.TokensPerSecond), note)
 		cells = append(cells, c)
 	}

@@ -92,7 +92,7 @@ func TestKVTableStories260K(t *testing.T) {
 		"--kv", "fp32,oscar2", "--kv-rotations", rot, "--kv-window", "64,256", "--kv-layers")
 	wantOK(t, r)
 	for _, want := range []string{"protocol decode (prompt 0, chunk 1): 2 windows of 512 tokens",
-		"kv             bits@512 bits@32768 kv_bytes fp16/query perplexity     ΔPPL      KL  top-1 tokens/s", "\noscar2 ", "\noscar2+w64,256 ", "0-63", "256-510", "per-layer relative error"} {
+		"kv             bits@512 bits@32768 bits_read kv_bytes fp16/query perplexity     ΔPPL      KL  top-1 tokens/s", "\noscar2 ", "\noscar2+w64,256 ", "0-63", "256-510", "per-layer relative error"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
 		}

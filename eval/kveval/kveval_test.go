@@ -62,6 +62,26 @@ func TestEqualFooting(t *testing.T) {
 	if i, k := zero["int4"], zero["kivi2"]; !i.FP16PerQueryKnown || i.FP16PerQuery != 0 || !k.FP16PerQueryKnown || math.Abs(k.FP16PerQuery-wantKivi) > 1e-9 {
 		t.Errorf("fp16 tokens per query at 0,0: int4 %g (known %v), kivi2 %g (known %v), want 0 and %.4f", i.FP16PerQuery, i.FP16PerQueryKnown, k.FP16PerQuery, k.FP16PerQueryKnown, wantKivi)
 	}
+	// Bits per element read at 0,0: int4 holds every token in its one
+	// layout, so its queries read what its bits column says; kivi2's
+	// queries read q = 32·⌊t/32⌋ tokens at its quantised rate (its layout
+	// at 32 tokens) and t − q at 16 bits, averaged over the Σ t elements
+	// read, above its bits column (the full window, no fp16 block).
+	exact := kvcache.Options{ExactWindows: true}
+	rate, err := kvcache.BitsAt("kivi2", layers, exact, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum, elems float64
+	for tt := 1; tt <= 62; tt++ {
+		q := float64(tt / 32 * 32)
+		sum += rate*q + 16*(float64(tt)-q)
+		elems += float64(tt)
+	}
+	wantRead := sum / elems
+	if i, k := zero["int4"], zero["kivi2"]; math.Abs(i.BitsRead-i.BitsPerElement) > 1e-9 || math.Abs(k.BitsRead-wantRead) > 1e-9 || !(k.BitsRead > k.BitsPerElement+1) {
+		t.Errorf("bits read at 0,0: int4 %g (bits %g), kivi2 %g (bits %g), want int4's bits and %.4f (> bits + 1)", i.BitsRead, i.BitsPerElement, k.BitsRead, k.BitsPerElement, wantRead)
+	}
 	win := run(Options{Windows: true, Sink: 16, Recent: 64})
 	for _, name := range []string{"int4+w16,64", "kivi2+w16,64"} {
 		r, ok := win[name]
