@@ -199,6 +199,17 @@ func matMulNTHalfAsm(kind HalfKind, m, n, k int, x []float32, ldx int, w []uint1
 // rowHalfAsm is rowNTAsm for 16-bit w: y[j] = x·w[j] for j < n, eight rows
 // of w a eighth of the matrix apart per kernel call, the n%8 rows left
 // one at a time (aliased). k ≥ 8.
+//
+// Tried and not kept (2026-12-03): widening bfloat16 without a shuffle,
+// the even elements of a 32-byte load by VPSLLD $16 and the odd ones by
+// VPAND 0xFFFF0000, against x permuted once per call into the same pair
+// order (5 µops per 16 weights against 6–8). BenchmarkMatMulNTHalf m=1
+// (W in the last-level cache) went from 35–38 to 41–44 GB/s, but
+// BenchmarkGEMVDRAM bf16 only from 19.5–19.8 to 20.2–20.3 GB/s and
+// BenchmarkHalfDecode 22M bf16 not at all (1.76–1.92 against 1.81–1.84
+// ms/token over 3 alternations): decode from DRAM is bound by the read
+// stream (0.7 of streamReadAVX2's rate), not by the widening, and the
+// pair order would have cost the bit-equality with the widened path.
 func rowHalfAsm(kind HalfKind, n, k, slices int, x []float32, w []uint16, ldw int, y []float32) {
 	gemv := gemvNT8BF16AVX2
 	if kind == F16 {
