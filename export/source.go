@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -69,7 +70,7 @@ func openSource(ctx context.Context, path string) (*source, error) {
 	return &source{
 		path: path, name: name, desc: d, tensors: ck, infos: infoMap(infos),
 		file: func(name string) ([]byte, error) {
-			b, err := os.ReadFile(filepath.Join(dir, name))
+			b, err := fsx.ReadFile(filepath.Join(dir, name))
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil, fmt.Errorf("export: %s has no %s: %w", dir, name, fs.ErrNotExist)
 			}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"os"
 	"path/filepath"
@@ -38,6 +39,11 @@ func IsArtifact(path string) bool {
 // a .lmpk file, or any file, whose first bytes are not ArtifactMagic (an
 // empty or corrupt artifact says so, as lmpack verify does).
 func fileModelError(model string) error {
+	if err := fsx.CheckRegular(model); err != nil {
+		// A FIFO or device: reading it to look for the magic would block
+		// or never end.
+		return fmt.Errorf("model: MODEL %w; want a model directory, an lmpack artifact or a Hugging Face id", err)
+	}
 	if IsArtifact(model) {
 		return fmt.Errorf("model: MODEL %q is an lmpack artifact; this command needs a checkpoint directory (run, eval without --kv, and inspect accept artifacts)", model)
 	}

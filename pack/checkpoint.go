@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"maps"
 	"math"
 	"os"
@@ -118,7 +119,7 @@ func FromCheckpoint(modelDir string, opt FromOptions) (*Artifact, error) {
 	}
 	embedded := map[string][]byte{}
 	for _, name := range EmbeddedFiles {
-		b, err := os.ReadFile(filepath.Join(modelDir, name))
+		b, err := fsx.ReadFile(filepath.Join(modelDir, name))
 		if os.IsNotExist(err) && name != "config.json" {
 			continue
 		}

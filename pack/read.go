@@ -37,6 +37,11 @@ type Reader struct {
 // ErrFormat; ErrVersion; ErrChecksum (header, table or manifest);
 // ErrMismatch.
 func Open(path string) (*Reader, error) {
+	// Refuse a FIFO or device before opening it: open(2) on a FIFO blocks
+	// until a writer appears, and a device reads without end.
+	if err := fsx.CheckRegular(path); err != nil {
+		return nil, fmt.Errorf("pack: %w", err)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
@@ -302,7 +307,7 @@ func Verify(path string) (*VerifyReport, error) {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		return nil, fmt.Errorf("pack: %s is a directory; verify takes an .lmpk artifact file (lmpack pack writes one from a checkpoint directory; lmpack inspect describes a directory)", path)
 	}
-	mem, err := os.ReadFile(path)
+	mem, err := fsx.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("pack: %w", err)
 	}

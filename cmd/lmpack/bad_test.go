@@ -528,6 +528,16 @@ func TestFIFOData(t *testing.T) {
 	os.Remove(filepath.Join(m, "config.json"))
 	mkfifo(t, filepath.Join(m, "config.json"))
 	wantError(t, lmpack(t, nil, "inspect", m), "config.json", "not a regular file")
+	// An artifact that is a FIFO or a device: verify, run and export
+	// refuse it before opening it (open(2) on a FIFO blocks until a
+	// writer comes; /dev/zero reads without end).
+	art := filepath.Join(dir, "model.lmpk")
+	mkfifo(t, art)
+	for _, f := range []string{art, "/dev/zero"} {
+		wantError(t, lmpack(t, nil, "verify", f), f, "not a regular file")
+		wantError(t, lmpack(t, nil, "run", f, "--max-tokens", "1"), f, "not a regular file")
+		wantError(t, lmpack(t, nil, "export", f, "--format", "gguf", "-o", filepath.Join(dir, "x.gguf")), f, "not a regular file")
+	}
 }
 
 // TestLocalPathTypo: "dir/missing" where dir exists locally is reported as

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"log/slog"
 	"net"
 	"os"
@@ -118,7 +119,7 @@ func parseWindow(s string) (sink, recent int, err error) {
 // empty lines and lines starting with # (comments) ignored. Errors: an
 // unreadable file, a file with no key.
 func readAPIKeys(path string) ([][]byte, error) {
-	b, err := os.ReadFile(path)
+	b, err := fsx.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--api-key-file: %w", err)
 	}

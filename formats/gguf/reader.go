@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"github.com/lmpack/lmpack/internal/fsx"
 	"io"
 	"math"
 	"os"
@@ -35,6 +36,9 @@ type File struct {
 
 // Open opens and parses the GGUF file at path (Read); Close the File.
 func Open(path string) (*File, error) {
+	if err := fsx.CheckRegular(path); err != nil {
+		return nil, fmt.Errorf("gguf: %w", err)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("gguf: %w", err)
