@@ -214,10 +214,11 @@ func Run(ctx context.Context, opt Options) (*Summary, error) {
 			"bytes_all_layers", need, "max_expert_bytes", opt.MaxExpertBytes)
 		tmp := ""
 		if len(groups) > 1 {
-			if tmp, err = os.MkdirTemp(filepath.Dir(opt.Out), "."+filepath.Base(opt.Out)+".experts-*"); err != nil {
+			var done func()
+			if tmp, done, err = fsx.ScratchDir(opt.Out, "experts"); err != nil {
 				return nil, fmt.Errorf("calibrate: expert statistics: %w", err)
 			}
-			defer os.RemoveAll(tmp)
+			defer done()
 		}
 		var ep func(done int)
 		if opt.Progress != nil {

@@ -253,3 +253,21 @@ func SyncDir(dir string) error {
 	}
 	return cerr
 }
+
+// ScratchDir creates a scratch directory beside the file path for a job
+// that writes path, named "." + base(path) + "." + kind + ".tmp-" + digits
+// (kind, e.g. "experts", keeps it apart from the output's own temporary),
+// after removing the ones a killed earlier run of the same job left there
+// (those no live process holds a lock on, as WriteAtomic does for its
+// temporaries). The returned function removes the directory and drops its
+// lock. Errors: os.MkdirTemp's.
+func ScratchDir(path, kind string) (string, func(), error) {
+	dir, base := filepath.Dir(path), filepath.Base(path)+"."+kind
+	removeStaleTemps(dir, base)
+	tmp, err := os.MkdirTemp(dir, "."+base+tmpInfix+"*")
+	if err != nil {
+		return "", nil, err
+	}
+	release := holdTemp(tmp)
+	return tmp, func() { release(); os.RemoveAll(tmp) }, nil
+}

@@ -427,3 +427,60 @@ func TestOneAtomicWriter(t *testing.T) {
 		t.Fatalf("parsed %d files under %s; want the whole module", files, root)
 	}
 }
+
+// TestScratchDirKilled: a process killed while it holds a ScratchDir
+// (os.Exit: no cleanup runs) leaves the directory behind; the next
+// ScratchDir for the same path and kind removes it, keeps a live one's
+// and other kinds', and its own cleanup removes what it made.
+func TestScratchDirKilled(t *testing.T) {
+	if p := os.Getenv("FSX_SCRATCH_CHILD"); p != "" {
+		tmp, _, err := ScratchDir(p, "experts")
+		if err == nil {
+			os.WriteFile(filepath.Join(tmp, "pass-0.safetensors"), []byte("partial"), 0o644)
+		}
+		os.Exit(7)
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "c.st")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestScratchDirKilled$")
+	cmd.Env = append(os.Environ(), "FSX_SCRATCH_CHILD="+p)
+	if out, err := cmd.CombinedOutput(); err == nil {
+		t.Fatalf("child exited 0, want 7:\n%s", out)
+	}
+	got := entries(t, dir)
+	if len(got) != 1 || !strings.HasPrefix(got[0], ".c.st.experts.tmp-") {
+		t.Fatalf("after the kill: %v, want one .c.st.experts.tmp-* directory", got)
+	}
+	stale := got[0]
+	live, doneLive, err := ScratchDir(filepath.Join(dir, "c.st"), "experts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, ".c.st.other.tmp-5")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A second job on the same output while the first still runs keeps
+	// the first's directory.
+	second, doneSecond, err := ScratchDir(p, "experts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{live, second, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s: %v, want it kept", d, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, stale)); !os.IsNotExist(err) {
+		t.Errorf("the killed run's %s: %v, want it removed", stale, err)
+	}
+	doneLive()
+	doneSecond()
+	if got := entries(t, dir); len(got) != 1 || got[0] != ".c.st.other.tmp-5" {
+		t.Errorf("after both cleanups: %v, want only the other kind's directory", got)
+	}
+}
