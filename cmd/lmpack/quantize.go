@@ -195,6 +195,13 @@ report. CALIB's expert statistics give the routing counts GEMQ weighs by.`,
 			}
 			// Flag defaults that apply only without --target-bpw.
 			fl := cmd.Flags()
+			// 0 is these flags' "not given" inside Options, so a 0 the user
+			// typed would silently mean "off": refuse it here.
+			for _, name := range []string{"target-bpw", "moe-budget"} {
+				if v, _ := fl.GetFloat64(name); fl.Changed(name) && v == 0 {
+					return fmt.Errorf("--%s 0: want > 0 bits per weight, or leave the flag out", name)
+				}
+			}
 			if fl.Changed("target-bpw") && !fl.Changed("bits") {
 				opt.Bits = 0
 			}

@@ -193,6 +193,8 @@ func TestQuantizeWeightsMoE(t *testing.T) {
 		want  string
 	}{
 		{moe, []string{"--moe-budget", "-1"}, "--moe-budget -1"},
+		{moe, []string{"--moe-budget", "0"}, "--moe-budget 0: want > 0"},
+		{dense, []string{"--target-bpw", "0", "--bits", "3"}, "--target-bpw 0: want > 0"},
 		{moe, []string{"--moe-budget", "1.2"}, "--moe-budget 1.2: want at least the smallest allocation on this model, every expert at 1 bit"},
 		{moe, []string{"--moe-budget", "2.5", "--target-bpw", "3"}, "not --target-bpw"},
 		{moe, []string{"--moe-rule"}, "--moe-rule: want --moe-budget"},
