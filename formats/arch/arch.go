@@ -165,7 +165,7 @@ func (d *Description) TensorNames() []string {
 }
 
 // Validate checks the description's internal consistency: positive sizes,
-// NumHeads a multiple of NumKVHeads, even HeadDim (RoPE), TopK within
+// max_position_embeddings not negative (0: not given), NumHeads a multiple of NumKVHeads, even HeadDim (RoPE), TopK within
 // NumExperts. It returns an error naming the layer and field.
 func (d *Description) Validate() error {
 	if d.HiddenSize <= 0 || d.VocabSize <= 0 || len(d.Layers) == 0 {
@@ -182,6 +182,9 @@ func (d *Description) Validate() error {
 		if id < 0 || id >= d.VocabSize {
 			return fmt.Errorf("arch: %s: eos_token_id %d: want an id in [0, vocab_size %d)", d.Architecture, id, d.VocabSize)
 		}
+	}
+	if d.MaxPositionEmbeddings < 0 {
+		return fmt.Errorf("arch: %s: max_position_embeddings %d: want > 0 (or leave it out)", d.Architecture, d.MaxPositionEmbeddings)
 	}
 	if d.RoPE.Theta <= 0 {
 		return fmt.Errorf("arch: %s: rope_theta %g: want > 0", d.Architecture, d.RoPE.Theta)
@@ -263,6 +266,13 @@ func Parse(configJSON []byte) (*Description, error) {
 		ModelType     string   `json:"model_type"`
 	}
 	if err := json.Unmarshal(configJSON, &head); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "" {
+			return nil, fmt.Errorf("arch: config.json: the file holds a JSON %s, want a JSON object", te.Value)
+		}
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("arch: config.json: field %s: got JSON %s, want %s", te.Field, te.Value, map[string]string{"architectures": "a list of strings", "model_type": "a string"}[te.Field])
+		}
 		return nil, fmt.Errorf("arch: config.json: %w", err)
 	}
 	if len(head.Architectures) == 0 {

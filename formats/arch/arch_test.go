@@ -161,6 +161,9 @@ func TestErrors(t *testing.T) {
 		{`{not json`, "config.json"},
 		{`{"architectures":["LlamaForCausalLM"],` + base + `, "quantization_config": {"quant_method": "gptq", "bits": 4}}`, `quant_method "gptq"`},
 		{`{"architectures":["LlamaForCausalLM"],` + base + `, "bos_token_id": 100}`, "bos_token_id 100"},
+		{`{"architectures":["LlamaForCausalLM"],` + base + `, "max_position_embeddings": -1}`, "max_position_embeddings -1: want > 0"},
+		{`[1, 2]`, "the file holds a JSON array, want a JSON object"},
+		{`{"architectures": "LlamaForCausalLM"}`, "field architectures: got JSON string, want a list of strings"},
 		{`{"architectures":["LlamaForCausalLM"],` + base + `, "eos_token_id": [2, -5]}`, "eos_token_id -5"},
 		{`{"architectures":["MistralForCausalLM"], "hidden_size": 32, "num_hidden_layers": 5.5, "num_attention_heads": 4}`, "field num_hidden_layers: got JSON number 5.5, want an integer"},
 	}
