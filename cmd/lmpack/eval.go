@@ -65,6 +65,9 @@ func newEvalCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			var kv *kveval.Options
+			if kvList == "" && cmd.Flags().Changed("kv") {
+				return fmt.Errorf("--kv \"\": want a comma-separated list of KV cache methods (lmpack eval --help lists them)")
+			}
 			if kvList != "" {
 				o, err := parseKVFlags(kvList, kvRot, kvWin, plot)
 				if err != nil {

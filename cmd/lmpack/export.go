@@ -65,6 +65,11 @@ artifact's own KV scheme has no counterpart and is refused unless
 				if verr := opt.Validate(); verr != nil {
 					return field.Rename(verr, ggufFlags)
 				}
+				// The same output rules as pack's: an existing parent
+				// directory, not inside the model directory, not an input.
+				if cerr := checkOutput("-o", out, args[0], args[0]); cerr != nil {
+					return cerr
+				}
 				rep, err = export.GGUF(cmd.Context(), args[0], opt)
 			case "compressed-tensors":
 				if ggufType != "" {

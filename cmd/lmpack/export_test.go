@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,6 +39,13 @@ func TestExportGGUFCLI(t *testing.T) {
 	wantError(t, lmpack(t, nil, "export", modelDir(t), "--format", "gguf", "-o", other), "not a GGUF file; refusing to overwrite it")
 	if b, _ := os.ReadFile(other); string(b) != "keep" {
 		t.Errorf("-o file changed: %q", b)
+	}
+	// pack's output rules: not inside the model directory, an existing
+	// parent directory (named, without the temporary's name).
+	wantError(t, lmpack(t, nil, "export", modelDir(t), "--format", "gguf", "-o", filepath.Join(modelDir(t), "model.gguf")), "inside the model directory")
+	missing := filepath.Join(dir, "nodir", "sub", "x.gguf")
+	if r := lmpack(t, nil, "export", modelDir(t), "--format", "gguf", "-o", missing); r.code == 0 || !strings.Contains(r.stderr, "directory "+filepath.Dir(missing)+" does not exist") || strings.Contains(r.stderr, ".tmp-") {
+		t.Errorf("export to a missing directory: exit %d, stderr %s", r.code, r.stderr)
 	}
 }
 
