@@ -47,5 +47,5 @@ func cpuOnly(device, what string, logger *slog.Logger) (string, error) {
 // (engine.Options.DequantizeWeights).
 func addDequantizeFlag(cmd *cobra.Command, dequantize *bool) {
 	cmd.Flags().BoolVar(dequantize, "dequantize", false,
-		"CPU: keep float32 copies of the weights (packed quantized and BF16/F16 ones, which are otherwise used in place: 2-4x the memory, same results)")
+		"CPU: keep float32 copies of the weights (packed quantized and BF16/F16 ones, which are otherwise used in place): 2x the memory for BF16/F16 with the same results, 4-8x for packed weights with results that differ in the last digits (the packed kernels round the activations to int8 per block, docs/QUANT.md)")
 }

@@ -115,7 +115,7 @@ stores all raw. The file is written atomically; INPUT is never modified.`,
 	f := cmd.Flags()
 	f.StringVarP(&out, "output", "o", "", "artifact file to write (.lmpk)")
 	f.StringVar(&rot, "kv-rotations", "", "OSCAR KV rotation file to embed (lmpack quantize kv)")
-	f.StringVar(&kvCache, "kv-cache", "", "KV cache method run and eval use for the artifact (default oscar2 with --kv-rotations, else float32)")
+	f.StringVar(&kvCache, "kv-cache", "", "KV cache method run and eval use for the artifact (default oscar2 with --kv-rotations, else fp32)")
 	f.StringVar(&kvWin, "kv-window", "", "SINK,RECENT: fp16 windows of the KV cache in tokens")
 	f.BoolVar(&noCompress, "no-compress", false, "store every section raw")
 	f.BoolVar(&asJSON, "json", false, "print the statistics as one JSON object")

@@ -55,8 +55,9 @@ from a pool of --kv-memory bytes, and a request that does not fit waits in
 a queue of --max-queue (503 with Retry-After beyond it). An artifact
 serves with its own KV cache scheme and rotations; --kv and --kv-window
 choose the cache of a plain checkpoint (default fp32, as lmpack run).
-SIGTERM or SIGINT stops admitting, lets running requests finish within
---shutdown-timeout (then cuts them) and exits 0.`,
+SIGTERM, SIGINT or SIGHUP stops admitting, lets running requests finish
+within --shutdown-timeout (then cuts them) and exits 0; a second signal
+exits at once with 128+N.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runServe(cmd.Context(), g, args[0], &fl)
