@@ -28,8 +28,11 @@ func (r *KVReport) protocolLine() string {
 	return s
 }
 
-// nothingQuantised is the note of a row whose windows cover the context.
-const nothingQuantised = "nothing quantised (windows cover the context)"
+// nothingQuantised is the note of a row that reads nothing quantised: its
+// fp16 windows cover the context, or its method keeps every layer in fp16
+// (vLLM's turboquant presets keep the first and last two layers, all of a
+// 4-layer model).
+const nothingQuantised = "nothing quantised (fp16 windows or fp16 layers cover the context)"
 
 // writeGrid prints cells as columns padded by rune count (so that "ΔPPL"
 // and other multi-byte text stay aligned): the first column left-aligned,
