@@ -288,7 +288,7 @@ func CompressedTensors(ctx context.Context, modelPath string, opt CTOptions) (*R
 		}
 		msg += ") has no compressed-tensors counterpart: vLLM's kv_cache_scheme is FP8 (E4M3) with per-tensor scales, without rotations or integer codes"
 		if !opt.DropKV {
-			return nil, fmt.Errorf("export: %s: %w: %s; pass DropKV (--drop-kv) to export the weights without it (the rotations act on the cache only, so the weights are unchanged), optionally with KVCalib (--kv-calib) for an FP8 cache", modelPath, ErrCTUnsupported, msg)
+			return nil, fmt.Errorf("export: %s: %w: %s; pass --drop-kv (CTOptions.DropKV) to export the weights without it (the rotations act on the cache only, so the weights are unchanged), optionally with --kv-calib (CTOptions.KVCalib) for an FP8 cache", modelPath, ErrCTUnsupported, msg)
 		}
 		rep.Warnings = append(rep.Warnings, msg+"; it was left out (vLLM uses its own --kv-cache-dtype; --kv-calib adds FP8 scales)")
 	}
