@@ -127,8 +127,11 @@ func parseMessages(f fields) ([]chatMessage, *apiError) {
 		}
 		texts := make([]string, len(parts))
 		for j, p := range parts {
-			if p.Type != "text" || p.Text == nil {
+			if p.Type != "text" {
 				return nil, unsupported(fmt.Sprintf("%s.content[%d]", at, j), fmt.Sprintf("content part type %q; only text parts", p.Type))
+			}
+			if p.Text == nil {
+				return nil, badRequest(fmt.Sprintf("%s.content[%d].text", at, j), "%s.content[%d].text is required in a text part (a string)", at, j)
 			}
 			texts[j] = *p.Text
 		}

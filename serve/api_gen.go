@@ -104,10 +104,13 @@ func (s *Server) parseSampling(f fields, maxKeys ...string) (*sampling, *apiErro
 	if e := f.unsupportedUnless("best_of", "only best_of = 1", "1"); e != nil {
 		return nil, e
 	}
-	for _, k := range []string{"presence_penalty", "frequency_penalty", "min_p"} {
+	for _, k := range []string{"presence_penalty", "frequency_penalty"} {
 		if e := f.unsupportedUnless(k, "only 0 (no penalty)", "0", "0.0"); e != nil {
 			return nil, e
 		}
+	}
+	if e := f.unsupportedUnless("min_p", "only 0 (no min-p filtering; temperature, top_p and top_k are supported)", "0", "0.0"); e != nil {
+		return nil, e
 	}
 	if e := f.unsupportedUnless("repetition_penalty", "only 1 (no penalty)", "1", "1.0"); e != nil {
 		return nil, e

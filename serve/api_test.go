@@ -623,6 +623,8 @@ func TestErrors(t *testing.T) {
 		{"bad role", "POST", "/v1/chat/completions", `{"messages":[{"role":"robot","content":"hi"}]}`, 400, "messages[0].role", []string{"robot"}},
 		{"message field", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","text":"hi"}]}`, 400, "messages[0].text", []string{"unrecognized"}},
 		{"image part", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "messages[0].content[0]", []string{"image_url"}},
+		{"text part without text", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text"}]}]}`, 400, "messages[0].content[0].text", []string{"is required"}},
+		{"min_p", "POST", "/v1/completions", `{"prompt":"a","min_p":0.1}`, 400, "min_p", []string{"no min-p filtering"}},
 		{"top_logprobs alone", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", []string{"logprobs"}},
 		{"unknown path", "GET", "/v1/nothing", ``, 404, "", []string{"/v1/nothing"}},
 		{"unknown model path", "GET", "/v1/models/other", ``, 404, "model", []string{"other"}},
