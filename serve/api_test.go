@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 	"github.com/lmpack/lmpack/formats/arch"
@@ -81,6 +82,9 @@ type fakeSub struct {
 	panics bool
 	hang   bool // after the tokens, wait for ctx (or cut) instead of finishing
 	cut    chan struct{}
+	// cutDelay is how long a hung request takes, after the cut, to send
+	// its last event (a scheduler step still running).
+	cutDelay time.Duration
 
 	mu      sync.Mutex
 	reqs    []*GenRequest
@@ -131,6 +135,7 @@ func (f *fakeSub) Submit(ctx context.Context, r *GenRequest) (<-chan Event, erro
 			select {
 			case <-ctx.Done():
 			case <-f.cut: // the scheduler cancels it (Drain at its deadline)
+				time.Sleep(f.cutDelay)
 			}
 			f.mu.Lock()
 			f.stopped = true
@@ -1016,10 +1021,19 @@ func TestHostileInputs(t *testing.T) {
 
 // TestShutdownCutsStream: a stream still running when the shutdown
 // timeout ends is cut by drain and gets an error event and [DONE]; Serve
-// returns nil.
+// returns nil. The cut request's last event may come 60 ms after the cut,
+// three times the 20 ms timeout: handlers get minShutdownGrace after the
+// drain however short the timeout (with a quarter of it, 5 ms, the
+// connection was closed before the event).
 func TestShutdownCutsStream(t *testing.T) {
+	for _, delay := range []time.Duration{0, 60 * time.Millisecond} {
+		t.Run(delay.String(), func(t *testing.T) { testShutdownCutsStream(t, delay) })
+	}
+}
+
+func testShutdownCutsStream(t *testing.T, delay time.Duration) {
 	e := testEngine(t, "")
-	sub := &fakeSub{tokens: lily[:2], hang: true, cut: make(chan struct{})}
+	sub := &fakeSub{tokens: lily[:2], hang: true, cut: make(chan struct{}), cutDelay: delay}
 	s, err := New(e, sub, nil, Options{ShutdownTimeout: 20 * 1e6})
 	if err != nil {
 		t.Fatal(err)

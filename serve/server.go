@@ -46,6 +46,13 @@ const (
 // quarter of the timeout).
 const shutdownGrace = 2 * time.Second
 
+// minShutdownGrace is the least time Serve gives handlers, after the
+// drain, to answer the requests it cut, even past a ShutdownTimeout too
+// short to hold it: with a 50 ms timeout the quarter (12.5 ms) left most
+// of 32 cut requests on a 2-core machine without their 503 or error event
+// (connection closed without a response).
+const minShutdownGrace = 250 * time.Millisecond
+
 // statusClientClosed is the status logged (and counted) for a request
 // whose client went away before an answer (nginx's 499).
 const statusClientClosed = 499
@@ -516,8 +523,9 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 // Kubernetes readiness pattern). A request cut at the timeout answers
 // 503, or an error event in a stream. After drain the HTTP server shuts
 // down (listener closed), waiting shutdownGrace for the open requests to
-// send their last events, all within ShutdownTimeout; connections still
-// open then are closed. It
+// send their last events, all within ShutdownTimeout (or, when a quarter
+// of it is shorter than minShutdownGrace, up to minShutdownGrace past the
+// drain); connections still open then are closed. It
 // returns nil after a shutdown, or the error that stopped serving
 // otherwise.
 //
@@ -561,7 +569,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, drain func(context.
 	}
 	// The requests drain cut (or that finished) still send their last
 	// events within shutdownGrace.
-	hctx, hcancel := context.WithDeadline(context.Background(), end)
+	hctx, hcancel := context.WithDeadline(context.Background(), later(end, time.Now().Add(minShutdownGrace)))
 	defer hcancel()
 	if err := hs.Shutdown(hctx); err != nil {
 		s.logger.Warn("requests still open at the shutdown timeout were cut", "err", err)
@@ -640,4 +648,12 @@ func (s *Server) hostAllowed(hostport string) bool {
 		}
 	}
 	return false
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
