@@ -79,7 +79,7 @@ exits at once with 128+N.`,
 	f.IntVar(&fl.threads, "threads", 0, "worker threads (default: all cores)")
 	f.StringVar(&fl.apiKeyFile, "api-key-file", "", "file of accepted API keys, one per line; requests to /v1/ then need Authorization: Bearer KEY")
 	f.BoolVar(&fl.logPrompts, "log-prompts", false, "include prompt text in the request log lines")
-	f.DurationVar(&fl.shutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "on SIGTERM, how long running requests may go on before they are cut")
+	f.DurationVar(&fl.shutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "on SIGTERM, how long running requests may go on before they are cut (the cut ones then get at least 250ms to send their 503 or error event)")
 	f.DurationVar(&fl.headerTimeout, "header-timeout", serve.DefaultReadHeaderTimeout, "a request's headers must arrive within this time (slowloris)")
 	f.StringVar(&fl.servedName, "served-model-name", "", "model id of the API (default: the base name of MODEL)")
 	addCPUDeviceFlag(cmd, &fl.device, "serve (its KV pool is host memory)")
