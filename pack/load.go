@@ -75,6 +75,14 @@ func (r *Reader) Description() (*arch.Description, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("pack: %s: manifest model: %w", r.path, err)
 	}
+	if !slices.Contains(arch.Supported(), d.Architecture) {
+		return nil, fmt.Errorf("pack: %s: manifest model: architecture %q: %w; supported: %s", r.path, d.Architecture, arch.ErrUnsupportedArch, strings.Join(arch.Supported(), ", "))
+	}
+	if q := quantization(r.manifest); q != nil || r.manifest.WeightsMethod != "" {
+		if err := checkQuantMethod(r.manifest.WeightsMethod); err != nil {
+			return nil, fmt.Errorf("pack: %s: manifest: %w", r.path, err)
+		}
+	}
 	if d.Quant = quantization(r.manifest); d.Quant != nil {
 		shapes := d.TensorShapes()
 		for _, n := range slices.Sorted(maps.Keys(d.Quant.Tensors)) {
@@ -278,6 +286,11 @@ func (r *Reader) KVCache() (string, kvcache.Options, error) {
 	}
 	if kv.Cache == "" {
 		return bad("no cache method (want one of %s)", strings.Join(kvcache.Methods(), ", "))
+	}
+	if err := CheckKVWindows(kv.Sink, kv.Recent, r.manifest.Model.MaxPositionEmbeddings); err != nil {
+		// The check verify makes; a loader that skipped it ran windows
+		// longer than the model's context.
+		return "", kvcache.Options{}, fmt.Errorf("pack: %s: manifest kv: %w", r.path, err)
 	}
 	opt := kvcache.Options{Sink: kv.Sink, Recent: kv.Recent}
 	takesRot := kvcache.NeedsRotations(kv.Cache)

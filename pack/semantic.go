@@ -81,12 +81,7 @@ func (r *Reader) semantics(get func(section string) ([]byte, bool)) []error {
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("pack: %s: "+format, append([]any{r.path}, a...)...))
 	}
-	m := r.manifest
-	if d.Quant != nil || m.WeightsMethod != "" {
-		if err := checkQuantMethod(m.WeightsMethod); err != nil {
-			bad("manifest: %w", err)
-		}
-	}
+	m := r.manifest // Description checked the weights method, KVCache the windows
 	want := d.StorageShapes()
 	have := map[string]bool{}
 	for _, t := range r.TensorInfos() {
@@ -110,9 +105,6 @@ func (r *Reader) semantics(get func(section string) ([]byte, bool)) []error {
 		}
 	}
 	if kv := m.KV; kv != nil {
-		if err := CheckKVWindows(kv.Sink, kv.Recent, d.MaxPositionEmbeddings); err != nil {
-			bad("manifest kv: %w", err)
-		}
 		method, opt, err := r.KVCache()
 		if err != nil {
 			errs = append(errs, err)

@@ -3,6 +3,8 @@ package pack_test
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"github.com/lmpack/lmpack/runtime/kvcache"
 	"math"
 	"os"
 	"path/filepath"
@@ -214,6 +216,14 @@ func TestVerifySemantics(t *testing.T) {
 		{"unknown cache", model, FromOptions{KVCache: "kivi2"}, func(a *Artifact) { a.Manifest.KV.Cache = "int3-magic" }, "int3-magic"},
 		{"windows", model, FromOptions{KVCache: "kivi2"}, func(a *Artifact) { a.Manifest.KV.Sink = 99999999999999 }, "max_position_embeddings"},
 		{"method awq", qdir, FromOptions{}, func(a *Artifact) { a.Manifest.WeightsMethod = "awq" }, `"awq"`},
+		{"arch GPT2", model, FromOptions{}, func(a *Artifact) { a.Manifest.Model.Architecture = "GPT2LMHeadModel" }, `"GPT2LMHeadModel"`},
+		{"rope_scaling yarn", model, FromOptions{}, func(a *Artifact) {
+			a.Manifest.Model.RoPEScaling = &RoPEScaling{Type: "yarn", Factor: 4}
+		}, `rope_scaling type "yarn"`},
+		{"rope_scaling factor", model, FromOptions{}, func(a *Artifact) {
+			a.Manifest.Model.RoPEScaling = &RoPEScaling{Type: "linear", Factor: -1}
+		}, "factor -1: want > 0"},
+		{"max_position_embeddings -5", model, FromOptions{}, func(a *Artifact) { a.Manifest.Model.MaxPositionEmbeddings = -5 }, "max_position_embeddings -5"},
 		{"scale NaN", qdir, FromOptions{}, func(a *Artifact) {
 			i := slices.IndexFunc(a.Sections, func(s Section) bool { return s.Name == "model.layers.3.self_attn.o_proj.scales" })
 			b := slices.Clone(a.Sections[i].Data)
@@ -226,6 +236,26 @@ func TestVerifySemantics(t *testing.T) {
 		if err == nil || rep == nil || rep.OK || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: verify %v (report %+v), want an error with %q", c.name, err, rep, c.want)
 		}
+		if c.name == "scale NaN" {
+			continue // the loader finds it at first use (section CRCs are checked lazily)
+		}
+		// What run and serve load (Description, KVCache) refuses it too.
+		r, err := Open(p)
+		if err != nil {
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: Open: %v, want an error with %q", c.name, err, c.want)
+			}
+			continue
+		}
+		d, derr := r.Description()
+		method, opt, kerr := r.KVCache()
+		if derr == nil && kerr == nil && method != "" {
+			_, kerr = kvcache.New(method, kvcache.LayersOf(d), 1, opt) // the engine's cache
+		}
+		if lerr := errors.Join(derr, kerr); lerr == nil || !strings.Contains(lerr.Error(), c.want) {
+			t.Errorf("%s: loading: %v, want an error with %q", c.name, lerr, c.want)
+		}
+		r.Close()
 	}
 	for _, src := range []string{model, qdir} {
 		if _, err := Verify(build(src, FromOptions{}, func(*Artifact) {})); err != nil {

@@ -189,6 +189,17 @@ func (d *Description) Validate() error {
 	if d.RoPE.Theta <= 0 {
 		return fmt.Errorf("arch: %s: rope_theta %g: want > 0", d.Architecture, d.RoPE.Theta)
 	}
+	if sc := d.RoPE.Scaling; sc != nil {
+		switch {
+		case sc.Type != "linear" && sc.Type != "llama3":
+			return fmt.Errorf("arch: %s: rope_scaling type %q: want linear or llama3 (the scalings lmpack runs)", d.Architecture, sc.Type)
+		case sc.Factor <= 0:
+			return fmt.Errorf("arch: %s: rope_scaling %s: factor %g: want > 0", d.Architecture, sc.Type, sc.Factor)
+		case sc.Type == "llama3" && (sc.LowFreqFactor <= 0 || sc.HighFreqFactor <= sc.LowFreqFactor || sc.OriginalMaxPositionEmbeddings <= 0):
+			return fmt.Errorf("arch: %s: rope_scaling llama3: low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings %d: want positive, high > low",
+				d.Architecture, sc.LowFreqFactor, sc.HighFreqFactor, sc.OriginalMaxPositionEmbeddings)
+		}
+	}
 	for i := range d.Layers {
 		l := &d.Layers[i]
 		switch {
