@@ -14,6 +14,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"runtime/debug"
@@ -425,8 +426,8 @@ func (s *Server) unauthorized(w http.ResponseWriter) {
 
 // readBody reads the request body (at most MaxBodyBytes, within
 // BodyTimeout) and decodes its JSON object. Errors: 413 for a body over
-// the limit, 400 for a body that cannot be read or is not one JSON
-// object.
+// the limit, 408 for one that does not arrive within BodyTimeout, 400 for
+// a body that cannot be read otherwise or is not one JSON object.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (fields, *apiError) {
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(s.opt.BodyTimeout))
@@ -447,6 +448,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (fields, *apiE
 		if errors.As(err, &mb) {
 			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 				Message: fmt.Sprintf("request body exceeds the server's limit of %d bytes", mb.Limit)}
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+				Message: fmt.Sprintf("the request body did not arrive within %s", s.opt.BodyTimeout)}
 		}
 		return nil, badRequest("", "reading the request body: %v", err)
 	}
