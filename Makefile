@@ -1,7 +1,22 @@
 # lmpack build, test, benchmark and lint targets.
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-FUZZTIME ?= 10s
+# Fuzz budgets are execution counts (Nx), not durations: go1.26's fuzz
+# coordinator can fail a target with "context deadline exceeded" when a
+# -fuzztime duration expires under load (golang/go#75804, fixed in 1.27).
+# Each count is about 3 s of fuzzing on a quiet 2-core machine. FUZZTIME
+# overrides them all (e.g. FUZZTIME=60s for a longer run).
+FUZZ_SAFETENSORS_HEADER ?= 15000x
+FUZZ_ARCH_PARSE ?= 80000x
+FUZZ_TOKENIZER_PARSE ?= 30000x
+FUZZ_TOKENIZER_ENCODE ?= 10000x
+FUZZ_TOKENIZER_STREAM ?= 3000x
+FUZZ_TOKENIZER_WORDS ?= 12000x
+FUZZ_PACK_HEADER ?= 3000x
+FUZZ_PACK_MANIFEST ?= 25000x
+FUZZ_RECIPE ?= 15000x
+FUZZ_GGUF_READ ?= 80000x
+FUZZ_OSCAR_READFILE ?= 200x
 
 .PHONY: build test bench bench-compare lint cross fuzz ci gpu-check kernels load
 
@@ -56,17 +71,17 @@ cross:
 
 # Brief runs of every fuzz target (CI runs this too).
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(FUZZTIME) ./formats/safetensors/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./formats/arch/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
-	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
-	$(GO) test -run '^$$' -fuzz '^FuzzStreamDecode$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
-	$(GO) test -run '^$$' -fuzz '^FuzzWordFinder$$' -fuzztime $(FUZZTIME) ./formats/tokenizer/
-	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(FUZZTIME) ./pack/
-	$(GO) test -run '^$$' -fuzz '^FuzzManifest$$' -fuzztime $(FUZZTIME) ./pack/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseRecipe$$' -fuzztime $(FUZZTIME) ./compress/
-	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./formats/gguf/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadFile$$' -fuzztime $(FUZZTIME) ./quantize/oscar/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SAFETENSORS_HEADER)) ./formats/safetensors/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_ARCH_PARSE)) ./formats/arch/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_TOKENIZER_PARSE)) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_TOKENIZER_ENCODE)) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreamDecode$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_TOKENIZER_STREAM)) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzWordFinder$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_TOKENIZER_WORDS)) ./formats/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeader$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_PACK_HEADER)) ./pack/
+	$(GO) test -run '^$$' -fuzz '^FuzzManifest$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_PACK_MANIFEST)) ./pack/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRecipe$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_RECIPE)) ./compress/
+	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_GGUF_READ)) ./formats/gguf/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFile$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_OSCAR_READFILE)) ./quantize/oscar/
 
 # Compile every embedded CUDA kernel through NVRTC for sm_80 and sm_90 and
 # print the PTX sizes and register counts (no GPU needed; CI runs this).
