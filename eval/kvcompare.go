@@ -22,9 +22,15 @@ type KVMethod struct {
 	// ctx tokens (kvcache.BitsAt): the row's figure at the serving context.
 	BitsAt func(ctx int) float64
 	// Quantized, when set, returns how many of ctx tokens the cache holds
-	// quantised (kvcache.QuantizedAt); 0 at the evaluated context marks
-	// the row "nothing quantised".
+	// quantised (kvcache.QuantizedAt): under fake-quant, 0 at the
+	// evaluated context marks the row "nothing quantised".
 	Quantized func(ctx int) int
+	// ReadAt, when set, returns what the query at position p of a call
+	// that begins at c0 reads of the c0 cached tokens, in a cache of
+	// capacity tokens (kvcache.ReadAt): how many it reads quantised and
+	// their bits per element as read. Under the decode protocol it gives
+	// KVRow.FP16PerQuery, BitsRead and NothingQuantized.
+	ReadAt func(capacity, c0, p int) (quantized int, bits float64)
 }
 
 // BitsPerElementer is the optional ability of a cache to report its
@@ -106,25 +112,27 @@ type KVRow struct {
 	TokensPerSecond  float64 `json:"tokens_per_second"`
 	// FP16PerQuery is the mean, over scored positions, of the cached
 	// tokens (those written by earlier calls) a query reads from the fp16
-	// windows rather than quantised: the sink and recent windows, and a
-	// per-channel block kind's unfinished 32-token block (kivi2, oscars2
-	// keep it in fp16 even with no windows). From KVMethod.Quantized under
-	// the decode protocol; 0 under fake-quant and for fp32/fp16, whose
-	// one format is not a window (FP16PerQueryKnown, JSON
-	// fp16_tokens_per_query_known, false there).
+	// windows rather than quantised: the sink and recent windows (the
+	// recent one counted back from the query itself), and a per-channel
+	// block kind's unfinished 32-token block (kivi2, oscars2 keep it in
+	// fp16 even with no windows until the query's own write completes
+	// it). From KVMethod.ReadAt under the decode protocol; 0 under
+	// fake-quant and for fp32/fp16, whose one format is not a window
+	// (FP16PerQueryKnown, JSON fp16_tokens_per_query_known, false there).
 	FP16PerQuery      float64 `json:"fp16_tokens_per_query"`
 	FP16PerQueryKnown bool    `json:"fp16_tokens_per_query_known"`
 	// BitsRead is the bits per K/V element of the cached tokens the
 	// scored queries read, averaged over every element they read: Σ_t
-	// BitsAt(c_t)·c_t / Σ_t c_t, where c_t is the number of tokens cached
-	// before position t's call (KVMethod.BitsAt at c_t counts the windows
-	// and a block kind's unfinished block as the cache holds them then).
-	// BitsPerElement is the layout once the whole window is cached, which
-	// for kivi2 and oscars2 at a context that is a multiple of 32 holds
-	// no fp16 block although their queries read one; BitsRead is the
-	// figure to compare methods by at the evaluated context under the
-	// decode protocol. 0 (not reported) under fake-quant, whose queries
-	// read the whole window in its one layout, or without BitsAt.
+	// b_t·c_t / Σ_t c_t, where c_t is the number of tokens cached before
+	// position t's call and b_t their bits per element as query t reads
+	// them (KVMethod.ReadAt: the windows counted from t, a block kind's
+	// block quantised once t's write completes it). BitsPerElement is the
+	// layout once the whole window is cached, which for kivi2 and oscars2
+	// at a context that is a multiple of 32 holds no fp16 block although
+	// most of their queries read a partial one; BitsRead is the figure to
+	// compare methods by at the evaluated context under the decode
+	// protocol. 0 (not reported) under fake-quant, whose queries read the
+	// whole window in its one layout, or without ReadAt.
 	BitsRead float64  `json:"bits_per_element_read,omitempty"`
 	Buckets  []Bucket `json:"buckets"`
 }
@@ -303,21 +311,19 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 		if meth.BitsAt != nil && opt.ServingCtx > 0 {
 			r.BitsServing = meth.BitsAt(opt.ServingCtx)
 		}
-		if meth.Quantized != nil {
+		if meth.Quantized != nil && opt.Protocol == ProtocolFakeQuant {
 			r.NothingQuantized = meth.Quantized(T) == 0
-			if opt.Protocol != ProtocolFakeQuant {
-				// What the last scored position's call reads quantised: the
-				// tokens quantised before it began (a call reads its own
-				// tokens exact), e.g. none with windows of ctx−1 tokens, or
-				// with one call holding the whole window.
-				r.NothingQuantized = meth.Quantized(callStart(P, C, T-2)) == 0
-			}
-			if opt.Protocol != ProtocolFakeQuant && r.Method != "fp32" && r.Method != "fp16" {
-				r.FP16PerQuery, r.FP16PerQueryKnown = fp16PerQuery(meth.Quantized, P, C, T), true
-			}
 		}
-		if meth.BitsAt != nil && opt.Protocol != ProtocolFakeQuant {
-			r.BitsRead = bitsRead(meth.BitsAt, P, C, T)
+		if meth.ReadAt != nil && opt.Protocol != ProtocolFakeQuant {
+			rd := readStats(meth.ReadAt, P, C, T)
+			// The last scored position reads the most quantised tokens: none
+			// there, none anywhere (windows of ctx−1 tokens, or one call
+			// holding the whole window).
+			r.NothingQuantized = rd.lastQuantized == 0
+			if r.Method != "fp32" && r.Method != "fp16" {
+				r.FP16PerQuery, r.FP16PerQueryKnown = rd.fp16PerQuery, true
+			}
+			r.BitsRead = rd.bits
 		}
 		r.DeltaPPL = r.Perplexity - refPPL
 		if a.seconds > 0 {
@@ -388,46 +394,45 @@ func callStart(P, C, t int) int {
 	return t
 }
 
-// bitsRead is KVRow.BitsRead: scored positions t in [P, T−2] (prompt P
-// in one call, then chunks of C) read the c0 tokens cached before their
-// call, at bitsAt(c0) bits per element; 0 when no scored position reads
-// a cached token.
-func bitsRead(bitsAt func(ctx int) float64, P, C, T int) float64 {
-	var sum, elems float64
-	memo := map[int]float64{}
-	for t := P; t <= T-2; t++ {
-		c0 := callStart(P, C, t)
-		if c0 == 0 {
-			continue
-		}
-		b, ok := memo[c0]
-		if !ok {
-			b = bitsAt(c0)
-			memo[c0] = b
-		}
-		sum += b * float64(c0)
-		elems += float64(c0)
-	}
-	if elems == 0 {
-		return 0
-	}
-	return sum / elems
+// readSummary is what the decode protocol's scored positions read of the
+// cached tokens (readStats).
+type readSummary struct {
+	// bits is KVRow.BitsRead; 0 when no scored position reads a cached
+	// token.
+	bits float64
+	// fp16PerQuery is KVRow.FP16PerQuery.
+	fp16PerQuery float64
+	// lastQuantized is how many cached tokens the last scored position
+	// (T−2) reads quantised.
+	lastQuantized int
 }
 
-// fp16PerQuery is KVRow.FP16PerQuery: scored positions t in [P, T−2]
-// (prompt P in one call, then chunks of C) read the c0 tokens cached
-// before their call, of which quantized(c0) are quantised.
-func fp16PerQuery(quantized func(ctx int) int, P, C, T int) float64 {
-	var sum float64
+// readStats summarises readAt over the scored positions t in [P, T−2]
+// of a window of T tokens (a prompt of P tokens in one call, then calls
+// of C): each reads the c0 tokens cached before its call, of which
+// readAt says how many are quantised and at what bits per element.
+func readStats(readAt func(capacity, c0, p int) (int, float64), P, C, T int) readSummary {
+	var r readSummary
+	var bitSum, elems, fp16 float64
 	n := 0
 	for t := P; t <= T-2; t++ {
-		if c0 := callStart(P, C, t); c0 > 0 {
-			sum += float64(c0 - quantized(c0))
+		c0 := callStart(P, C, t)
+		q, b := readAt(T, c0, t)
+		if c0 > 0 {
+			bitSum += b * float64(c0)
+			elems += float64(c0)
+			fp16 += float64(c0 - q)
+		}
+		if t == T-2 {
+			r.lastQuantized = q
 		}
 		n++
 	}
-	if n == 0 {
-		return 0
+	if elems > 0 {
+		r.bits = bitSum / elems
 	}
-	return sum / float64(n)
+	if n > 0 {
+		r.fp16PerQuery = fp16 / float64(n)
+	}
+	return r
 }

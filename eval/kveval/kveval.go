@@ -33,6 +33,17 @@ func ServingBits(method string, layers []kvcache.Layer, o kvcache.Options, ctx i
 	return kvcache.BitsAt(method, layers, o, ctx)
 }
 
+// allF16 reports whether a quantised kind keeps every layer in binary16
+// (vLLM's TurboQuant presets leave the first and last two layers
+// unquantized: all of a 4-layer model), so that it quantises nothing.
+func allF16(name string, layers []kvcache.Layer, o kvcache.Options) bool {
+	if name == "fp16" || name == "fp32" {
+		return false
+	}
+	b, err := kvcache.BitsAt(name, layers, o, 1<<20)
+	return err == nil && b >= 16
+}
+
 // Options configures Run.
 type Options struct {
 	Ctx, MaxWindows int
@@ -134,15 +145,17 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 			},
 			Quantized: func(ctx int) int {
 				q, _ := kvcache.QuantizedAt(name, o, ctx)
-				// A kind that keeps every layer in binary16 (vLLM's
-				// TurboQuant presets leave the first and last two layers
-				// unquantized: all of a 4-layer model) quantises nothing.
-				if name != "fp16" && name != "fp32" {
-					if b, err := kvcache.BitsAt(name, layers, o, ctx); err == nil && b >= 16 {
-						q = 0
-					}
+				if allF16(name, layers, o) {
+					q = 0
 				}
 				return q
+			},
+			ReadAt: func(capacity, c0, p int) (int, float64) {
+				q, b, _ := kvcache.ReadAt(name, layers, o, capacity, c0, p)
+				if allF16(name, layers, o) {
+					q = 0
+				}
+				return q, b
 			}})
 		return nil
 	}

@@ -51,12 +51,16 @@ func TestEqualFooting(t *testing.T) {
 	if k := zero["kivi2"]; k.NothingQuantized || !(k.BitsPerElement < 4) || !(k.KL > 0) || len(zero) != 2 {
 		t.Errorf("kivi2 with --kv-window 0,0: %+v (rows %d), want every token quantised (< 4 bits), KL > 0, no extra rows", k, len(zero))
 	}
-	// fp16 tokens per query (ctx 64, positions 0..62 scored, decode):
-	// int4 with no windows reads none; kivi2's unfinished 32-token block
-	// stays fp16, t mod 32 of the t cached tokens (mean 15.0 here).
+	// fp16 tokens per query (ctx 64, positions 0..62 scored, decode, one
+	// token per call): int4 with no windows reads none; kivi2 reads its
+	// unfinished 32-token block in fp16 until the query's own write
+	// completes it (the runtime quantizes after the Write,
+	// runtime/kvcache/doc.go), so query t reads q_t = min(t, 32·⌊(t+1)/32⌋)
+	// of its t cached tokens quantised and t − q_t in fp16.
+	qKivi := func(tt int) int { return min(tt, (tt+1)/32*32) }
 	var wantKivi float64
 	for tt := 0; tt <= 62; tt++ {
-		wantKivi += float64(tt % 32)
+		wantKivi += float64(tt - qKivi(tt))
 	}
 	wantKivi /= 63
 	if i, k := zero["int4"], zero["kivi2"]; !i.FP16PerQueryKnown || i.FP16PerQuery != 0 || !k.FP16PerQueryKnown || math.Abs(k.FP16PerQuery-wantKivi) > 1e-9 {
@@ -64,9 +68,9 @@ func TestEqualFooting(t *testing.T) {
 	}
 	// Bits per element read at 0,0: int4 holds every token in its one
 	// layout, so its queries read what its bits column says; kivi2's
-	// queries read q = 32·⌊t/32⌋ tokens at its quantised rate (its layout
-	// at 32 tokens) and t − q at 16 bits, averaged over the Σ t elements
-	// read, above its bits column (the full window, no fp16 block).
+	// queries read q_t tokens at its quantised rate (its layout at 32
+	// tokens) and t − q_t at 16 bits, averaged over the Σ t elements read,
+	// above its bits column (the full window, no fp16 block).
 	exact := kvcache.Options{ExactWindows: true}
 	rate, err := kvcache.BitsAt("kivi2", layers, exact, 32)
 	if err != nil {
@@ -74,7 +78,7 @@ func TestEqualFooting(t *testing.T) {
 	}
 	var sum, elems float64
 	for tt := 1; tt <= 62; tt++ {
-		q := float64(tt / 32 * 32)
+		q := float64(qKivi(tt))
 		sum += rate*q + 16*(float64(tt)-q)
 		elems += float64(tt)
 	}
@@ -89,17 +93,18 @@ func TestEqualFooting(t *testing.T) {
 			t.Errorf("%s at ctx 64: %+v, want a row marked nothing quantised with the KL of fp16 rounding (< 1e-6)", name, r)
 		}
 	}
-	// Windows of ctx−2 = 62 tokens: the last scored position (62) reads
-	// the 62 tokens before it from the windows and itself exact, so
-	// nothing is read quantised although the cache quantises a token at
-	// ctx 64; 61 leaves one token read quantised.
-	edge := run(Options{Windows: true, Sink: 1, Recent: 61})
-	if r := edge["int4+w1,61"]; !r.NothingQuantized || !(r.KL < 1e-6) {
-		t.Errorf("int4+w1,61 at ctx 64: %+v, want nothing quantised, KL < 1e-6", r)
+	// Windows of ctx−1 = 63 tokens: the last scored position (62) writes
+	// itself into the recent window, which then holds positions 1..62, so
+	// every earlier token it reads is fp16 although the cache quantises a
+	// token at ctx 64; with 1+61 the recent window holds 2..62 once
+	// position 62 is written, and that query reads token 1 quantised.
+	edge := run(Options{Windows: true, Sink: 1, Recent: 62})
+	if r := edge["int4+w1,62"]; !r.NothingQuantized || !(r.KL < 1e-6) || r.BitsRead != 16 {
+		t.Errorf("int4+w1,62 at ctx 64: %+v, want nothing quantised, KL < 1e-6, 16 bits read", r)
 	}
-	edge = run(Options{Windows: true, Sink: 1, Recent: 60})
-	if r := edge["int4+w1,60"]; r.NothingQuantized || !(r.KL > 0) {
-		t.Errorf("int4+w1,60 at ctx 64: %+v, want one token read quantised, KL > 0", r)
+	edge = run(Options{Windows: true, Sink: 1, Recent: 61})
+	if r := edge["int4+w1,61"]; r.NothingQuantized || !(r.BitsRead < 16) {
+		t.Errorf("int4+w1,61 at ctx 64: %+v, want one token read quantised by the last position (bits read < 16)", r)
 	}
 	fake := run(Options{Protocol: eval.ProtocolFakeQuant})
 	if k, d := fake["kivi2"], zero["kivi2"]; k.NothingQuantized || k.BitsPerElement != d.BitsPerElement || math.Abs(k.KL-d.KL) < 1e-6 {

@@ -75,3 +75,58 @@ func QuantizedAt(method string, opt Options, ctx int) (int, error) {
 	sink, recent := windows(sp, ctx, opt)
 	return max(0, idealQ(sink, ctx, recent, sp.block)-sink), nil
 }
+
+// ReadAt returns what the query at position p of a Forward call that
+// begins at position c0 (0 ≤ c0 ≤ p < capacity) reads of the c0 tokens
+// that earlier calls cached, in a cache New(method, layers, capacity,
+// opt): quantized, how many of them it reads from the quantized store,
+// and bits, the bits per K/V element of those c0 tokens as it reads them
+// (quantized tokens at the layout's bytes per token, a block's scales
+// spread over its tokens; the others in the fp16 windows at 16); bits is
+// 0 when c0 = 0. The rule is the runtime's (runtime.QuantizedKV, doc.go):
+// token j < c0 is read quantized when Sink ≤ j < QuantizedEnd(p+1), the
+// watermark once p+1 tokens are written, so the recent window counts back
+// from the query itself and a kivi2 block that the call completes is read
+// quantized by the call's queries that come after the Write. fp32 and
+// fp16 read every token in their one format (quantized = c0, bits 32 or
+// 16).
+//
+// Errors: as BitsAt, and ErrBadShape unless 0 ≤ c0 ≤ p < capacity.
+func ReadAt(method string, layers []Layer, opt Options, capacity, c0, p int) (quantized int, bits float64, err error) {
+	if c0 < 0 || p < c0 || p >= capacity {
+		return 0, 0, fmt.Errorf("%w: call start %d, query position %d, capacity %d, want 0 ≤ start ≤ position < capacity", ErrBadShape, c0, p, capacity)
+	}
+	if err := checkLayers(layers, capacity, opt); err != nil {
+		return 0, 0, err
+	}
+	if method == "fp32" {
+		if c0 == 0 {
+			return 0, 0, nil
+		}
+		return c0, 32, nil
+	}
+	sp, ok := methods[method]
+	if !ok {
+		return 0, 0, fmt.Errorf("%w %q (known: %s)", ErrUnknownMethod, method, strings.Join(Methods(), ", "))
+	}
+	if sp.mixed && opt.Rotations == nil {
+		return 0, 0, fmt.Errorf("%w: method %q (its per-layer widths)", ErrNoRotations, method)
+	}
+	sink, recent := windows(sp, capacity, opt)
+	quantized = max(0, min(c0, idealQ(sink, p+1, recent, sp.block))-sink)
+	if c0 == 0 {
+		return 0, 0, nil
+	}
+	probe := &cache{}
+	sp.name = method
+	lay := probe.init(sp, layers, 1, opt, sp.block, 0)
+	var elems int
+	for _, l := range layers {
+		elems += l.NumKVHeads * l.HeadDim
+	}
+	// Bytes of the c0 tokens: the quantized ones at the layout's bytes per
+	// token (a block's bytes over its tokens), the rest 2 bytes per K and
+	// per V element.
+	b := float64(quantized)*float64(lay.bytes())/float64(sp.block) + float64(c0-quantized)*float64(elems)*4
+	return quantized, b * 8 / (2 * float64(c0) * float64(elems)), nil
+}
