@@ -62,6 +62,9 @@ func (e *apiError) body() errorBody {
 
 // writeError answers e as JSON with its status (and Retry-After for 503).
 func writeError(w http.ResponseWriter, e *apiError) {
+	if r, ok := w.(*recorder); ok {
+		r.errCode = e.Code
+	}
 	if e.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}

@@ -94,6 +94,39 @@ func TestServerOnScheduler(t *testing.T) {
 			t.Errorf("prompt %q: served %q, alone %q", prompts[i], got[i], want[i])
 		}
 	}
+	// Refusals of the HTTP layer count under the scheduler's rejected
+	// reasons: a prompt beyond the context (too_long), a malformed field
+	// (invalid); nothing else was refused.
+	rejected := func() string {
+		resp, err := http.Get(hs.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "lmpack_requests_rejected_total{") {
+				out = append(out, l)
+			}
+		}
+		return strings.Join(out, "; ")
+	}
+	long := strings.Repeat("Once upon a time ", 200)
+	for _, body := range []string{fmt.Sprintf(`{"prompt":%q}`, long), `{"prompt":"x","temperature":"hot"}`, `{"prompt":"x","max_tokens":100000}`} {
+		resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("%.40s…: status %d, want 400", body, resp.StatusCode)
+		}
+	}
+	wantRej := `lmpack_requests_rejected_total{reason="invalid"} 1; lmpack_requests_rejected_total{reason="never_fits"} 0; lmpack_requests_rejected_total{reason="queue_full"} 0; lmpack_requests_rejected_total{reason="shutting_down"} 0; lmpack_requests_rejected_total{reason="too_long"} 2`
+	if got := rejected(); got != wantRej {
+		t.Errorf("rejected counters:\n got %s\nwant %s", got, wantRej)
+	}
 	if st := pool.Stats(); st.UsedBytes != 0 || st.Sequences != 0 {
 		t.Errorf("pool after the requests: %+v", st)
 	}

@@ -55,6 +55,7 @@ func (s *Server) generateFailed(w http.ResponseWriter, info *reqInfo, err error)
 		s.logger.Error("generation failed", "id", info.id, "err", err)
 		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the generation failed on the server"})
 	default:
+		info.submitRefused = true
 		writeError(w, submitError(err))
 	}
 }

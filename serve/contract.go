@@ -101,6 +101,15 @@ type Submitter interface {
 	Submit(ctx context.Context, r *GenRequest) (<-chan Event, error)
 }
 
+// RejectCounter is the optional ability of a Submitter to count a
+// generation request that the HTTP layer refused before Submit (a 400 for
+// a prompt beyond the context or a malformed field, a 503 while draining)
+// under its lmpack_requests_rejected_total reasons: too_long, invalid,
+// shutting_down. Scheduler implements it.
+type RejectCounter interface {
+	CountRejected(reason string)
+}
+
 // KVPool is the scheduler's KV memory: a budget in bytes handed out in
 // blocks of tokens (runtime/kvcache.Pool implements it).
 type KVPool interface {

@@ -253,6 +253,18 @@ func checkPool(st PoolStats) error {
 	return nil
 }
 
+// CountRejected implements RejectCounter: reason is one of the
+// lmpack_requests_rejected_total labels (queue_full, never_fits,
+// too_long, shutting_down, invalid); another is counted as invalid.
+func (s *Scheduler) CountRejected(reason string) {
+	switch reason {
+	case "queue_full", "never_fits", "too_long", "shutting_down":
+	default:
+		reason = "invalid"
+	}
+	s.met.rejected.WithLabelValues(reason).Inc()
+}
+
 // Submit implements Submitter: it checks r, queues it and returns the
 // channel of its events (capacity min(r.MaxTokens, EventBuffer)+1). r must not be changed
 // afterwards. Errors (checked in this order): ErrInvalidRequest (wrapped,

@@ -281,8 +281,10 @@ func (s *Server) newID(prefix string) string {
 
 // reqInfo is what a request's log line reports.
 type reqInfo struct {
-	id, endpoint, prompt           string
-	status                         int
+	id, endpoint, prompt string
+	status               int
+	// submitRefused: Submit refused the request (it counted the refusal).
+	submitRefused                  bool
 	promptTokens, completionTokens int
 	start                          time.Time
 	ttft                           time.Duration
@@ -386,6 +388,16 @@ func (s *Server) finish(rec *recorder, r *http.Request, info *reqInfo) {
 		status = http.StatusOK
 	}
 	s.requests.WithLabelValues(info.endpoint, strconv.Itoa(status)).Inc()
+	if rc, ok := s.sub.(RejectCounter); ok && !info.submitRefused && (info.endpoint == "completions" || info.endpoint == "chat_completions") {
+		switch {
+		case status == http.StatusBadRequest && rec.errCode == "context_length_exceeded":
+			rc.CountRejected("too_long")
+		case status == http.StatusBadRequest:
+			rc.CountRejected("invalid")
+		case status == http.StatusServiceUnavailable && rec.errCode == "shutting_down":
+			rc.CountRejected("shutting_down")
+		}
+	}
 	if s.afterRequest != nil {
 		s.afterRequest(info.endpoint, status)
 	}
@@ -500,6 +512,8 @@ type recorder struct {
 	http.ResponseWriter
 	status int
 	wrote  bool
+	// errCode is the code of the error answered (writeError), "" if none.
+	errCode string
 }
 
 func (r *recorder) WriteHeader(code int) {
