@@ -23,7 +23,7 @@ func (r *KVReport) protocolLine() string {
 		s += fmt.Sprintf("; bits/element at ctx %d and at serving ctx %d", r.Ctx, r.ServingCtx)
 	}
 	if r.Protocol != ProtocolFakeQuant {
-		s += "; bits_read: bits/element of the cached tokens the scored queries read (windows and unfinished blocks as held then)"
+		s += "; bits_read: bits/element of the cached tokens the scored queries read (as each query reads them after its own write: windows counted back from the query, a block its write completes quantised)"
 	}
 	return s
 }
