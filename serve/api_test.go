@@ -1116,7 +1116,8 @@ func TestCheapRejection(t *testing.T) {
 }
 
 // TestBrowserDefaults: POSTs need Content-Type application/json (a
-// charset parameter allowed), else 415 naming Content-Type; on a
+// charset parameter allowed), else 415 naming Content-Type, and an
+// uncompressed body, else 415 naming Content-Encoding; on a
 // loopback Host the server answers only loopback Host headers (any
 // port) and AllowedHosts, else 403 naming Host (DNS rebinding); on
 // another Host the check is off.
@@ -1133,6 +1134,8 @@ func TestBrowserDefaults(t *testing.T) {
 		{"form", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "Content-Type"},
 		{"no Content-Type", []string{"Content-Type", ""}, 415, "Content-Type"},
 		{"charset", []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
+		{"gzip", []string{"Content-Encoding", "gzip"}, 415, "Content-Encoding"},
+		{"identity", []string{"Content-Encoding", "identity"}, 200, ""},
 		{"attacker Host", []string{"Host", "attacker.example"}, 403, "Host"},
 		{"attacker Host with port", []string{"Host", "attacker.example:8000"}, 403, "Host"},
 		{"localhost", []string{"Host", "localhost:8000"}, 200, ""},

@@ -359,6 +359,14 @@ func (s *Server) buildHandler() http.Handler {
 				Message: fmt.Sprintf("Content-Type %q: want application/json", r.Header.Get("Content-Type"))})
 			return
 		}
+		if ce := r.Header.Get("Content-Encoding"); rt.method == http.MethodPost && ce != "" && !strings.EqualFold(ce, "identity") {
+			// A compressed body would otherwise reach the JSON decoder
+			// and be refused as invalid JSON at byte 0.
+			rec.Header().Set("Connection", "close") // the body is not read
+			writeError(rec, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Param: "Content-Encoding", Code: "unsupported_media_type",
+				Message: fmt.Sprintf("Content-Encoding %q: request bodies must be uncompressed JSON (identity)", ce)})
+			return
+		}
 		if s.draining.Load() && rt.method == http.MethodPost {
 			rec.Header().Set("Connection", "close")
 			writeError(rec, submitError(ErrShuttingDown))
