@@ -262,6 +262,18 @@ func TestManifestTensorWithoutSection(t *testing.T) {
 	}
 }
 
+// TestManifestDuplicateFile: a manifest listing one embedded file twice
+// (two sections for config.json) is refused naming the file.
+func TestManifestDuplicateFile(t *testing.T) {
+	a := &Artifact{Manifest: Manifest{Files: []FileEntry{{Name: "config.json", Section: "f0"}, {Name: "config.json", Section: "f1"}},
+		Tensors: []TensorEntry{{Name: "a", Section: "a", DType: "F32", Shape: []int{1}}}},
+		Sections: []Section{{Name: "a", ElemSize: 4, Data: make([]byte, 4)}, {Name: "f0", ElemSize: 1, Data: []byte("{}")}, {Name: "f1", ElemSize: 1, Data: []byte("{}")}}}
+	_, err := Write(filepath.Join(t.TempDir(), "x.lmpk"), a, WriteOptions{})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), `file "config.json" is listed twice`) {
+		t.Fatalf("writer: %v, want the duplicate config.json named", err)
+	}
+}
+
 func FuzzHeader(f *testing.F) {
 	a := &Artifact{Manifest: Manifest{Files: []FileEntry{}, Tensors: []TensorEntry{{Name: "a", Section: "a", DType: "BF16", Shape: []int{64}}}},
 		Sections: []Section{{Name: "a", ElemSize: 2, Data: make([]byte, 128)}}}

@@ -154,7 +154,12 @@ func agreement(m *Manifest, l *layout) []error {
 			sized(n, st[n].section, st[n].dtype, st[n].shape)
 		}
 	}
+	files := map[string]bool{}
 	for _, f := range m.Files {
+		if files[f.Name] {
+			errs = append(errs, fmt.Errorf("file %q is listed twice in the manifest (a loader would read one of them): %w", f.Name, ErrMismatch))
+		}
+		files[f.Name] = true
 		need(fmt.Sprintf("file %q", f.Name), f.Section)
 	}
 	if m.Tokenizer != "" {

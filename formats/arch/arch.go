@@ -165,7 +165,8 @@ func (d *Description) TensorNames() []string {
 }
 
 // Validate checks the description's internal consistency: positive sizes,
-// max_position_embeddings not negative (0: not given), NumHeads a multiple of NumKVHeads, even HeadDim (RoPE), TopK within
+// max_position_embeddings not negative (0: not given), NumHeads a multiple of NumKVHeads, sliding_window not
+// negative (0: full attention), even HeadDim (RoPE), TopK within
 // NumExperts. It returns an error naming the layer and field.
 func (d *Description) Validate() error {
 	if d.HiddenSize <= 0 || d.VocabSize <= 0 || len(d.Layers) == 0 {
@@ -209,6 +210,8 @@ func (d *Description) Validate() error {
 		case l.NumHeads%l.NumKVHeads != 0:
 			return fmt.Errorf("arch: %s: layer %d: num_attention_heads %d is not a multiple of num_key_value_heads %d",
 				d.Architecture, i, l.NumHeads, l.NumKVHeads)
+		case l.SlidingWindow < 0:
+			return fmt.Errorf("arch: %s: layer %d: sliding_window %d: want > 0 (or null for full causal attention)", d.Architecture, i, l.SlidingWindow)
 		case l.HeadDim%2 != 0:
 			return fmt.Errorf("arch: %s: layer %d: head_dim %d is odd; RoPE needs an even head_dim", d.Architecture, i, l.HeadDim)
 		case (l.MLP == nil) == (l.MoE == nil):

@@ -173,7 +173,17 @@ func TestErrors(t *testing.T) {
 			t.Errorf("Parse(%.60s...): err %v, want it to mention %q", c.json, err, c.want)
 		}
 	}
-	_, err := Parse([]byte(`{"architectures":["GPT2LMHeadModel"]}`))
+	// config.json's sliding_window ≤ 0 means none (0); a description
+	// (an artifact's manifest) with a negative window is refused.
+	d, err := Parse([]byte(`{"architectures":["MistralForCausalLM"],` + base + `, "sliding_window": -1}`))
+	if err != nil || d.Layers[0].SlidingWindow != 0 {
+		t.Fatalf("sliding_window -1 in config.json: %v, window %d, want 0 (none)", err, d.Layers[0].SlidingWindow)
+	}
+	d.Layers[1].SlidingWindow = -1
+	if err := d.Validate(); err == nil || !strings.Contains(err.Error(), "layer 1: sliding_window -1: want > 0") {
+		t.Errorf("Validate with a negative window: %v, want layer 1 and sliding_window named", err)
+	}
+	_, err = Parse([]byte(`{"architectures":["GPT2LMHeadModel"]}`))
 	if !errors.Is(err, ErrUnsupportedArch) {
 		t.Fatalf("want ErrUnsupportedArch, got %v", err)
 	}
