@@ -283,6 +283,17 @@ func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Cal
 		return fmt.Errorf("oscar: --kv-window %d,%d covers every calibration window of %s (the longest holds %d tokens): no key or value would be read quantized, so --clip-search and --kv-bits would measure nothing; want sink + recent < %d (smaller windows, or calibrate with longer windows)",
 			opt.Sink, opt.Recent, opt.Calib, longest, longest-1)
 	}
+	if opt.KVBits > 0 {
+		// An infeasible budget is refused before the measurement (which
+		// takes minutes): the all-2-bit cost depends on the shapes alone.
+		probe := make([]WidthLayer, len(desc.Layers))
+		for i, l := range desc.Layers {
+			probe[i] = WidthLayer{NumKVHeads: l.NumKVHeads, HeadDim: l.HeadDim}
+		}
+		if _, err := ChooseWidths(probe, opt.KVBits, opt.ServingCtx, opt.Sink, opt.Recent); err != nil {
+			return err
+		}
+	}
 	tabs, n, err := measureAll(ctx, ld.Model, wins, maxTok, layers, clips, w, opt.Threads)
 	if err != nil {
 		return err
