@@ -53,6 +53,8 @@ func (opt *Options) Validate() error {
 		return field.New("Rotations", opt.Rotations, "an oscar kind (oscar2, oscar2-g32, oscar4, oscar-mixed) in {Methods} (only they take rotations)")
 	case opt.Protocol != "" && opt.Protocol != eval.ProtocolDecode && !fake:
 		return field.New("Protocol", opt.Protocol, eval.ProtocolDecode+" or "+eval.ProtocolFakeQuant)
+	case !fake && opt.Ctx < 3:
+		return field.New("Ctx", opt.Ctx, ">= 3 under the decode protocol (the scored positions are 0 … {Ctx} − 2, and position 0 reads no cached token: at least one must)")
 	case opt.Prompt < 0 || opt.Prompt > opt.Ctx-2:
 		return field.New("Prompt", opt.Prompt, "in [0, {Ctx} − 2 = "+strconv.Itoa(opt.Ctx-2)+"] (the prompt's positions are not scored; at least one must be)")
 	case opt.Chunk < 1:

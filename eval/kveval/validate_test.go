@@ -20,6 +20,7 @@ func TestValidate(t *testing.T) {
 		func(o *Options) { o.Windows, o.Sink, o.Recent = true, 64, 64 },
 		func(o *Options) { o.Prompt, o.Chunk = 126, 4 },
 		func(o *Options) { o.Protocol = "fake-quant" },
+		func(o *Options) { o.Protocol, o.Ctx = "fake-quant", 2 },
 	} {
 		o := ok
 		mod(&o)
@@ -32,6 +33,7 @@ func TestValidate(t *testing.T) {
 		field string
 	}{
 		{func(o *Options) { o.Ctx = 1 }, "Ctx"},
+		{func(o *Options) { o.Ctx = 2 }, "Ctx"}, // decode: position 0 alone is scored, it reads nothing cached
 		{func(o *Options) { o.MaxWindows = -1 }, "MaxWindows"},
 		{func(o *Options) { o.Methods = nil }, "Methods"},
 		{func(o *Options) { o.Methods = []string{"int9"} }, "Methods"},
