@@ -577,8 +577,14 @@ func ChooseWidths(layers []WidthLayer, kvBits float64, servingCtx, sink, recent 
 	p.Budget = alloc.BudgetForBPW(params, kvBits)
 	plan, err := alloc.SolveDP(items, p.Budget, alloc.DPOptions{})
 	if errors.Is(err, alloc.ErrInfeasible) {
-		return nil, fmt.Errorf("oscar: --kv-bits %g (quantize.kv.kv_bits in a recipe) is below the cheapest widths, every layer at 2 bits: %.4f bits/element at serving context %d with fp16 windows %d,%d; want --kv-bits ≥ %.4f (or smaller windows, or a longer serving context): %w",
-			kvBits, p.UniformBitsPerElement["2"], S, sink, recent, p.UniformBitsPerElement["2"], err)
+		// The fp16 windows are the only part of the floor that the windows
+		// or the serving context change: without them only the budget can.
+		hint := ""
+		if sink+recent > 0 {
+			hint = " (or smaller windows, or a longer serving context)"
+		}
+		return nil, fmt.Errorf("oscar: --kv-bits %g (quantize.kv.kv_bits in a recipe) is below the cheapest widths, every layer at 2 bits: %.4f bits/element at serving context %d with fp16 windows %d,%d; want --kv-bits ≥ %.4f%s: %w",
+			kvBits, p.UniformBitsPerElement["2"], S, sink, recent, p.UniformBitsPerElement["2"], hint, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("oscar: --kv-bits %g (%d bits) at serving context %d, windows %d,%d: %w", kvBits, p.Budget, S, sink, recent, err)
