@@ -277,11 +277,12 @@ func searchKV(ctx context.Context, opt KVOptions, dir string, cal *calibrate.Cal
 	for _, win := range wins {
 		longest = max(longest, len(win))
 	}
-	// The last query of the longest window reads key j quantized only when
-	// sink ≤ j < (longest−1) − recent: none such, nothing is measured.
-	if longest-1-opt.Recent <= opt.Sink {
-		return fmt.Errorf("oscar: --kv-window %d,%d covers every calibration window of %s (the longest holds %d tokens): no key or value would be read quantized, so --clip-search and --kv-bits would measure nothing; want sink + recent < %d (smaller windows, or calibrate with longer windows)",
-			opt.Sink, opt.Recent, opt.Calib, longest, longest-1)
+	// The last query of the longest window (t = longest−1) reads key j < t
+	// quantized only when sink ≤ j < t + 1 − recent (attnWindows): none
+	// such, nothing is measured.
+	if min(longest-1, longest-opt.Recent) <= opt.Sink {
+		return fmt.Errorf("oscar: --kv-window %d,%d covers every calibration window of %s (the longest holds %d tokens): no key or value would be read quantized, so --clip-search and --kv-bits would measure nothing; want sink + max(recent, 1) < %d (smaller windows, or calibrate with longer windows)",
+			opt.Sink, opt.Recent, opt.Calib, longest, longest)
 	}
 	if opt.KVBits > 0 {
 		// An infeasible budget is refused before the measurement (which

@@ -60,14 +60,16 @@ type errTable struct {
 	clips [2][][]float64   // the ratio of each entry
 }
 
-// attnWindows gives the served semantics of the measurement: a query at
-// position t (decoding, the cache holding positions [0, t)) reads its own
-// key and value fresh (float32), keys j < sink and the newest recent
-// ones (t − recent ≤ j < t) from the fp16 windows (taken as exact), and
-// the others quantized.
+// attnWindows gives the served semantics of the measurement, the
+// runtime's (runtime/kvcache doc.go, kvcache.ReadAt): a query at position
+// t (decoding, the cache holding positions [0, t)) reads its own key and
+// value fresh (float32), keys j < sink and those of the recent window,
+// which counts back from the query itself (t + 1 − recent ≤ j < t: the
+// recent − 1 newest cached ones), from the fp16 windows (taken as exact),
+// and the others quantized.
 type attnWindows struct{ sink, recent int }
 
-func (w attnWindows) quantized(j, t int) bool { return j >= w.sink && j < t-w.recent }
+func (w attnWindows) quantized(j, t int) bool { return j >= w.sink && j < t && j < t+1-w.recent }
 
 // fakeQuant returns x ([T, kvDim], heads of hd) quantized as
 // oscar's store does one side: per (token, head) row x·R, clipped at

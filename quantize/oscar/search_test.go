@@ -230,9 +230,10 @@ func TestQuantizeKVSearchCoveredWindows(t *testing.T) {
 	}
 }
 
-// The measurement's windows are the cache's: a query at position t reads
-// key j quantized exactly when oscar2 holding t tokens has j in
-// [sink, QuantizedEnd).
+// The measurement's windows are the runtime's: a query at position t reads
+// key j < t quantized exactly when j is in [sink, QuantizedEnd(t+1)) of
+// oscar2 holding t tokens, the watermark once the query's own token is
+// written (runtime/cpu.go reads the cache after the Write).
 func TestAttnWindowsMatchCache(t *testing.T) {
 	layers := []kvcache.Layer{{NumKVHeads: 1, HeadDim: 8}}
 	h := make([]float32, 64)
@@ -246,7 +247,7 @@ func TestAttnWindowsMatchCache(t *testing.T) {
 		}
 		x := make([]float32, 8)
 		for tok := 0; tok < 40; tok++ {
-			q := c.(lmrtQuantizedKV).QuantizedEnd(0, tok)
+			q := c.(lmrtQuantizedKV).QuantizedEnd(0, tok+1)
 			for j := 0; j < tok; j++ {
 				if got, want := w.quantized(j, tok), j >= w.sink && j < q; got != want {
 					t.Errorf("windows %+v, query %d, key %d: quantized %v, cache %v (watermark %d)", w, tok, j, got, want, q)
