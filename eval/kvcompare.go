@@ -27,10 +27,12 @@ type KVMethod struct {
 	Quantized func(ctx int) int
 	// ReadAt, when set, returns what the query at position p of a call
 	// that begins at c0 reads of the c0 cached tokens, in a cache of
-	// capacity tokens (kvcache.ReadAt): how many it reads quantised and
-	// their bits per element as read. Under the decode protocol it gives
-	// KVRow.FP16PerQuery, BitsRead and NothingQuantized.
-	ReadAt func(capacity, c0, p int) (quantized int, bits float64)
+	// capacity tokens (kvcache.ReadAt, averaged over layers): how many it
+	// attends to (fewer than c0 under a sliding window), how many of those
+	// it reads quantised, and their bits per element as read. Under the
+	// decode protocol it gives KVRow.FP16PerQuery, BitsRead and
+	// NothingQuantized.
+	ReadAt func(capacity, c0, p int) (read, quantized, bits float64)
 }
 
 // BitsPerElementer is the optional ability of a cache to report its
@@ -316,10 +318,10 @@ func CompareKV(ctx context.Context, m runtime.Model, ids []int, methods []KVMeth
 		}
 		if meth.ReadAt != nil && opt.Protocol != ProtocolFakeQuant {
 			rd := readStats(meth.ReadAt, P, C, T)
-			// The last scored position reads the most quantised tokens: none
-			// there, none anywhere (windows of ctx−1 tokens, or one call
-			// holding the whole window).
-			r.NothingQuantized = rd.lastQuantized == 0
+			// No scored position reads a quantised token (windows of ctx−1
+			// tokens, one call holding the whole window, a sliding window
+			// inside the fp16 windows).
+			r.NothingQuantized = rd.quantized == 0
 			if r.Method != "fp32" && r.Method != "fp16" {
 				r.FP16PerQuery, r.FP16PerQueryKnown = rd.fp16PerQuery, true
 			}
@@ -402,30 +404,26 @@ type readSummary struct {
 	bits float64
 	// fp16PerQuery is KVRow.FP16PerQuery.
 	fp16PerQuery float64
-	// lastQuantized is how many cached tokens the last scored position
-	// (T−2) reads quantised.
-	lastQuantized int
+	// quantized is the sum over scored positions of the cached tokens
+	// each reads quantised (0: nothing is read quantised).
+	quantized float64
 }
 
 // readStats summarises readAt over the scored positions t in [P, T−2]
 // of a window of T tokens (a prompt of P tokens in one call, then calls
-// of C): each reads the c0 tokens cached before its call, of which
-// readAt says how many are quantised and at what bits per element.
-func readStats(readAt func(capacity, c0, p int) (int, float64), P, C, T int) readSummary {
+// of C): each reads some of the c0 tokens cached before its call, of
+// which readAt says how many, how many quantised and at what bits per
+// element.
+func readStats(readAt func(capacity, c0, p int) (float64, float64, float64), P, C, T int) readSummary {
 	var r readSummary
 	var bitSum, elems, fp16 float64
 	n := 0
 	for t := P; t <= T-2; t++ {
-		c0 := callStart(P, C, t)
-		q, b := readAt(T, c0, t)
-		if c0 > 0 {
-			bitSum += b * float64(c0)
-			elems += float64(c0)
-			fp16 += float64(c0 - q)
-		}
-		if t == T-2 {
-			r.lastQuantized = q
-		}
+		rd, q, b := readAt(T, callStart(P, C, t), t)
+		bitSum += b * rd
+		elems += rd
+		fp16 += rd - q
+		r.quantized += q
 		n++
 	}
 	if elems > 0 {

@@ -150,12 +150,12 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 				}
 				return q
 			},
-			ReadAt: func(capacity, c0, p int) (int, float64) {
-				q, b, _ := kvcache.ReadAt(name, layers, o, capacity, c0, p)
+			ReadAt: func(capacity, c0, p int) (float64, float64, float64) {
+				r, q, b, _ := kvcache.ReadAt(name, layers, o, capacity, c0, p)
 				if allF16(name, layers, o) {
 					q = 0
 				}
-				return q, b
+				return r, q, b
 			}})
 		return nil
 	}

@@ -79,54 +79,85 @@ func QuantizedAt(method string, opt Options, ctx int) (int, error) {
 // ReadAt returns what the query at position p of a Forward call that
 // begins at position c0 (0 ≤ c0 ≤ p < capacity) reads of the c0 tokens
 // that earlier calls cached, in a cache New(method, layers, capacity,
-// opt): quantized, how many of them it reads from the quantized store,
-// and bits, the bits per K/V element of those c0 tokens as it reads them
+// opt), averaged over the layers weighted by their K/V width
+// (num_key_value_heads·head_dim): read, how many cached tokens it
+// attends to (c0, or fewer in a layer with a sliding window w: positions
+// j ≥ p − w + 1 only); quantized, how many of those it reads from the
+// quantized store; and bits, the bits per K/V element of what it reads
 // (quantized tokens at the layout's bytes per token, a block's scales
-// spread over its tokens; the others in the fp16 windows at 16); bits is
-// 0 when c0 = 0. The rule is the runtime's (runtime.QuantizedKV, doc.go):
-// token j < c0 is read quantized when Sink ≤ j < QuantizedEnd(p+1), the
-// watermark once p+1 tokens are written, so the recent window counts back
-// from the query itself and a kivi2 block that the call completes is read
-// quantized by the call's queries that come after the Write. fp32 and
-// fp16 read every token in their one format (quantized = c0, bits 32 or
-// 16).
+// spread over its tokens; the others in the fp16 windows at 16), 0 when
+// it reads no cached token. The rule is the runtime's
+// (runtime.QuantizedKV, doc.go): token j < c0 is read quantized when
+// Sink ≤ j < QuantizedEnd(p+1), the watermark once p+1 tokens are
+// written, so the recent window counts back from the query itself and a
+// kivi2 block that the call completes is read quantized by the call's
+// queries that come after the Write. fp32 and fp16 read every token in
+// their one format (quantized = read, bits 32 or 16).
 //
 // Errors: as BitsAt, and ErrBadShape unless 0 ≤ c0 ≤ p < capacity.
-func ReadAt(method string, layers []Layer, opt Options, capacity, c0, p int) (quantized int, bits float64, err error) {
+func ReadAt(method string, layers []Layer, opt Options, capacity, c0, p int) (read, quantized, bits float64, err error) {
 	if c0 < 0 || p < c0 || p >= capacity {
-		return 0, 0, fmt.Errorf("%w: call start %d, query position %d, capacity %d, want 0 ≤ start ≤ position < capacity", ErrBadShape, c0, p, capacity)
+		return 0, 0, 0, fmt.Errorf("%w: call start %d, query position %d, capacity %d, want 0 ≤ start ≤ position < capacity", ErrBadShape, c0, p, capacity)
 	}
 	if err := checkLayers(layers, capacity, opt); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	if method == "fp32" {
-		if c0 == 0 {
-			return 0, 0, nil
+	var sp spec
+	if method != "fp32" {
+		var ok bool
+		if sp, ok = methods[method]; !ok {
+			return 0, 0, 0, fmt.Errorf("%w %q (known: %s)", ErrUnknownMethod, method, strings.Join(Methods(), ", "))
 		}
-		return c0, 32, nil
+		if sp.mixed && opt.Rotations == nil {
+			return 0, 0, 0, fmt.Errorf("%w: method %q (its per-layer widths)", ErrNoRotations, method)
+		}
 	}
-	sp, ok := methods[method]
-	if !ok {
-		return 0, 0, fmt.Errorf("%w %q (known: %s)", ErrUnknownMethod, method, strings.Join(Methods(), ", "))
+	// Per layer: the visible cached positions [lo, c0), the quantized
+	// ones [max(lo, sink), min(c0, qend)), at the layer's bytes per token
+	// (its stores' bytes for one block, as cache.Bytes counts them).
+	var perToken []float64
+	qend, sink := c0, 0
+	if method != "fp32" {
+		var recent int
+		sink, recent = windows(sp, capacity, opt)
+		qend = idealQ(sink, p+1, recent, sp.block)
+		probe := &cache{}
+		sp.name = method
+		probe.init(sp, layers, 1, opt, sp.block, 0)
+		for i := range probe.layers {
+			L := &probe.layers[i]
+			b := L.k.st.bytes(sp.block) + L.v.st.bytes(sp.block)
+			if L.k.norm {
+				b += 4 * int64(sp.block)
+			}
+			if L.v.norm {
+				b += 4 * int64(sp.block)
+			}
+			perToken = append(perToken, float64(b)/float64(sp.block))
+		}
 	}
-	if sp.mixed && opt.Rotations == nil {
-		return 0, 0, fmt.Errorf("%w: method %q (its per-layer widths)", ErrNoRotations, method)
+	var wsum, rsum, qsum, bytes, elems float64
+	for i, l := range layers {
+		kv := float64(l.NumKVHeads * l.HeadDim)
+		lo := 0
+		if w := l.SlidingWindow; w > 0 {
+			lo = max(0, p-w+1)
+		}
+		n := max(0, c0-lo)
+		nq := n
+		b := float64(n) * kv * 8 // fp32: 4 bytes per K and per V element
+		if method != "fp32" {
+			nq = max(0, min(c0, qend)-max(lo, sink))
+			b = float64(nq)*perToken[i] + float64(n-nq)*kv*4
+		}
+		wsum += kv
+		rsum += kv * float64(n)
+		qsum += kv * float64(nq)
+		bytes += b
+		elems += 2 * kv * float64(n)
 	}
-	sink, recent := windows(sp, capacity, opt)
-	quantized = max(0, min(c0, idealQ(sink, p+1, recent, sp.block))-sink)
-	if c0 == 0 {
-		return 0, 0, nil
+	if elems > 0 {
+		bits = bytes * 8 / elems
 	}
-	probe := &cache{}
-	sp.name = method
-	lay := probe.init(sp, layers, 1, opt, sp.block, 0)
-	var elems int
-	for _, l := range layers {
-		elems += l.NumKVHeads * l.HeadDim
-	}
-	// Bytes of the c0 tokens: the quantized ones at the layout's bytes per
-	// token (a block's bytes over its tokens), the rest 2 bytes per K and
-	// per V element.
-	b := float64(quantized)*float64(lay.bytes())/float64(sp.block) + float64(c0-quantized)*float64(elems)*4
-	return quantized, b * 8 / (2 * float64(c0) * float64(elems)), nil
+	return rsum / wsum, qsum / wsum, bits, nil
 }

@@ -424,8 +424,8 @@ func TestNewKindsBytes(t *testing.T) {
 	}
 	const n = 100
 	for _, layers := range [][]Layer{
-		{{2, 64}, {4, 128}, {1, 64}, {2, 64}, {2, 32}},
-		{{2, 8}, {2, 8}, {2, 8}, {2, 8}, {2, 8}},
+		{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 4, HeadDim: 128}, {NumKVHeads: 1, HeadDim: 64}, {NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 2, HeadDim: 32}},
+		{{NumKVHeads: 2, HeadDim: 8}, {NumKVHeads: 2, HeadDim: 8}, {NumKVHeads: 2, HeadDim: 8}, {NumKVHeads: 2, HeadDim: 8}, {NumKVHeads: 2, HeadDim: 8}},
 	} {
 		rng := rand.New(rand.NewPCG(10, 10))
 		k, v := tokens(rng, layers, n, nil), tokens(rng, layers, n, nil)
@@ -463,7 +463,7 @@ func TestNewKindsBytes(t *testing.T) {
 	// Head_dim 64, every layer quantized: the bits/element of each kind.
 	for name, want := range map[string]float64{"turboquant_3bit_nc-all": 3.375, "turboquant_k3v4_nc-all": 3.875,
 		"turboquant_4bit_nc-all": 4.375, "turboquant_k8v4-all": 6.25, "fp8": 8, "int4_per_token_head": 4.5, "q8_0": 8.5, "q4_0": 4.5} {
-		layers := []Layer{{2, 64}}
+		layers := []Layer{{NumKVHeads: 2, HeadDim: 64}}
 		c := mustNew(t, name, layers, 10, Options{})
 		rng := rand.New(rand.NewPCG(11, 11))
 		writeSteps(c, layers, tokens(rng, layers, 10, nil), tokens(rng, layers, 10, nil), 0, 10, 10)
@@ -494,7 +494,7 @@ func TestTurboBoundaryLayers(t *testing.T) {
 			t.Errorf("%d layers: %q, want %q", L, got, want)
 		}
 	}
-	layers := []Layer{{2, 64}, {2, 64}, {2, 64}, {2, 64}, {2, 64}}
+	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 2, HeadDim: 64}}
 	const n = 20
 	rng := rand.New(rand.NewPCG(12, 12))
 	k, v := tokens(rng, layers, n, nil), tokens(rng, layers, n, nil)
@@ -520,7 +520,7 @@ func TestTurboBoundaryLayers(t *testing.T) {
 // relative RMS error of K and V on Gaussian tokens within each format's
 // band, and above a floor (the kind quantizes).
 func TestNewKindsRoundTrip(t *testing.T) {
-	layers := []Layer{{2, 64}, {1, 128}, {2, 64}}
+	layers := []Layer{{NumKVHeads: 2, HeadDim: 64}, {NumKVHeads: 1, HeadDim: 128}, {NumKVHeads: 2, HeadDim: 64}}
 	bands := map[string][2]float64{
 		"turboquant_k8v4-all": {0.01, 0.1}, "turboquant_4bit_nc-all": {0.03, 0.13},
 		"turboquant_k3v4_nc-all": {0.03, 0.22}, "turboquant_3bit_nc-all": {0.1, 0.22},
@@ -553,15 +553,15 @@ func TestNewKindsRefuseHeadDims(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		l    Layer
-	}{{"q8_0", Layer{2, 48}}, {"q4_0", Layer{2, 8}}, {"turboquant_3bit_nc", Layer{2, 96}}, {"turboquant_4bit_nc-all", Layer{2, 4}}, {"int4_per_token_head", Layer{2, 48}}} {
-		_, err := New(c.name, []Layer{{2, 64}, c.l}, 8, Options{})
+	}{{"q8_0", Layer{NumKVHeads: 2, HeadDim: 48}}, {"q4_0", Layer{NumKVHeads: 2, HeadDim: 8}}, {"turboquant_3bit_nc", Layer{NumKVHeads: 2, HeadDim: 96}}, {"turboquant_4bit_nc-all", Layer{NumKVHeads: 2, HeadDim: 4}}, {"int4_per_token_head", Layer{NumKVHeads: 2, HeadDim: 48}}} {
+		_, err := New(c.name, []Layer{{NumKVHeads: 2, HeadDim: 64}, c.l}, 8, Options{})
 		if !errors.Is(err, ErrBadShape) || !strings.Contains(err.Error(), "layer 1") {
 			t.Errorf("%s head_dim %d: err %v, want ErrBadShape naming layer 1", c.name, c.l.HeadDim, err)
 		} else {
 			t.Log(err)
 		}
 	}
-	if _, err := New("fp8", []Layer{{2, 12}}, 8, Options{}); err != nil {
+	if _, err := New("fp8", []Layer{{NumKVHeads: 2, HeadDim: 12}}, 8, Options{}); err != nil {
 		t.Errorf("fp8 head_dim 12: %v", err)
 	}
 }

@@ -15,13 +15,21 @@ import (
 // Layer gives the KV shape of one decoder layer: num_key_value_heads and
 // head_dim. A token's key (and value) row in that layer is
 // [NumKVHeads*HeadDim] float32, heads contiguous.
-type Layer struct{ NumKVHeads, HeadDim int }
+type Layer struct {
+	NumKVHeads, HeadDim int
+	// SlidingWindow is the layer's attention window in tokens, the query
+	// included (arch.Layer.SlidingWindow; 0: full causal attention). The
+	// cache stores every token either way (the runtime masks the older
+	// ones); only ReadAt, which counts what a query reads, uses it.
+	SlidingWindow int
+}
 
-// LayersOf returns the KV shape of every layer of d, in layer order.
+// LayersOf returns the KV shape (and sliding window) of every layer of d,
+// in layer order.
 func LayersOf(d *arch.Description) []Layer {
 	out := make([]Layer, len(d.Layers))
 	for i, l := range d.Layers {
-		out[i] = Layer{NumKVHeads: l.NumKVHeads, HeadDim: l.HeadDim}
+		out[i] = Layer{NumKVHeads: l.NumKVHeads, HeadDim: l.HeadDim, SlidingWindow: l.SlidingWindow}
 	}
 	return out
 }
