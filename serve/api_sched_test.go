@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/lmpack/lmpack/internal/engine"
 	"github.com/lmpack/lmpack/internal/shared"
+	"github.com/lmpack/lmpack/runtime"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -129,5 +131,123 @@ func TestServerOnScheduler(t *testing.T) {
 	}
 	if st := pool.Stats(); st.UsedBytes != 0 || st.Sequences != 0 {
 		t.Errorf("pool after the requests: %+v", st)
+	}
+}
+
+// TestCutNotRejected: requests that Submit accepted and a drain then cut
+// (503 shutting_down after they ran) count as finished, not as rejected;
+// a request refused by the HTTP layer while draining counts once as
+// rejected shutting_down.
+func TestCutNotRejected(t *testing.T) {
+	ctx := context.Background()
+	e, err := engine.Open(ctx, shared.Path(t, "stories260K-hf"), engine.Options{Threads: 1, Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	pool, err := kvcache.NewPool("fp32", kvcache.LayersOf(e.Desc), kvcache.Options{}, 8<<20, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	hm := &hookModel{Model: e.Model, before: func(int64, []runtime.Seq) error { time.Sleep(10 * time.Millisecond); return nil }}
+	sched, err := NewScheduler(hm, pool, SchedOptions{MaxBatch: 1, MaxPrefillTokens: 64, MaxQueue: 16}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- sched.Run(runCtx) }()
+	defer func() { stop(); <-ran }()
+	s, err := New(e, sched, reg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Once","max_tokens":400,"ignore_eos":true}`))
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}()
+	}
+	// Wait until both are accepted: one running, one queued behind
+	// MaxBatch 1, and the running one has decoded a few steps.
+	gauge := func(name string) float64 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !(hm.calls.Load() >= 5 && gauge("lmpack_running_sequences") == 1 && gauge("lmpack_queue_depth") == 1) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the two requests were not running and queued within 30 s (calls %d)", hm.calls.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.draining.Store(true)
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	sched.Drain(dctx)
+	wg.Wait()
+	resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if codes[0] != 503 || codes[1] != 503 || resp.StatusCode != 503 {
+		t.Fatalf("statuses %v and %d after the drain, want 503s (cut, and refused while draining)", codes, resp.StatusCode)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rejected, finished float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "lmpack_requests_rejected_total":
+				rejected += m.GetCounter().GetValue()
+			case "lmpack_requests_finished_total":
+				finished += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if rejected != 1 || finished != 2 {
+		t.Errorf("rejected %g, finished %g: want 1 (the POST while draining) and 2 (the cut requests)", rejected, finished)
+	}
+}
+
+// TestEncoded: a body is encoded when any Content-Encoding line names a
+// coding other than identity.
+func TestEncoded(t *testing.T) {
+	for _, c := range []struct {
+		vals []string
+		want string
+	}{
+		{nil, ""}, {[]string{"identity"}, ""}, {[]string{" IDENTITY "}, ""}, {[]string{"identity,"}, ""},
+		{[]string{"gzip"}, "gzip"}, {[]string{"identity, gzip"}, "identity, gzip"},
+		{[]string{"identity", "gzip"}, "identity, gzip"}, {[]string{"", "br"}, ", br"},
+	} {
+		h := http.Header{}
+		for _, v := range c.vals {
+			h.Add("Content-Encoding", v)
+		}
+		if got := encoded(h); got != c.want {
+			t.Errorf("Content-Encoding %q: encoded %q, want %q", c.vals, got, c.want)
+		}
 	}
 }

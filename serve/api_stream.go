@@ -49,13 +49,14 @@ func (s *Server) generateFailed(w http.ResponseWriter, info *reqInfo, err error)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		info.status = statusClientClosed
 	case errors.Is(err, errCut):
+		info.notRejected = true // accepted, then cut by the drain: counted as finished
 		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
 			Message: "the server shut down before the request finished; retry"})
 	case errors.Is(err, errGenerate):
 		s.logger.Error("generation failed", "id", info.id, "err", err)
 		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the generation failed on the server"})
 	default:
-		info.submitRefused = true
+		info.notRejected = true
 		writeError(w, submitError(err))
 	}
 }

@@ -64,7 +64,7 @@ func newSchedMetrics(reg prometheus.Registerer) (*schedMetrics, error) {
 			Name: "lmpack_requests_finished_total", Help: "Requests finished, by finish reason (stop, length, cancelled, error)."},
 			[]string{"finish"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lmpack_requests_rejected_total", Help: "Generation requests refused before they ran, by reason (queue_full, never_fits, too_long, shutting_down, invalid): the scheduler's refusals and the HTTP layer's (400 context_length_exceeded counts as too_long, any other 400 as invalid, a 503 while draining as shutting_down)."},
+			Name: "lmpack_requests_rejected_total", Help: "Generation requests refused before they ran, by reason (queue_full, never_fits, too_long, shutting_down, invalid): the scheduler's refusals and the HTTP layer's 400s and 503s (400 context_length_exceeded counts as too_long, any other 400 as invalid, a 503 while draining as shutting_down); other refusals (401, 404, 408, 413, 415) are counted by status in lmpack_http_requests_total only."},
 			[]string{"reason"}),
 		steps: c("lmpack_scheduler_steps_total", "Scheduler steps (batched forward calls)."),
 		stepTokens: prometheus.NewHistogram(prometheus.HistogramOpts{

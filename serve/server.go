@@ -283,8 +283,11 @@ func (s *Server) newID(prefix string) string {
 type reqInfo struct {
 	id, endpoint, prompt string
 	status               int
-	// submitRefused: Submit refused the request (it counted the refusal).
-	submitRefused                  bool
+	// notRejected: the request is not an HTTP-layer refusal to count in
+	// lmpack_requests_rejected_total: Submit refused it (and counted
+	// that), or Submit accepted it and it ran (a drain that cut it is a
+	// finish, not a refusal).
+	notRejected                    bool
 	promptTokens, completionTokens int
 	start                          time.Time
 	ttft                           time.Duration
@@ -359,7 +362,7 @@ func (s *Server) buildHandler() http.Handler {
 				Message: fmt.Sprintf("Content-Type %q: want application/json", r.Header.Get("Content-Type"))})
 			return
 		}
-		if ce := r.Header.Get("Content-Encoding"); rt.method == http.MethodPost && ce != "" && !strings.EqualFold(ce, "identity") {
+		if ce := encoded(r.Header); rt.method == http.MethodPost && ce != "" {
 			// A compressed body would otherwise reach the JSON decoder
 			// and be refused as invalid JSON at byte 0.
 			rec.Header().Set("Connection", "close") // the body is not read
@@ -374,6 +377,21 @@ func (s *Server) buildHandler() http.Handler {
 		}
 		rt.h(rec, r, info)
 	})
+}
+
+// encoded returns the request's Content-Encoding when it names a coding
+// other than identity (every header line, every comma-separated element;
+// empty elements ignored), "" when the body is not encoded.
+func encoded(h http.Header) string {
+	vals := h.Values("Content-Encoding")
+	for _, v := range vals {
+		for _, c := range strings.Split(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return strings.Join(vals, ", ")
+			}
+		}
+	}
+	return ""
 }
 
 // finish recovers a panic of the handler, counts and logs the request.
@@ -396,7 +414,7 @@ func (s *Server) finish(rec *recorder, r *http.Request, info *reqInfo) {
 		status = http.StatusOK
 	}
 	s.requests.WithLabelValues(info.endpoint, strconv.Itoa(status)).Inc()
-	if rc, ok := s.sub.(RejectCounter); ok && !info.submitRefused && (info.endpoint == "completions" || info.endpoint == "chat_completions") {
+	if rc, ok := s.sub.(RejectCounter); ok && !info.notRejected && (info.endpoint == "completions" || info.endpoint == "chat_completions") {
 		switch {
 		case status == http.StatusBadRequest && rec.errCode == "context_length_exceeded":
 			rc.CountRejected("too_long")
