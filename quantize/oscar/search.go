@@ -579,6 +579,7 @@ func ChooseWidths(layers []WidthLayer, kvBits float64, servingCtx, sink, recent 
 	p.Budget = alloc.BudgetForBPW(params, kvBits)
 	plan, err := alloc.SolveDP(items, p.Budget, alloc.DPOptions{})
 	if errors.Is(err, alloc.ErrInfeasible) {
+		// The suggested budget is rounded up (a budget it names is feasible).
 		// The fp16 windows are the only part of the floor that the windows
 		// or the serving context change: without them only the budget can.
 		hint := ""
@@ -586,7 +587,7 @@ func ChooseWidths(layers []WidthLayer, kvBits float64, servingCtx, sink, recent 
 			hint = " (or smaller windows, or a longer serving context)"
 		}
 		return nil, fmt.Errorf("oscar: --kv-bits %g (quantize.kv.kv_bits in a recipe) is below the cheapest widths, every layer at 2 bits: %.4f bits/element at serving context %d with fp16 windows %d,%d; want --kv-bits ≥ %.4f%s: %w",
-			kvBits, p.UniformBitsPerElement["2"], S, sink, recent, p.UniformBitsPerElement["2"], hint, err)
+			kvBits, p.UniformBitsPerElement["2"], S, sink, recent, math.Ceil(p.UniformBitsPerElement["2"]*1e4)/1e4, hint, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("oscar: --kv-bits %g (%d bits) at serving context %d, windows %d,%d: %w", kvBits, p.Budget, S, sink, recent, err)

@@ -2,6 +2,8 @@ package oscar
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/lmpack/lmpack/calibrate"
 	"github.com/lmpack/lmpack/model"
+	"github.com/lmpack/lmpack/quantize/alloc"
 	"github.com/lmpack/lmpack/quantize/kvq"
 	"github.com/lmpack/lmpack/runtime/kvcache"
 )
@@ -436,4 +439,31 @@ func mean2(win [][]float64) []float64 {
 		}
 	}
 	return m
+}
+
+// TestChooseWidthsInfeasibleMessage: a budget below the all-2-bit cost is
+// refused with alloc.ErrInfeasible and a suggested --kv-bits, rounded up
+// so that the budget it names is feasible; the windows hint appears only
+// when there are windows.
+func TestChooseWidthsInfeasibleMessage(t *testing.T) {
+	layers := []WidthLayer{{NumKVHeads: 2, HeadDim: 8}, {NumKVHeads: 2, HeadDim: 8}}
+	_, err := ChooseWidths(layers, 6, 32768, 4, 16)
+	if !errors.Is(err, alloc.ErrInfeasible) {
+		t.Fatalf("--kv-bits 6 with windows 4,16 at head_dim 8: %v, want ErrInfeasible", err)
+	}
+	msg := err.Error()
+	i := strings.Index(msg, "want --kv-bits ≥ ")
+	if i < 0 || !strings.Contains(msg, "or smaller windows") {
+		t.Fatalf("message %q: want the suggested budget and the windows hint", msg)
+	}
+	var sug float64
+	if _, err := fmt.Sscanf(msg[i+len("want --kv-bits ≥ "):], "%f", &sug); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ChooseWidths(layers, sug, 32768, 4, 16); err != nil {
+		t.Errorf("the suggested --kv-bits %v is refused: %v", sug, err)
+	}
+	if _, err := ChooseWidths(layers, 5, 32768, 0, 0); err == nil || strings.Contains(err.Error(), "smaller windows") {
+		t.Errorf("no windows: %v, want refused without the windows hint", err)
+	}
 }
