@@ -263,7 +263,9 @@ func TestManifestTensorWithoutSection(t *testing.T) {
 }
 
 // TestManifestDuplicateFile: a manifest listing one embedded file twice
-// (two sections for config.json) is refused naming the file.
+// (two sections for config.json), two files or a file and a tensor on one
+// section, or a file name that is not a plain name, is refused naming the
+// file.
 func TestManifestDuplicateFile(t *testing.T) {
 	a := &Artifact{Manifest: Manifest{Files: []FileEntry{{Name: "config.json", Section: "f0"}, {Name: "config.json", Section: "f1"}},
 		Tensors: []TensorEntry{{Name: "a", Section: "a", DType: "F32", Shape: []int{1}}}},
@@ -271,6 +273,25 @@ func TestManifestDuplicateFile(t *testing.T) {
 	_, err := Write(filepath.Join(t.TempDir(), "x.lmpk"), a, WriteOptions{})
 	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), `file "config.json" is listed twice`) {
 		t.Fatalf("writer: %v, want the duplicate config.json named", err)
+	}
+	// Aliases: two files on one section, a file on a tensor's section,
+	// names with directories or empty.
+	for _, c := range []struct {
+		files []FileEntry
+		want  string
+	}{
+		{[]FileEntry{{Name: "config.json", Section: "f0"}, {Name: "tokenizer.json", Section: "f0"}}, `file "tokenizer.json": section "f0" is also file "config.json"'s`},
+		{[]FileEntry{{Name: "config.json", Section: "a"}}, `file "config.json": section "a" is also tensor "a"'s`},
+		{[]FileEntry{{Name: "./config.json", Section: "f0"}}, `file "./config.json": want a plain file name`},
+		{[]FileEntry{{Name: "../../etc/x", Section: "f0"}}, `file "../../etc/x": want a plain file name`},
+		{[]FileEntry{{Name: "", Section: "f0"}}, `file "": want a plain file name`},
+	} {
+		b := &Artifact{Manifest: Manifest{Files: c.files, Tensors: a.Manifest.Tensors},
+			Sections: []Section{{Name: "a", ElemSize: 4, Data: make([]byte, 4)}, {Name: "f0", ElemSize: 1, Data: []byte("{}")}}}
+		_, err := Write(filepath.Join(t.TempDir(), "y.lmpk"), b, WriteOptions{})
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("files %+v: %v, want %q", c.files, err, c.want)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/lmpack/lmpack/formats/safetensors"
 	"github.com/lmpack/lmpack/internal/fsx"
@@ -154,13 +155,26 @@ func agreement(m *Manifest, l *layout) []error {
 			sized(n, st[n].section, st[n].dtype, st[n].shape)
 		}
 	}
-	files := map[string]bool{}
+	files, fileSec := map[string]bool{}, map[string]string{}
 	for _, f := range m.Files {
-		if files[f.Name] {
-			errs = append(errs, fmt.Errorf("file %q is listed twice in the manifest (a loader would read one of them): %w", f.Name, ErrMismatch))
+		what := fmt.Sprintf("file %q", f.Name)
+		switch {
+		case f.Name == "" || f.Name == "." || f.Name == ".." || strings.ContainsAny(f.Name, `/\`):
+			errs = append(errs, fmt.Errorf("%s: want a plain file name such as config.json (no directories): %w", what, ErrMismatch))
+		case files[f.Name]:
+			errs = append(errs, fmt.Errorf("%s is listed twice in the manifest (a loader would read one of them): %w", what, ErrMismatch))
 		}
 		files[f.Name] = true
-		need(fmt.Sprintf("file %q", f.Name), f.Section)
+		if o, dup := owner[f.Section]; dup {
+			errs = append(errs, fmt.Errorf("%s: section %q is also tensor %q's: %w", what, f.Section, o, ErrMismatch))
+			continue
+		}
+		if o, dup := fileSec[f.Section]; dup {
+			errs = append(errs, fmt.Errorf("%s: section %q is also file %q's: %w", what, f.Section, o, ErrMismatch))
+			continue
+		}
+		fileSec[f.Section] = f.Name
+		need(what, f.Section)
 	}
 	if m.Tokenizer != "" {
 		need("tokenizer", m.Tokenizer)
