@@ -4,19 +4,20 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # Fuzz budgets are execution counts (Nx), not durations: go1.26's fuzz
 # coordinator can fail a target with "context deadline exceeded" when a
 # -fuzztime duration expires under load (golang/go#75804, fixed in 1.27).
-# Each count is about 3 s of fuzzing on a quiet 2-core machine. FUZZTIME
+# Each count is a few seconds of fuzzing on a quiet 2-core machine. FUZZTIME
 # overrides them all (e.g. FUZZTIME=60s for a longer run).
 FUZZ_SAFETENSORS_HEADER ?= 15000x
 FUZZ_ARCH_PARSE ?= 80000x
 FUZZ_TOKENIZER_PARSE ?= 30000x
-FUZZ_TOKENIZER_ENCODE ?= 10000x
+FUZZ_TOKENIZER_ENCODE ?= 5000x
 FUZZ_TOKENIZER_STREAM ?= 3000x
 FUZZ_TOKENIZER_WORDS ?= 12000x
-FUZZ_PACK_HEADER ?= 3000x
+FUZZ_PACK_HEADER ?= 20000x
 FUZZ_PACK_MANIFEST ?= 25000x
 FUZZ_RECIPE ?= 15000x
 FUZZ_GGUF_READ ?= 80000x
-FUZZ_OSCAR_READFILE ?= 200x
+FUZZ_OSCAR_READFILE ?= 1000x
+FUZZ_GGUF_DEQUANTIZE ?= 100000x
 
 .PHONY: build test bench bench-compare lint cross fuzz ci gpu-check kernels load
 
@@ -82,6 +83,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRecipe$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_RECIPE)) ./compress/
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_GGUF_READ)) ./formats/gguf/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFile$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_OSCAR_READFILE)) ./quantize/oscar/
+	$(GO) test -run '^$$' -fuzz '^FuzzDequantize$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_GGUF_DEQUANTIZE)) ./formats/gguf/
 
 # Compile every embedded CUDA kernel through NVRTC for sm_80 and sm_90 and
 # print the PTX sizes and register counts (no GPU needed; CI runs this).
