@@ -46,7 +46,10 @@ func (c *capture) QKV(layer, pos, n int, q, k, v []float32) {
 // window: q [T, nh*hd], k and v [T, nkv*hd], float32.
 type layerData struct {
 	nh, nkv, hd int
-	q, k, v     []float32
+	// window is the layer's sliding window (arch.Layer.SlidingWindow, the
+	// query included; 0: full causal attention).
+	window  int
+	q, k, v []float32
 }
 
 // errTable holds the measured errors of one layer: err[side][width
@@ -127,11 +130,15 @@ func attnServed(ld *layerData, kq, vq []float32, w attnWindows) ([]float32, floa
 	out := make([]float32, T*nh*hd)
 	var sum float64
 	for t := 0; t < T; t++ {
+		lo := 0 // the first key the query sees (a sliding window hides older ones)
+		if ld.window > 0 {
+			lo = max(0, t-ld.window+1)
+		}
 		for h := 0; h < nh; h++ {
 			kh := h / g
 			qr := q[t*nh*hd+h*hd : t*nh*hd+(h+1)*hd]
 			mx, mxh := math.Inf(-1), math.Inf(-1)
-			for j := 0; j <= t; j++ {
+			for j := lo; j <= t; j++ {
 				off := j*nkv*hd + kh*hd
 				kr, kqr := k[off:off+hd], k[off:off+hd]
 				if w.quantized(j, t) {
@@ -146,13 +153,13 @@ func attnServed(ld *layerData, kq, vq []float32, w attnWindows) ([]float32, floa
 				mx, mxh = max(mx, p[j]), max(mxh, ph[j])
 			}
 			var z, zh float64
-			for j := 0; j <= t; j++ {
+			for j := lo; j <= t; j++ {
 				p[j], ph[j] = math.Exp(p[j]-mx), math.Exp(ph[j]-mxh)
 				z, zh = z+p[j], zh+ph[j]
 			}
 			clear(o)
 			clear(oh)
-			for j := 0; j <= t; j++ {
+			for j := lo; j <= t; j++ {
 				off := j*nkv*hd + kh*hd
 				vr, vqr := v[off:off+hd], v[off:off+hd]
 				if w.quantized(j, t) {
@@ -438,7 +445,7 @@ func measureAll(ctx context.Context, m lmrt.Model, windows [][]int, maxTokens in
 		sem := make(chan struct{}, threads)
 		errs := make([]error, L)
 		for l := 0; l < L; l++ {
-			ld := &layerData{nh: d.Layers[l].NumHeads, nkv: d.Layers[l].NumKVHeads, hd: d.Layers[l].HeadDim,
+			ld := &layerData{nh: d.Layers[l].NumHeads, nkv: d.Layers[l].NumKVHeads, hd: d.Layers[l].HeadDim, window: d.Layers[l].SlidingWindow,
 				q: obs.q[i][l], k: obs.k[i][l], v: obs.v[i][l]}
 			wg.Add(1)
 			sem <- struct{}{}

@@ -2,6 +2,7 @@ package oscar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -374,12 +375,50 @@ func TestScorerSubstitution(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	win := c.CalibrationWindows()[0][:96]
+	t.Run("full", func(t *testing.T) { checkSubstitution(t, dir, win) })
+	// The same weights as a Mistral with a 16-token sliding window: the
+	// 96-token window's queries see only their last 16 keys, and
+	// attnServed must too for the exact substitution to hold.
+	sw := t.TempDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != "config.json" {
+			if err := os.Symlink(filepath.Join(dir, e.Name()), filepath.Join(sw, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var cfg map[string]any
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["architectures"], cfg["model_type"], cfg["sliding_window"] = []string{"MistralForCausalLM"}, "mistral", 16
+	if b, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sw, "config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("sliding window 16", func(t *testing.T) { checkSubstitution(t, sw, win) })
+}
+
+// checkSubstitution is TestScorerSubstitution on the model in dir and the
+// calibration window win.
+func checkSubstitution(t *testing.T, dir string, win []int) {
 	ld, err := model.Load(context.Background(), dir, model.LoadOptions{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ld.Close()
-	win := c.CalibrationWindows()[0][:96]
+	d := ld.Model.Description()
 	L := len(d.Layers)
 	obs := &capture{q: [][][]float32{make([][]float32, L)}, k: [][][]float32{make([][]float32, L)}, v: [][][]float32{make([][]float32, L)}}
 	sc := &modelScorer{ctx: context.Background(), m: ld.Model, cache: ld.Model.NewCache(len(win)), obs: obs, vocab: d.VocabSize}
@@ -387,14 +426,14 @@ func TestScorerSubstitution(t *testing.T) {
 		t.Fatal(err)
 	}
 	for l := 0; l < L; l++ {
-		lyr := &layerData{nh: d.Layers[l].NumHeads, nkv: d.Layers[l].NumKVHeads, hd: d.Layers[l].HeadDim, q: obs.q[0][l], k: obs.k[0][l], v: obs.v[0][l]}
+		lyr := &layerData{nh: d.Layers[l].NumHeads, nkv: d.Layers[l].NumKVHeads, hd: d.Layers[l].HeadDim, window: d.Layers[l].SlidingWindow, q: obs.q[0][l], k: obs.k[0][l], v: obs.v[0][l]}
 		att, _ := attnServed(lyr, lyr.k, lyr.v, attnWindows{})
 		kl, err := sc.score(l, 0, att)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if kl/float64(len(win)) > 1e-6 {
-			t.Errorf("layer %d: exact substitution moves the logits by KL %.3g per token", l, kl/float64(len(win)))
+			t.Errorf("layer %d (window %d): exact substitution moves the logits by KL %.3g per token", l, d.Layers[l].SlidingWindow, kl/float64(len(win)))
 		}
 		clear(att)
 		if kl, _ = sc.score(l, 0, att); kl/float64(len(win)) < 1e-3 {
