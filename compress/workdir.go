@@ -187,7 +187,9 @@ func (p *pipeline) runStage(ctx context.Context, s stage, key string) (*StageRep
 	}
 	p.st.apply(final, out)
 	if log != nil {
-		log.Info("stage finished", "stage", s.name, "seconds", rec.Seconds)
+		// The stage's own lines name files in its temporary directory;
+		// this one names where they are now.
+		log.Info("stage finished", "stage", s.name, "seconds", rec.Seconds, "dir", final)
 	}
 	return &StageReport{Name: s.name, Key: key, Seconds: rec.Seconds, ComputeSeconds: rec.Seconds, Result: rb}, nil
 }
