@@ -218,10 +218,20 @@ func Q8Asm(bits, blk int) bool {
 // passes alternated in one process); with one block a group (its two
 // chains) they were no faster (8, 4, 2, 3 bits within ±6%), so those stay
 // on the one-row kernel.
+//
+// Without VNNI the AVX2 4-bit kernel has a two-row form for groups of
+// several blocks (dotQ8x4p2AVX2): 4-bit per-channel rows of the big
+// bandwidth model's shapes ran 2.1× slower than group 32 on the one-row
+// kernel (BenchmarkQ8GEMVPerChannel, [5632, 2048], AMD EPYC without
+// AVX-512, 2026-12-04: 925 against 444 µs), one FMA chain a block.
 var (
 	usePairs    = true
 	pairsMinBPG = 2
 )
+
+// pairsAVX2 reports whether the AVX2 two-row kernel takes bits-bit codes
+// in groups of bpg blocks (it has the 4-bit group path only).
+func pairsAVX2(bits, bpg int) bool { return bits == 4 && bpg >= 2 }
 
 // dotQ8Asm is the assembly dispatch of DotQ8Rows and DotQ8Matrix, its
 // arguments checked by the caller: rows consecutive packed rows from src
@@ -229,7 +239,7 @@ var (
 func dotQ8Asm(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, rows int) {
 	k, nb := a.K, a.K/32
 	s, sm := &a.S[i*nb], &a.Sum[i*nb]
-	if hasVNNI && usePairs && rows >= 2 && bpg >= pairsMinBPG {
+	if usePairs && rows >= 2 && bpg >= pairsMinBPG && (hasVNNI || pairsAVX2(bits, bpg)) {
 		// Rows r and r+p (p = rows/2) on the two-row kernels (the
 		// one-row kernel's bits, two rows' FMA chains at once; two
 		// sequential streams of rows), the last odd row on the one-row

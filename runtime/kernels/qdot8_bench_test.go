@@ -137,3 +137,48 @@ func BenchmarkQ8GEMM(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkQ8GEMVPerChannel is one decode GEMV (m = 1) of a 4-bit
+// asymmetric weight of the big bandwidth model's FFN shape [5632, 2048],
+// one thread, in groups of 32 columns and per channel (one group of 2048
+// a row), the per-channel case on the two-row kernels ("pairs":
+// dotQ8Pairs, dotQ8x4p2AVX2 without VNNI) and on the one-row kernel
+// ("one-row"). It reports GB/s of packed bytes read (codes, fp16 scales
+// and zero-points).
+func BenchmarkQ8GEMVPerChannel(b *testing.B) {
+	const n, k, bits = 5632, 2048, 4
+	for _, c := range []struct {
+		name  string
+		group int
+		pairs bool
+	}{{"g32", 32, true}, {"perchannel/pairs", k, true}, {"perchannel/one-row", k, false}} {
+		b.Run(c.name, func(b *testing.B) {
+			if !Q8Asm(bits, 32) {
+				b.Skip("no assembly")
+			}
+			defer func(p bool) { usePairs = p }(usePairs)
+			usePairs = c.pairs
+			r := newRand(7)
+			rb, ng := k*bits/8, k/c.group
+			codes := make([]byte, n*rb)
+			for i := range codes {
+				codes[i] = byte(r.IntN(256))
+			}
+			scales, zeros := make([]uint16, n*ng), make([]uint16, n*ng)
+			for i := range scales {
+				scales[i] = safetensors.F16FromFloat32(0.01 + 0.01*r.Float32())
+				zeros[i] = safetensors.F16FromFloat32(float32(r.IntN(16)))
+			}
+			x := randSlice(r, k)
+			y := make([]float32, n)
+			var a Q8Act
+			QuantizeActQ8(&a, x, k, 1, k, 32)
+			a.Prepare(bits)
+			for b.Loop() {
+				DotQ8Matrix(y, n, &a, codes, rb, n, bits, scales, zeros, c.group, 0)
+			}
+			bytes := float64(len(codes) + 2*len(scales) + 2*len(zeros))
+			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}

@@ -39,7 +39,7 @@ func TestDotQ8Guarded(t *testing.T) {
 	}
 	paths := []path{{name: "go"}}
 	if hasAsm && hasF16C {
-		paths = append(paths, path{"avx2", true, false, false, true})
+		paths = append(paths, path{"avx2", true, false, false, true}, path{"avx2-pairs", true, false, true, false})
 		if hasVNNI {
 			paths = append(paths, path{"vnni", true, true, false, false}, path{"vnni-pairs-tile1", true, true, true, true})
 		}

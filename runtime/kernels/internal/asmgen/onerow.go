@@ -245,6 +245,7 @@ func oneRowFile() string {
 			oneRowKernel(&a, w, k)
 		}
 	}
+	a.raw(pairAVX2x4)
 	return a.b.String()
 }
 
