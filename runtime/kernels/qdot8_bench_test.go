@@ -140,10 +140,10 @@ func BenchmarkQ8GEMM(b *testing.B) {
 
 // BenchmarkQ8GEMVPerChannel is one decode GEMV (m = 1) of a 4-bit
 // asymmetric weight of the big bandwidth model's FFN shape [5632, 2048],
-// one thread, in groups of 32 columns and per channel (one group of 2048
-// a row), the per-channel case on the two-row kernels ("pairs":
-// dotQ8Pairs, dotQ8x4p2AVX2 without VNNI) and on the one-row kernel
-// ("one-row"). It reports GB/s of packed bytes read (codes, fp16 scales
+// one thread, in groups of 32, 64 and 128 columns and per channel (one
+// group of 2048 a row), the groups of several blocks on the two-row
+// kernels ("pairs": dotQ8Pairs, dotQ8x4p2AVX2 without VNNI) and on the
+// one-row kernel ("one-row"). It reports GB/s of packed bytes read (codes, fp16 scales
 // and zero-points).
 func BenchmarkQ8GEMVPerChannel(b *testing.B) {
 	const n, k, bits = 5632, 2048, 4
@@ -151,7 +151,8 @@ func BenchmarkQ8GEMVPerChannel(b *testing.B) {
 		name  string
 		group int
 		pairs bool
-	}{{"g32", 32, true}, {"perchannel/pairs", k, true}, {"perchannel/one-row", k, false}} {
+	}{{"g32", 32, true}, {"g64/pairs", 64, true}, {"g64/one-row", 64, false}, {"g128/pairs", 128, true}, {"g128/one-row", 128, false},
+		{"perchannel/pairs", k, true}, {"perchannel/one-row", k, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			if !Q8Asm(bits, 32) {
 				b.Skip("no assembly")
