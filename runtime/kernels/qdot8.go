@@ -229,9 +229,9 @@ var (
 	pairsMinBPG = 2
 )
 
-// pairsAVX2 reports whether the AVX2 two-row kernel takes bits-bit codes
-// in groups of bpg blocks (it has the 4-bit group path only).
-func pairsAVX2(bits, bpg int) bool { return bits == 4 && bpg >= 2 }
+// pairsAVX2 reports whether the AVX2 two-row kernels take bits-bit codes
+// in groups of bpg blocks (they have the 4- and 8-bit group paths only).
+func pairsAVX2(bits, bpg int) bool { return (bits == 4 || bits == 8) && bpg >= 2 }
 
 // dotQ8Asm is the assembly dispatch of DotQ8Rows and DotQ8Matrix, its
 // arguments checked by the caller: rows consecutive packed rows from src

@@ -118,14 +118,24 @@ func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int)
 //go:noescape
 func dotQ8x4p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
 
+// dotQ8x8p2AVX2 is dotQ8x8AVX2's group path on row pairs (codes taken as
+// c − 128: zsym and zoff as dotQ8Asm passes them to dotQ8x8AVX2).
+//
+//go:noescape
+func dotQ8x8p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
 // dotQ8Pairs runs the two-row kernel of the width on the packed rows r
 // and r+pairs for r < pairs (dotQ8Asm's arguments): the VNNI kernels
-// where the CPU has them, otherwise dotQ8x4p2AVX2 (4 bits, bpg ≥ 2 only:
-// pairsAVX2).
+// where the CPU has them, otherwise dotQ8x4p2AVX2 and dotQ8x8p2AVX2 (4
+// and 8 bits, bpg ≥ 2 only: pairsAVX2).
 func dotQ8Pairs(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, pairs int) {
 	k, nb := a.K, a.K/32
 	s, sm := &a.S[i*nb], &a.Sum[i*nb]
 	if !hasVNNI {
+		if bits == 8 {
+			dotQ8x8p2AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, pairs, pairs)
+			return
+		}
 		dotQ8x4p2AVX2(&a.perm[4][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
 		return
 	}

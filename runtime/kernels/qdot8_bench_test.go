@@ -138,21 +138,25 @@ func BenchmarkQ8GEMM(b *testing.B) {
 	}
 }
 
-// BenchmarkQ8GEMVPerChannel is one decode GEMV (m = 1) of a 4-bit
-// asymmetric weight of the big bandwidth model's FFN shape [5632, 2048],
+// BenchmarkQ8GEMVPerChannel is one decode GEMV (m = 1) of a 4-bit (and
+// 8-bit) asymmetric weight of the big bandwidth model's FFN shape [5632, 2048],
 // one thread, in groups of 32, 64 and 128 columns and per channel (one
 // group of 2048 a row), the groups of several blocks on the two-row
 // kernels ("pairs": dotQ8Pairs, dotQ8x4p2AVX2 without VNNI) and on the
 // one-row kernel ("one-row"). It reports GB/s of packed bytes read (codes, fp16 scales
 // and zero-points).
 func BenchmarkQ8GEMVPerChannel(b *testing.B) {
-	const n, k, bits = 5632, 2048, 4
+	const n, k = 5632, 2048
 	for _, c := range []struct {
 		name  string
+		bits  int
 		group int
 		pairs bool
-	}{{"g32", 32, true}, {"g64/pairs", 64, true}, {"g64/one-row", 64, false}, {"g128/pairs", 128, true}, {"g128/one-row", 128, false},
-		{"perchannel/pairs", k, true}, {"perchannel/one-row", k, false}} {
+	}{{"g32", 4, 32, true}, {"g64/pairs", 4, 64, true}, {"g64/one-row", 4, 64, false}, {"g128/pairs", 4, 128, true}, {"g128/one-row", 4, 128, false},
+		{"perchannel/pairs", 4, k, true}, {"perchannel/one-row", 4, k, false},
+		{"8bit/g32", 8, 32, true}, {"8bit/g128/pairs", 8, 128, true}, {"8bit/g128/one-row", 8, 128, false},
+		{"8bit/perchannel/pairs", 8, k, true}, {"8bit/perchannel/one-row", 8, k, false}} {
+		bits := c.bits
 		b.Run(c.name, func(b *testing.B) {
 			if !Q8Asm(bits, 32) {
 				b.Skip("no assembly")
@@ -168,7 +172,7 @@ func BenchmarkQ8GEMVPerChannel(b *testing.B) {
 			scales, zeros := make([]uint16, n*ng), make([]uint16, n*ng)
 			for i := range scales {
 				scales[i] = safetensors.F16FromFloat32(0.01 + 0.01*r.Float32())
-				zeros[i] = safetensors.F16FromFloat32(float32(r.IntN(16)))
+				zeros[i] = safetensors.F16FromFloat32(float32(r.IntN(1 << bits)))
 			}
 			x := randSlice(r, k)
 			y := make([]float32, n)

@@ -541,9 +541,10 @@ func TestDotQ8PairsBitwise(t *testing.T) {
 	}
 }
 
-// The AVX2 two-row 4-bit kernel (dotQ8x4p2AVX2, CPUs without VNNI) gives
+// The AVX2 two-row 4- and 8-bit kernels (dotQ8x4p2AVX2, dotQ8x8p2AVX2,
+// CPUs without VNNI) give
 // every output of DotQ8Matrix with one activation row bit for bit what
-// the one-row AVX2 kernel gives it, for groups of several blocks (64,
+// the one-row AVX2 kernels give it, for groups of several blocks (64,
 // 128, 544 and per-channel 2048 columns; one-block groups stay on the
 // one-row kernel), 1-13 packed rows (odd counts leave the last row to the
 // one-row kernel), with and without zero-points; and every output is
@@ -556,45 +557,46 @@ func TestDotQ8PairsAVX2Bitwise(t *testing.T) {
 	rng := rand.New(rand.NewPCG(93, 94))
 	defer func(v, p bool) { hasVNNI, usePairs = v, p }(hasVNNI, usePairs)
 	hasVNNI = false
-	const bits = 4
-	for _, c := range []struct{ k, group int }{{448, 64}, {640, 128}, {544, 544}, {2048, 2048}, {96, 32}} {
-		ng := c.k / c.group
-		rb := c.k * bits / 8
-		for _, rows := range []int{1, 2, 3, 7, 8, 13} {
-			codes := make([]byte, rows*rb)
-			for i := range codes {
-				codes[i] = byte(rng.IntN(256))
-			}
-			scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
-			for g := range scales {
-				scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
-				zeros[g] = safetensors.F16FromFloat32(float32(rng.IntN(1 << uint(bits))))
-			}
-			zsym := float32(int(1) << uint(bits-1))
-			x := make([]float32, c.k)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
-			var a Q8Act
-			QuantizeActQ8(&a, x, c.k, 1, c.k, 32)
-			a.Prepare(bits)
-			for _, sym := range []bool{false, true} {
-				zm := zeros
-				if sym {
-					zm = nil
+	for _, bits := range []int{4, 8} {
+		for _, c := range []struct{ k, group int }{{448, 64}, {640, 128}, {544, 544}, {2048, 2048}, {96, 32}} {
+			ng := c.k / c.group
+			rb := c.k * bits / 8
+			for _, rows := range []int{1, 2, 3, 7, 8, 13} {
+				codes := make([]byte, rows*rb)
+				for i := range codes {
+					codes[i] = byte(rng.IntN(256))
 				}
-				label := fmt.Sprintf("k %d group %d rows %d sym %v", c.k, c.group, rows, sym)
-				want, got := make([]float32, rows), make([]float32, rows)
-				usePairs = false
-				DotQ8Matrix(want, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
-				usePairs = true
-				DotQ8Matrix(got, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
-				for r := range got {
-					if math.Float32bits(got[r]) != math.Float32bits(want[r]) {
-						t.Errorf("%s: packed row %d: pairs %g (%#08x), one-row kernel %g (%#08x)", label, r, got[r], math.Float32bits(got[r]), want[r], math.Float32bits(want[r]))
+				scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
+				for g := range scales {
+					scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
+					zeros[g] = safetensors.F16FromFloat32(float32(rng.IntN(1 << uint(bits))))
+				}
+				zsym := float32(int(1) << uint(bits-1))
+				x := make([]float32, c.k)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				var a Q8Act
+				QuantizeActQ8(&a, x, c.k, 1, c.k, 32)
+				a.Prepare(bits)
+				for _, sym := range []bool{false, true} {
+					zm := zeros
+					if sym {
+						zm = nil
 					}
+					label := fmt.Sprintf("bits %d k %d group %d rows %d sym %v", bits, c.k, c.group, rows, sym)
+					want, got := make([]float32, rows), make([]float32, rows)
+					usePairs = false
+					DotQ8Matrix(want, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+					usePairs = true
+					DotQ8Matrix(got, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
+					for r := range got {
+						if math.Float32bits(got[r]) != math.Float32bits(want[r]) {
+							t.Errorf("%s: packed row %d: pairs %g (%#08x), one-row kernel %g (%#08x)", label, r, got[r], math.Float32bits(got[r]), want[r], math.Float32bits(want[r]))
+						}
+					}
+					checkQ8Bound(t, label, got, x, &a, codes, rb, bits, scales, zeros, zsym, sym, c.k, c.group, 32, 1, rows)
 				}
-				checkQ8Bound(t, label, got, x, &a, codes, rb, bits, scales, zeros, zsym, sym, c.k, c.group, 32, 1, rows)
 			}
 		}
 	}
