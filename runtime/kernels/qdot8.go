@@ -219,8 +219,9 @@ func Q8Asm(bits, blk int) bool {
 // chains) they were no faster (8, 4, 2, 3 bits within ±6%), so those stay
 // on the one-row kernel.
 //
-// Without VNNI the AVX2 4-bit kernel has a two-row form for groups of
-// several blocks (dotQ8x4p2AVX2): 4-bit per-channel rows of the big
+// Without VNNI the AVX2 kernels have a two-row form for groups of
+// several blocks (dotQ8x4p2AVX2 and the other widths but 3 bits): 4-bit
+// per-channel rows of the big
 // bandwidth model's shapes ran 2.1× slower than group 32 on the one-row
 // kernel (BenchmarkQ8GEMVPerChannel, [5632, 2048], AMD EPYC without
 // AVX-512, 2026-12-04: 925 against 444 µs), one FMA chain a block.
@@ -230,8 +231,9 @@ var (
 )
 
 // pairsAVX2 reports whether the AVX2 two-row kernels take bits-bit codes
-// in groups of bpg blocks (they have the 4- and 8-bit group paths only).
-func pairsAVX2(bits, bpg int) bool { return (bits == 4 || bits == 8) && bpg >= 2 }
+// in groups of bpg blocks: the one-row kernels' group path (bpg ≥ 2) of
+// every width but 3 bits.
+func pairsAVX2(bits, bpg int) bool { return bits != 3 && bpg >= 2 }
 
 // dotQ8Asm is the assembly dispatch of DotQ8Rows and DotQ8Matrix, its
 // arguments checked by the caller: rows consecutive packed rows from src

@@ -111,32 +111,42 @@ func dotQ8x3m4VNNI(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16
 //go:noescape
 func quantActQ8x32(x *float32, q *int8, s, sum *float32, nb int) (bad int)
 
-// dotQ8x4p2AVX2 is the two-row kernel of dotQ8x4AVX2's group path (bpg
-// ≥ 2) for CPUs without VNNI (qdot8_amd64.s): rows and dist as the VNNI
-// two-row kernels'.
-//
-//go:noescape
-func dotQ8x4p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+// Two-row AVX2 kernels of the one-row kernels' group path (bpg ≥ 2) for
+// CPUs without VNNI (qdot8_amd64.s, internal/asmgen pairAVX2Kernel):
+// rows and dist as the VNNI two-row kernels', every result the one-row
+// AVX2 kernel's bits (8 bits: codes taken as c − 128, zsym and zoff as
+// dotQ8Asm passes them to dotQ8x8AVX2).
 
-// dotQ8x8p2AVX2 is dotQ8x8AVX2's group path on row pairs (codes taken as
-// c − 128: zsym and zoff as dotQ8Asm passes them to dotQ8x8AVX2).
-//
 //go:noescape
 func dotQ8x8p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
 
+//go:noescape
+func dotQ8x4p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
+//go:noescape
+func dotQ8x2p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
+//go:noescape
+func dotQ8x1p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
+
 // dotQ8Pairs runs the two-row kernel of the width on the packed rows r
 // and r+pairs for r < pairs (dotQ8Asm's arguments): the VNNI kernels
-// where the CPU has them, otherwise dotQ8x4p2AVX2 and dotQ8x8p2AVX2 (4
-// and 8 bits, bpg ≥ 2 only: pairsAVX2).
+// where the CPU has them, otherwise the AVX2 ones (not 3 bits, bpg ≥ 2
+// only: pairsAVX2).
 func dotQ8Pairs(a *Q8Act, i int, src *byte, bits int, scales, zeros *uint16, ng, bpg int, zsym float32, y *float32, pairs int) {
 	k, nb := a.K, a.K/32
 	s, sm := &a.S[i*nb], &a.Sum[i*nb]
 	if !hasVNNI {
-		if bits == 8 {
+		switch bits {
+		case 8:
 			dotQ8x8p2AVX2(&a.Q[i*k], s, sm, src, scales, zeros, ng, bpg, zsym-128, 128, y, pairs, pairs)
-			return
+		case 4:
+			dotQ8x4p2AVX2(&a.perm[4][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+		case 2:
+			dotQ8x2p2AVX2(&a.perm[2][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
+		default:
+			dotQ8x1p2AVX2(&a.perm[1][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
 		}
-		dotQ8x4p2AVX2(&a.perm[4][i*k], s, sm, src, scales, zeros, ng, bpg, zsym, 0, y, pairs, pairs)
 		return
 	}
 	switch bits {

@@ -541,7 +541,7 @@ func TestDotQ8PairsBitwise(t *testing.T) {
 	}
 }
 
-// The AVX2 two-row 4- and 8-bit kernels (dotQ8x4p2AVX2, dotQ8x8p2AVX2,
+// The AVX2 two-row kernels (dotQ8x<bits>p2AVX2 for 1, 2, 4 and 8 bits,
 // CPUs without VNNI) give
 // every output of DotQ8Matrix with one activation row bit for bit what
 // the one-row AVX2 kernels give it, for groups of several blocks (64,
@@ -557,7 +557,7 @@ func TestDotQ8PairsAVX2Bitwise(t *testing.T) {
 	rng := rand.New(rand.NewPCG(93, 94))
 	defer func(v, p bool) { hasVNNI, usePairs = v, p }(hasVNNI, usePairs)
 	hasVNNI = false
-	for _, bits := range []int{4, 8} {
+	for _, bits := range []int{1, 2, 4, 8} {
 		for _, c := range []struct{ k, group int }{{448, 64}, {640, 128}, {544, 544}, {2048, 2048}, {96, 32}} {
 			ng := c.k / c.group
 			rb := c.k * bits / 8

@@ -107,7 +107,12 @@ func byteConsts(a *asm, w width, class string, ones bool) {
 // oneRowDot writes the exact int32 dot product of the block at src offset
 // so with the activations at xq offset xo into Y3, converted to float32.
 func oneRowDot(a *asm, w width, k isa, so, xo int) {
-	unpack(a, w, k, so, "Y8", "q8")
+	oneRowDotAt(a, w, k, func(d int) string { return off(d, "SI") }, so, xo)
+}
+
+// oneRowDotAt is oneRowDot with the block's codes at src(so).
+func oneRowDotAt(a *asm, w width, k isa, src func(int) string, so, xo int) {
+	unpackAt(a, w, k, src, so, "Y8", "q8")
 	switch {
 	case k == vnni:
 		a.op("VPXOR", "Y3", "Y3", "Y3")
@@ -245,7 +250,11 @@ func oneRowFile() string {
 			oneRowKernel(&a, w, k)
 		}
 	}
-	a.raw(pairAVX2x4)
+	for _, w := range widths {
+		if pairsAVX2Width(w) {
+			pairAVX2Kernel(&a, w)
+		}
+	}
 	return a.b.String()
 }
 

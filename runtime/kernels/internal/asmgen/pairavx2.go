@@ -1,265 +1,115 @@
 package main
 
-// pairAVX2x4 is dotQ8x4p2AVX2 and dotQ8x8p2AVX2, the AVX2 two-row forms
-// of dotQ8x4AVX2's and dotQ8x8AVX2's group paths (bpg ≥ 2), appended to qdot8_amd64.s (it reads that file's
-// q8shift4 table). Written out rather than generated: they are two
-// widths and one path, each row's instructions those oneRowKernel emits for the
-// AVX2 group loop, in the same order (TestDotQ8PairsAVX2Bitwise checks
-// the bits).
-const pairAVX2x4 = `
-// 4-bit codes, AVX2, two packed rows at once (dotQ8Pairs without VNNI):
-// rows r and r+dist against the same activation row, for r < rows, only
-// for groups of two or more blocks (bpg ≥ 2; dotQ8Asm sends one-block
-// groups to dotQ8x4AVX2). Each row performs dotQ8x4AVX2's group-path
-// operations in its order (the same int32 block sums, float32 products,
-// FMAs and reduction), so every result has the one-row kernel's bits;
-// what is gained is two rows' independent FMA chains in flight (the
-// one-row kernel waits on one chain a block in a group of several).
+import "fmt"
+
+// pairsAVX2Width reports whether w has an AVX2 two-row kernel
+// (pairAVX2Kernel): every width but 3 bits, whose split blocks the
+// runtime sends to the one-row kernel (runtime/kernels pairsAVX2).
+func pairsAVX2Width(w width) bool { return !w.u3() }
+
+// pairAVX2Kernel writes dotQ8x<bits>p2AVX2, the AVX2 one-row kernel's
+// group path (groups of bpg ≥ 2 blocks; the runtime sends one-block
+// groups to the one-row kernel) on two packed rows at once, rows r and
+// r+dist against the same activation row, for r < rows: each row performs
+// the one-row kernel's operations in its order (oneRowDotAt's int32 block
+// sums, the same float32 products, FMAs and reduceRow), so every result
+// has the one-row kernel's bits; what is gained is two rows' independent
+// FMA chains in flight (the one-row kernel waits on one chain a block).
 // Registers: DX y, BX pairs left, DI xq, R12 xs, R13 xsum, SI src (row
 // r), R14 the code bytes of dist rows, R8 scales, R9 zeros (row r+dist's
-// at +R11), R10 groups left, CX blocks left; Y12, Y11 the totals and X13,
-// X10 the zero terms of rows r and r+dist, Y5, Y8 their group sums, X7
-// the group's activation sums (the same for both rows), X0, X2 their
-// scales, Y14 the shifts, Y15 the nibble mask, Y9 words of 1.
-// func dotQ8x4p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
-TEXT ·dotQ8x4p2AVX2(SB), NOSPLIT, $0-96
-	MOVQ src+24(FP), SI
-	MOVQ scales+32(FP), R8
-	MOVQ zeros+40(FP), R9
-	MOVQ ng+48(FP), R11
-	MOVQ y+72(FP), DX
-	MOVQ rows+80(FP), BX
-	IMULQ dist+88(FP), R11
-	MOVQ R11, R14
-	IMULQ bpg+56(FP), R14
-	SHLQ $4, R14
-	SHLQ $1, R11
-	MOVL $0x0f, AX
-	VMOVD AX, X15
-	VPBROADCASTB X15, Y15
-	VPCMPEQW Y9, Y9, Y9
-	VPSRLW $15, Y9, Y9
-	VMOVDQU q8shift4<>(SB), Y14
+// at +R11, the scale bytes of dist rows), R10 groups left, CX blocks
+// left; Y12, Y11 the totals, X13, X10 the zero terms, Y5, Y1 the group
+// sums and X0, X2 the scales of rows r and r+dist; X7 the group's
+// activation sums (the same for both rows), Y6 the block's activation
+// scale; Y3, Y4, Y8 oneRowDot's scratch, Y14 and Y15 (and Y9) as the
+// one-row kernel's.
+func pairAVX2Kernel(a *asm, w width) {
+	name := fmt.Sprintf("dotQ8x%dp2AVX2", w.bits)
+	l := labels(name)
+	bb := w.blockBytes()
+	shifted := zoffShifted(w, avx2)
+	a.blank()
+	fmt.Fprintf(&a.b, "// %d-bit codes, AVX2, two packed rows at once: dotQ8x%dAVX2's group path\n// on rows r and r+dist (pairAVX2Kernel).\n", w.bits, w.bits)
+	a.text(name, pairRowArgs, 0, 96)
+	a.movs([2]string{"src+24(FP)", "SI"}, [2]string{"scales+32(FP)", "R8"},
+		[2]string{"zeros+40(FP)", "R9"}, [2]string{"ng+48(FP)", "R11"},
+		[2]string{"y+72(FP)", "DX"}, [2]string{"rows+80(FP)", "BX"})
+	a.op("IMULQ", "dist+88(FP)", "R11")
+	a.op("MOVQ", "R11", "R14")
+	a.op("IMULQ", "bpg+56(FP)", "R14")
+	a.op("IMULQ", imm(bb), "R14")
+	a.op("SHLQ", "$1", "R11")
+	byteConsts(a, w, "Y", true)
+	if w.bits == 8 {
+		a.op("VMOVDQU", "Y9", "Y14")
+	} else {
+		a.op("VMOVDQU", fmt.Sprintf("q8shift%d<>(SB)", w.shifts()), "Y14")
+	}
 
-dotQ8x4p2AVX2_row:
-	MOVQ xq+0(FP), DI
-	MOVQ xs+8(FP), R12
-	MOVQ xsum+16(FP), R13
-	MOVQ ng+48(FP), R10
-	VXORPS Y12, Y12, Y12
-	VXORPS Y11, Y11, Y11
-	VXORPS X13, X13, X13
-	VXORPS X10, X10, X10
+	rowStart(a, l)
+	a.zero("Y12", "Y11", "X13", "X10")
 
-dotQ8x4p2AVX2_group:
-	MOVWLZX (R8), AX
-	VMOVD AX, X0
-	VCVTPH2PS X0, X0
-	MOVWLZX (R8)(R11*1), AX
-	VMOVD AX, X2
-	VCVTPH2PS X2, X2
-	ADDQ $2, R8
-	MOVQ bpg+56(FP), CX
-	VXORPS X7, X7, X7
-	VXORPS Y5, Y5, Y5
-	VXORPS Y8, Y8, Y8
+	a.label(l("group"))
+	for _, r := range [][2]string{{"(R8)", "X0"}, {"(R8)(R11*1)", "X2"}} {
+		a.op("MOVWLZX", r[0], "AX")
+		a.op("VMOVD", "AX", r[1])
+		a.op("VCVTPH2PS", r[1], r[1])
+	}
+	a.op("ADDQ", "$2", "R8")
+	a.op("MOVQ", "bpg+56(FP)", "CX")
+	a.zero("X7", "Y5", "Y1")
+	a.label(l("block"))
+	a.op("VBROADCASTSS", "(R12)", "Y6")
+	oneRowDot(a, w, avx2, 0, 0)
+	a.op("VFMADD231PS", "Y6", "Y3", "Y5")
+	oneRowDotAt(a, w, avx2, func(d int) string { return fmt.Sprintf("%d(SI)(R14*1)", d) }, 0, 0)
+	a.op("VFMADD231PS", "Y6", "Y3", "Y1")
+	a.op("VADDSS", "(R13)", "X7", "X7")
+	blockStep(a, l, bb, true)
 
-dotQ8x4p2AVX2_block:
-	VBROADCASTI128 0(SI), Y4
-	VBROADCASTI128 0(SI)(R14*1), Y1
-	VPSRLVQ Y14, Y4, Y4
-	VPSRLVQ Y14, Y1, Y1
-	VPAND Y15, Y4, Y4
-	VPAND Y15, Y1, Y1
-	VPMADDUBSW 0(DI), Y4, Y3
-	VPMADDUBSW 0(DI), Y1, Y1
-	VPMADDWD Y9, Y3, Y3
-	VPMADDWD Y9, Y1, Y1
-	VCVTDQ2PS Y3, Y3
-	VCVTDQ2PS Y1, Y1
-	VBROADCASTSS (R12), Y6
-	VFMADD231PS Y6, Y3, Y5
-	VFMADD231PS Y6, Y1, Y8
-	VADDSS (R13), X7, X7
-	ADDQ $4, R12
-	ADDQ $4, R13
-	ADDQ $32, DI
-	ADDQ $16, SI
-	DECQ CX
-	JNZ  dotQ8x4p2AVX2_block
+	a.op("VBROADCASTSS", "X0", "Y6")
+	a.op("VFMADD231PS", "Y6", "Y5", "Y12")
+	a.op("VBROADCASTSS", "X2", "Y6")
+	a.op("VFMADD231PS", "Y6", "Y1", "Y11")
+	// The zero-points into X3 and X4 (zsym when zeros is nil; zoff
+	// subtracted where the one-row kernel does), then each row's zero
+	// term += s·(z·Σ xsum) as the one-row kernel computes it.
+	a.op("VMOVSS", "zsym+64(FP)", "X3")
+	a.op("VMOVSS", "zsym+64(FP)", "X4")
+	a.op("TESTQ", "R9", "R9")
+	a.jmp("JZ", l("zero"))
+	if shifted {
+		a.op("VMOVSS", "zoff+68(FP)", "X8")
+	}
+	for _, r := range [][2]string{{"(R9)", "X3"}, {"(R9)(R11*1)", "X4"}} {
+		a.op("MOVWLZX", r[0], "AX")
+		a.op("VMOVD", "AX", r[1])
+		a.op("VCVTPH2PS", r[1], r[1])
+		if shifted {
+			a.op("VSUBSS", "X8", r[1], r[1])
+		}
+	}
+	a.op("ADDQ", "$2", "R9")
+	a.label(l("zero"))
+	a.op("VMULSS", "X3", "X7", "X3")
+	a.op("VFMADD231SS", "X0", "X3", "X13")
+	a.op("VMULSS", "X4", "X7", "X4")
+	a.op("VFMADD231SS", "X2", "X4", "X10")
+	a.op("DECQ", "R10")
+	a.jmp("JNZ", l("group"))
 
-	VBROADCASTSS X0, Y6
-	VFMADD231PS Y6, Y5, Y12
-	VBROADCASTSS X2, Y6
-	VFMADD231PS Y6, Y8, Y11
-	VMOVSS zsym+64(FP), X1
-	VMOVSS zsym+64(FP), X4
-	TESTQ R9, R9
-	JZ   dotQ8x4p2AVX2_zero
-	MOVWLZX (R9), AX
-	VMOVD AX, X1
-	VCVTPH2PS X1, X1
-	MOVWLZX (R9)(R11*1), AX
-	VMOVD AX, X4
-	VCVTPH2PS X4, X4
-	ADDQ $2, R9
-
-dotQ8x4p2AVX2_zero:
-	VMULSS X1, X7, X3
-	VFMADD231SS X0, X3, X13
-	VMULSS X4, X7, X3
-	VFMADD231SS X2, X3, X10
-	DECQ R10
-	JNZ  dotQ8x4p2AVX2_group
-
-	VXORPS Y3, Y3, Y3
-	VADDPS Y3, Y12, Y12
-	VEXTRACTF128 $1, Y12, X4
-	VADDPS X4, X12, X12
-	VSUBPS X3, X12, X12
-	VHADDPS X12, X12, X12
-	VHADDPS X12, X12, X12
-	VSUBSS X13, X12, X12
-	VMOVSS X12, (DX)
-	VADDPS Y3, Y11, Y11
-	VEXTRACTF128 $1, Y11, X4
-	VADDPS X4, X11, X11
-	VSUBPS X3, X11, X11
-	VHADDPS X11, X11, X11
-	VHADDPS X11, X11, X11
-	VSUBSS X10, X11, X11
-	MOVQ dist+88(FP), AX
-	VMOVSS X11, (DX)(AX*4)
-	ADDQ $4, DX
-	DECQ BX
-	JNZ  dotQ8x4p2AVX2_row
-	VZEROUPPER
-	RET
-
-// 8-bit codes, AVX2, two packed rows at once: dotQ8x8AVX2's group path
-// (bpg ≥ 2; codes taken as c − 128, zero-points shifted by zoff as the
-// one-row kernel does) on rows r and r+dist, each row's operations in the
-// one-row kernel's order. Registers as dotQ8x4p2AVX2's, Y9 row r+dist's
-// group sum, Y14 words of 1, Y15 the byte 0x80; each row's scratch
-// Y3, Y4, Y8 (the activations, whose signs VPSIGNB moves per row).
-// func dotQ8x8p2AVX2(xq *int8, xs, xsum *float32, src *byte, scales, zeros *uint16, ng, bpg int, zsym, zoff float32, y *float32, rows, dist int)
-TEXT ·dotQ8x8p2AVX2(SB), NOSPLIT, $0-96
-	MOVQ src+24(FP), SI
-	MOVQ scales+32(FP), R8
-	MOVQ zeros+40(FP), R9
-	MOVQ ng+48(FP), R11
-	MOVQ y+72(FP), DX
-	MOVQ rows+80(FP), BX
-	IMULQ dist+88(FP), R11
-	MOVQ R11, R14
-	IMULQ bpg+56(FP), R14
-	SHLQ $5, R14
-	SHLQ $1, R11
-	MOVL $0x80, AX
-	VMOVD AX, X15
-	VPBROADCASTB X15, Y15
-	VPCMPEQW Y14, Y14, Y14
-	VPSRLW $15, Y14, Y14
-
-dotQ8x8p2AVX2_row:
-	MOVQ xq+0(FP), DI
-	MOVQ xs+8(FP), R12
-	MOVQ xsum+16(FP), R13
-	MOVQ ng+48(FP), R10
-	VXORPS Y12, Y12, Y12
-	VXORPS Y11, Y11, Y11
-	VXORPS X13, X13, X13
-	VXORPS X10, X10, X10
-
-dotQ8x8p2AVX2_group:
-	MOVWLZX (R8), AX
-	VMOVD AX, X0
-	VCVTPH2PS X0, X0
-	MOVWLZX (R8)(R11*1), AX
-	VMOVD AX, X1
-	VCVTPH2PS X1, X1
-	ADDQ $2, R8
-	MOVQ bpg+56(FP), CX
-	VXORPS X7, X7, X7
-	VXORPS Y5, Y5, Y5
-	VXORPS Y9, Y9, Y9
-
-dotQ8x8p2AVX2_block:
-	VMOVDQU 0(SI), Y4
-	VPXOR Y15, Y4, Y4
-	VMOVDQU 0(DI), Y8
-	VPSIGNB Y4, Y4, Y3
-	VPSIGNB Y4, Y8, Y8
-	VPMADDUBSW Y8, Y3, Y3
-	VPMADDWD Y14, Y3, Y3
-	VCVTDQ2PS Y3, Y3
-	VBROADCASTSS (R12), Y6
-	VFMADD231PS Y6, Y3, Y5
-	VMOVDQU 0(SI)(R14*1), Y4
-	VPXOR Y15, Y4, Y4
-	VMOVDQU 0(DI), Y8
-	VPSIGNB Y4, Y4, Y2
-	VPSIGNB Y4, Y8, Y8
-	VPMADDUBSW Y8, Y2, Y2
-	VPMADDWD Y14, Y2, Y2
-	VCVTDQ2PS Y2, Y2
-	VFMADD231PS Y6, Y2, Y9
-	VADDSS (R13), X7, X7
-	ADDQ $4, R12
-	ADDQ $4, R13
-	ADDQ $32, DI
-	ADDQ $32, SI
-	DECQ CX
-	JNZ  dotQ8x8p2AVX2_block
-
-	VBROADCASTSS X0, Y6
-	VFMADD231PS Y6, Y5, Y12
-	VBROADCASTSS X1, Y6
-	VFMADD231PS Y6, Y9, Y11
-	VMOVSS zsym+64(FP), X3
-	VMOVSS zsym+64(FP), X4
-	TESTQ R9, R9
-	JZ   dotQ8x8p2AVX2_zero
-	VMOVSS zoff+68(FP), X8
-	MOVWLZX (R9), AX
-	VMOVD AX, X3
-	VCVTPH2PS X3, X3
-	VSUBSS X8, X3, X3
-	MOVWLZX (R9)(R11*1), AX
-	VMOVD AX, X4
-	VCVTPH2PS X4, X4
-	VSUBSS X8, X4, X4
-	ADDQ $2, R9
-
-dotQ8x8p2AVX2_zero:
-	VMULSS X3, X7, X3
-	VFMADD231SS X0, X3, X13
-	VMULSS X4, X7, X4
-	VFMADD231SS X1, X4, X10
-	DECQ R10
-	JNZ  dotQ8x8p2AVX2_group
-
-	VXORPS Y3, Y3, Y3
-	VADDPS Y3, Y12, Y12
-	VEXTRACTF128 $1, Y12, X4
-	VADDPS X4, X12, X12
-	VSUBPS X3, X12, X12
-	VHADDPS X12, X12, X12
-	VHADDPS X12, X12, X12
-	VSUBSS X13, X12, X12
-	VMOVSS X12, (DX)
-	VADDPS Y3, Y11, Y11
-	VEXTRACTF128 $1, Y11, X4
-	VADDPS X4, X11, X11
-	VSUBPS X3, X11, X11
-	VHADDPS X11, X11, X11
-	VHADDPS X11, X11, X11
-	VSUBSS X10, X11, X11
-	MOVQ dist+88(FP), AX
-	VMOVSS X11, (DX)(AX*4)
-	ADDQ $4, DX
-	DECQ BX
-	JNZ  dotQ8x8p2AVX2_row
-	VZEROUPPER
-	RET
-`
+	// The one-row kernel's reduction, its other accumulators (zero in the
+	// group path) in Y8: Y12 + 0, then reduceRow against a zero vector.
+	a.zero("Y8")
+	a.op("VADDPS", "Y8", "Y12", "Y12")
+	reduceRow(a, 12, 8, "", "X13", "(DX)")
+	a.zero("Y8")
+	a.op("VADDPS", "Y8", "Y11", "Y11")
+	a.op("MOVQ", "dist+88(FP)", "AX")
+	reduceRow(a, 11, 8, "", "X10", "(DX)(AX*4)")
+	a.op("ADDQ", "$4", "DX")
+	a.op("DECQ", "BX")
+	a.jmp("JNZ", l("row"))
+	a.op("VZEROUPPER")
+	a.op("RET")
+}

@@ -97,17 +97,22 @@ func shiftTable(a *asm, prefix string, w width, reps int) {
 // <prefix>four from memory; the VNNI kernels Y28 and the tables in Y30,
 // Y31 (hiConsts).
 func unpack(a *asm, w width, k isa, so int, scratch, prefix string) {
+	unpackAt(a, w, k, func(d int) string { return off(d, "SI") }, so, scratch, prefix)
+}
+
+// unpackAt is unpack with the code bytes at src(so) instead of so(SI).
+func unpackAt(a *asm, w width, k isa, src func(int) string, so int, scratch, prefix string) {
 	if w.bits == 8 {
-		a.op("VMOVDQU", off(so, "SI"), "Y4")
+		a.op("VMOVDQU", src(so), "Y4")
 		return
 	}
-	a.op(w.load, off(so, "SI"), "Y4")
+	a.op(w.load, src(so), "Y4")
 	if w.u3() {
 		h := scratch
 		if k == vnni {
 			h = "Y28"
 		}
-		a.op("VPBROADCASTD", off(so+8, "SI"), h)
+		a.op("VPBROADCASTD", src(so+8), h)
 		if k == vnni {
 			a.op("VPTESTMB", "Y30", h, "K2")
 		} else {
