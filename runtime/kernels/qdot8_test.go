@@ -493,11 +493,22 @@ func TestDotQ8PairsBitwise(t *testing.T) {
 	if !hasVNNI {
 		t.Skip("no AVX-512 VNNI on this CPU or in this build")
 	}
-	rng := rand.New(rand.NewPCG(91, 92))
-	defer func(v bool, b int) { usePairs, pairsMinBPG = v, b }(usePairs, pairsMinBPG)
+	defer func(b int) { pairsMinBPG = b }(pairsMinBPG)
 	pairsMinBPG = 1 // the two-row kernels on every group size
-	for _, bits := range []int{1, 2, 4, 8} {
-		for _, c := range []struct{ k, group int }{{32, 32}, {224, 32}, {288, 32}, {544, 32}, {2080, 32}, {448, 64}, {640, 128}, {544, 544}, {2048, 2048}} {
+	checkPairsBitwise(t, rand.New(rand.NewPCG(91, 92)), []int{1, 2, 4, 8},
+		[]struct{ k, group int }{{32, 32}, {224, 32}, {288, 32}, {544, 32}, {2080, 32}, {448, 64}, {640, 128}, {544, 544}, {2048, 2048}})
+}
+
+// checkPairsBitwise checks DotQ8Matrix with one activation row against
+// itself with usePairs off: every output bit for bit equal and within
+// checkQ8Bound of the float64 references, for bits, shapes c (k columns
+// in groups of group), 1, 2, 3, 7, 8 and 13 packed rows, with and without
+// zero-points.
+func checkPairsBitwise(t *testing.T, rng *rand.Rand, widths []int, shapes []struct{ k, group int }) {
+	t.Helper()
+	defer func(p bool) { usePairs = p }(usePairs)
+	for _, bits := range widths {
+		for _, c := range shapes {
 			ng := c.k / c.group
 			rb := c.k * bits / 8
 			for _, rows := range []int{1, 2, 3, 7, 8, 13} {
@@ -554,50 +565,8 @@ func TestDotQ8PairsAVX2Bitwise(t *testing.T) {
 	if !Q8Asm(4, 32) {
 		t.Skip("no AVX2 assembly on this CPU or in this build")
 	}
-	rng := rand.New(rand.NewPCG(93, 94))
-	defer func(v, p bool) { hasVNNI, usePairs = v, p }(hasVNNI, usePairs)
+	defer func(v bool) { hasVNNI = v }(hasVNNI)
 	hasVNNI = false
-	for _, bits := range []int{1, 2, 4, 8} {
-		for _, c := range []struct{ k, group int }{{448, 64}, {640, 128}, {544, 544}, {2048, 2048}, {96, 32}} {
-			ng := c.k / c.group
-			rb := c.k * bits / 8
-			for _, rows := range []int{1, 2, 3, 7, 8, 13} {
-				codes := make([]byte, rows*rb)
-				for i := range codes {
-					codes[i] = byte(rng.IntN(256))
-				}
-				scales, zeros := make([]uint16, rows*ng), make([]uint16, rows*ng)
-				for g := range scales {
-					scales[g] = safetensors.F16FromFloat32(float32(rng.NormFloat64() * 0.05))
-					zeros[g] = safetensors.F16FromFloat32(float32(rng.IntN(1 << uint(bits))))
-				}
-				zsym := float32(int(1) << uint(bits-1))
-				x := make([]float32, c.k)
-				for i := range x {
-					x[i] = float32(rng.NormFloat64())
-				}
-				var a Q8Act
-				QuantizeActQ8(&a, x, c.k, 1, c.k, 32)
-				a.Prepare(bits)
-				for _, sym := range []bool{false, true} {
-					zm := zeros
-					if sym {
-						zm = nil
-					}
-					label := fmt.Sprintf("bits %d k %d group %d rows %d sym %v", bits, c.k, c.group, rows, sym)
-					want, got := make([]float32, rows), make([]float32, rows)
-					usePairs = false
-					DotQ8Matrix(want, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
-					usePairs = true
-					DotQ8Matrix(got, rows, &a, codes, rb, rows, bits, scales, zm, c.group, zsym)
-					for r := range got {
-						if math.Float32bits(got[r]) != math.Float32bits(want[r]) {
-							t.Errorf("%s: packed row %d: pairs %g (%#08x), one-row kernel %g (%#08x)", label, r, got[r], math.Float32bits(got[r]), want[r], math.Float32bits(want[r]))
-						}
-					}
-					checkQ8Bound(t, label, got, x, &a, codes, rb, bits, scales, zeros, zsym, sym, c.k, c.group, 32, 1, rows)
-				}
-			}
-		}
-	}
+	checkPairsBitwise(t, rand.New(rand.NewPCG(93, 94)), []int{1, 2, 4, 8},
+		[]struct{ k, group int }{{448, 64}, {640, 128}, {544, 544}, {2048, 2048}, {96, 32}})
 }
