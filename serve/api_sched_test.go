@@ -24,30 +24,8 @@ import (
 // gives for that prompt alone.
 func TestServerOnScheduler(t *testing.T) {
 	ctx := context.Background()
-	e, err := engine.Open(ctx, shared.Path(t, "stories260K-hf"), engine.Options{Threads: 1, Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	pool, err := kvcache.NewPool("fp32", kvcache.LayersOf(e.Desc), kvcache.Options{}, 8<<20, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	sched, err := NewScheduler(e.Model, pool, SchedOptions{MaxBatch: 8, MaxPrefillTokens: 64, MaxQueue: 16}, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- sched.Run(runCtx) }()
-	defer func() { stop(); <-ran }()
-	s, err := New(e, sched, reg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	st := newSchedServer(t, 8, nil)
+	e, pool, hs := st.e, st.pool, st.hs
 	prompts := []string{"Once upon a time", "The cat", "Tom and Sue went", "One day, a little", "She was happy", "The sun", "Lily saw a big", "He said"}
 	want := make([]string, len(prompts))
 	for i, p := range prompts {
@@ -140,31 +118,9 @@ func TestServerOnScheduler(t *testing.T) {
 // rejected shutting_down.
 func TestCutNotRejected(t *testing.T) {
 	ctx := context.Background()
-	e, err := engine.Open(ctx, shared.Path(t, "stories260K-hf"), engine.Options{Threads: 1, Device: "cpu"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	pool, err := kvcache.NewPool("fp32", kvcache.LayersOf(e.Desc), kvcache.Options{}, 8<<20, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	hm := &hookModel{Model: e.Model, before: func(int64, []runtime.Seq) error { time.Sleep(10 * time.Millisecond); return nil }}
-	sched, err := NewScheduler(hm, pool, SchedOptions{MaxBatch: 1, MaxPrefillTokens: 64, MaxQueue: 16}, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- sched.Run(runCtx) }()
-	defer func() { stop(); <-ran }()
-	s, err := New(e, sched, reg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	hm := &hookModel{before: func(int64, []runtime.Seq) error { time.Sleep(10 * time.Millisecond); return nil }}
+	st := newSchedServer(t, 1, hm)
+	sched, s, reg, hs := st.sched, st.s, st.reg, st.hs
 	var wg sync.WaitGroup
 	codes := make([]int, 2)
 	for i := range codes {
@@ -250,4 +206,52 @@ func TestEncoded(t *testing.T) {
 			t.Errorf("Content-Encoding %q: encoded %q, want %q", c.vals, got, c.want)
 		}
 	}
+}
+
+// schedServer is the HTTP layer on a running Scheduler over stories260K's
+// model and an fp32 kvcache.Pool of 8 MiB (newSchedServer).
+type schedServer struct {
+	e     *engine.Engine
+	pool  *kvcache.Pool
+	reg   *prometheus.Registry
+	sched *Scheduler
+	s     *Server
+	hs    *httptest.Server
+}
+
+// newSchedServer starts it with a batch of maxBatch sequences; hm, when
+// not nil, wraps the model (its Model field is set here). Everything is
+// stopped at the end of the test.
+func newSchedServer(t *testing.T, maxBatch int, hm *hookModel) *schedServer {
+	t.Helper()
+	e, err := engine.Open(context.Background(), shared.Path(t, "stories260K-hf"), engine.Options{Threads: 1, Device: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	pool, err := kvcache.NewPool("fp32", kvcache.LayersOf(e.Desc), kvcache.Options{}, 8<<20, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m runtime.Model = e.Model
+	if hm != nil {
+		hm.Model = e.Model
+		m = hm
+	}
+	reg := prometheus.NewRegistry()
+	sched, err := NewScheduler(m, pool, SchedOptions{MaxBatch: maxBatch, MaxPrefillTokens: 64, MaxQueue: 16}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- sched.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-ran })
+	s, err := New(e, sched, reg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	return &schedServer{e: e, pool: pool, reg: reg, sched: sched, s: s, hs: hs}
 }
