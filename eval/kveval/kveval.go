@@ -130,6 +130,7 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 		if _, err := kvcache.New(name, layers, 1, o); err != nil {
 			return fmt.Errorf("kveval: --kv %s: %w", name, err)
 		}
+		f16 := allF16(name, layers, o) // once per method, not per scored position
 		newCache := kvcache.New
 		if fake {
 			// Every position reads every token, its own included, as
@@ -145,14 +146,14 @@ func Run(ctx context.Context, e *engine.Engine, path string, opt Options) (*eval
 			},
 			Quantized: func(ctx int) int {
 				q, _ := kvcache.QuantizedAt(name, o, ctx)
-				if allF16(name, layers, o) {
+				if f16 {
 					q = 0
 				}
 				return q
 			},
 			ReadAt: func(capacity, c0, p int) (float64, float64, float64) {
 				r, q, b, _ := kvcache.ReadAt(name, layers, o, capacity, c0, p)
-				if allF16(name, layers, o) {
+				if f16 {
 					q = 0
 				}
 				return r, q, b
