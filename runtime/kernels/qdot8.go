@@ -224,7 +224,10 @@ func Q8Asm(bits, blk int) bool {
 // per-channel rows of the big
 // bandwidth model's shapes ran 2.1× slower than group 32 on the one-row
 // kernel (BenchmarkQ8GEMVPerChannel, [5632, 2048], AMD EPYC without
-// AVX-512, 2026-12-04: 925 against 444 µs), one FMA chain a block.
+// AVX-512, 2026-12-04: 925 against 444 µs), one FMA chain a block; the
+// two-row kernels also ran faster at group 128 for 8 bits (626–697 vs
+// 765–786 µs, a loaded run), 2 bits (379–399 vs 455) and 1 bit (374–376
+// vs 453).
 var (
 	usePairs    = true
 	pairsMinBPG = 2

@@ -139,7 +139,7 @@ func BenchmarkQ8GEMM(b *testing.B) {
 }
 
 // BenchmarkQ8GEMVPerChannel is one decode GEMV (m = 1) of a 4-bit (and
-// 8-bit) asymmetric weight of the big bandwidth model's FFN shape [5632, 2048],
+// 8-, 2- and 1-bit) asymmetric weight of the big bandwidth model's FFN shape [5632, 2048],
 // one thread, in groups of 32, 64 and 128 columns and per channel (one
 // group of 2048 a row), the groups of several blocks on the two-row
 // kernels ("pairs": dotQ8Pairs, dotQ8x4p2AVX2 without VNNI) and on the
@@ -155,7 +155,9 @@ func BenchmarkQ8GEMVPerChannel(b *testing.B) {
 	}{{"g32", 4, 32, true}, {"g64/pairs", 4, 64, true}, {"g64/one-row", 4, 64, false}, {"g128/pairs", 4, 128, true}, {"g128/one-row", 4, 128, false},
 		{"perchannel/pairs", 4, k, true}, {"perchannel/one-row", 4, k, false},
 		{"8bit/g32", 8, 32, true}, {"8bit/g128/pairs", 8, 128, true}, {"8bit/g128/one-row", 8, 128, false},
-		{"8bit/perchannel/pairs", 8, k, true}, {"8bit/perchannel/one-row", 8, k, false}} {
+		{"8bit/perchannel/pairs", 8, k, true}, {"8bit/perchannel/one-row", 8, k, false},
+		{"2bit/g128/pairs", 2, 128, true}, {"2bit/g128/one-row", 2, 128, false},
+		{"1bit/g128/pairs", 1, 128, true}, {"1bit/g128/one-row", 1, 128, false}} {
 		bits := c.bits
 		b.Run(c.name, func(b *testing.B) {
 			if !Q8Asm(bits, 32) {
