@@ -28,11 +28,13 @@ package kernels
 func CodeQ8Len(hd int) int { return 4 * hd }
 
 // CodeQ8Fast reports whether CodeDotsQ8 runs in assembly for rows of hd
-// codes of bits (2, 4 or 8, unsigned): AVX-512 VNNI and a row of a
-// positive multiple of 16 bytes. Callers without it keep the float
-// kernels (CodeDots); CodeDotsQ8 itself runs anywhere (portable Go).
+// codes of bits (2, 4 or 8, unsigned): AVX-512 VNNI, or AVX2 with FMA
+// and F16C (the same int32 sums and float32 epilogue, so the same bits),
+// and a row of a positive multiple of 16 bytes. Callers without it keep
+// the float kernels (CodeDots); CodeDotsQ8 itself runs anywhere
+// (portable Go).
 func CodeQ8Fast(hd, bits int) bool {
-	return hasVNNI512 && (bits == 2 || bits == 4 || bits == 8) && hd > 0 && hd*bits%128 == 0
+	return (hasVNNI512 || hasQ8AVX2) && (bits == 2 || bits == 4 || bits == 8) && hd > 0 && hd*bits%128 == 0
 }
 
 // CodeQ8Query rounds q ([hd] float32, hd·bits a multiple of 128) to int8
@@ -171,10 +173,16 @@ func CodeDotsQ8(out []float32, qb []byte, scale, sum float32, codes []byte, bits
 		n4 := n / 4
 		coef := [2]float32{scale, sum}
 		u := hd * bits / 128
-		switch bits {
-		case 2:
+		switch {
+		case !hasVNNI512 && bits == 2:
+			codeDotsQ8b2AVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
+		case !hasVNNI512 && bits == 4:
+			codeDotsQ8b4AVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
+		case !hasVNNI512:
+			codeDotsQ8b8AVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
+		case bits == 2:
 			codeDotsQ8b2VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &sz[0], &coef[0], &q8Consts)
-		case 4:
+		case bits == 4:
 			codeDotsQ8b4VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &sz[0], &coef[0], &q8Consts)
 		default:
 			codeDotsQ8b8VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &sz[0], &coef[0], &q8Consts)
@@ -225,6 +233,8 @@ func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, b
 		coef := [2]float32{scale, sum}
 		u := hd * bits / 128
 		switch c := contig(bits, u, rb); {
+		case !hasVNNI512:
+			codeDotsQ8F16AVX2(bits, &out[0], &qb[0], &codes[0], n4, u, rb, 64, &params[0], &coef[0])
 		case c == 21:
 			codeDotsQ8F16b2C1VNNI(&out[0], &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
 		case c == 22:
@@ -264,6 +274,14 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 		n4 := n / 4
 		u := hd * bits / 128
 		switch c := contig(bits, u, rb); {
+		case !hasVNNI512:
+			// One pass over the rows per query row: the rows of a run
+			// are at most codeQ8Piece·rb bytes apart in the callers
+			// with more than one group, so the later passes read them
+			// from cache.
+			for r := 0; r < 4; r++ {
+				codeDotsQ8F16AVX2(bits, &out[r*ldo], &qb[64*r], &codes[0], n4, u, rb, 256, &params[0], &coef[2*r])
+			}
 		case c == 21:
 			codeDotsQ8F16x4b2C1VNNI(&out[0], ldo, &qb[0], &codes[0], n4, u, rb, &params[0], &coef[0], &q8Consts)
 		case c == 22:
@@ -281,6 +299,18 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 	}
 	for r := 0; r < 4; r++ {
 		codeDotsQ8F16Go(out[r*ldo+j:r*ldo+n], qb, 4, r, coef[2*r], coef[2*r+1], codes[j*rb:], bits, rb, params[2*j:])
+	}
+}
+
+// codeDotsQ8F16AVX2 calls the AVX2 kernel of CodeDotsQ8F16 for bits.
+func codeDotsQ8F16AVX2(bits int, out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32) {
+	switch bits {
+	case 2:
+		codeDotsQ8F16b2AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
+	case 4:
+		codeDotsQ8F16b4AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
+	default:
+		codeDotsQ8F16b8AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
 	}
 }
 
@@ -304,22 +334,26 @@ func codeDotsQ8F16Go(out []float32, qb []byte, nq, r int, scale, sum float32, co
 	}
 }
 
-// q8ConstTab is the layout of q8Consts (byte offsets 0, 64, 96, 160:
-// codesq8_amd64.s reads them so).
+// q8ConstTab is the layout of q8Consts (byte offsets 0, 64, 96, 160,
+// 224, 256: codesq8_amd64.s and codesq8avx2_amd64.s read them so).
 type q8ConstTab struct {
-	lanes [16]int32
-	split [8]int32
-	mask2 [64]byte
-	mask4 [64]byte
+	lanes    [16]int32
+	split    [8]int32
+	mask2    [64]byte
+	mask4    [64]byte
+	ones16   [16]int16 // VPMADDWD: int16 pairs to int32
+	sixteens [16]int16 // the same for the high nibbles of 8-bit codes
 }
 
-// q8Consts are the VNNI kernels' constants: the dword permutation taking
-// lane sums (dword 0 of each 128-bit lane) to dwords 0–3, the float
-// permutation splitting [s0 z0 s1 z1 …] into scales then zeros, and the
-// 2- and 4-bit byte masks.
+// q8Consts are the VNNI and AVX2 kernels' constants: the dword
+// permutation taking lane sums (dword 0 of each 128-bit lane) to dwords
+// 0–3, the float permutation splitting [s0 z0 s1 z1 …] into scales then
+// zeros, the 2- and 4-bit byte masks, and the int16 ones and sixteens.
 var q8Consts = q8ConstTab{
-	lanes: [16]int32{0, 4, 8, 12},
-	split: [8]int32{0, 2, 4, 6, 1, 3, 5, 7},
-	mask2: [64]byte{3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
-	mask4: [64]byte{15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15},
+	lanes:    [16]int32{0, 4, 8, 12},
+	split:    [8]int32{0, 2, 4, 6, 1, 3, 5, 7},
+	mask2:    [64]byte{3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+	mask4:    [64]byte{15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15},
+	ones16:   [16]int16{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+	sixteens: [16]int16{16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16},
 }

@@ -66,3 +66,30 @@ func codeDotsQ8F16x4b2C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb i
 
 //go:noescape
 func codeDotsQ8F16x4b4C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
+
+// hasQ8AVX2 reports whether the AVX2 forms of the four-row code kernels
+// (codesq8avx2_amd64.s: AVX2, FMA and F16C) run on this CPU; CodeDotsQ8
+// takes them where hasVNNI512 is false.
+var hasQ8AVX2 = hasAsm && hasF16C
+
+// AVX2 four-row kernels (codesq8avx2_amd64.s): as the VNNI ones, with qs
+// the bytes between two of the query's units (64 in CodeQ8Query's layout,
+// 256 for one row of CodeQ8Query4's, whose row r starts 64·r bytes on).
+
+//go:noescape
+func codeDotsQ8b2AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8b4AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b2AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b4AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)

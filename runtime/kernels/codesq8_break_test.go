@@ -94,8 +94,9 @@ func TestBreakCodeAccumQ8NaN(t *testing.T) {
 	for j := 0; j < n; j++ {
 		params[2*j], params[2*j+1] = kvq.F16FromFloat32(0.05), kvq.F16FromFloat32(1.5)
 	}
-	for _, vbmi := range []bool{false, true} {
-		if vbmi && !hasVBMI {
+	vbmiOK, avx2OK := hasVBMI, hasQ8AVX2
+	for _, path := range []string{"go", "avx2", "vbmi"} {
+		if path == "vbmi" && !vbmiOK || path == "avx2" && !avx2OK {
 			continue
 		}
 		for _, at := range []int{0, 7, 31} {
@@ -106,13 +107,13 @@ func TestBreakCodeAccumQ8NaN(t *testing.T) {
 			p[at] = float32(math.NaN())
 			acc := make([]float32, hd)
 			func() {
-				defer func(v bool) { hasVBMI = v }(hasVBMI)
-				hasVBMI = vbmi
+				defer func(v, a bool) { hasVBMI, hasQ8AVX2 = v, a }(hasVBMI, hasQ8AVX2)
+				hasVBMI, hasQ8AVX2 = path == "vbmi", path == "avx2"
 				CodeAccumQ8(acc, p, params, codes, 2, 16, n, make([]float32, hd))
 			}()
 			for c, v := range acc {
 				if !math.IsNaN(float64(v)) {
-					t.Errorf("vbmi %v, NaN weight at %d: acc[%d] = %g, want NaN", vbmi, at, c, v)
+					t.Errorf("%s path, NaN weight at %d: acc[%d] = %g, want NaN", path, at, c, v)
 					break
 				}
 			}

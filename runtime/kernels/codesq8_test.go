@@ -8,18 +8,23 @@ import (
 	"github.com/lmpack/lmpack/quantize/kvq"
 )
 
-// q8Paths runs f with the VNNI kernels off (portable Go) and, where the
-// CPU has them, on.
+// q8Paths runs f with the assembly kernels off (portable Go), with the
+// AVX2 ones (VNNI off) and with the VNNI ones, each where the CPU has it.
 func q8Paths(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
-	defer func(v bool) { hasVNNI512 = v }(hasVNNI512)
-	have := hasVNNI512
-	t.Run("go", func(t *testing.T) { hasVNNI512 = false; f(t) })
-	if !have {
-		t.Log("no AVX-512 VNNI in this build or CPU; only the Go path ran")
+	defer func(v, a bool) { hasVNNI512, hasQ8AVX2 = v, a }(hasVNNI512, hasQ8AVX2)
+	vnni, avx2 := hasVNNI512, hasQ8AVX2
+	t.Run("go", func(t *testing.T) { hasVNNI512, hasQ8AVX2 = false, false; f(t) })
+	if avx2 {
+		t.Run("avx2", func(t *testing.T) { hasVNNI512, hasQ8AVX2 = false, true; f(t) })
+	} else {
+		t.Log("no AVX2, FMA and F16C in this build or CPU; the AVX2 path did not run")
+	}
+	if !vnni {
+		t.Log("no AVX-512 VNNI in this build or CPU; the VNNI path did not run")
 		return
 	}
-	t.Run("vnni", func(t *testing.T) { hasVNNI512 = true; f(t) })
+	t.Run("vnni", func(t *testing.T) { hasVNNI512, hasQ8AVX2 = true, avx2; f(t) })
 }
 
 // q8Shapes are the (bits, hd) CodeDotsQ8 takes (rows of whole 16-byte

@@ -32,3 +32,7 @@ func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, cons
 func codeAccumQ8b2C2(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32) {
 	panic(unreachable)
 }
+
+func codeAccumQ8b2AVX2(tmp, p *float32, params *uint16, codes *byte, n16, nc, rb int, consts *q8vConstTab, cz *float32) {
+	panic(unreachable)
+}

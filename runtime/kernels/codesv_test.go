@@ -132,7 +132,7 @@ func TestCodeAccumF16x4(t *testing.T) {
 	}
 }
 
-// TestCodeAccumQ8 checks CodeAccumQ8 (Go and VNNI/VBMI paths) against the
+// TestCodeAccumQ8 checks CodeAccumQ8 (Go, AVX2 and VNNI/VBMI paths) against the
 // float64 sum Σ_j p_j·s_j·(code_jc − z_j) onto a non-zero acc, over odd
 // row counts (1, 15, 16, 17, 65, 201: whole and partial blocks of 16)
 // and padded strides (pad 3: the Go path), with weights of mixed signs
@@ -141,14 +141,14 @@ func TestCodeAccumF16x4(t *testing.T) {
 // TestCodeAccumF16's float32 bound doubled; the test also checks the
 // rounding term is not vacuous (the worst channel uses > 1% of it).
 func TestCodeAccumQ8(t *testing.T) {
-	defer func(v bool) { hasVBMI = v }(hasVBMI)
-	have := hasVBMI
-	for _, path := range []string{"go", "vbmi"} {
-		if path == "vbmi" && !have {
-			t.Log("no AVX-512 VBMI/VNNI in this build or CPU; only the Go path ran")
+	defer func(v, a bool) { hasVBMI, hasQ8AVX2 = v, a }(hasVBMI, hasQ8AVX2)
+	vbmi, avx2 := hasVBMI, hasQ8AVX2
+	for _, path := range []string{"go", "avx2", "vbmi"} {
+		if path == "vbmi" && !vbmi || path == "avx2" && !avx2 {
+			t.Logf("no %s kernel in this build or CPU; that path did not run", path)
 			continue
 		}
-		hasVBMI = path == "vbmi"
+		hasVBMI, hasQ8AVX2 = path == "vbmi", path == "avx2"
 		t.Run(path, func(t *testing.T) {
 			for _, sh := range [][2]int{{2, 64}, {2, 128}, {4, 64}, {8, 64}} {
 				bits, hd := sh[0], sh[1]

@@ -25,8 +25,9 @@ import "math"
 // (row j at codes[j·rb:]), bits, rb and n are as CodeAccumF16 takes
 // them; tmp is at least hd floats of scratch. With CodeAccumQ8Fast(hd,
 // bits, rb) whole blocks of 16 rows run in assembly and the n%16 rows
-// left by CodeAccumF16 (unrounded); otherwise every block runs in Go
-// with the same rounding. It panics as CodeAccumF16 does.
+// left by CodeAccumF16 (AVX-512) or CodeAxpy (AVX2), unrounded;
+// otherwise every block runs in Go with the same rounding. It panics as
+// CodeAccumF16 does.
 func CodeAccumQ8(acc, p []float32, params []uint16, codes []byte, bits, rb, n int, tmp []float32) {
 	hd := len(acc)
 	checkCodes("CodeAccumQ8", hd, bits, n, rb, len(codes))
@@ -41,7 +42,9 @@ func CodeAccumQ8(acc, p []float32, params []uint16, codes []byte, bits, rb, n in
 	if CodeAccumQ8Fast(hd, bits, rb) && n16 > 0 {
 		tmp = tmp[:hd]
 		var cz float32
-		if hd == 64 {
+		if !hasVBMI {
+			codeAccumQ8b2AVX2(&tmp[0], &p[0], &params[0], &codes[0], n16, hd/64, rb, &q8vConsts, &cz)
+		} else if hd == 64 {
 			codeAccumQ8b2C1(&tmp[0], &p[0], &params[0], &codes[0], n16, &q8vConsts, &cz)
 		} else {
 			codeAccumQ8b2C2(&tmp[0], &p[0], &params[0], &codes[0], n16, &q8vConsts, &cz)
@@ -50,17 +53,44 @@ func CodeAccumQ8(acc, p []float32, params []uint16, codes []byte, bits, rb, n in
 			addPlanes(acc[c:c+64], tmp[c:c+64], 2, cz)
 		}
 		j := 16 * n16
-		CodeAccumF16(acc, p[j:], params[2*j:], codes[j*rb:], bits, rb, n-j, tmp)
+		if hasVBMI {
+			CodeAccumF16(acc, p[j:], params[2*j:], codes[j*rb:], bits, rb, n-j, tmp)
+		} else {
+			codeAccumAxpy(acc, p[j:], params[2*j:], codes[j*rb:], bits, rb, tmp)
+		}
 		return
 	}
 	codeAccumQ8Go(acc, p, params, codes, bits, rb)
 }
 
+// codeAccumAxpy is CodeAccumF16 for the len(p) < 16 rows CodeAccumQ8's
+// AVX2 path leaves (CodeAccumF16 is portable Go without AVX-512): w_j =
+// p_j·s_j into tmp, acc += Σ_j w_j·code_j by CodeAxpy (AVX2), then
+// acc −= Σ_j w_j·z_j. Unrounded weights, as CodeAccumF16's; the float32
+// sums run in another order than the AVX-512 tail's.
+func codeAccumAxpy(acc, p []float32, params []uint16, codes []byte, bits, rb int, tmp []float32) {
+	if len(p) == 0 {
+		return
+	}
+	w := tmp[:len(p)]
+	var cz float32
+	for j, pj := range p {
+		w[j] = pj * F16.Widen(params[2*j])
+		cz += w[j] * F16.Widen(params[2*j+1])
+	}
+	CodeAxpy(acc, w, codes, bits, rb, len(p))
+	for c := range acc {
+		acc[c] -= cz
+	}
+}
+
 // CodeAccumQ8Fast reports whether CodeAccumQ8 runs in assembly for rows
-// of hd codes of bits rb bytes apart: AVX-512 VNNI and VBMI, 2-bit codes,
-// head_dim 64 or 128, rows stored contiguously (rb = hd/4).
+// of hd codes of bits rb bytes apart: 2-bit codes, head_dim 64 or 128,
+// rows stored contiguously (rb = hd/4), and AVX-512 VNNI and VBMI, or
+// AVX2 with FMA and F16C (codesvq8avx2_amd64.s: the same int32 sums and
+// float32 operations, so the same bits).
 func CodeAccumQ8Fast(hd, bits, rb int) bool {
-	return hasVBMI && bits == 2 && (hd == 64 || hd == 128) && rb == hd/4
+	return (hasVBMI || hasQ8AVX2) && bits == 2 && (hd == 64 || hd == 128) && rb == hd/4
 }
 
 // codeAccumQ8Go is CodeAccumQ8 in Go: blocks of 16 rows (the last one
@@ -108,7 +138,8 @@ func codeAccumQ8Go(acc, p []float32, params []uint16, codes []byte, bits, rb int
 const q8vTiny = 1e-30
 
 // q8vConstTab is the layout of q8vConsts (byte offsets 0, 64, 128, 192,
-// 256, 260, 264, 268, 272, 336: codesvq8_amd64.s reads them so).
+// 256, 260, 264, 268, 272, 336, 400, 432: codesvq8_amd64.s and
+// codesvq8avx2_amd64.s read them so).
 type q8vConstTab struct {
 	perm       [64]byte  // VPERMB: byte 4k+r ← byte 16r+k (four rows of 16 bytes)
 	sIdx, zIdx [16]int32 // VPERMT2PS: scales (even), zeros (odd) of 16 rows
@@ -117,6 +148,8 @@ type q8vConstTab struct {
 	abs        uint32
 	zero       float32
 	perm2      [2][64]byte // VPERMT2B, rows of 32 bytes: chunk c byte 4k+r ← byte 32r+16c+k
+	split      [8]int32    // AVX2 VPERMPS: [s0 z0 s1 z1 …] to scales then zeros
+	pairs      [4][32]byte // AVX2 VPSHUFB: group g's weights, lane 0 (w8[4g], w8[4g+2]), lane 1 (w8[4g+1], w8[4g+3])
 }
 
 var q8vConsts = func() (t q8vConstTab) {
@@ -133,5 +166,12 @@ var q8vConsts = func() (t q8vConstTab) {
 		}
 	}
 	t.c127, t.tiny, t.abs = 127, q8vTiny, 0x7fffffff
+	t.split = [8]int32{0, 2, 4, 6, 1, 3, 5, 7}
+	for g := 0; g < 4; g++ {
+		for b := 0; b < 16; b += 2 {
+			t.pairs[g][b], t.pairs[g][b+1] = byte(4*g), byte(4*g+2)
+			t.pairs[g][16+b], t.pairs[g][17+b] = byte(4*g+1), byte(4*g+3)
+		}
+	}
 	return
 }()

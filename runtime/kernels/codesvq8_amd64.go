@@ -20,3 +20,12 @@ func codeAccumQ8b2C1(tmp, p *float32, params *uint16, codes *byte, n16 int, cons
 //
 //go:noescape
 func codeAccumQ8b2C2(tmp, p *float32, params *uint16, codes *byte, n16 int, consts *q8vConstTab, cz *float32)
+
+// codeAccumQ8b2AVX2 is the AVX2 form of codeAccumQ8b2C1 and
+// codeAccumQ8b2C2 (codesvq8avx2_amd64.s): n16 blocks of 16 rows of nc·64
+// 2-bit codes rb bytes apart; tmp [64·nc] receives each 64-channel
+// chunk's plane-ordered sums and *cz Σ_j w̃_j·z_j, with the bits of the
+// AVX-512 kernels.
+//
+//go:noescape
+func codeAccumQ8b2AVX2(tmp, p *float32, params *uint16, codes *byte, n16, nc, rb int, consts *q8vConstTab, cz *float32)

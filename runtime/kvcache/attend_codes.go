@@ -459,14 +459,14 @@ func codeAccum(cs codeStore, bits, hd, h, i0, i1, nq int, p []float32, ldp int, 
 // acc_g += Σ_j w_j·c_jg by kernels.CodeAxpy and cz_g += Σ_j w_j·z_jg,
 // subtracted from the group's channels at the end.
 func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, ldp int, acc, blk []float32) {
-	if accumAVX512(cs, bits, hd, ng) {
+	if avx512 := accumAVX512(cs, bits, hd, ng); avx512 || accumQ8(cs, bits, hd, ng, nq, kvq.PackedLen(hd, bits)) {
 		// One call per run and query row (AVX-512: w_j = p_j·s_j and
 		// the zero term in the kernel, fp16 parameters read directly),
 		// or per run and 4 query rows for GQA groups of a multiple of 4
 		// (kernels.CodeAccumF16x4: each row's codes widened once for the
 		// 4; more than 4 take the run in pieces of codeQ8Piece rows, so
 		// that the later groups read them from L1).
-		if nq%4 == 0 {
+		if nq%4 == 0 && avx512 {
 			piece := i1 - i0
 			if nq > 4 {
 				piece = codeQ8Piece
@@ -488,7 +488,8 @@ func codeAccumRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, p []float32, l
 		// Other row counts (MHA: one per KV head): 2-bit rows of
 		// head_dim 64 or 128 with the weights rounded to int8 per 16 rows
 		// (kernels.CodeAccumQ8, VNNI: a quarter of the float kernel's
-		// instructions), else the float kernel.
+		// instructions; AVX2 CPUs without AVX-512 take this branch only
+		// for it), else the float kernel.
 		for i := i0; i < i1; {
 			e, codes, params := cs.codeRows(h, i, i1)
 			rb := len(codes) / (e - i)
@@ -788,10 +789,12 @@ func accumAVX512(cs codeStore, bits, hd, ng int) bool {
 	return ng == 1 && !sym && codeQ8 && kernels.CodeAccumFast(hd, bits)
 }
 
-// accumQ8 reports whether codeAccumRows accumulates nq query rows of such
-// rows (rb bytes apart) by kernels.CodeAccumQ8 (int8-rounded weights):
-// not a GQA group of a multiple of 4 (kernels.CodeAccumF16x4) and a shape
-// the kernel takes.
+// accumQ8 reports whether codeAccumRows accumulates nq query rows of
+// rows of cs (rb bytes apart) by kernels.CodeAccumQ8 (int8-rounded
+// weights; AVX-512 VBMI or AVX2): one group of an asymmetric grid, not a
+// GQA group of a multiple of 4 (kernels.CodeAccumF16x4 where AVX-512
+// runs, else the float row kernels) and a shape the kernel takes.
 func accumQ8(cs codeStore, bits, hd, ng, nq, rb int) bool {
-	return accumAVX512(cs, bits, hd, ng) && nq%4 != 0 && kernels.CodeAccumQ8Fast(hd, bits, rb)
+	sym, _ := cs.symZero()
+	return ng == 1 && !sym && codeQ8 && nq%4 != 0 && kernels.CodeAccumQ8Fast(hd, bits, rb)
 }
