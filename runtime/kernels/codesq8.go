@@ -302,12 +302,15 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 	}
 }
 
-// codeDotsQ8F16AVX2 calls the AVX2 kernel of CodeDotsQ8F16 for bits.
+// codeDotsQ8F16AVX2 calls the AVX2 kernel of CodeDotsQ8F16 for bits (the
+// contiguous one for rows of one unit, rb 16).
 func codeDotsQ8F16AVX2(bits int, out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32) {
-	switch bits {
-	case 2:
+	switch {
+	case bits == 2 && contig(bits, u, rb) == 21:
+		codeDotsQ8F16b2C1AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
+	case bits == 2:
 		codeDotsQ8F16b2AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
-	case 4:
+	case bits == 4:
 		codeDotsQ8F16b4AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
 	default:
 		codeDotsQ8F16b8AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)

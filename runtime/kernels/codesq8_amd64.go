@@ -93,3 +93,6 @@ func codeDotsQ8F16b4AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, param
 
 //go:noescape
 func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)

@@ -70,3 +70,6 @@ func codeDotsQ8F16b4AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, param
 func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab) {
 	panic(unreachable)
 }
+func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}

@@ -166,3 +166,72 @@ TEXT ·codeDotsQ8F16b4AVX2(SB), NOSPLIT, $0-80
 // func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8F16b8AVX2(SB), NOSPLIT, $0-80
 	Q8DOTSA(160, PL8A, PF16A, 16, params)
+
+// Contiguous rows of one unit (rb = 16: 2-bit head_dim 64, oscar2's keys):
+// the four rows are two loads and the query's four planes stay in Y6–Y9.
+
+// PL2R(YR, YA, T0, T1): PL2A with the query planes in registers, the
+// unit's sums written to YA.
+#define PL2R(YR, YA, T0, T1) \
+	VPAND Y15, YR, T0; \
+	VPMADDUBSW Y6, T0, T0; \
+	VPSRLW $2, YR, T1; \
+	VPAND Y15, T1, T1; \
+	VPMADDUBSW Y7, T1, T1; \
+	VPADDW T1, T0, T0; \
+	VPSRLW $4, YR, T1; \
+	VPAND Y15, T1, T1; \
+	VPMADDUBSW Y8, T1, T1; \
+	VPADDW T1, T0, T0; \
+	VPSRLW $6, YR, T1; \
+	VPAND Y15, T1, T1; \
+	VPMADDUBSW Y9, T1, T1; \
+	VPADDW T1, T0, T0; \
+	VPMADDWD Y14, T0, YA
+
+// func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
+// Requires n4 ≥ 1, u = 1, rb = 16.
+TEXT ·codeDotsQ8F16b2C1AVX2(SB), NOSPLIT, $0-80
+	MOVQ out+0(FP), DI
+	MOVQ qb+8(FP), BX
+	MOVQ codes+16(FP), SI
+	MOVQ n4+24(FP), CX
+	MOVQ qs+48(FP), R9
+	MOVQ params+56(FP), DX
+	MOVQ coef+64(FP), R13
+	MOVQ consts+72(FP), R14
+	VMOVDQU 64(R14), Y10
+	VMOVDQU 96(R14), Y15
+	VMOVDQU 224(R14), Y14
+	VBROADCASTSS (R13), X12
+	VBROADCASTSS 4(R13), X11
+	LEAQ (R9)(R9*2), AX
+	VMOVDQU (BX), Y6
+	VMOVDQU (BX)(R9*1), Y7
+	VMOVDQU (BX)(R9*2), Y8
+	VMOVDQU (BX)(AX*1), Y9
+
+grpc1:
+	PREFETCHT0 2048(SI)
+	PREFETCHT0 512(DX)
+	VMOVDQU (SI), Y1
+	VMOVDQU 32(SI), Y5
+	PL2R(Y1, Y0, Y2, Y3)
+	PL2R(Y5, Y4, Y13, Y1)
+	VPHADDD Y4, Y0, Y0
+	VPHADDD Y0, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPUNPCKLDQ X1, X0, X0
+	VCVTDQ2PS X0, X0
+	VMULPS X12, X0, X0
+	PF16A
+	VFNMADD231PS X11, X2, X0
+	VMULPS X1, X0, X0
+	VMOVUPS X0, (DI)
+	ADDQ $16, DI
+	ADDQ $16, DX
+	ADDQ $64, SI
+	DECQ CX
+	JNZ  grpc1
+	VZEROUPPER
+	RET

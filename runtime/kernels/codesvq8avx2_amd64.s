@@ -5,12 +5,13 @@
 // AVX2 form of CodeAccumQ8's value kernel (codesvq8.go; the AVX-512 one
 // is codesvq8_amd64.s) for CPUs without VNNI and VBMI: 2-bit codes,
 // head_dim a multiple of 64 (nc chunks of 64 channels, 16 bytes of each
-// row), any row stride, blocks of 16 rows. Per block (BLOCKWA): w = p·s
+// row), any row stride, blocks of 16 rows. Per block (BLOCKP, for up to 8 blocks
+// before their codes): w = p·s
 // (the fp16 scales and zeros split by VPERMPS and VPERM2F128), δ =
 // max|w|/127, w8 = round(w/δ) (VCVTPS2DQ, nearest even) packed to int8
-// (VPACKSSDW, VPERMQ, VPACKSSWB) and broadcast to both lanes of Y14;
-// cz += δ·w8·z in two 8-lane accumulators kept in the frame (lanes 0–15
-// as the AVX-512 kernel's 16). For each chunk and group of four rows
+// (VPACKSSDW, VPERMQ, VPACKSSWB) into the block's frame slot, later
+// broadcast to both lanes of Y14; cz += δ·w8·z in two 8-lane
+// accumulators (lanes 0–15 as the AVX-512 kernel's 16). For each chunk and group of four rows
 // (GROUPV), rows 0 and 2 and rows 1 and 3 are interleaved byte by byte
 // (VPUNPCKLBW/HBW of [row 0 | row 1] and [row 2 | row 3]: lane 0 holds
 // the pairs of rows 0 and 2, lane 1 those of rows 1 and 3), each 2-bit
@@ -29,9 +30,11 @@
 // the chunk's codes, R15 the group's rows, AX the chunk's float sums;
 // Y15 the 2-bit mask, Y14 the block's w8 (both lanes), Y0–Y3 (lane pairs
 // of bytes 0–7) and Y4–Y7 (bytes 8–15) the int16 sums of planes 0–3.
-// Frame: 0 unused, 32 δ (8 lanes), 64 and 96 the cz lanes of rows 0–7 and
-// 8–15, 128 and 160 Σ 0·w of the same (NaN where a weight is NaN or
-// infinite), 192 16·rb.
+// Frame: 0 unused, 32 the block's δ (8 lanes), 64 and 96 the cz lanes of
+// rows 0–7 and 8–15, 128 and 160 Σ 0·w of the same (NaN where a weight is
+// NaN or infinite), 192 16·rb, 200 the blocks left in the group of up to
+// 8, 208 the next block's slot offset, 224 + 32·b block b's slot: its 16
+// w8 bytes, then δ.
 
 // PLW(SRC, A0, A1, A2, A3, T): the four 2-bit planes of SRC times the
 // weight pairs in Y10, added to A0–A3.
@@ -82,12 +85,12 @@
 	VFMADD213PS 32+OFF(AX), Y10, Y8; \
 	VMOVUPS Y8, 32+OFF(AX)
 
-// BLOCKWA: the block's weights into Y14 and δ into 32(SP); cz and Σ 0·w
-// updated in the frame.
-#define BLOCKWA \
+// BLOCKP: the weights of the block at SI (p) and DX (params) into the
+// frame slot at R12 (w8 at 224, δ at 240); Y10/Y11 the cz lanes of rows
+// 0–7 and 8–15, Y12/Y15 their Σ 0·w; Y13 the scale/zero split.
+#define BLOCKP \
 	VMOVUPS (SI), Y0; \
 	VMOVUPS 32(SI), Y8; \
-	VMOVDQU 400(R9), Y13; \
 	VCVTPH2PS (DX), Y1; \
 	VCVTPH2PS 16(DX), Y2; \
 	VCVTPH2PS 32(DX), Y3; \
@@ -104,11 +107,9 @@
 	VMULPS Y7, Y8, Y8; \
 	VXORPS Y1, Y1, Y1; \
 	VMULPS Y1, Y0, Y2; \
-	VADDPS 128(SP), Y2, Y2; \
-	VMOVUPS Y2, 128(SP); \
+	VADDPS Y2, Y12, Y12; \
 	VMULPS Y1, Y8, Y3; \
-	VADDPS 160(SP), Y3, Y3; \
-	VMOVUPS Y3, 160(SP); \
+	VADDPS Y3, Y15, Y15; \
 	VBROADCASTSS 264(R9), Y1; \
 	VANDPS Y1, Y0, Y2; \
 	VANDPS Y1, Y8, Y3; \
@@ -125,7 +126,7 @@
 	VBROADCASTSS 256(R9), Y3; \
 	VDIVPS Y2, Y3, Y4; \
 	VDIVPS Y3, Y2, Y5; \
-	VMOVUPS Y5, 32(SP); \
+	VMOVSS X5, 240(SP)(R12*1); \
 	VMULPS Y4, Y0, Y0; \
 	VMULPS Y4, Y8, Y8; \
 	VCVTPS2DQ Y0, Y0; \
@@ -134,22 +135,18 @@
 	VPERMQ $0xD8, Y1, Y1; \
 	VEXTRACTI128 $1, Y1, X2; \
 	VPACKSSWB X2, X1, X1; \
-	VINSERTI128 $1, X1, Y1, Y14; \
+	VMOVDQU X1, 224(SP)(R12*1); \
 	VCVTDQ2PS Y0, Y0; \
 	VCVTDQ2PS Y8, Y8; \
 	VMULPS Y5, Y0, Y0; \
 	VMULPS Y5, Y8, Y8; \
-	VMOVUPS 64(SP), Y1; \
-	VFMADD231PS Y6, Y0, Y1; \
-	VMOVUPS Y1, 64(SP); \
-	VMOVUPS 96(SP), Y2; \
-	VFMADD231PS Y9, Y8, Y2; \
-	VMOVUPS Y2, 96(SP)
+	VFMADD231PS Y6, Y0, Y10; \
+	VFMADD231PS Y9, Y8, Y11
 
 // func codeAccumQ8b2AVX2(tmp, p *float32, params *uint16, codes *byte, n16, nc, rb int, consts *q8vConstTab, cz *float32)
 // tmp [64·nc] receives the plane-ordered sums of each chunk (as
 // codeAccumQ8b2C1's), *cz Σ_j w̃_j·z_j. Requires n16 ≥ 1, nc ≥ 1, rb ≥ 16·nc.
-TEXT ·codeAccumQ8b2AVX2(SB), NOSPLIT, $208-72
+TEXT ·codeAccumQ8b2AVX2(SB), $480-72
 	MOVQ tmp+0(FP), DI
 	MOVQ p+8(FP), SI
 	MOVQ params+16(FP), DX
@@ -163,7 +160,6 @@ TEXT ·codeAccumQ8b2AVX2(SB), NOSPLIT, $208-72
 	MOVQ R11, AX
 	SHLQ $4, AX
 	MOVQ AX, 192(SP)
-	VMOVDQU 192(R9), Y15
 	VXORPS Y0, Y0, Y0
 	VMOVUPS Y0, 64(SP)
 	VMOVUPS Y0, 96(SP)
@@ -185,14 +181,53 @@ zero:
 	DECQ R12
 	JNZ  zero
 
+	// Up to 8 blocks at a time: their weights first (BLOCKP: the
+	// blocks' chains of reductions and divisions are independent and
+	// overlap), then their codes.
+super:
+	MOVQ CX, AX
+	CMPQ AX, $8
+	JLE  prep
+	MOVQ $8, AX
+
+prep:
+	SUBQ AX, CX
+	MOVQ AX, 200(SP)
+	VMOVDQU 400(R9), Y13
+	VMOVUPS 64(SP), Y10
+	VMOVUPS 96(SP), Y11
+	VMOVUPS 128(SP), Y12
+	VMOVUPS 160(SP), Y15
+	XORQ R12, R12
+
+pre:
+	PREFETCHT0 512(DX)
+	PREFETCHT0 512(SI)
+	BLOCKP
+	ADDQ $64, SI
+	ADDQ $64, DX
+	ADDQ $32, R12
+	DECQ AX
+	JNZ  pre
+
+	VMOVUPS Y10, 64(SP)
+	VMOVUPS Y11, 96(SP)
+	VMOVUPS Y12, 128(SP)
+	VMOVUPS Y15, 160(SP)
+	VMOVDQU 192(R9), Y15
+	MOVQ $0, 208(SP)
+
 blk:
 	PREFETCHT0 2048(BX)
 	PREFETCHT0 2112(BX)
 	PREFETCHT0 2176(BX)
 	PREFETCHT0 2240(BX)
-	PREFETCHT0 512(DX)
-	PREFETCHT0 512(SI)
-	BLOCKWA
+	MOVQ 208(SP), R12
+	VBROADCASTI128 224(SP)(R12*1), Y14
+	VBROADCASTSS 240(SP)(R12*1), Y10
+	VMOVUPS Y10, 32(SP)
+	ADDQ $32, R12
+	MOVQ R12, 208(SP)
 	MOVQ BX, R13
 	MOVQ DI, AX
 	MOVQ R10, R12
@@ -221,11 +256,11 @@ chunk:
 	DECQ R12
 	JNZ  chunk
 
-	ADDQ $64, SI
-	ADDQ $64, DX
 	ADDQ 192(SP), BX
-	DECQ CX
+	DECQ 200(SP)
 	JNZ  blk
+	TESTQ CX, CX
+	JNZ  super
 
 	VMOVUPS 64(SP), Y0
 	VADDPS 128(SP), Y0, Y0
