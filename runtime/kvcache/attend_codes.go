@@ -791,10 +791,13 @@ func accumAVX512(cs codeStore, bits, hd, ng int) bool {
 
 // accumQ8 reports whether codeAccumRows accumulates nq query rows of
 // rows of cs (rb bytes apart) by kernels.CodeAccumQ8 (int8-rounded
-// weights; AVX-512 VBMI or AVX2): one group of an asymmetric grid, not a
-// GQA group of a multiple of 4 (kernels.CodeAccumF16x4 where AVX-512
-// runs, else the float row kernels) and a shape the kernel takes.
+// weights; AVX-512 VBMI or AVX2): one group of an asymmetric grid, a
+// shape the kernel takes, and not a GQA group of a multiple of 4 where
+// AVX-512 runs (kernels.CodeAccumF16x4 takes those). Without AVX-512 a
+// GQA group's rows take one CodeAccumQ8 call each (BenchmarkDecodeLongKV
+// gqa-f32 oscar2 at 8,192 tokens, AMD EPYC without AVX-512: 78.5 → 97–125
+// tokens/cpu-s, fp16 78–91 in the same runs).
 func accumQ8(cs codeStore, bits, hd, ng, nq, rb int) bool {
 	sym, _ := cs.symZero()
-	return ng == 1 && !sym && codeQ8 && nq%4 != 0 && kernels.CodeAccumQ8Fast(hd, bits, rb)
+	return ng == 1 && !sym && codeQ8 && (nq%4 != 0 || !kernels.CodeAccumFast(hd, bits)) && kernels.CodeAccumQ8Fast(hd, bits, rb)
 }
