@@ -36,7 +36,18 @@ import (
 // and query head); a PREFETCHT0 2 KB ahead per row in it changed nothing,
 // and neither did four CodeAccumQ8 calls (int8-rounded weights, one per
 // query head, over pieces of 256 rows so that the codes stay in L1): 3.3–
-// 4.1 GB/s counted the same way, so GQA groups of 4 keep the float kernel.
+// 4.1 GB/s counted the same way, so GQA groups of 4 keep the float kernel
+// where AVX-512 runs. (Without AVX-512 CodeAccumF16x4 is portable Go, and
+// GQA groups take CodeAccumQ8 once per query head: runtime/kvcache
+// accumQ8.)
+//
+// AVX2 forms (AMD EPYC without AVX-512, 2026-12-04, 20 iterations, two
+// runs): keys2 l2 2.3 ns/row (the Go fallback they replaced: 522), dram
+// 2.0–2.3 (10.3–11.8 GB/s, about this machine's one-thread DRAM
+// stream); values2 l2 2.2–2.6, dram 2.4–2.6 (the Go fallback: 177);
+// keys16 4.6–6.2 / 8.3–10.1, values16 4.0–4.8 / 9.1–9.4 in the same
+// runs. values2x4 and keys2x4 time kernels the AVX2 cache does not call
+// (CodeAccumF16x4 is Go there; keys2x4 is four one-query passes).
 func BenchmarkKVDecodeDRAM(b *testing.B) {
 	const hd, total = 64, 72 << 20
 	type kind struct {

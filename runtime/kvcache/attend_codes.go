@@ -25,12 +25,15 @@ import (
 //     registers; nothing is expanded to memory. Rows of several channel
 //     groups (kivi2's values) run per group; kivi2's per-channel keys and
 //     llama.cpp's q8_0/q4_0 rows take the same kernels (scoresRows,
-//     ggmlScores, ggmlAccum below). Where the CPU has AVX-512 (VNNI),
-//     rows of one group take faster kernels: keys of 2, 4 and 8 bits are
-//     scored against the query rounded once to int8 (codeScoresQ8,
-//     kernels.CodeDotsQ8: exact integer products, a bounded rounding
-//     error), values of every width accumulate by kernels.CodeAccumF16
-//     (float32, the fp16 scale and zero read in the kernel).
+//     ggmlScores, ggmlAccum below). Rows of one group take faster
+//     kernels: keys of 2, 4 and 8 bits are scored against the query
+//     rounded once to int8 (codeScoresQ8, kernels.CodeDotsQ8: exact
+//     integer products, a bounded rounding error; AVX-512 VNNI, or AVX2
+//     with the same bits), 2-bit values of head_dim 64 and 128 accumulate
+//     with int8-rounded weights (kernels.CodeAccumQ8, AVX-512 VBMI or
+//     AVX2), and where the CPU has AVX-512 values of every width
+//     accumulate by kernels.CodeAccumF16 (float32, the fp16 scale and
+//     zero read in the kernel).
 //   - block path (prefill chunks, other shapes, builds without the
 //     assembly): a byte becomes its 4 (2-bit), 2 (4-bit) or 1 (8-bit)
 //     code values by one table copy into a block that stays in L1, and
@@ -266,7 +269,7 @@ func codeScoresRows(cs codeStore, bits, hd, ng, h, i0, i1, nq int, xs, s []float
 const codeQ8MaxNQ = 8
 
 // codeScoresQ8 is codeScoresRows for one group per row by integer dot
-// products (kernels.CodeDotsQ8, AVX-512 VNNI): each query row is rounded
+// products (kernels.CodeDotsQ8, AVX-512 VNNI or AVX2): each query row is rounded
 // once to int8 with its absmax scale δ_r = max|x_r|/127, which moves a
 // score by at most (δ_r/2)·‖x̂_j‖₁ (kernels codesq8.go; TestCodeDotsQ8,
 // TestAttendCodesQ8Bound), and the row's scale and zero are applied in
@@ -373,8 +376,9 @@ func roundsQuery(bits, hd, nq int) bool {
 	return codeQ8 && nq <= codeQ8MaxNQ && kernels.CodeQ8Fast(hd, bits)
 }
 
-// codeQ8 enables codeScoresQ8 and the AVX-512 value kernel of
-// codeAccumRows (tests compare them with the AVX2 float kernels).
+// codeQ8 enables codeScoresQ8 and the int8-weight and AVX-512 value
+// kernels of codeAccumRows (tests compare them with the AVX2 float
+// kernels).
 var codeQ8 = true
 
 // codeScores writes s[i*lds + j−i0] = x_i·x̂_j for the nq query rows xs
