@@ -178,6 +178,8 @@ func CodeDotsQ8(out []float32, qb []byte, scale, sum float32, codes []byte, bits
 			codeDotsQ8b2AVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
 		case !hasVNNI512 && bits == 4:
 			codeDotsQ8b4AVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
+		case !hasVNNI512 && u <= q8WideUnits:
+			codeDotsQ8b8WAVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
 		case !hasVNNI512:
 			codeDotsQ8b8AVX2(&out[0], &qb[0], &codes[0], n4, u, rb, 64, &sz[0], &coef[0], &q8Consts)
 		case bits == 2:
@@ -302,8 +304,14 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 	}
 }
 
+// q8WideUnits is the most 16-byte units of 8-bit codes per row (head_dim
+// 256) the VPMADDWD kernels take (their frame holds the query widened to
+// int16); longer rows take the nibble-split kernels.
+const q8WideUnits = 16
+
 // codeDotsQ8F16AVX2 calls the AVX2 kernel of CodeDotsQ8F16 for bits (the
-// contiguous one for rows of one unit, rb 16).
+// contiguous one for 2-bit rows of one unit, rb 16; for 8 bits the
+// VPMADDWD one up to q8WideUnits units).
 func codeDotsQ8F16AVX2(bits int, out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32) {
 	switch {
 	case bits == 2 && contig(bits, u, rb) == 21:
@@ -312,6 +320,8 @@ func codeDotsQ8F16AVX2(bits int, out *float32, qb, codes *byte, n4, u, rb, qs in
 		codeDotsQ8F16b2AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
 	case bits == 4:
 		codeDotsQ8F16b4AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
+	case u <= q8WideUnits:
+		codeDotsQ8F16b8WAVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
 	default:
 		codeDotsQ8F16b8AVX2(out, qb, codes, n4, u, rb, qs, params, coef, &q8Consts)
 	}

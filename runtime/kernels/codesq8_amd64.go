@@ -96,3 +96,12 @@ func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, param
 
 //go:noescape
 func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
+
+// 8-bit codes by VPMADDWD (the query widened to int16 in the frame;
+// u ≤ 16).
+
+//go:noescape
+func codeDotsQ8b8WAVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab)
+
+//go:noescape
+func codeDotsQ8F16b8WAVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)

@@ -73,3 +73,9 @@ func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, param
 func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab) {
 	panic(unreachable)
 }
+func codeDotsQ8b8WAVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}
+func codeDotsQ8F16b8WAVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab) {
+	panic(unreachable)
+}

@@ -141,6 +141,107 @@ unit: \
 	VZEROUPPER; \
 	RET
 
+// 8-bit codes by VPMADDWD: the query's u units widened once to int16 in
+// the frame (u ≤ 16: head_dim ≤ 256), each row's units zero-extended to
+// int16 (VPMOVZXBW) and multiplied pairwise (code ≤ 255 × |q| ≤ 127:
+// exact int32), one accumulator per row: three instructions per 16
+// codes against the nibble split's nine per 32. Registers as Q8DOTSA;
+// R13 the frame offset of the query unit, Y0–Y3 the four rows' sums.
+
+// Q8DOTS8W(PLOAD, PSTEP, PNAME): the kernel body.
+#define Q8DOTS8W(PLOAD, PSTEP, PNAME) \
+	MOVQ out+0(FP), DI; \
+	MOVQ qb+8(FP), BX; \
+	MOVQ codes+16(FP), SI; \
+	MOVQ n4+24(FP), CX; \
+	MOVQ u+32(FP), R10; \
+	MOVQ rb+40(FP), R11; \
+	MOVQ qs+48(FP), R15; \
+	MOVQ PNAME+56(FP), DX; \
+	MOVQ coef+64(FP), R13; \
+	MOVQ consts+72(FP), R14; \
+	VMOVDQU 64(R14), Y10; \
+	VBROADCASTSS (R13), X12; \
+	VBROADCASTSS 4(R13), X11; \
+	LEAQ (R11)(R11*2), R12; \
+	XORQ R13, R13; \
+	MOVQ R10, R14; \
+widen: \
+	VPMOVSXBW (BX), Y0; \
+	VMOVDQU Y0, (SP)(R13*1); \
+	ADDQ R15, BX; \
+	ADDQ $32, R13; \
+	DECQ R14; \
+	JNZ widen; \
+grp8: \
+	PREFETCHT0 2048(SI); \
+	PREFETCHT0 2048(SI)(R11*2); \
+	PREFETCHT0 512(DX); \
+	VPXOR Y0, Y0, Y0; \
+	VPXOR Y1, Y1, Y1; \
+	VPXOR Y2, Y2, Y2; \
+	VPXOR Y3, Y3, Y3; \
+	MOVQ SI, R8; \
+	XORQ R13, R13; \
+	MOVQ R10, R14; \
+unit8: \
+	VPMOVZXBW (R8), Y4; \
+	VPMADDWD (SP)(R13*1), Y4, Y4; \
+	VPADDD Y4, Y0, Y0; \
+	VPMOVZXBW (R8)(R11*1), Y5; \
+	VPMADDWD (SP)(R13*1), Y5, Y5; \
+	VPADDD Y5, Y1, Y1; \
+	VPMOVZXBW (R8)(R11*2), Y6; \
+	VPMADDWD (SP)(R13*1), Y6, Y6; \
+	VPADDD Y6, Y2, Y2; \
+	VPMOVZXBW (R8)(R12*1), Y7; \
+	VPMADDWD (SP)(R13*1), Y7, Y7; \
+	VPADDD Y7, Y3, Y3; \
+	ADDQ $16, R8; \
+	ADDQ $32, R13; \
+	DECQ R14; \
+	JNZ unit8; \
+	VPHADDD Y1, Y0, Y0; \
+	VPHADDD Y3, Y2, Y2; \
+	VPHADDD Y2, Y0, Y0; \
+	VEXTRACTI128 $1, Y0, X1; \
+	VPADDD X1, X0, X0; \
+	VCVTDQ2PS X0, X0; \
+	VMULPS X12, X0, X0; \
+	PLOAD; \
+	VFNMADD231PS X11, X2, X0; \
+	VMULPS X1, X0, X0; \
+	VMOVUPS X0, (DI); \
+	ADDQ $16, DI; \
+	ADDQ $PSTEP, DX; \
+	LEAQ (SI)(R11*4), SI; \
+	DECQ CX; \
+	JNZ grp8; \
+	VZEROUPPER; \
+	RET
+
+// Contiguous rows of one unit (rb = 16: 2-bit head_dim 64, oscar2's keys):
+// the four rows are two loads and the query's four planes stay in Y6–Y9.
+
+// PL2R(YR, YA, T0, T1): PL2A with the query planes in registers, the
+// unit's sums written to YA.
+#define PL2R(YR, YA, T0, T1) \
+	VPAND Y15, YR, T0; \
+	VPMADDUBSW Y6, T0, T0; \
+	VPSRLW $2, YR, T1; \
+	VPAND Y15, T1, T1; \
+	VPMADDUBSW Y7, T1, T1; \
+	VPADDW T1, T0, T0; \
+	VPSRLW $4, YR, T1; \
+	VPAND Y15, T1, T1; \
+	VPMADDUBSW Y8, T1, T1; \
+	VPADDW T1, T0, T0; \
+	VPSRLW $6, YR, T1; \
+	VPAND Y15, T1, T1; \
+	VPMADDUBSW Y9, T1, T1; \
+	VPADDW T1, T0, T0; \
+	VPMADDWD Y14, T0, YA
+
 // func codeDotsQ8b2AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab)
 // Requires n4 ≥ 1, u ≥ 1.
 TEXT ·codeDotsQ8b2AVX2(SB), NOSPLIT, $0-80
@@ -166,28 +267,6 @@ TEXT ·codeDotsQ8F16b4AVX2(SB), NOSPLIT, $0-80
 // func codeDotsQ8F16b8AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
 TEXT ·codeDotsQ8F16b8AVX2(SB), NOSPLIT, $0-80
 	Q8DOTSA(160, PL8A, PF16A, 16, params)
-
-// Contiguous rows of one unit (rb = 16: 2-bit head_dim 64, oscar2's keys):
-// the four rows are two loads and the query's four planes stay in Y6–Y9.
-
-// PL2R(YR, YA, T0, T1): PL2A with the query planes in registers, the
-// unit's sums written to YA.
-#define PL2R(YR, YA, T0, T1) \
-	VPAND Y15, YR, T0; \
-	VPMADDUBSW Y6, T0, T0; \
-	VPSRLW $2, YR, T1; \
-	VPAND Y15, T1, T1; \
-	VPMADDUBSW Y7, T1, T1; \
-	VPADDW T1, T0, T0; \
-	VPSRLW $4, YR, T1; \
-	VPAND Y15, T1, T1; \
-	VPMADDUBSW Y8, T1, T1; \
-	VPADDW T1, T0, T0; \
-	VPSRLW $6, YR, T1; \
-	VPAND Y15, T1, T1; \
-	VPMADDUBSW Y9, T1, T1; \
-	VPADDW T1, T0, T0; \
-	VPMADDWD Y14, T0, YA
 
 // func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
 // Requires n4 ≥ 1, u = 1, rb = 16.
@@ -235,3 +314,12 @@ grpc1:
 	JNZ  grpc1
 	VZEROUPPER
 	RET
+
+// func codeDotsQ8b8WAVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, sz, coef *float32, consts *q8ConstTab)
+// Requires n4 ≥ 1, 1 ≤ u ≤ 16.
+TEXT ·codeDotsQ8b8WAVX2(SB), $512-80
+	Q8DOTS8W(PF32A, 32, sz)
+
+// func codeDotsQ8F16b8WAVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
+TEXT ·codeDotsQ8F16b8WAVX2(SB), $512-80
+	Q8DOTS8W(PF16A, 16, params)
