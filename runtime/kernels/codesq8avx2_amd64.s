@@ -12,9 +12,11 @@
 // summed to int16). A 2-bit pair sum is at most 2·3·127 = 762 and a 4-bit
 // one 2·15·127 = 3,810, so the planes of one unit add in int16 without
 // saturating (≤ 3,048 and ≤ 7,620); VPMADDWD with ones widens each unit's
-// sums to int32. 8-bit codes would saturate VPMADDUBSW (2·255·127), so
-// they are split into nibbles, c = lo + 16·hi, each multiplied with the
-// query (≤ 3,810) and widened by VPMADDWD with 1 and 16. Every int32 sum
+// sums to int32. 8-bit codes would saturate VPMADDUBSW (2·255·127): rows
+// of up to 16 units (head_dim 256) take Q8DOTS8W below (VPMADDWD on the
+// codes zero-extended to int16), longer ones are split into nibbles, c =
+// lo + 16·hi, each multiplied with the query (≤ 3,810) and widened by
+// VPMADDWD with 1 and 16. Every int32 sum
 // is exact, so a row's t_j is the VNNI kernel's, and the float32
 // epilogue is the VNNI kernel's instruction for instruction: the scores
 // have the same bits (TestCodeDotsQ8AVX2Exact, TestCodeDotsQ8).
