@@ -258,9 +258,10 @@ func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, b
 // CodeDotsQ8F16x4 is CodeDotsQ8F16 for four query rows at once, rounded
 // by CodeQ8Query4 into qb (coef its scales and sums): the scores of query
 // row r go to out[r·ldo + j], j < n (out at least 3·ldo + n floats, ldo ≥
-// n). Each unit of codes is loaded and split into planes once for the
-// four rows (a GQA group sharing a KV head), and every score has the
-// bits CodeDotsQ8F16 gives for that row alone (TestCodeDotsQ8F16).
+// n). With VNNI each unit of codes is loaded and split into planes once
+// for the four rows (a GQA group sharing a KV head); the AVX2 kernels
+// make one pass per row. Every score has the bits CodeDotsQ8F16 gives
+// for that row alone (TestCodeDotsQ8F16, TestCodeDotsQ8AVX2Exact).
 // It panics as CodeDotsQ8F16 does, or on short out, qb or coef.
 func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []byte, bits, rb, n int, params []uint16) {
 	hd := len(qb) / 16
@@ -277,10 +278,9 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 		u := hd * bits / 128
 		switch c := contig(bits, u, rb); {
 		case !hasVNNI512:
-			// One pass over the rows per query row: the rows of a run
-			// are at most codeQ8Piece·rb bytes apart in the callers
-			// with more than one group, so the later passes read them
-			// from cache.
+			// AVX2: one pass over the rows per query row (the later
+			// passes read them from cache: a 8,192-row run of 2-bit
+			// head_dim-64 codes is 128 KiB).
 			for r := 0; r < 4; r++ {
 				codeDotsQ8F16AVX2(bits, &out[r*ldo], &qb[64*r], &codes[0], n4, u, rb, 256, &params[0], &coef[2*r])
 			}
