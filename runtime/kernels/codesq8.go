@@ -34,7 +34,7 @@ func CodeQ8Len(hd int) int { return 4 * hd }
 // the float kernels (CodeDots); CodeDotsQ8 itself runs anywhere
 // (portable Go).
 func CodeQ8Fast(hd, bits int) bool {
-	return (hasVNNI512 || hasQ8AVX2) && (bits == 2 || bits == 4 || bits == 8) && hd > 0 && hd*bits%128 == 0
+	return (hasVNNI512 || useAsm && hasQ8AVX2) && (bits == 2 || bits == 4 || bits == 8) && hd > 0 && hd*bits%128 == 0
 }
 
 // CodeQ8Query rounds q ([hd] float32, hd·bits a multiple of 128) to int8
@@ -191,7 +191,9 @@ func CodeDotsQ8(out []float32, qb []byte, scale, sum float32, codes []byte, bits
 		}
 		j = 4 * n4
 	}
-	codeDotsQ8Go(out[j:], qb, scale, sum, codes[j*rb:], bits, rb, sz[2*j:])
+	if j < n { // codes may end at the last row's codes, before its padding
+		codeDotsQ8Go(out[j:], qb, scale, sum, codes[j*rb:], bits, rb, sz[2*j:])
+	}
 }
 
 // codeDotsQ8Go is CodeDotsQ8 in Go for len(out) rows.
@@ -252,7 +254,9 @@ func CodeDotsQ8F16(out []float32, qb []byte, scale, sum float32, codes []byte, b
 		}
 		j = 4 * n4
 	}
-	codeDotsQ8F16Go(out[j:], qb, 1, 0, scale, sum, codes[j*rb:], bits, rb, params[2*j:])
+	if j < n {
+		codeDotsQ8F16Go(out[j:], qb, 1, 0, scale, sum, codes[j*rb:], bits, rb, params[2*j:])
+	}
 }
 
 // CodeDotsQ8F16x4 is CodeDotsQ8F16 for four query rows at once, rounded
@@ -299,7 +303,7 @@ func CodeDotsQ8F16x4(out []float32, ldo int, qb []byte, coef []float32, codes []
 		}
 		j = 4 * n4
 	}
-	for r := 0; r < 4; r++ {
+	for r := 0; r < 4 && j < n; r++ {
 		codeDotsQ8F16Go(out[r*ldo+j:r*ldo+n], qb, 4, r, coef[2*r], coef[2*r+1], codes[j*rb:], bits, rb, params[2*j:])
 	}
 }

@@ -68,8 +68,9 @@ func codeDotsQ8F16x4b2C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb i
 func codeDotsQ8F16x4b4C2VNNI(out *float32, ldo int, qb, codes *byte, n4, u, rb int, params *uint16, coef *float32, consts *q8ConstTab)
 
 // hasQ8AVX2 reports whether the AVX2 forms of the four-row code kernels
-// (codesq8avx2_amd64.s: AVX2, FMA and F16C) run on this CPU; CodeDotsQ8
-// takes them where hasVNNI512 is false.
+// (codesq8avx2_amd64.s: AVX2, FMA and F16C) and of CodeAccumQ8's kernel
+// run on this CPU; CodeDotsQ8 and CodeAccumQ8 take them where hasVNNI512
+// (hasVBMI) is false and useAsm is true.
 var hasQ8AVX2 = hasAsm && hasF16C
 
 // AVX2 four-row kernels (codesq8avx2_amd64.s): as the VNNI ones, with qs

@@ -90,7 +90,7 @@ func codeAccumAxpy(acc, p []float32, params []uint16, codes []byte, bits, rb int
 // AVX2 with FMA and F16C (codesvq8avx2_amd64.s: the same int32 sums and
 // float32 operations, so the same bits).
 func CodeAccumQ8Fast(hd, bits, rb int) bool {
-	return (hasVBMI || hasQ8AVX2) && bits == 2 && (hd == 64 || hd == 128) && rb == hd/4
+	return (hasVBMI || useAsm && hasQ8AVX2) && bits == 2 && (hd == 64 || hd == 128) && rb == hd/4
 }
 
 // codeAccumQ8Go is CodeAccumQ8 in Go: blocks of 16 rows (the last one
