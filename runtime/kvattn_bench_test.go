@@ -109,7 +109,10 @@ var longKVKinds = []string{"fp16", "int8", "int4", "oscar2", "kivi2", "q8_0", "q
 // median and range): mha-4bit fp16 71.0 (61.9–90.8), oscar2 149.2
 // (142–167; per-round ratio to fp16 median 2.10×, 1.57–2.40×), int4
 // 91.8 (81.9–119; 1.48×), int8 63.9 (60.4–78.7; 0.90×); gqa-f32 fp16
-// 98.5, oscar2 110.4 (1.11×), int4 75.9, int8 71.9. Before them (the float
+// 98.5, oscar2 110.4 (1.11×), int4 75.9, int8 71.9. With 8-bit keys by
+// VPMADDWD (five more rounds, mha-4bit): fp16 67.2 (55.6–72.7), int8 71.9
+// (65.6–86.1; per-round ratio median 1.18×, 0.94–1.52×), oscar2 175.5
+// (141–197; 2.57×, 2.10–3.09×). Before them (the float
 // key and value kernels on this CPU): mha-4bit oscar2 61.4 against fp16
 // 76.4.
 func BenchmarkDecodeLongKV(b *testing.B) {
