@@ -81,10 +81,9 @@
 	VPERMPS Y1, Y10, Y1; \
 	VEXTRACTF128 $1, Y1, X2
 
-// Q8DOTSA(MASKOFF, PL, PLOAD, PSTEP, PNAME): the kernel body
-// (codesq8_amd64.s's Q8DOTS with the same prefetch, for any row stride);
-// PNAME is the parameters' argument name.
-#define Q8DOTSA(MASKOFF, PL, PLOAD, PSTEP, PNAME) \
+// ARGSA(PNAME): the arguments of every kernel below into their registers
+// (PNAME the parameters' argument name).
+#define ARGSA(PNAME) \
 	MOVQ out+0(FP), DI; \
 	MOVQ qb+8(FP), BX; \
 	MOVQ codes+16(FP), SI; \
@@ -94,7 +93,26 @@
 	MOVQ qs+48(FP), R15; \
 	MOVQ PNAME+56(FP), DX; \
 	MOVQ coef+64(FP), R13; \
-	MOVQ consts+72(FP), R14; \
+	MOVQ consts+72(FP), R14
+
+// EPIA(PLOAD, PSTEP): four rows' int32 sums in X0 to their scores at DI
+// (the VNNI kernels' epilogue: ·scale, − zero·Σq̃ fused, ·row scale);
+// DI and DX step on.
+#define EPIA(PLOAD, PSTEP) \
+	VCVTDQ2PS X0, X0; \
+	VMULPS X12, X0, X0; \
+	PLOAD; \
+	VFNMADD231PS X11, X2, X0; \
+	VMULPS X1, X0, X0; \
+	VMOVUPS X0, (DI); \
+	ADDQ $16, DI; \
+	ADDQ $PSTEP, DX
+
+// Q8DOTSA(MASKOFF, PL, PLOAD, PSTEP, PNAME): the kernel body
+// (codesq8_amd64.s's Q8DOTS with the same prefetch, for any row stride);
+// PNAME is the parameters' argument name.
+#define Q8DOTSA(MASKOFF, PL, PLOAD, PSTEP, PNAME) \
+	ARGSA(PNAME); \
 	VMOVDQU 64(R14), Y10; \
 	VMOVDQU MASKOFF(R14), Y15; \
 	VMOVDQU 224(R14), Y14; \
@@ -129,14 +147,7 @@ unit: \
 	VPHADDD Y0, Y0, Y0; \
 	VEXTRACTI128 $1, Y0, X1; \
 	VPUNPCKLDQ X1, X0, X0; \
-	VCVTDQ2PS X0, X0; \
-	VMULPS X12, X0, X0; \
-	PLOAD; \
-	VFNMADD231PS X11, X2, X0; \
-	VMULPS X1, X0, X0; \
-	VMOVUPS X0, (DI); \
-	ADDQ $16, DI; \
-	ADDQ $PSTEP, DX; \
+	EPIA(PLOAD, PSTEP); \
 	LEAQ (SI)(R11*4), SI; \
 	DECQ CX; \
 	JNZ grp; \
@@ -152,16 +163,7 @@ unit: \
 
 // Q8DOTS8W(PLOAD, PSTEP, PNAME): the kernel body.
 #define Q8DOTS8W(PLOAD, PSTEP, PNAME) \
-	MOVQ out+0(FP), DI; \
-	MOVQ qb+8(FP), BX; \
-	MOVQ codes+16(FP), SI; \
-	MOVQ n4+24(FP), CX; \
-	MOVQ u+32(FP), R10; \
-	MOVQ rb+40(FP), R11; \
-	MOVQ qs+48(FP), R15; \
-	MOVQ PNAME+56(FP), DX; \
-	MOVQ coef+64(FP), R13; \
-	MOVQ consts+72(FP), R14; \
+	ARGSA(PNAME); \
 	VMOVDQU 64(R14), Y10; \
 	VBROADCASTSS (R13), X12; \
 	VBROADCASTSS 4(R13), X11; \
@@ -208,14 +210,7 @@ unit8: \
 	VPHADDD Y2, Y0, Y0; \
 	VEXTRACTI128 $1, Y0, X1; \
 	VPADDD X1, X0, X0; \
-	VCVTDQ2PS X0, X0; \
-	VMULPS X12, X0, X0; \
-	PLOAD; \
-	VFNMADD231PS X11, X2, X0; \
-	VMULPS X1, X0, X0; \
-	VMOVUPS X0, (DI); \
-	ADDQ $16, DI; \
-	ADDQ $PSTEP, DX; \
+	EPIA(PLOAD, PSTEP); \
 	LEAQ (SI)(R11*4), SI; \
 	DECQ CX; \
 	JNZ grp8; \
@@ -273,14 +268,8 @@ TEXT ·codeDotsQ8F16b8AVX2(SB), NOSPLIT, $0-80
 // func codeDotsQ8F16b2C1AVX2(out *float32, qb, codes *byte, n4, u, rb, qs int, params *uint16, coef *float32, consts *q8ConstTab)
 // Requires n4 ≥ 1, u = 1, rb = 16.
 TEXT ·codeDotsQ8F16b2C1AVX2(SB), NOSPLIT, $0-80
-	MOVQ out+0(FP), DI
-	MOVQ qb+8(FP), BX
-	MOVQ codes+16(FP), SI
-	MOVQ n4+24(FP), CX
-	MOVQ qs+48(FP), R9
-	MOVQ params+56(FP), DX
-	MOVQ coef+64(FP), R13
-	MOVQ consts+72(FP), R14
+	ARGSA(params)
+	MOVQ R15, R9
 	VMOVDQU 64(R14), Y10
 	VMOVDQU 96(R14), Y15
 	VMOVDQU 224(R14), Y14
@@ -303,14 +292,7 @@ grpc1:
 	VPHADDD Y0, Y0, Y0
 	VEXTRACTI128 $1, Y0, X1
 	VPUNPCKLDQ X1, X0, X0
-	VCVTDQ2PS X0, X0
-	VMULPS X12, X0, X0
-	PF16A
-	VFNMADD231PS X11, X2, X0
-	VMULPS X1, X0, X0
-	VMOVUPS X0, (DI)
-	ADDQ $16, DI
-	ADDQ $16, DX
+	EPIA(PF16A, 16)
 	ADDQ $64, SI
 	DECQ CX
 	JNZ  grpc1
