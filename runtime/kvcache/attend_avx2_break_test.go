@@ -1,7 +1,6 @@
 package kvcache
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -13,46 +12,13 @@ import (
 	"github.com/lmpack/lmpack/runtime"
 )
 
-// avx2Caches: the kinds the int8 code kernels take, from New and Pools of 16-, 17- and
-// 48-token pages, windows on and off.
+// avx2Caches: the kinds the int8 code kernels take, from New and Pools of
+// 16-, 17- and 48-token pages, windows on and off (breakCachesOf).
 func avx2Caches(t *testing.T, layers []Layer, capacity int) map[string]runtime.KVCache {
 	t.Helper()
-	out := map[string]runtime.KVCache{}
-	for _, m := range Methods() {
-		if !(m == "int8" || m == "int4" || strings.HasPrefix(m, "int2") || strings.HasPrefix(m, "quarot") || strings.HasPrefix(m, "oscar")) {
-			continue
-		}
-		for _, win := range []bool{false, true} {
-			opt := Options{Rotations: randRotations(rand.New(rand.NewPCG(3, 4)), layers, 0.9, 0.85)}
-			w := "nowin"
-			if win {
-				opt.Sink, opt.Recent, w = 5, 7, "win"
-			}
-			c, err := New(m, layers, capacity, opt)
-			if errors.Is(err, ErrBadShape) {
-				continue
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[m+"/"+w] = c
-			for _, pg := range []int{16, 17, 48} {
-				p, err := NewPool(m, layers, opt, 1<<30, pg)
-				if err != nil && strings.Contains(err.Error(), "multiple of") {
-					continue
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				pc, err := p.NewCache(capacity)
-				if err != nil {
-					t.Fatal(err)
-				}
-				out[fmt.Sprintf("%s/%s/pool%d", m, w, pg)] = pc
-			}
-		}
-	}
-	return out
+	return breakCachesOf(t, layers, capacity, func(m string) bool {
+		return m == "int8" || m == "int4" || strings.HasPrefix(m, "int2") || strings.HasPrefix(m, "quarot") || strings.HasPrefix(m, "oscar")
+	}, []int{16, 17, 48})
 }
 
 // TestBreakAVX2AttendQ8 compares Scores and AccumV with Read for nq 1, 2,

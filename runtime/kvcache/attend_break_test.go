@@ -66,9 +66,19 @@ var breakQueries = map[string]func(rng *rand.Rand, q []float32){
 // and without windows.
 func breakCaches(t *testing.T, layers []Layer, capacity int) map[string]runtime.KVCache {
 	t.Helper()
+	return breakCachesOf(t, layers, capacity, func(m string) bool {
+		return m != "fp32" && m != "fp16" && !strings.HasPrefix(m, "turboquant")
+	}, []int{32, 17})
+}
+
+// breakCachesOf is breakCaches for the kinds keep accepts and Pools of
+// the given page sizes (a block kind is left out of a pool whose pages
+// are not whole quantization blocks).
+func breakCachesOf(t *testing.T, layers []Layer, capacity int, keep func(string) bool, pages []int) map[string]runtime.KVCache {
+	t.Helper()
 	out := map[string]runtime.KVCache{}
 	for _, m := range Methods() {
-		if m == "fp32" || m == "fp16" || strings.HasPrefix(m, "turboquant") {
+		if !keep(m) {
 			continue
 		}
 		for _, win := range []bool{false, true} {
@@ -85,9 +95,9 @@ func breakCaches(t *testing.T, layers []Layer, capacity int) map[string]runtime.
 				t.Fatal(err)
 			}
 			out[m+"/"+w] = c
-			for _, pg := range []int{32, 17} {
+			for _, pg := range pages {
 				p, err := NewPool(m, layers, opt, 1<<30, pg)
-				if err != nil && pg == 17 && strings.Contains(err.Error(), "multiple of") {
+				if err != nil && strings.Contains(err.Error(), "multiple of") {
 					continue // block kinds take whole quantization blocks
 				}
 				if err != nil {
