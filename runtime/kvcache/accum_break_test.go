@@ -54,7 +54,7 @@ var breakWeights = map[string]func(rng *rand.Rand, p []float32){
 	},
 }
 
-func checkAccumW(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Layer, n, nq int, rng *rand.Rand, gen func(*rand.Rand, []float32), zeroBase bool) {
+func checkAccumW(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Layer, n, nq int, rng *rand.Rand, gen func(*rand.Rand, []float32), zeroBase bool, extra ...[2]int) {
 	t.Helper()
 	hd := l.HeadDim
 	scratch := make([]float32, ka.AttendScratch(0, nq))
@@ -64,7 +64,7 @@ func checkAccumW(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Layer
 		c.Read(0, h, n, kr, vr)
 		vmag := make([]float64, n)
 		valueMags(vmag, vr, hd)
-		for _, r := range [][2]int{{0, n}, {3, n - 2}, {n - 40, n}} {
+		for _, r := range append([][2]int{{0, n}, {3, n - 2}, {n - 40, n}}, extra...) {
 			p0, p1 := r[0], r[1]
 			w := p1 - p0
 			ldp, ldo := w+2, hd+1

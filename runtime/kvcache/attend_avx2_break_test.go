@@ -50,7 +50,7 @@ func TestBreakAVX2AttendQ8(t *testing.T) {
 							// kernels: int2naive_peaked_test.go
 							continue
 						}
-						checkAccumWL(t, c, ka, layers[0], pos, nq, rng, breakWeights[wn])
+						checkAccumW(t, c, ka, layers[0], pos, nq, rng, breakWeights[wn], false, [2]int{15, 34}, [2]int{16, 33}, [2]int{1, 2}, [2]int{0, 17})
 					}
 					checkRowBitsV(t, c, ka, layers[0], pos, nq, rng)
 				}
@@ -67,57 +67,6 @@ func checkAttendQ(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Laye
 		}
 	}
 	checkScoresQ(t, c, ka, 0, l, n, nq, rng, gen, tol)
-}
-
-// checkAccumWL is checkAccumW for layer 0 and every KV head (with
-// ranges also short and crossing page ends).
-func checkAccumWL(t *testing.T, c runtime.KVCache, ka runtime.KVAttender, l Layer, n, nq int, rng *rand.Rand, gen func(*rand.Rand, []float32)) {
-	t.Helper()
-	hd := l.HeadDim
-	scratch := make([]float32, ka.AttendScratch(0, nq))
-	kr, vr := make([]float32, n*hd), make([]float32, n*hd)
-	rw := c.(*cache).roundsWeights(0, nq)
-	for h := 0; h < l.NumKVHeads; h++ {
-		c.Read(0, h, n, kr, vr)
-		vmag := make([]float64, n)
-		valueMags(vmag, vr, hd)
-		for _, r := range [][2]int{{0, n}, {3, n - 2}, {n - 40, n}, {15, 34}, {16, 33}, {1, 2}, {0, 17}} {
-			p0, p1 := r[0], r[1]
-			w := p1 - p0
-			ldp, ldo := w+2, hd+1
-			p := make([]float32, nq*ldp)
-			for i := 0; i < nq; i++ {
-				gen(rng, p[i*ldp:i*ldp+w])
-			}
-			out := make([]float32, nq*ldo)
-			for i := range out {
-				out[i] = float32(rng.NormFloat64())
-			}
-			base := append([]float32(nil), out...)
-			ka.AccumV(0, h, p0, p1, nq, p, ldp, out, ldo, scratch)
-			for i := 0; i < nq; i++ {
-				var q8v float64
-				if rw {
-					q8v = q8WeightBound(p[i*ldp:i*ldp+w], vmag[p0:p1])
-				}
-				for ch := 0; ch < hd; ch++ {
-					ref, mag := float64(base[i*ldo+ch]), 0.0
-					for j := p0; j < p1; j++ {
-						pj := float64(p[i*ldp+j-p0])
-						ref += pj * float64(vr[j*hd+ch])
-						mag += math.Abs(pj) * vmag[j]
-					}
-					got := float64(out[i*ldo+ch])
-					if bound := 2e-6*mag + 0x1p-23*math.Abs(got) + q8v + 1e-38; !(math.Abs(got-ref) <= bound) {
-						t.Fatalf("head %d [%d,%d) nq %d (rounds weights %v): out[%d][%d] = %g, Read gives %g (bound %.3g)", h, p0, p1, nq, rw, i, ch, got, ref, bound)
-					}
-				}
-				if out[i*ldo+hd] != base[i*ldo+hd] {
-					t.Fatalf("AccumV wrote past head_dim")
-				}
-			}
-		}
-	}
 }
 
 // checkRowBitsV: a group's AccumV rows equal each row alone (nq 1) bit
